@@ -1,0 +1,46 @@
+"""Every error this package raises on purpose.
+
+The Temporal ones carry their `type` (the class name) across the wire, so a caller that only sees
+an `ApplicationError` can still tell them apart; the names are part of the design contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio.exceptions import ApplicationError
+
+
+class PurgeError(ApplicationError):
+    """A purge failure whose Temporal error type is the class name, never retried."""
+
+    def __init__(self, message: str, *details: Any) -> None:
+        super().__init__(message, *details, type=type(self).__name__, non_retryable=True)
+
+
+class DuplicatePurgeTarget(PurgeError):
+    """The same target name appears twice, in one pass or among a worker's targets."""
+
+
+class UnknownPurgeTarget(PurgeError):
+    """No target of this name is registered on the worker that ran the step."""
+
+
+class BadPurgeTarget(PurgeError):
+    """A target's table or column is missing, of the wrong type, or not ours to delete from."""
+
+
+class DryRunUnsupported(PurgeError):
+    """A dry run asked a target that has no `count_expired` to count."""
+
+
+class BadPurgeInput(PurgeError):
+    """A workflow input or activity step that does not have the documented shape."""
+
+
+class PurgeTargetsFailed(PurgeError):
+    """One or more targets failed; the others were swept and the partial report is attached."""
+
+
+class ConfigError(ValueError):
+    """A configuration file or value that cannot be used; the message is one line for a person."""

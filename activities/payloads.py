@@ -1,0 +1,171 @@
+"""What travels between the workflow, its activity and its callers.
+
+This module has no side effects and imports nothing that does I/O, so the workflow sandbox can pass
+it through. Every payload is a dataclass whose new fields get defaults: a history recorded before a
+field existed still decodes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from activities.errors import BadPurgeInput
+
+#: A target name: what a person types after `--target` and reads in a metric label.
+TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}")
+
+#: More names than any real deployment sweeps in one pass; a longer list is a mistake or an attack.
+MAX_TARGETS_PER_PASS = 500
+
+#: The instants a pass may run at. A `now_ms` outside them is almost surely seconds or microseconds
+#: sent where milliseconds belong, and at microseconds every row on every table looks expired.
+EARLIEST_NOW_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+LATEST_NOW_MS = 7_258_118_400_000  # 2200-01-01T00:00:00Z
+
+
+def epoch_ms(instant: datetime) -> int:
+    """Integer epoch milliseconds of an aware datetime, exact (no float on the way)."""
+    delta = instant - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+def iso_ms(now_ms: int) -> str:
+    """A millisecond instant as ISO 8601 UTC, for messages a person reads."""
+    return datetime.fromtimestamp(now_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def check_now_ms(now_ms: object) -> int:
+    """Return `now_ms` if it is a plausible epoch-millisecond instant, else raise BadPurgeInput."""
+    if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+        raise BadPurgeInput(f"now_ms must be an integer of epoch milliseconds, got {now_ms!r}")
+    if now_ms < EARLIEST_NOW_MS:
+        raise BadPurgeInput(
+            f"now_ms {now_ms} is before 2000-01-01 ({iso_ms(max(now_ms, 0))}): "
+            "seconds sent where milliseconds belong?"
+        )
+    if now_ms >= LATEST_NOW_MS:
+        raise BadPurgeInput(
+            f"now_ms {now_ms} is after 2200-01-01: microseconds sent where milliseconds belong?"
+        )
+    return now_ms
+
+
+def duplicate_names(names: Sequence[str]) -> list[str]:
+    """The names that appear more than once, each once, in order of first appearance."""
+    counts = Counter(names)
+    return [name for name in counts if counts[name] > 1]
+
+
+@dataclass(frozen=True)
+class PurgeInput:
+    """The workflow's input: `{"targets": [...], "dry_run": false}`."""
+
+    targets: list[str]
+    """Target names, swept one after another in this order."""
+    dry_run: bool = False
+    """Count what each target would remove, remove nothing."""
+
+    @classmethod
+    def parse(cls, raw: object) -> PurgeInput:
+        """Validate input sent by any caller (the CLI, a schedule, `temporal workflow start`)."""
+        if isinstance(raw, PurgeInput):
+            raw = {"targets": raw.targets, "dry_run": raw.dry_run}
+        if not isinstance(raw, dict):
+            raise BadPurgeInput(
+                f'input must be an object like {{"targets": ["x_idempotency"]}}, got {_show(raw)}'
+            )
+        unknown = sorted(str(key) for key in raw if key not in ("targets", "dry_run"))
+        if unknown:
+            raise BadPurgeInput(f"input has unknown keys {unknown}, allowed: targets, dry_run")
+        if "targets" not in raw:
+            raise BadPurgeInput("input has no 'targets' list")
+        targets = raw["targets"]
+        if not isinstance(targets, list):
+            raise BadPurgeInput(f"input 'targets' must be a list of names, got {_show(targets)}")
+        if len(targets) > MAX_TARGETS_PER_PASS:
+            raise BadPurgeInput(
+                f"input 'targets' has {len(targets)} names, at most {MAX_TARGETS_PER_PASS} allowed"
+            )
+        for name in targets:
+            if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
+                raise BadPurgeInput(
+                    f"input 'targets' holds {_show(name)}, not a target name "
+                    f"(letters, digits, _ . : -, at most 100)"
+                )
+        dry_run = raw.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise BadPurgeInput(f"input 'dry_run' must be true or false, got {_show(dry_run)}")
+        return cls(targets=list(targets), dry_run=dry_run)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class PurgeStep:
+    """The activity's input: sweep one target as of the pass's single instant."""
+
+    name: str
+    now_ms: int
+    """The workflow's clock at the start of the pass, epoch milliseconds; never the database's."""
+    dry_run: bool = False
+
+
+@dataclass
+class PurgeSweep:
+    """The activity's result, and one row of the report."""
+
+    name: str
+    removed: int
+    """Rows deleted (or, in a dry run, rows that would be)."""
+    dry_run: bool = False
+    seconds: float = 0.0
+    """Wall time the sweep took on the worker."""
+
+
+@dataclass(frozen=True)
+class FailedTarget:
+    """A target that failed after its retries, as the report names it."""
+
+    name: str
+    type: str
+    """The Temporal error type, e.g. `UnknownPurgeTarget` or `BadPurgeTarget`."""
+    message: str
+
+
+@dataclass
+class PurgeReport:
+    """The workflow's result: `{"swept": [{"name": ..., "removed": n}], "removed": total}`."""
+
+    swept: list[PurgeSweep] = field(default_factory=list)
+    """Targets that completed, in input order."""
+    removed: int = 0
+    now_ms: int = 0
+    """The instant every target measured expiry against."""
+    dry_run: bool = False
+    failed: list[FailedTarget] = field(default_factory=list)
+    """Targets that failed; the workflow then fails with `PurgeTargetsFailed` carrying this."""
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> PurgeReport:
+        """Rebuild a report from the plain dict a client or an error's details hand back."""
+        return cls(
+            swept=[PurgeSweep(**_known(PurgeSweep, s)) for s in raw.get("swept", [])],
+            removed=int(raw.get("removed", 0)),
+            now_ms=int(raw.get("now_ms", 0)),
+            dry_run=bool(raw.get("dry_run", False)),
+            failed=[FailedTarget(**_known(FailedTarget, f)) for f in raw.get("failed", [])],
+        )
+
+
+def _known(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
+    # A newer worker may have added fields this caller does not know; keep what it does know.
+    names = {f.name for f in fields(kind)}
+    return {key: value for key, value in raw.items() if key in names}

@@ -1,0 +1,163 @@
+"""Tables, their expiry rules, and the catalog check that binds a rule to a real table.
+
+A rule turns the caller's `now_ms` into a WHERE clause with the instant as a parameter. No rule
+reads the server's clock: rows written from the application's clock are measured by that clock.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from psycopg import AsyncConnection, sql
+
+from activities.errors import BadPurgeTarget, ConfigError
+
+#: A SQL name as this package accepts it: plain ASCII, at most PostgreSQL's 63 bytes. Quotes,
+#: semicolons, dots and spaces are refused rather than escaped so a config reads as it runs.
+SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+#: Column types an epoch-millisecond rule accepts.
+MS_TYPES = ("bigint", "integer")
+#: Column types an `expiring` target accepts, beside epoch milliseconds.
+INSTANT_TYPES = ("timestamp with time zone", "timestamp without time zone")
+#: Column types the full-bucket rule accepts for its arithmetic.
+NUMBER_TYPES = ("double precision", "real", "numeric", "bigint", "integer")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class TableName:
+    """A table, optionally schema-qualified, always quoted exactly as written."""
+
+    table: str
+    schema: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """`"sessions"` or `"app.sessions"`; anything else raises ConfigError."""
+        parts = text.split(".")
+        if len(parts) > 2 or not all(SQL_NAME.fullmatch(part) for part in parts):
+            raise ConfigError(
+                f"{text!r} is not a table name: want table or schema.table, each part letters, "
+                "digits and _, starting with a letter or _, at most 63 characters"
+            )
+        return cls(table=parts[-1], schema=parts[0] if len(parts) == 2 else None)
+
+    @property
+    def ident(self) -> sql.Identifier:
+        """The quoted name for a statement: `"app"."sessions"`, never `"app.sessions"`."""
+        return (
+            sql.Identifier(self.schema, self.table) if self.schema else sql.Identifier(self.table)
+        )
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}" if self.schema else self.table
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A rule bound to one table as it really is: the WHERE clause and its parameters."""
+
+    table: TableName
+    where: sql.Composable
+    params: dict[str, object]
+    column: str
+    """The column the rule reads first (the one an index would serve)."""
+
+
+class Rule(Protocol):
+    """How one table decides which of its rows are expired."""
+
+    @property
+    def table(self) -> TableName: ...
+
+    async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
+        """Check the table against the catalog and build its WHERE clause for `now_ms`."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExpiryRule:
+    """Expired when `column + max_age <= now`: the column is epoch ms or a timestamp."""
+
+    table: TableName
+    column: str
+    max_age_ms: int = 0
+    accepts: tuple[str, ...] = MS_TYPES
+
+    async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
+        types = await column_types(conn, self.table)
+        kind = _require(self.table, types, self.column, self.accepts)
+        # Move the age onto the parameter, not the column, so an index on the column serves.
+        cutoff_ms = now_ms - self.max_age_ms
+        cutoff: object
+        if kind in MS_TYPES:
+            cutoff = cutoff_ms
+        elif kind == "timestamp with time zone":
+            cutoff = _EPOCH + timedelta(milliseconds=cutoff_ms)
+        else:
+            # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
+            # session's TimeZone never enters the comparison.
+            cutoff = (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
+        where = sql.SQL("{} <= %(cutoff)s").format(sql.Identifier(self.column))
+        return Predicate(self.table, where, {"cutoff": cutoff}, self.column)
+
+
+@dataclass(frozen=True)
+class FullBucketRule:
+    """A token bucket is expired only once it is full again at `now`.
+
+    Deleting a bucket that still lacks tokens would hand its client a free limit reset.
+    """
+
+    table: TableName
+
+    async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
+        types = await column_types(conn, self.table)
+        for column in ("tokens", "capacity", "refill_per_ms"):
+            _require(self.table, types, column, NUMBER_TYPES)
+        _require(self.table, types, "last_ms", MS_TYPES)
+        # float8 throughout, the same IEEE arithmetic a client does; the subtraction is in float8
+        # so a wild last_ms cannot overflow bigint and fail the sweep.
+        where = sql.SQL(
+            "tokens::float8 + (%(now_ms)s::float8 - last_ms::float8) * refill_per_ms::float8"
+            " >= capacity::float8"
+        )
+        return Predicate(self.table, where, {"now_ms": now_ms}, "last_ms")
+
+
+async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
+    """Column name to SQL type (domains resolved to their base type); BadPurgeTarget if no table."""
+    qualified = table.ident.as_string(conn)
+    cur = await conn.execute(
+        """
+        SELECT a.attname, format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL),
+               c.relkind
+        FROM pg_class c
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        JOIN pg_type t ON t.oid = a.atttypid
+        WHERE c.oid = to_regclass(%s)
+        """,
+        (qualified,),
+    )
+    rows = await cur.fetchall()
+    if not rows:
+        raise BadPurgeTarget(f"table {table} does not exist (looked for {qualified})")
+    if rows[0][2] not in ("r", "p"):
+        raise BadPurgeTarget(f"{table} is not a table (relkind {rows[0][2]!r})")
+    return {str(name): str(kind) for name, kind, _ in rows}
+
+
+def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
+    kind = types.get(column)
+    if kind is None:
+        raise BadPurgeTarget(f"table {table} has no column {column!r}")
+    if kind not in accepts:
+        raise BadPurgeTarget(
+            f"column {table}.{column} is {kind}, this target takes {' or '.join(accepts)}"
+        )
+    return kind

@@ -1,0 +1,94 @@
+"""What a target is, and how a worker finds one by name when a step asks for it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol, runtime_checkable
+
+from activities.errors import BadPurgeTarget, DuplicatePurgeTarget, UnknownPurgeTarget
+
+
+@runtime_checkable
+class PurgeTarget(Protocol):
+    """Anything with a name that can delete its expired rows as of a caller's instant.
+
+    Structural: an application registers its own targets without importing anything from here.
+    """
+
+    @property
+    def name(self) -> str:
+        """The name passes refer to it by."""
+        ...
+
+    async def purge_expired(self, now_ms: int) -> int:
+        """Delete rows expired at `now_ms` (the caller's epoch milliseconds); return how many."""
+        ...
+
+
+@runtime_checkable
+class CountingTarget(PurgeTarget, Protocol):
+    """A target that can also say how many rows a purge would remove, for dry runs."""
+
+    async def count_expired(self, now_ms: int) -> int:
+        """Count rows expired at `now_ms` without deleting any."""
+        ...
+
+
+#: A callable an application hands the worker instead of targets, called each time a step needs
+#: a target that is not registered directly: a store built after the worker started is found.
+TargetFactory = Callable[[], Iterable[PurgeTarget]]
+
+
+class TargetRegistry:
+    """The targets one worker may sweep: fixed ones, plus those its factories return on demand."""
+
+    def __init__(
+        self,
+        targets: Iterable[PurgeTarget] = (),
+        factories: Iterable[TargetFactory] = (),
+    ) -> None:
+        self._targets: dict[str, PurgeTarget] = {}
+        for target in targets:
+            if target.name in self._targets:
+                raise DuplicatePurgeTarget(f"two targets are named {target.name!r}")
+            self._targets[target.name] = target
+        self._factories = list(factories)
+
+    def resolve(self, name: str) -> PurgeTarget:
+        """The target called `name`, asking the factories only when no fixed target has it."""
+        found = self._targets.get(name)
+        if found is not None:
+            return found
+        dynamic = self._from_factories()
+        found = dynamic.get(name)
+        if found is None:
+            known = sorted({*self._targets, *dynamic})
+            raise UnknownPurgeTarget(
+                f"no target named {name!r} on this worker; it knows: {', '.join(known) or 'none'}"
+            )
+        return found
+
+    def names(self) -> list[str]:
+        """Every name this worker can sweep right now, factories included."""
+        return sorted({*self._targets, *self._from_factories()})
+
+    def _from_factories(self) -> dict[str, PurgeTarget]:
+        found: dict[str, PurgeTarget] = {}
+        for factory in self._factories:
+            for target in factory():
+                if not isinstance(target, PurgeTarget):
+                    raise BadPurgeTarget(
+                        f"factory {_describe(factory)} returned {target!r}, "
+                        "which has no name and purge_expired"
+                    )
+                if target.name in found or target.name in self._targets:
+                    raise DuplicatePurgeTarget(
+                        f"two targets are named {target.name!r} (one from {_describe(factory)})"
+                    )
+                found[target.name] = target
+        return found
+
+
+def _describe(factory: TargetFactory) -> str:
+    module = getattr(factory, "__module__", "?")
+    return f"{module}:{getattr(factory, '__qualname__', repr(factory))}"

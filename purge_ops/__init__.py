@@ -1,0 +1,1 @@
+"""Operating the sweep: connections, the worker process, dev mode and embedded servers."""

@@ -1,0 +1,54 @@
+"""Connections to the two servers a worker needs, configured the way each one's users expect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.envconfig import ClientConfig
+
+from activities.dsn import redact
+
+DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
+APPLICATION_NAME = "temporal-pg-purge"
+
+
+async def connect_temporal(address: str | None = None, namespace: str | None = None) -> Client:
+    """A client from Temporal's own conventions (TEMPORAL_ADDRESS, profiles in temporal.toml, TLS,
+    API key), `address` and `namespace` overriding them, `localhost:7233` when nothing is set."""
+    settings = ClientConfig.load_client_connect_config()
+    if address:
+        settings["target_host"] = address
+    if namespace:
+        settings["namespace"] = namespace
+    settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
+    return await Client.connect(**settings)
+
+
+async def open_pool(
+    url: str, *, max_size: int = 4, wait_seconds: float = 30.0
+) -> AsyncConnectionPool[Any]:
+    """An open pool whose first connection has been made, or an error naming the (redacted) URL.
+
+    Connections are autocommit: every sweep statement runs in a transaction of its own making.
+    """
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        url,
+        open=False,
+        min_size=1,
+        max_size=max_size,
+        name="purge",
+        kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+        # A server restarted under us leaves dead sockets in the pool: test before lending.
+        check=AsyncConnectionPool.check_connection,
+    )
+    await pool.open()
+    try:
+        await pool.wait(timeout=wait_seconds)
+    except Exception as err:
+        await pool.close()
+        raise ConnectionError(
+            f"cannot connect to {redact(url)} within {wait_seconds:.0f} s"
+        ) from err
+    return pool

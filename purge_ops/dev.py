@@ -1,0 +1,121 @@
+"""`dev`: the whole thing on one machine from wheels, with demo rows, one pass now, and a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+import psycopg
+
+from activities.kinds import build_registry
+from activities.payloads import PurgeInput, epoch_ms
+from purge_ops.connect import connect_temporal, open_pool
+from purge_ops.demo import create_demo, demo_config, rows_that_stayed
+from purge_ops.embedded import (
+    EmbeddedPostgres,
+    TemporalDevServer,
+    free_ports,
+    port_is_free,
+)
+from purge_ops.render import report_table
+from purge_ops.runner import new_worker
+from workflows.purge import PurgeWorkflow
+
+DEFAULT_TEMPORAL_PORT = 7233
+DEFAULT_UI_PORT = 8233
+
+
+async def run_dev(once: bool, out: TextIO = sys.stdout) -> int:
+    """Start both servers, seed the demo, run one pass through Temporal and print what happened.
+
+    With `once`, return after the pass; otherwise keep the worker up until SIGINT/SIGTERM.
+    Every server started here is stopped before returning, whatever happened.
+    """
+    say: Callable[[str], None] = lambda text: print(text, file=out, flush=True)  # noqa: E731
+    base = _scratch_dir()
+    temporal = TemporalDevServer(
+        base / "temporal",
+        port=_default_or_free(DEFAULT_TEMPORAL_PORT, say, "Temporal"),
+        ui_port=_default_or_free(DEFAULT_UI_PORT, say, "Temporal UI"),
+        headless=once,
+    )
+    postgres = EmbeddedPostgres(base / "postgres")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        started = time.monotonic()
+        # Both servers start at once; each waits in a thread so neither holds up the other.
+        await asyncio.gather(asyncio.to_thread(temporal.start), asyncio.to_thread(postgres.start))
+        say(f"PostgreSQL 18 at {postgres.url()} (data in {postgres.data_dir})")
+        say(f"Temporal dev server at {temporal.address}")
+        say(f"servers up in {time.monotonic() - started:.1f} s")
+
+        config = demo_config(postgres.url())
+        async with await psycopg.AsyncConnection.connect(postgres.url(), autocommit=True) as conn:
+            await create_demo(conn, epoch_ms_now())
+        say("created the built-in tables from activities/schema.sql and demo rows")
+
+        pool = await open_pool(postgres.url())
+        try:
+            client = await connect_temporal(temporal.address)
+            worker = new_worker(client, build_registry(config, pool), config.task_queue)
+            async with worker:
+                workflow_id = f"purge-dev-{time.strftime('%Y%m%dT%H%M%S')}"
+                report = await client.execute_workflow(
+                    PurgeWorkflow.run,
+                    PurgeInput(targets=config.target_names),
+                    id=workflow_id,
+                    task_queue=config.task_queue,
+                )
+                say("")
+                say(report_table(report))
+                say("")
+                async with pool.connection() as conn:
+                    say(await rows_that_stayed(conn, report.now_ms))
+                if not once:
+                    say("")
+                    say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
+                    say(
+                        f"worker running on task queue {config.task_queue!r}; Ctrl-C stops "
+                        "it and both servers"
+                    )
+                    await stop.wait()
+                    say("stopping")
+        finally:
+            await pool.close()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        temporal.stop()
+        postgres.remove()
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+def _scratch_dir() -> Path:
+    base = Path(tempfile.mkdtemp(prefix="purge-dev-"))
+    base.chmod(0o755)  # PostgreSQL runs as its own account when we are root and must enter it
+    return base
+
+
+def epoch_ms_now() -> int:
+    """The machine's clock in epoch ms, for writing demo rows (the pass uses workflow time)."""
+    return epoch_ms(datetime.now(UTC))
+
+
+def _default_or_free(port: int, say: Callable[[str], None], what: str) -> int:
+    if port_is_free(port):
+        return port
+    chosen = free_ports(1)[0]
+    say(f"{what} port {port} is taken (another server?); using port {chosen} instead")
+    return chosen

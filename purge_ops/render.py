@@ -1,0 +1,55 @@
+"""Plain-text tables for a person at a terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from activities.payloads import PurgeReport, iso_ms
+
+
+def table(
+    header: Sequence[str], rows: Sequence[Sequence[object]], right: set[int] | None = None
+) -> str:
+    """Columns padded to their widest cell; columns in `right` are right-aligned (numbers)."""
+    right = right or set()
+    cells = [[str(c) for c in header], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+
+    def line(row: list[str]) -> str:
+        out = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(row) for row in cells[1:])])
+
+
+def report_table(report: PurgeReport) -> str:
+    """A pass's report: one row per target, failures named, the total last."""
+    verb = "would remove" if report.dry_run else "removed"
+    rows: list[list[object]] = [[s.name, s.removed, f"{s.seconds:.3f}", "ok"] for s in report.swept]
+    rows += [[f.name, "-", "-", f"FAILED {f.type}: {f.message}"] for f in report.failed]
+    rows.append(
+        ["total", report.removed, "", f"{len(report.failed)} failed" if report.failed else ""]
+    )
+    head = f"purge pass as of {iso_ms(report.now_ms)}" + (" (dry run)" if report.dry_run else "")
+    return head + "\n" + table(["target", verb, "seconds", "status"], rows, right={1, 2})
+
+
+def duration(ms: float) -> str:
+    """`3 h 2 min`, `42 s`, `120 ms`: the two largest units, for reading at a glance."""
+    ms = abs(ms)
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    units = [("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)]
+    parts: list[str] = []
+    rest = int(ms)
+    for unit, size in units:
+        if rest >= size:
+            parts.append(f"{rest // size} {unit}")
+            rest %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)

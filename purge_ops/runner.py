@@ -1,0 +1,79 @@
+"""A worker process: the Purge workflow and its activity on one task queue, until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.config import PurgeConfig
+from activities.dsn import redact
+from activities.kinds import build_registry
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_ops.connect import connect_temporal, open_pool
+from workflows.purge import PurgeWorkflow
+
+log = logging.getLogger("purge.worker")
+
+#: How long a stopping worker lets a running sweep finish its current statement and report.
+GRACEFUL_SHUTDOWN = timedelta(seconds=20)
+
+
+def new_worker(
+    client: Client,
+    registry: TargetRegistry,
+    task_queue: str = "purge",
+    **options: object,
+) -> Worker:
+    """A worker that runs `Purge` with the targets of `registry`; for teams wiring it in code.
+
+    `options` go to `temporalio.worker.Worker` (identity, max_concurrent_activities, ...).
+    """
+    settings: dict[str, object] = {"graceful_shutdown_timeout": GRACEFUL_SHUTDOWN, **options}
+    return Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[PurgeWorkflow],
+        activities=[PurgeActivities(registry).purge_target],
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+async def run_worker(
+    config: PurgeConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    temporal_address: str | None = None,
+) -> None:
+    """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set)."""
+    url = config.require_database_url()
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        pool = await open_pool(url)
+        try:
+            registry = build_registry(config, pool)
+            client = await connect_temporal(temporal_address)
+            worker = new_worker(client, registry, config.task_queue)
+            async with worker:
+                log.info(
+                    "worker on task queue %r of %s, database %s, targets: %s",
+                    config.task_queue,
+                    client.service_client.config.target_host,
+                    redact(url),
+                    ", ".join(registry.names()) or "none",
+                )
+                await stop.wait()
+                log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
+        finally:
+            await pool.close()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

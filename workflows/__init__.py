@@ -1,0 +1,1 @@
+"""Deterministic workflow code: no I/O here, only the pass and its ordering."""
