@@ -55,12 +55,10 @@ class TargetRegistry:
         self._factories = list(factories)
 
     def resolve(self, name: str) -> PurgeTarget:
-        """The target called `name`, asking the factories only when no fixed target has it."""
-        found = self._targets.get(name)
-        if found is not None:
-            return found
+        """The target called `name`. Factories are asked every time, even when a fixed target
+        has the name, so a factory target that shadows another is refused, never run."""
         dynamic = self._from_factories()
-        found = dynamic.get(name)
+        found = self._targets.get(name) or dynamic.get(name)
         if found is None:
             known = sorted({*self._targets, *dynamic})
             raise UnknownPurgeTarget(
@@ -68,9 +66,13 @@ class TargetRegistry:
             )
         return found
 
-    def names(self) -> list[str]:
-        """Every name this worker can sweep right now, factories included."""
-        return sorted({*self._targets, *self._from_factories()})
+    def describe(self) -> str:
+        """The fixed names and how many factories, without calling any factory."""
+        text = ", ".join(sorted(self._targets)) or "no fixed targets"
+        count = len(self._factories)
+        if count:
+            text += f" and {count} target {'factory' if count == 1 else 'factories'}"
+        return text
 
     def _from_factories(self) -> dict[str, PurgeTarget]:
         found: dict[str, PurgeTarget] = {}

@@ -68,7 +68,7 @@ async def run_worker(
                     config.task_queue,
                     client.service_client.config.target_host,
                     redact(url),
-                    ", ".join(registry.names()) or "none",
+                    registry.describe(),
                 )
                 await stop.wait()
                 log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)

@@ -158,3 +158,11 @@ def run_worker(client: Client, task_queue: str) -> RunWorker:
             yield worker
 
     return running
+
+
+@pytest.fixture
+def real_now() -> int:
+    """The machine's clock in epoch ms, for rows a pass at workflow time must split cleanly."""
+    from datetime import UTC, datetime
+
+    return int(datetime.now(UTC).timestamp() * 1000)

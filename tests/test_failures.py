@@ -1,0 +1,170 @@
+"""A target that fails, fails alone: the pass sweeps the others and then fails with the partial
+report. Configuration faults fail at once; transient ones get bounded retries."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from activities import kinds
+from activities.payloads import PurgeReport
+from activities.tables import TableName
+from activities.targets import TargetRegistry
+from purge_ops.runner import new_worker
+from tests.conftest import RunWorker
+from tests.support.history import events
+from tests.support.passes import failed_pass
+from tests.support.rows import HOUR, idempotency_rows, keys
+from workflows.purge import TARGET_RETRY
+
+
+def attempts_by_target(client: Client, history: list[Any]) -> dict[str, int]:
+    """For each target's activity, the attempt it ended on (1 means no retry)."""
+    converter = client.data_converter.payload_converter
+    names: dict[int, str] = {}
+    ended: dict[str, int] = {}
+    for e in history:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            step = converter.from_payloads(
+                e.activity_task_scheduled_event_attributes.input.payloads
+            )
+            names[e.event_id] = step[0]["name"]
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = e.activity_task_started_event_attributes
+            ended[names[attrs.scheduled_event_id]] = attrs.attempt
+    return ended
+
+
+async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    db.execute("CREATE TABLE typed (key text, expires_at text)")
+    targets = [
+        kinds.idempotency(pool),
+        kinds.expiring(pool, "missing_table", TableName("no_such_table"), "expires_at"),
+        kinds.expiring(pool, "missing_column", TableName("x_idempotency"), "gone_at"),
+        kinds.expiring(pool, "text_column", TableName("typed"), "expires_at"),
+        kinds.auth(pool),
+    ]
+    order = ["missing_table", "x_idempotency", "nobody", "missing_column", "text_column", "x_auth"]
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with run_worker(targets):
+        error = await failed_pass(client, task_queue, {"targets": order}, workflow_id)
+
+    assert error.type == "PurgeTargetsFailed"
+    report = PurgeReport.from_json(error.details[0])
+    assert [s.name for s in report.swept] == ["x_idempotency", "x_auth"]
+    assert keys(db, "x_idempotency") == {"new"}
+    failed = {f.name: f for f in report.failed}
+    assert list(failed) == ["missing_table", "nobody", "missing_column", "text_column"]
+    assert failed["nobody"].type == "UnknownPurgeTarget"
+    assert "it knows: missing_column, missing_table, text_column, x_auth, x_idempotency" in (
+        failed["nobody"].message
+    )
+    assert failed["missing_table"].type == "BadPurgeTarget"
+    assert "no_such_table does not exist" in failed["missing_table"].message
+    assert failed["missing_column"].type == "BadPurgeTarget"
+    assert "x_idempotency has no column 'gone_at'" in failed["missing_column"].message
+    assert failed["text_column"].type == "BadPurgeTarget"
+    assert "typed.expires_at is text" in failed["text_column"].message
+    for name in failed:
+        assert name in error.message
+    # Configuration faults are not retried: each failed on its first attempt.
+    attempts = attempts_by_target(client, await events(client, workflow_id))
+    assert {name: attempts[name] for name in failed} == dict.fromkeys(failed, 1)
+
+
+async def test_dry_run_of_a_target_without_count_expired_fails_that_target(
+    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+) -> None:
+    class DeleteOnly:
+        name = "delete_only"
+
+        async def purge_expired(self, now_ms: int) -> int:
+            raise AssertionError("a dry run must not delete")
+
+    async with run_worker([DeleteOnly(), kinds.idempotency(pool)]):
+        error = await failed_pass(
+            client,
+            task_queue,
+            {"targets": ["delete_only", "x_idempotency"], "dry_run": True},
+            f"purge-{uuid.uuid4()}",
+        )
+
+    report = PurgeReport.from_json(error.details[0])
+    assert [(f.name, f.type) for f in report.failed] == [("delete_only", "DryRunUnsupported")]
+    assert [s.name for s in report.swept] == ["x_idempotency"]
+
+
+async def test_a_target_returning_something_other_than_a_count_fails(
+    client: Client, task_queue: str, run_worker: RunWorker
+) -> None:
+    class Sloppy:
+        name = "sloppy"
+
+        async def purge_expired(self, now_ms: int) -> Any:
+            return "3 rows"
+
+    async with run_worker([Sloppy()]):
+        error = await failed_pass(
+            client, task_queue, {"targets": ["sloppy"]}, f"purge-{uuid.uuid4()}"
+        )
+
+    [failure] = PurgeReport.from_json(error.details[0]).failed
+    assert failure.type == "BadPurgeTarget"
+    assert "'3 rows'" in failure.message
+
+
+class Flaky:
+    """Fails its first `failures` calls with an error Temporal retries, then succeeds."""
+
+    def __init__(self, name: str, failures: int) -> None:
+        self.name = name
+        self.failures = failures
+        self.calls = 0
+
+    async def purge_expired(self, now_ms: int) -> int:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"{self.name}: server closed the connection (call {self.calls})")
+        return 7
+
+
+async def test_transient_failures_are_retried_and_bounded(
+    time_skipping: WorkflowEnvironment, task_queue: str
+) -> None:
+    """A target that recovers within its attempts is swept; one that never does fails after
+    exactly `maximum_attempts` and does not stop the target after it."""
+    recovers = Flaky("recovers", failures=2)
+    never = Flaky("never", failures=10**6)
+    after = Flaky("after", failures=0)
+    registry = TargetRegistry([recovers, never, after])
+    client = time_skipping.client
+    async with new_worker(client, registry, task_queue):
+        error = await failed_pass(
+            client,
+            task_queue,
+            {"targets": ["recovers", "never", "after"]},
+            f"purge-{uuid.uuid4()}",
+        )
+
+    report = PurgeReport.from_json(error.details[0])
+    assert [(s.name, s.removed) for s in report.swept] == [("recovers", 7), ("after", 7)]
+    [failure] = report.failed
+    assert failure.name == "never"
+    assert "server closed the connection" in failure.message
+    assert recovers.calls == 3
+    assert never.calls == TARGET_RETRY.maximum_attempts == 5
+    assert after.calls == 1

@@ -1,0 +1,217 @@
+"""The `Purge` workflow end to end on the real dev server, with the built-in targets on the real
+PostgreSQL server: the report, the one clock, duplicates, dry runs, bad input."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from activities import kinds
+from activities.payloads import MAX_TARGETS_PER_PASS
+from tests.conftest import RunWorker
+from tests.support.history import events, scheduled_targets
+from tests.support.history import kinds as event_kinds
+from tests.support.passes import failed_pass, run_pass
+from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+
+
+def builtins(pool: AsyncConnectionPool[Any]) -> list[Any]:
+    return [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+
+
+def seed_expired_and_live(db: psycopg.Connection[Any], now_ms: int) -> None:
+    """Rows a pass at (about) `now_ms` must split cleanly, far from the boundary."""
+    idempotency_rows(db, {"old-1": now_ms - HOUR, "old-2": now_ms - 2 * HOUR, "new": now_ms + HOUR})
+    bucket_rows(
+        db,
+        {"full": (4.0, 4.0, 0.001, now_ms - HOUR), "empty": (0.0, 4.0, 1e-9, now_ms - 1000)},
+    )
+    auth_rows(db, {"f-old": now_ms - HOUR, "f-new": now_ms + HOUR}, {"l-old": now_ms - HOUR})
+
+
+def real_now_ms() -> int:
+    from datetime import UTC, datetime
+
+    return int(datetime.now(UTC).timestamp() * 1000)
+
+
+async def test_pass_sweeps_targets_in_input_order_and_reports_each(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+) -> None:
+    seed_expired_and_live(db, real_now_ms())
+    async with run_worker(builtins(pool)):
+        result = await run_pass(
+            client, task_queue, {"targets": ["x_auth", "x_idempotency", "x_rate_limit"]}
+        )
+
+    assert [(s["name"], s["removed"]) for s in result["swept"]] == [
+        ("x_auth", 2),
+        ("x_idempotency", 2),
+        ("x_rate_limit", 1),
+    ]
+    assert result["removed"] == 5
+    assert result["failed"] == []
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "x_rate_limit") == {"empty"}
+    assert keys(db, "x_auth_failures") == {"f-new"}
+    assert keys(db, "x_auth_lockouts") == set()
+
+
+async def test_every_target_is_handed_the_one_instant_read_at_the_start(
+    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+) -> None:
+    seen: list[int] = []
+
+    class Recorder:
+        name = "recorder"
+
+        async def purge_expired(self, now_ms: int) -> int:
+            seen.append(now_ms)
+            return 0
+
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with run_worker([*builtins(pool), Recorder()]):
+        result = await run_pass(
+            client,
+            task_queue,
+            {"targets": ["x_idempotency", "recorder", "x_rate_limit", "x_auth"]},
+            workflow_id,
+        )
+
+    history = await events(client, workflow_id)
+    converter = client.data_converter.payload_converter
+    handed = [
+        converter.from_payloads(e.activity_task_scheduled_event_attributes.input.payloads)[0]
+        for e in history
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert {step["now_ms"] for step in handed} == {result["now_ms"]}
+    assert seen == [result["now_ms"]]
+    # It is the workflow's clock: the instant of the first workflow task, to the millisecond.
+    started = history[2].event_time.ToMilliseconds()
+    assert event_kinds(history)[2] == "WORKFLOW_TASK_STARTED"
+    assert result["now_ms"] == started
+
+
+async def test_duplicate_names_fail_before_any_activity(
+    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+) -> None:
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with run_worker(builtins(pool)):
+        error = await failed_pass(
+            client,
+            task_queue,
+            {"targets": ["x_auth", "x_idempotency", "x_auth", "x_rate_limit", "x_idempotency"]},
+            workflow_id,
+        )
+
+    assert error.type == "DuplicatePurgeTarget"
+    assert error.non_retryable
+    assert "x_auth, x_idempotency" in error.message
+    history = event_kinds(await events(client, workflow_id))
+    assert "ACTIVITY_TASK_SCHEDULED" not in history
+    assert history[-1] == "WORKFLOW_EXECUTION_FAILED"
+
+
+async def test_dry_run_counts_and_deletes_nothing(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+) -> None:
+    seed_expired_and_live(db, real_now_ms())
+    async with run_worker(builtins(pool)):
+        result = await run_pass(
+            client,
+            task_queue,
+            {"targets": ["x_idempotency", "x_rate_limit", "x_auth"], "dry_run": True},
+        )
+
+    assert [(s["name"], s["removed"]) for s in result["swept"]] == [
+        ("x_idempotency", 2),
+        ("x_rate_limit", 1),
+        ("x_auth", 2),
+    ]
+    assert result["dry_run"] is True
+    assert len(keys(db, "x_idempotency")) == 3
+    assert len(keys(db, "x_rate_limit")) == 2
+    assert len(keys(db, "x_auth_failures")) + len(keys(db, "x_auth_lockouts")) == 3
+
+
+async def test_empty_target_list_is_a_pass_that_removes_nothing(
+    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+) -> None:
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with run_worker(builtins(pool)):
+        result = await run_pass(client, task_queue, {"targets": []}, workflow_id)
+
+    assert result["swept"] == []
+    assert result["removed"] == 0
+    assert "ACTIVITY_TASK_SCHEDULED" not in event_kinds(await events(client, workflow_id))
+
+
+@pytest.mark.parametrize(
+    ("request_", "complaint"),
+    [
+        ({"targets": "x_auth"}, "must be a list"),
+        ({"targets": ["x_auth", 7]}, "not a target name"),
+        ({"targets": ["x_auth; DROP TABLE x"]}, "not a target name"),
+        ({"targets": ["x_auth"], "dryrun": True}, "unknown keys ['dryrun']"),
+        ({"targets": ["x_auth"], "dry_run": "yes"}, "'dry_run' must be true or false"),
+        ({}, "no 'targets'"),
+        (["x_auth"], "must be an object"),
+        ({"targets": ["t"] * (MAX_TARGETS_PER_PASS + 1)}, f"at most {MAX_TARGETS_PER_PASS}"),
+    ],
+    ids=["not-a-list", "not-a-string", "not-a-name", "unknown-key", "bad-dry-run", "no-targets",
+         "not-an-object", "too-many"],
+)  # fmt: skip
+async def test_bad_input_fails_the_pass_at_once_with_one_clear_error(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    request_: Any,
+    complaint: str,
+) -> None:
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with run_worker(builtins(pool)):
+        error = await failed_pass(client, task_queue, request_, workflow_id)
+
+    assert error.type == "BadPurgeInput"
+    assert complaint in error.message
+    assert "\n" not in error.message
+    assert scheduled_targets(client, await events(client, workflow_id)) == []
+
+
+async def test_one_log_line_when_rows_were_removed_and_none_otherwise(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seed_expired_and_live(db, real_now_ms())
+    request = {"targets": ["x_idempotency", "x_auth"]}
+    with caplog.at_level(logging.INFO, logger="temporalio.workflow"):
+        async with run_worker(builtins(pool)):
+            await run_pass(client, task_queue, request)
+            first = [r.getMessage() for r in caplog.records if r.name == "temporalio.workflow"]
+            caplog.clear()
+            await run_pass(client, task_queue, request)  # nothing left to remove
+            second = [r.getMessage() for r in caplog.records if r.name == "temporalio.workflow"]
+
+    assert len(first) == 1
+    assert first[0].startswith("purge pass removed 4 rows: x_idempotency=2, x_auth=2")
+    assert second == []
