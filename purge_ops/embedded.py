@@ -44,6 +44,8 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """Whether nothing listens on `port` (so a server of ours may take it)."""
     with socket.socket() as sock:
+        # As servers bind: a connection lingering in TIME_WAIT does not make the port taken.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -1,0 +1,117 @@
+"""The command line as a user runs it: `dev --once` on embedded defaults, and a worker that
+stops cleanly on SIGTERM and SIGINT."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from purge_ops.embedded import TemporalDevServer, port_is_free
+from tests.support.procs import REPO, clean_env, start_worker, wait_for, worker_config
+
+
+def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path) -> None:
+    """With the default Temporal port taken, it picks another, says which, runs one pass, prints
+    the report and the rows that stayed, exits 0 and leaves no server running."""
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken = port_is_free(7233)
+        if taken:
+            squatter.bind(("127.0.0.1", 7233))
+            squatter.listen()
+        done = subprocess.run(
+            [sys.executable, "worker.py", "dev", "--once"],
+            cwd=REPO,
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    out = done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    moved = re.search(r"Temporal port 7233 is taken .*; using port (\d+) instead", out)
+    assert moved, out
+    assert f"Temporal dev server at 127.0.0.1:{moved.group(1)}" in out
+    report = {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)\s+[\d.]*\s*(?:ok)?\s*$", out, re.MULTILINE)
+    }
+    assert report == {
+        "x_idempotency": 2,
+        "x_rate_limit": 1,
+        "x_auth": 3,
+        "demo_sessions": 2,
+        "total": 8,
+    }
+    assert "why it stayed" in out
+    assert "holds 0.50 of 4 tokens" in out  # the half-empty bucket stayed, and says why
+    assert "Traceback" not in done.stderr
+    pg_port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", out).group(1))  # type: ignore[union-attr]
+    assert port_is_free(pg_port)
+    assert port_is_free(int(moved.group(1)))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_worker_shuts_down_gracefully_on_signal(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    schema_url: str,
+    task_queue: str,
+    sig: signal.Signals,
+) -> None:
+    config = worker_config(
+        tmp_path / "purge.toml", schema_url, task_queue, '[[targets]]\nkind = "auth"\n'
+    )
+    log = tmp_path / "worker.log"
+    worker = start_worker(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), log)
+    try:
+        wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker to start")
+        worker.send_signal(sig)
+        assert worker.wait(30) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    text = log.read_text()
+    assert "stopping: letting running sweeps finish" in text
+    assert "targets: x_auth" in text
+    assert "Traceback" not in text
+
+
+def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
+    """Without --once: it prints the UI's address, the UI answers, and Ctrl-C (SIGINT) stops the
+    worker and both servers, exit 0."""
+    import urllib.request
+
+    log = tmp_path / "dev.log"
+    with log.open("wb") as out:
+        dev = subprocess.Popen(
+            [sys.executable, "worker.py", "dev"],
+            cwd=REPO,
+            env=clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "Ctrl-C stops" in log.read_text(), 120, "dev to come up")
+        text = log.read_text()
+        ui = re.search(r"Temporal UI: (http://127\.0\.0\.1:(\d+))", text)
+        assert ui, text
+        with urllib.request.urlopen(ui.group(1), timeout=10) as page:
+            assert page.status == 200
+        temporal_port = int(re.search(r"Temporal dev server at 127\.0\.0\.1:(\d+)", text).group(1))  # type: ignore[union-attr]
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(60) == 0
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
+    assert "stopping" in log.read_text()
+    assert port_is_free(int(ui.group(2)))
+    assert port_is_free(temporal_port)

@@ -1,0 +1,131 @@
+"""A worker killed with SIGKILL in the middle of a pass: another worker finishes it from the
+history, the targets completed before the kill are not run again, and every table ends right."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from purge_ops.embedded import TemporalDevServer
+from tests.support.procs import clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+
+TARGETS = """
+[[targets]]
+kind = "idempotency"
+
+[[targets]]
+kind = "auth"
+
+[[targets]]
+kind = "python"
+factory = "tests.support.gate:targets"
+names = ["gate"]
+
+[[targets]]
+kind = "rate_limit"
+
+[[targets]]
+kind = "expiring"
+name = "sessions"
+table = "sessions"
+column = "expires_at_ms"
+"""
+
+
+def started_by(client: Client, history: list[Any]) -> dict[str, tuple[str, int]]:
+    """For each target: the identity of the worker whose attempt completed it, and the attempt."""
+    converter = client.data_converter.payload_converter
+    names: dict[int, str] = {}
+    started: dict[int, tuple[str, int]] = {}
+    done: dict[str, tuple[str, int]] = {}
+    for e in history:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            names[e.event_id] = converter.from_payloads(attrs.input.payloads)[0]["name"]
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = e.activity_task_started_event_attributes
+            started[e.event_id] = (attrs.identity, attrs.attempt)
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = e.activity_task_completed_event_attributes
+            name = names[attrs.scheduled_event_id]
+            assert name not in done, f"{name} completed twice"
+            done[name] = started[attrs.started_event_id]
+    return done
+
+
+async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    auth_rows(db, {"f-old": real_now - HOUR, "f-new": real_now + HOUR}, {"l-old": real_now - 1})
+    bucket_rows(db, {"full": (0.0, 4.0, 1.0, real_now - HOUR), "empty": (0.0, 4.0, 1e-9, real_now)})
+    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)")
+    db.execute(
+        "INSERT INTO sessions VALUES ('s-old', %s), ('s-new', %s)",
+        (real_now - HOUR, real_now + HOUR),
+    )
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    gate_dir = tmp_path / "gate"
+    gate_dir.mkdir()
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, PURGE_TEST_GATE_DIR=str(gate_dir))
+
+    first = start_worker(config, {**env, "PURGE_TEST_GATE_HANG": "1"}, tmp_path / "first.log")
+    second = None
+    try:
+        workflow_id = f"purge-kill-{uuid.uuid4()}"
+        handle = await client.start_workflow(
+            "Purge",
+            {"targets": ["x_idempotency", "x_auth", "gate", "x_rate_limit", "sessions"]},
+            id=workflow_id,
+            task_queue=task_queue,
+        )
+        wait_for((gate_dir / "hanging").exists, 60, "the first worker to reach the gate")
+        # Completed before the kill, by the first worker:
+        assert keys(db, "x_idempotency") == {"new"}
+        assert keys(db, "sessions") == {"s-old", "s-new"}
+
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(10)
+        second = start_worker(config, env, tmp_path / "second.log")
+        result = await handle.result()
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+    assert [s["name"] for s in result["swept"]] == [
+        "x_idempotency", "x_auth", "gate", "x_rate_limit", "sessions",
+    ]  # fmt: skip
+    history = (await handle.fetch_history()).events
+    host = socket.gethostname()
+    first_id, second_id = f"{first.pid}@{host}", f"{second.pid}@{host}"
+    assert started_by(client, list(history)) == {
+        "x_idempotency": (first_id, 1),
+        "x_auth": (first_id, 1),
+        "gate": (second_id, 2),  # the killed attempt was retried, on the new worker
+        "x_rate_limit": (second_id, 1),
+        "sessions": (second_id, 1),
+    }
+    scheduled = [e for e in history if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert len(scheduled) == 5
+    assert len(list(gate_dir.glob("run-*"))) == 2  # one hung attempt, one that finished
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "x_auth_failures") == {"f-new"}
+    assert keys(db, "x_auth_lockouts") == set()
+    assert keys(db, "x_rate_limit") == {"empty"}
+    assert keys(db, "sessions") == {"s-new"}
