@@ -103,9 +103,11 @@ def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
         text = log.read_text()
         ui = re.search(r"Temporal UI: (http://127\.0\.0\.1:(\d+))", text)
         assert ui, text
-        with urllib.request.urlopen(ui.group(1), timeout=10) as page:
+        with urllib.request.urlopen(ui.group(1), timeout=10) as page:  # noqa: S310 (http only)
             assert page.status == 200
-        temporal_port = int(re.search(r"Temporal dev server at 127\.0\.0\.1:(\d+)", text).group(1))  # type: ignore[union-attr]
+        address = re.search(r"Temporal dev server at 127\.0\.0\.1:(\d+)", text)
+        assert address, text
+        temporal_port = int(address.group(1))
         dev.send_signal(signal.SIGINT)
         assert dev.wait(60) == 0
     finally:

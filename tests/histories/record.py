@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,9 +35,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 }
 
 
-async def record(prefix: str) -> None:
+def scratch() -> Path:
     base = Path(tempfile.mkdtemp(prefix="purge-record-"))
-    base.chmod(0o755)
+    base.chmod(0o755)  # PostgreSQL runs as its own account under root and must enter it
+    return base
+
+
+async def record(prefix: str) -> None:
+    base = scratch()
     try:
         with TemporalDevServer(base / "t") as temporal, EmbeddedPostgres(base / "pg") as pg:
             now = epoch_ms_now()
@@ -58,10 +64,9 @@ async def record(prefix: str) -> None:
                     handle = await client.start_workflow(
                         "Purge", request, id=workflow_id, task_queue="purge"
                     )
-                    try:
+                    # The failures are what some of these histories are for.
+                    with contextlib.suppress(WorkflowFailureError):
                         await handle.result()
-                    except WorkflowFailureError:
-                        pass  # the failures are what these histories are for
                     history = await handle.fetch_history()
                     out = HERE / f"{prefix}-{scenario}.json"
                     out.write_text(history.to_json(), encoding="utf-8")
