@@ -45,16 +45,37 @@ _TARGET_KEYS: dict[str, frozenset[str]] = {
     "expiring": frozenset({"name", "table", "column", "max_age"}),
     "python": frozenset({"factory", "names"}),
 }
-_TOP_KEYS = frozenset({"database_url", "task_queue", "schedule", "targets"})
-_SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone"})
+_TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "targets"})
+_SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
+
+#: Spread fire times a little, so deployments sharing a cluster or a database do not all start
+#: at :23:00 sharp.
+DEFAULT_JITTER_MS = 30_000
+#: Temporal refuses a catch-up window under 10 s.
+MIN_CATCHUP_MS = 10_000
+HOUR_MS = 3_600_000
+_METRICS = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_AGE_PART = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+_AGE_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w)")
 #: A century: far beyond any retention period, and small enough that no instant overflows.
 MAX_AGE_LIMIT_MS = 36_525 * 86_400_000
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _QUEUE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
-_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?LW#]+")
+_CRON_NUMBER = re.compile(r"[0-9]{1,4}")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+           "september", "october", "november", "december")  # fmt: skip
+_WEEKDAYS = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
+#: The five cron fields as Temporal's server reads them: lowest and highest value, and the names
+#: it takes for a value (a prefix of at least 3 letters of a month, 2 of a weekday). It has no
+#: `L`, `W`, `#` or `?`: a cron it would refuse is refused here, before anything starts.
+_CRON_FIELDS: tuple[tuple[int, int, tuple[str, ...], int], ...] = (
+    (0, 59, (), 0),
+    (0, 23, (), 0),
+    (1, 31, (), 0),
+    (1, 12, _MONTHS, 3),
+    (0, 7, _WEEKDAYS, 2),
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +100,11 @@ class ScheduleSpec:
     id: str = DEFAULT_SCHEDULE_ID
     cron: str = DEFAULT_CRON
     time_zone: str = DEFAULT_TIME_ZONE
+    catchup_window_ms: int = HOUR_MS
+    """How late a missed pass may still run after an outage: about one period, so at most one."""
+    jitter_ms: int = DEFAULT_JITTER_MS
+    ensure: bool = False
+    """Whether `run` creates or updates the schedule at start."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +116,8 @@ class PurgeConfig:
     task_queue: str = DEFAULT_TASK_QUEUE
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     targets: tuple[TargetSpec, ...] = ()
+    metrics: str | None = None
+    """HOST:PORT where a worker serves Prometheus metrics, if anywhere."""
 
     @property
     def target_names(self) -> list[str]:
@@ -133,10 +161,15 @@ def parse_config(
     where = str(path or "<config>")
     _no_unknown(where, "", raw, _TOP_KEYS)
 
-    database_url = env.get("PURGE_DATABASE_URL") or _opt_str(where, "database_url", raw)
-    if database_url is not None:
-        key = "PURGE_DATABASE_URL" if env.get("PURGE_DATABASE_URL") else "database_url"
-        _check_dsn(where, key, database_url)
+    # The file's own value is checked even when the environment overrides it: the file is
+    # checked whole, and it is what the next deployment without the variable will use.
+    file_url = _opt_str(where, "database_url", raw)
+    if file_url is not None:
+        _check_dsn(where, "database_url", file_url)
+    env_url = env.get("PURGE_DATABASE_URL") or None
+    if env_url is not None:
+        _check_dsn(where, "PURGE_DATABASE_URL", env_url)
+    database_url = env_url or file_url
 
     task_queue = _opt_str(where, "task_queue", raw) or DEFAULT_TASK_QUEUE
     if not _QUEUE.fullmatch(task_queue):
@@ -144,9 +177,15 @@ def parse_config(
 
     schedule = _parse_schedule(where, raw.get("schedule", {}))
 
+    metrics = _opt_str(where, "metrics", raw)
+    if metrics is not None:
+        check_metrics_address(metrics, f"{where}: metrics")
+
     entries = raw.get("targets", [])
     if not isinstance(entries, list):
-        raise ConfigError(f"{where}: targets: must be an array of [[targets]] tables")
+        raise ConfigError(
+            f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
+        )
     targets = tuple(_parse_target(where, i, entry) for i, entry in enumerate(entries, 1))
     seen: dict[str, int] = {}
     for i, spec in enumerate(targets, 1):
@@ -164,20 +203,26 @@ def parse_config(
         task_queue=task_queue,
         schedule=schedule,
         targets=targets,
+        metrics=metrics,
     )
 
 
 def parse_max_age(text: str) -> int:
     """`"30d"`, `"1h30m"`, `"0s"` to milliseconds; ConfigError (without the key) otherwise."""
     pos, total, seen = 0, 0, set()
-    for match in _AGE_PART.finditer(text):
-        if match.start() != pos:
-            break
+    # Each part is matched where the last one ended: a search (finditer) would rescan a long
+    # run of digits from every position in it, quadratic in the length of the value.
+    while match := _AGE_PART.match(text, pos):
         unit = match.group(2)
         if unit in seen:
             raise ConfigError(f"unit {unit!r} appears twice in {text!r}")
         seen.add(unit)
-        total += int(match.group(1)) * _UNITS_MS[unit]
+        # More than 20 significant digits is past the century anyway, and int() raises a
+        # ValueError (not a ConfigError, so a traceback) on a string of over 4300 digits.
+        digits = match.group(1).lstrip("0") or "0"
+        if len(digits) > 20:
+            raise ConfigError(f"{text!r} is longer than 100 years")
+        total += int(digits) * _UNITS_MS[unit]
         pos = match.end()
     if not text or pos != len(text):
         raise ConfigError(
@@ -193,18 +238,39 @@ def _parse_schedule(where: str, raw: object) -> ScheduleSpec:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: schedule: must be a [schedule] table, got {raw!r}")
     _no_unknown(where, "schedule.", raw, _SCHEDULE_KEYS)
+    cron = _opt_str(where, "schedule.cron", raw, "cron") or DEFAULT_CRON
+    if not _cron_ok(cron):
+        raise ConfigError(
+            f"{where}: schedule.cron: want five cron fields (minute hour day month weekday) "
+            f"like '23 * * * *', got {cron!r}"
+        )
+    ensure = raw.get("ensure", False)
+    if not isinstance(ensure, bool):
+        raise ConfigError(f"{where}: schedule.ensure: must be true or false, got {ensure!r}")
     spec = ScheduleSpec(
         id=_opt_str(where, "schedule.id", raw, "id") or DEFAULT_SCHEDULE_ID,
-        cron=_opt_str(where, "schedule.cron", raw, "cron") or DEFAULT_CRON,
+        cron=cron,
         time_zone=_opt_str(where, "schedule.time_zone", raw, "time_zone") or DEFAULT_TIME_ZONE,
+        catchup_window_ms=_duration(where, "schedule.catchup_window", raw, "catchup_window")
+        if "catchup_window" in raw
+        else default_catchup_ms(cron),
+        jitter_ms=_duration(where, "schedule.jitter", raw, "jitter")
+        if "jitter" in raw
+        else DEFAULT_JITTER_MS,
+        ensure=ensure,
     )
+    if spec.catchup_window_ms < MIN_CATCHUP_MS:
+        raise ConfigError(
+            f"{where}: schedule.catchup_window: at least 10s (Temporal's minimum), "
+            f"got {raw['catchup_window']!r}"
+        )
+    if spec.jitter_ms > HOUR_MS:
+        raise ConfigError(
+            f"{where}: schedule.jitter: at most 1h, so a pass stays near its time, "
+            f"got {raw['jitter']!r}"
+        )
     if not _QUEUE.fullmatch(spec.id):
         raise ConfigError(f"{where}: schedule.id: not a schedule id, got {spec.id!r}")
-    fields = spec.cron.split()
-    if len(fields) != 5 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
-        raise ConfigError(
-            f"{where}: schedule.cron: want five cron fields like '23 * * * *', got {spec.cron!r}"
-        )
     try:
         ZoneInfo(spec.time_zone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -214,15 +280,84 @@ def _parse_schedule(where: str, raw: object) -> ScheduleSpec:
     return spec
 
 
+def default_catchup_ms(cron: str) -> int:
+    """About one period of `cron`: a day for a daily schedule, else an hour (the default
+    schedule is hourly; a finer cron with an hour's window still runs at most one late pass,
+    since the schedule skips overlaps)."""
+    minute, hour, day, month, weekday = cron.split()
+    fixed = all(part.isdigit() for part in (minute, hour))
+    if fixed and day == month == weekday == "*":
+        return 24 * HOUR_MS
+    return HOUR_MS
+
+
+def check_metrics_address(text: str, where: str) -> str:
+    """`HOST:PORT` for the metrics endpoint, or a ConfigError naming `where`."""
+    match = _METRICS.fullmatch(text)
+    if not match or not 1 <= int(match.group("port")) <= 65535:
+        raise ConfigError(f"{where}: want HOST:PORT like '0.0.0.0:9464', got {text!r}")
+    return text
+
+
+def _duration(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> int:
+    value = raw[field_name]
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key}: must be a string like '30d', got {value!r}")
+    try:
+        return parse_max_age(value)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {key}: {err}") from None
+
+
+def _cron_ok(cron: str) -> bool:
+    """Five fields, each a comma list of `*`, `n` or `n-m`, each optionally `/step`, in range."""
+    fields = cron.split()
+    return len(fields) == 5 and all(
+        _cron_field_ok(text, *spec) for text, spec in zip(fields, _CRON_FIELDS, strict=True)
+    )
+
+
+def _cron_field_ok(text: str, low: int, high: int, names: tuple[str, ...], shortest: int) -> bool:
+    for part in text.split(","):
+        span, slash, step = part.partition("/")
+        if slash and not (_CRON_NUMBER.fullmatch(step) and int(step) >= 1):
+            return False
+        if span == "*":
+            continue
+        first, dash, last = span.partition("-")
+        start = _cron_value(first, low, high, names, shortest)
+        end = _cron_value(last, low, high, names, shortest) if dash else start
+        if start is None or end is None or end < start:
+            return False
+    return True
+
+
+def _cron_value(
+    text: str, low: int, high: int, names: tuple[str, ...], shortest: int
+) -> int | None:
+    if _CRON_NUMBER.fullmatch(text):
+        value = int(text)
+    elif names and len(text) >= shortest:
+        lowered = text.lower()
+        value = next((low + i for i, name in enumerate(names) if name.startswith(lowered)), -1)
+    else:
+        return None
+    return value if low <= value <= high else None
+
+
 def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
     at = f"{where}: [[targets]] #{index}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{at}: must be a table, got {raw!r}")
     kind = raw.get("kind")
+    if kind is None:
+        raise ConfigError(f"{at}: kind: missing; want one of {', '.join(KINDS)}")
     if kind not in KINDS:
         raise ConfigError(f"{at}: kind: must be one of {', '.join(KINDS)}, got {kind!r}")
     name_hint = raw.get("name")
-    if isinstance(name_hint, str):
+    # Only a valid name labels the entry: an invalid one (a newline, say) is shown, quoted, by
+    # the check of `name` below, and would otherwise break the one-line message here.
+    if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
     _no_unknown(at, "", raw, _TARGET_KEYS[kind] | {"kind"})
 
@@ -264,13 +399,7 @@ def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
         )
     max_age_ms = 0
     if "max_age" in raw:
-        max_age = raw["max_age"]
-        if not isinstance(max_age, str):
-            raise ConfigError(f"{at}: max_age: must be a string like '30d', got {max_age!r}")
-        try:
-            max_age_ms = parse_max_age(max_age)
-        except ConfigError as err:
-            raise ConfigError(f"{at}: max_age: {err}") from None
+        max_age_ms = _duration(at, "max_age", raw, "max_age")
     return TargetSpec(kind=kind, name=name, tables=(table,), column=column, max_age_ms=max_age_ms)
 
 
@@ -293,8 +422,13 @@ def _resolve_factory(at: str, path: str) -> TargetFactory:
     module_name, _, attr_path = path.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ConfigError(f"{at}: factory: cannot import {module_name!r}: {err}") from None
+    except Exception as err:
+        # Any error of the module's own import (a SyntaxError, a failing top-level call) is a
+        # bad factory for this config: one line, not a traceback.
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(
+            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first}"
+        ) from None
     for attr in attr_path.split("."):
         try:
             obj = getattr(obj, attr)
@@ -308,9 +442,12 @@ def _resolve_factory(at: str, path: str) -> TargetFactory:
 
 def _check_dsn(where: str, key: str, dsn: str) -> None:
     try:
-        conninfo_to_dict(dsn)
+        params = conninfo_to_dict(dsn)
     except Exception:
-        # The message of the parser may quote the string, password included: do not pass it on.
+        # The parser's message may quote the string, password included: never pass it on.
+        params = None
+    ports = str((params or {}).get("port") or "")
+    if params is None or not all(p.isdigit() for p in ports.split(",") if p):
         raise ConfigError(
             f"{where}: {key}: not a PostgreSQL connection string, got {redact(dsn)!r}"
         ) from None
@@ -319,9 +456,10 @@ def _check_dsn(where: str, key: str, dsn: str) -> None:
 def _no_unknown(where: str, prefix: str, raw: Mapping[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(raw) - allowed)
     if unknown:
+        # A quoted TOML key may hold a newline; shown as written it would split the line.
+        key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])
         raise ConfigError(
-            f"{where}: {prefix}{unknown[0]}: unknown key; "
-            f"allowed here: {', '.join(sorted(allowed))}"
+            f"{where}: {prefix}{key}: unknown key; allowed here: {', '.join(sorted(allowed))}"
         )
 
 

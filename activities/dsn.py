@@ -11,7 +11,9 @@ MASK = "***"
 
 def redact(dsn: str) -> str:
     """`dsn` with any password masked, in the same form (URL or key=value) it came in."""
-    if "://" in dsn:
+    # Only these prefixes make a URL for libpq; a key=value string may hold "://" in a value
+    # (sslrootcert=file://...) and must still have its password masked.
+    if dsn.startswith(("postgresql://", "postgres://")):
         return _redact_url(dsn)
     try:
         params = conninfo_to_dict(dsn)
@@ -37,5 +39,5 @@ def _redact_url(url: str) -> str:
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if k == "password" else v) for k, v in pairs], safe="/ =")
+        query = urlencode([(k, MASK if k == "password" else v) for k, v in pairs], safe="/=*")
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
