@@ -1,6 +1,7 @@
-"""The command line: `python worker.py [run|dev] ...` (installed as `pg-purge`).
+"""The command line: `python worker.py [run|schedule|sweep|report|replay|dev] ...`.
 
-Also the entry point for teams that build their worker in code: see `new_worker`.
+Installed as `pg-purge`. Also the entry point for teams that build their worker in code: see
+`new_worker`.
 """
 
 from __future__ import annotations
@@ -8,18 +9,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
-from activities.config import config_path, load_config
+from activities.config import PurgeConfig, config_path, load_config
 from activities.errors import ConfigError
+from activities.payloads import TARGET_NAME
 from purge_ops import logs
-from purge_ops.runner import new_worker
+from purge_ops.connect import connect_temporal
+from purge_ops.dev import run_dev
+from purge_ops.passes import passes_table, recent_passes, replay, sweep
+from purge_ops.runner import new_worker, run_worker
+from purge_ops.schedule import ensure_schedule
 
-__all__ = ["main", "new_worker"]
+__all__ = ["cli", "main", "new_worker"]
 
 PROG = "pg-purge"
-COMMANDS = ("run", "dev")
+COMMANDS = ("run", "schedule", "sweep", "report", "replay", "dev")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -27,11 +36,55 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog=PROG,
         description="Retention sweeps for PostgreSQL, run as Temporal workflows.",
+        epilog="Temporal: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_PROFILE "
+        "(default localhost:7233). Database: database_url in the config or PURGE_DATABASE_URL.",
     )
     sub = top.add_subparsers(dest="command", metavar="command")
 
     run = sub.add_parser("run", help="run a worker on the task queue until SIGINT/SIGTERM")
     _config_option(run)
+    run.add_argument(
+        "--schedule",
+        action="store_true",
+        help="create or update the schedule at start (also: [schedule] ensure = true)",
+    )
+    run.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (also: metrics = ...)",
+    )
+
+    schedule = sub.add_parser("schedule", help="create or update the schedule from the config")
+    _config_option(schedule)
+
+    sweep = sub.add_parser("sweep", help="one pass now, through Temporal; prints the report")
+    _config_option(sweep)
+    sweep.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+    sweep.add_argument(
+        "--target",
+        action="append",
+        metavar="NAME",
+        type=_target_name,
+        help="sweep only this target (repeatable); default: every target of the config",
+    )
+
+    report = sub.add_parser("report", help="recent passes, removed per target, as a table")
+    _config_option(report)
+    report.add_argument("--last", type=_positive, default=10, metavar="N", help="default 10")
+
+    replay = sub.add_parser(
+        "replay",
+        help="replay recent passes' histories (or history files) against this code",
+    )
+    _config_option(replay)
+    replay.add_argument("--last", type=_positive, default=20, metavar="N", help="default 20")
+    replay.add_argument(
+        "files",
+        nargs="*",
+        type=Path,
+        metavar="FILE",
+        help="history JSON (as `temporal workflow show -o json` writes it) instead of the cluster",
+    )
 
     dev = sub.add_parser(
         "dev",
@@ -49,6 +102,22 @@ def _config_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _target_name(text: str) -> str:
+    if not TARGET_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a target name: {text!r}")
+    return text
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"want a whole number of at least 1, got {text!r}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; the exit status: 0 done, 1 failed, 2 bad config or usage."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -57,25 +126,79 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.insert(0, "run")
     opts = parser().parse_args(args)
     # `dev` prints its own report; only warnings from the worker belong on that screen.
-    logs.configure(logging.WARNING if opts.command == "dev" else logging.INFO)
+    logs.configure(logging.INFO if opts.command == "run" else logging.WARNING)
     try:
-        if opts.command == "dev":
-            from purge_ops.dev import run_dev
-
-            return asyncio.run(run_dev(once=opts.once))
-        config = load_config(config_path(opts.config))
-        config.require_database_url()
-        from purge_ops.runner import run_worker
-
-        asyncio.run(run_worker(config))
-        return 0
+        return asyncio.run(_dispatch(opts))
     except ConfigError as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
-    except ConnectionError as err:
+    except (ConnectionError, OSError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except RuntimeError as err:
+        # The Temporal client reports an unreachable server as a RuntimeError.
+        if "connect" not in str(err).lower():
+            raise
+        print(f"{PROG}: cannot reach Temporal: {err}", file=sys.stderr)
         return 1
 
 
+async def _dispatch(opts: argparse.Namespace) -> int:
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    command: str = opts.command
+    if command == "dev":
+        return await run_dev(once=opts.once)
+    if command == "replay" and opts.files:
+        return await replay(None, "", opts.last, opts.files, say)
+
+    config = load_config(config_path(opts.config))
+    if command == "run":
+        return await _run(config, opts)
+    client = await connect_temporal()
+    if command == "schedule":
+        outcome = await ensure_schedule(client, config)
+        say(f"{outcome.action} {outcome.summary}")
+        return 0
+    if command == "sweep":
+        targets = opts.target or config.target_names
+        return await sweep(client, config.task_queue, targets, opts.dry_run, say)
+    if command == "report":
+        passes = await recent_passes(client, config.task_queue, opts.last)
+        if not passes:
+            say(f"no passes on task queue {config.task_queue!r} yet")
+        else:
+            say(passes_table(passes, config.target_names))
+        return 0
+    return await replay(client, config.task_queue, opts.last, [], say)
+
+
+async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
+    config.require_database_url()
+    await run_worker(
+        config,
+        ensure_schedule=opts.schedule or config.schedule.ensure,
+        metrics=opts.metrics or config.metrics,
+    )
+    return 0
+
+
+def cli() -> NoReturn:
+    """The process entry point (`python worker.py`, the `pg-purge` script): `main`, then exit
+    without interpreter teardown.
+
+    The Temporal client's core threads can outlive CPython's finalization and abort the
+    process ("PyGILState_Release ... finalizing", temporalio/sdk-python#300), seen here on short
+    commands like `schedule`. Everything this program starts is stopped in `finally` blocks
+    before `main` returns, so skipping teardown loses nothing once the streams are flushed.
+    """
+    status = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -46,6 +46,7 @@ class PurgeActivities:
                 f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
             )
         seconds = round(time.monotonic() - started, 6)
+        _record_metrics(step, removed, seconds)
         activity.logger.info(
             "purge target %s %s %d rows in %.3f s",
             step.name,
@@ -60,6 +61,20 @@ class PurgeActivities:
             },
         )
         return PurgeSweep(name=step.name, removed=removed, dry_run=step.dry_run, seconds=seconds)
+
+
+def _record_metrics(step: PurgeStep, removed: int, seconds: float) -> None:
+    """Rows removed per target (counter) and each target's sweep duration (histogram), on the
+    worker's Prometheus endpoint beside the SDK's own metrics."""
+    meter = activity.metric_meter()
+    labels = {"target": step.name}
+    if not step.dry_run:
+        meter.create_counter("purge_rows_removed", "rows deleted by retention sweeps", "rows").add(
+            removed, labels
+        )
+    meter.create_histogram_float(
+        "purge_target_seconds", "wall time of one target's sweep", "s"
+    ).record(seconds, labels)
 
 
 @asynccontextmanager

@@ -7,6 +7,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.dsn import redact
 
@@ -14,16 +15,27 @@ DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 APPLICATION_NAME = "temporal-pg-purge"
 
 
-async def connect_temporal(address: str | None = None, namespace: str | None = None) -> Client:
+async def connect_temporal(
+    address: str | None = None,
+    namespace: str | None = None,
+    metrics: str | None = None,
+) -> Client:
     """A client from Temporal's own conventions (TEMPORAL_ADDRESS, profiles in temporal.toml, TLS,
-    API key), `address` and `namespace` overriding them, `localhost:7233` when nothing is set."""
+    API key), `address` and `namespace` overriding them, `localhost:7233` when nothing is set.
+
+    With `metrics` (HOST:PORT), the client's runtime serves Prometheus metrics there: the SDK's
+    own and those the activities record (`purge_rows_removed`, `purge_target_seconds`).
+    """
     settings = ClientConfig.load_client_connect_config()
     if address:
         settings["target_host"] = address
     if namespace:
         settings["namespace"] = namespace
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
-    return await Client.connect(**settings)
+    if metrics is None:
+        return await Client.connect(**settings)
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics)))
+    return await Client.connect(**settings, runtime=runtime)
 
 
 async def open_pool(

@@ -27,6 +27,7 @@ from purge_ops.embedded import (
 )
 from purge_ops.render import report_table
 from purge_ops.runner import new_worker
+from purge_ops.schedule import ensure_schedule
 from workflows.purge import PurgeWorkflow
 
 DEFAULT_TEMPORAL_PORT = 7233
@@ -84,6 +85,8 @@ async def run_dev(once: bool, out: TextIO = sys.stdout) -> int:
                     say(await rows_that_stayed(conn, report.now_ms))
                 if not once:
                     say("")
+                    outcome = await ensure_schedule(client, config)
+                    say(f"{outcome.action} {outcome.summary}")
                     say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
                     say(
                         f"worker running on task queue {config.task_queue!r}; Ctrl-C stops "

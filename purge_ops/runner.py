@@ -15,6 +15,7 @@ from activities.dsn import redact
 from activities.kinds import build_registry
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
+from purge_ops import schedule
 from purge_ops.connect import connect_temporal, open_pool
 from workflows.purge import PurgeWorkflow
 
@@ -49,8 +50,14 @@ async def run_worker(
     *,
     stop: asyncio.Event | None = None,
     temporal_address: str | None = None,
+    ensure_schedule: bool = False,
+    metrics: str | None = None,
 ) -> None:
-    """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set)."""
+    """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set).
+
+    With `ensure_schedule`, create or update the config's schedule first, so a deployment needs
+    no separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there.
+    """
     url = config.require_database_url()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -60,7 +67,12 @@ async def run_worker(
         pool = await open_pool(url)
         try:
             registry = build_registry(config, pool)
-            client = await connect_temporal(temporal_address)
+            client = await connect_temporal(temporal_address, metrics=metrics)
+            if ensure_schedule:
+                outcome = await schedule.ensure_schedule(client, config)
+                log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
+            if metrics:
+                log.info("Prometheus metrics at http://%s/metrics", metrics)
             worker = new_worker(client, registry, config.task_queue)
             async with worker:
                 log.info(

@@ -85,8 +85,8 @@ def test_worker_shuts_down_gracefully_on_signal(
 
 
 def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
-    """Without --once: it prints the UI's address, the UI answers, and Ctrl-C (SIGINT) stops the
-    worker and both servers, exit 0."""
+    """Without --once: the schedule is created, it prints the UI's address, the UI answers, and
+    Ctrl-C (SIGINT) stops the worker and both servers, exit 0."""
     import urllib.request
 
     log = tmp_path / "dev.log"
@@ -101,6 +101,8 @@ def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
     try:
         wait_for(lambda: "Ctrl-C stops" in log.read_text(), 120, "dev to come up")
         text = log.read_text()
+        # The schedule is in place, so a scheduled pass can be watched in the UI.
+        assert "created schedule purge-hourly: cron '23 * * * *' in UTC" in text
         ui = re.search(r"Temporal UI: (http://127\.0\.0\.1:(\d+))", text)
         assert ui, text
         with urllib.request.urlopen(ui.group(1), timeout=10) as page:  # noqa: S310 (http only)

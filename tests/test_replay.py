@@ -7,18 +7,14 @@ add new histories (`python -m tests.histories.record --prefix v2`) beside the ol
 
 from __future__ import annotations
 
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
-from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from activities.payloads import PurgeInput, PurgeStep
-from activities.sweep import PurgeActivities
+from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from workflows.purge import PurgeWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -40,23 +36,6 @@ async def test_committed_history_replays_against_current_code(path: Path) -> Non
         load(path), raise_on_replay_failure=True
     )
     assert result.replay_failure is None
-
-
-@workflow.defn(name="Purge")
-class PurgeWithoutDuplicateCheck:
-    """The pass as it would be had the duplicate check been dropped: a change that must not
-    replay against a history in which duplicates failed the pass before any activity."""
-
-    @workflow.run
-    async def run(self, request: Any) -> None:
-        order = PurgeInput.parse(request)
-        now_ms = int(workflow.now().timestamp() * 1000)
-        for name in order.targets:
-            await workflow.execute_activity_method(
-                PurgeActivities.purge_target,
-                PurgeStep(name=name, now_ms=now_ms),
-                start_to_close_timeout=timedelta(minutes=1),
-            )
 
 
 async def test_replay_catches_a_changed_shape() -> None:

@@ -24,11 +24,13 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker(config: Path, env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """A worker process; its stdout and stderr go to `log`."""
+def start_worker(
+    config: Path, env: Mapping[str, str], log: Path, *args: str
+) -> subprocess.Popen[bytes]:
+    """A worker process (`run --config F ARGS`); its stdout and stderr go to `log`."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "worker.py", "run", "--config", str(config)],
+            [sys.executable, "worker.py", "run", "--config", str(config), *args],
             cwd=REPO,
             env=dict(env),
             stdout=out,

@@ -1,0 +1,195 @@
+"""Passes as an operator meets them: start one now, read the recent ones, replay their histories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowHistory,
+)
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
+
+from activities.payloads import PurgeReport
+from purge_ops.render import duration, report_table, table
+from workflows.purge import PurgeWorkflow
+
+Say = Callable[[str], None]
+
+
+def purge_query(task_queue: str, running_only: bool = False) -> str:
+    """The visibility query for this task queue's passes (a queue name is [A-Za-z0-9_.:/-])."""
+    query = f'WorkflowType = "Purge" AND TaskQueue = "{task_queue}"'
+    return query + (' AND ExecutionStatus = "Running"' if running_only else "")
+
+
+async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | None:
+    """A `Purge` running on `task_queue` now (scheduled or by hand), if any."""
+    async for execution in client.list_workflows(purge_query(task_queue, True), limit=1):
+        return execution
+    return None
+
+
+async def sweep(
+    client: Client,
+    task_queue: str,
+    targets: Sequence[str],
+    dry_run: bool,
+    say: Say,
+) -> int:
+    """One pass now, through Temporal, or a wait for the one already running; prints the report.
+
+    The exit status: 0 when the pass completed, 1 when it (or any target) failed.
+    """
+    running = await running_pass(client, task_queue)
+    handle: WorkflowHandle[Any, Any]
+    if running is not None:
+        say(
+            f"a pass is already running on task queue {task_queue!r}: {running.id} "
+            f"(started {running.start_time:%Y-%m-%d %H:%M:%S} UTC); waiting for it instead of "
+            "starting a second"
+        )
+        handle = client.get_workflow_handle(running.id, run_id=running.run_id)
+    else:
+        # One fixed id for passes by hand: two `sweep`s racing each other share one pass
+        # (the visibility query above may not see a pass started a moment ago).
+        handle = await client.start_workflow(
+            "Purge",
+            {"targets": list(targets), "dry_run": dry_run},
+            id=f"purge-sweep-{task_queue}",
+            task_queue=task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        say(f"started pass {handle.id} on task queue {task_queue!r}")
+    try:
+        result = await handle.result()
+    except WorkflowFailureError as err:
+        cause = err.cause
+        if isinstance(cause, ApplicationError) and cause.type == "PurgeTargetsFailed":
+            report = PurgeReport.from_json(cause.details[0])
+            say(report_table(report))
+            say("failed targets: " + ", ".join(f.name for f in report.failed))
+        else:
+            kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
+            say(f"pass {handle.id} failed: {kind}: {getattr(cause, 'message', cause)}")
+        return 1
+    say(report_table(PurgeReport.from_json(result)))
+    return 0
+
+
+@dataclass
+class PassSummary:
+    """One pass as `report` shows it."""
+
+    workflow_id: str
+    started: datetime
+    seconds: float | None
+    status: str
+    report: PurgeReport | None = None
+    error: str = ""
+    removed: dict[str, int | str] = field(default_factory=dict)
+
+
+async def recent_passes(client: Client, task_queue: str, last: int) -> list[PassSummary]:
+    """The last `last` passes on `task_queue`, newest first, with what each removed."""
+    found: list[PassSummary] = []
+    async for execution in client.list_workflows(purge_query(task_queue), limit=last):
+        found.append(await _summarize(client, execution))
+    found.sort(key=lambda s: s.started, reverse=True)
+    return found[:last]
+
+
+async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummary:
+    seconds = (
+        (execution.close_time - execution.start_time).total_seconds()
+        if execution.close_time
+        else None
+    )
+    status = execution.status.name.lower() if execution.status else "unknown"
+    summary = PassSummary(execution.id, execution.start_time, seconds, status)
+    handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+    if execution.status == WorkflowExecutionStatus.COMPLETED:
+        summary.report = PurgeReport.from_json(await handle.result())
+    elif execution.status == WorkflowExecutionStatus.FAILED:
+        try:
+            await handle.result()
+        except WorkflowFailureError as err:
+            cause = err.cause
+            if isinstance(cause, ApplicationError):
+                summary.error = f"{cause.type}: {cause.message}"
+                if cause.type == "PurgeTargetsFailed" and cause.details:
+                    summary.report = PurgeReport.from_json(cause.details[0])
+    if summary.report is not None:
+        if summary.report.dry_run:
+            summary.status += " (dry run)"
+        for sweep_ in summary.report.swept:
+            summary.removed[sweep_.name] = sweep_.removed
+        for failed in summary.report.failed:
+            summary.removed[failed.name] = "FAILED"
+    return summary
+
+
+def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> str:
+    """Passes as rows, targets as columns (in `order` first, then as met): a target that removes
+    much on every pass stands out."""
+    names: list[str] = list(order)
+    for summary in passes:
+        names += [n for n in summary.removed if n not in names]
+    # Only columns some pass has a value in: a configured target no pass swept yet adds nothing.
+    names = [n for n in names if any(n in s.removed for s in passes)]
+    rows: list[list[object]] = []
+    for s in passes:
+        total = s.report.removed if s.report else ""
+        took = "" if s.seconds is None else duration(s.seconds * 1000)
+        rows.append(
+            [
+                f"{s.started:%Y-%m-%d %H:%M:%S}",
+                took,
+                s.status,
+                *(s.removed.get(n, "") for n in names),
+                total,
+                s.workflow_id,
+            ]
+        )
+    header = ["started (UTC)", "took", "status", *names, "total", "workflow id"]
+    right = set(range(3, 4 + len(names)))
+    text = table(header, rows, right=right)
+    errors = [f"{s.workflow_id}: {s.error}" for s in passes if s.error]
+    return text + ("\n\n" + "\n".join(errors) if errors else "")
+
+
+async def replay(
+    client: Client | None, task_queue: str, last: int, files: Sequence[Path], say: Say
+) -> int:
+    """Replay histories against this checkout's workflow code; 1 if any does not replay."""
+    histories: list[WorkflowHistory] = [
+        WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8")) for path in files
+    ]
+    if client is not None and not files:
+        async for execution in client.list_workflows(purge_query(task_queue), limit=last):
+            handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+            histories.append(await handle.fetch_history())
+    if not histories:
+        say("no histories to replay")
+        return 0
+    replayer = Replayer(workflows=[PurgeWorkflow])
+    failures = 0
+    for history in histories:
+        outcome = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if outcome.replay_failure is None:
+            say(f"ok       {history.workflow_id}")
+        else:
+            failures += 1
+            say(f"FAILED   {history.workflow_id}: {outcome.replay_failure}")
+    say(f"{len(histories) - failures} of {len(histories)} histories replay")
+    return 1 if failures else 0

@@ -1,0 +1,161 @@
+"""The Temporal Schedule that fires a pass: declared from the config, created or updated in place.
+
+Policies are chosen for a retention sweep, not left at the SDK's defaults:
+- overlap SKIP: one live pass; a slow pass makes the next one wait for the hour after, not pile up;
+- catch-up window of about one period: after an outage at most one missed pass runs late (the
+  default of a year would replay every missed hour);
+- a small jitter, so many deployments sharing a cluster (or a database) do not all fire at :23:00.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from temporalio.api.common.v1 import Payload
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleDescription,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
+from temporalio.converter import PayloadConverter
+
+from activities.config import PurgeConfig
+
+WORKFLOW_TYPE = "Purge"
+#: The action memo key holding the fingerprint of the config the schedule was made from. In the
+#: action, not the schedule's note: an operator's pause note must neither be lost nor read as a
+#: change, and each scheduled pass then carries the fingerprint of the config that started it.
+MEMO_KEY = "purge_config"
+
+
+@dataclass(frozen=True)
+class ScheduleOutcome:
+    """What `ensure_schedule` did, and the schedule as the server now describes it."""
+
+    action: str
+    """`created`, `updated` or `unchanged`."""
+    schedule_id: str
+    next_runs: list[datetime]
+    summary: str
+
+
+def desired(config: PurgeConfig) -> Schedule:
+    """The schedule the config asks for."""
+    spec = config.schedule
+    schedule = Schedule(
+        action=ScheduleActionStartWorkflow(
+            WORKFLOW_TYPE,
+            {"targets": config.target_names},
+            # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
+            id=spec.id,
+            task_queue=config.task_queue,
+            memo={MEMO_KEY: fingerprint(config)},
+        ),
+        spec=ScheduleSpec(
+            cron_expressions=[spec.cron],
+            time_zone_name=spec.time_zone,
+            jitter=timedelta(milliseconds=spec.jitter_ms),
+        ),
+        policy=SchedulePolicy(
+            overlap=ScheduleOverlapPolicy.SKIP,
+            catchup_window=timedelta(milliseconds=spec.catchup_window_ms),
+        ),
+    )
+    return schedule
+
+
+def fingerprint(config: PurgeConfig) -> str:
+    """A digest of everything the schedule is made from: equal configs, equal schedules."""
+    spec = config.schedule
+    material = {
+        "cron": spec.cron,
+        "time_zone": spec.time_zone,
+        "jitter_ms": spec.jitter_ms,
+        "catchup_window_ms": spec.catchup_window_ms,
+        "task_queue": config.task_queue,
+        "targets": config.target_names,
+        "workflow": WORKFLOW_TYPE,
+        "overlap": "skip",
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> bool:
+    """Whether the server's schedule already is the one wanted (a hand edit counts as a change)."""
+    action, wanted = current.action, want.action
+    if not isinstance(action, ScheduleActionStartWorkflow):
+        return False
+    assert isinstance(wanted, ScheduleActionStartWorkflow)
+    memo = action.memo or {}
+    held = memo.get(MEMO_KEY)
+    if isinstance(held, Payload):
+        held = converter.from_payload(held)
+    return (
+        held == (wanted.memo or {}).get(MEMO_KEY)
+        and action.workflow == wanted.workflow
+        and action.task_queue == wanted.task_queue
+        and action.id == wanted.id
+        and current.policy.overlap == want.policy.overlap
+        and current.policy.catchup_window == want.policy.catchup_window
+        and (current.spec.jitter or timedelta(0)) == (want.spec.jitter or timedelta(0))
+        and current.spec.time_zone_name == want.spec.time_zone_name
+        and not current.spec.intervals
+    )
+
+
+async def ensure_schedule(client: Client, config: PurgeConfig) -> ScheduleOutcome:
+    """Create the schedule, or update it in place when it differs; safe to run from many workers
+    at once (the loser of a create race updates, which is idempotent)."""
+    want = desired(config)
+    schedule_id = config.schedule.id
+    try:
+        handle = await client.create_schedule(schedule_id, want)
+        action = "created"
+    except ScheduleAlreadyRunningError:
+        handle = client.get_schedule_handle(schedule_id)
+        current = await handle.describe()
+        if matches(current.schedule, want, client.data_converter.payload_converter):
+            action = "unchanged"
+        else:
+
+            def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
+                # Replace what the config owns; keep the state an operator owns (a pause, its
+                # note, a limit on remaining actions).
+                want.state = given.description.schedule.state
+                return ScheduleUpdate(schedule=want)
+
+            await handle.update(update)
+            action = "updated"
+    described = await handle.describe()
+    return ScheduleOutcome(
+        action=action,
+        schedule_id=schedule_id,
+        next_runs=list(described.info.next_action_times[:3]),
+        summary=summarize(config, described),
+    )
+
+
+def summarize(config: PurgeConfig, described: ScheduleDescription) -> str:
+    """One paragraph a person reads to know what will run, when."""
+    spec = config.schedule
+    state = " (PAUSED)" if described.schedule.state.paused else ""
+    runs = ", ".join(
+        t.strftime("%Y-%m-%d %H:%M:%S %Z") for t in described.info.next_action_times[:3]
+    )
+    return (
+        f"schedule {spec.id}{state}: cron {spec.cron!r} in {spec.time_zone}, "
+        f"starts {WORKFLOW_TYPE} on task queue {config.task_queue!r} "
+        f"with targets {config.target_names}; overlap SKIP, "
+        f"catch-up window {timedelta(milliseconds=spec.catchup_window_ms)}, "
+        f"jitter {timedelta(milliseconds=spec.jitter_ms)}\nnext runs: {runs or 'none'}"
+    )

@@ -1,0 +1,425 @@
+"""What an operator runs after the first pass works: the schedule (ours and the `temporal` CLI's),
+`sweep`, `report`, `replay` and the metrics endpoint, each through `python worker.py` against the
+real dev server and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client, ScheduleOverlapPolicy, ScheduleRange
+from temporalio.worker import Worker
+
+from activities import kinds
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_ops.embedded import TemporalDevServer, free_ports, venv_executable
+from purge_ops.runner import new_worker
+from tests.conftest import RunWorker
+from tests.support.old_workflows import PurgeWithoutDuplicateCheck
+from tests.support.passes import run_pass
+from tests.support.procs import REPO, clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
+
+BUILTINS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
+
+
+def cli(
+    temporal: TemporalDevServer, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python worker.py ARGS` as a user runs it, against the test's Temporal server."""
+    return subprocess.run(
+        [sys.executable, "worker.py", *args],
+        cwd=REPO,
+        env=clean_env(TEMPORAL_ADDRESS=temporal.address),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def config_file(
+    tmp_path: Path, schema_url: str, task_queue: str, schedule: str = "", targets: str = BUILTINS
+) -> Path:
+    return worker_config(tmp_path / "purge.toml", schema_url, task_queue, f"{schedule}\n{targets}")
+
+
+def spans(ranges: Sequence[ScheduleRange]) -> list[tuple[int, int]]:
+    """A calendar field as (start, end) pairs: what the server made of the cron."""
+    return [(r.start, r.end or r.start) for r in ranges]
+
+
+@pytest.fixture
+def schedule_id() -> str:
+    return f"purge-hourly-{uuid.uuid4().hex[:8]}"
+
+
+async def test_schedule_is_created_with_the_cron_and_retention_policies(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    schedule_id: str,
+) -> None:
+    config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
+
+    done = cli(temporal_server, "schedule", "--config", str(config))
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"created schedule {schedule_id}: cron '23 * * * *' in UTC")
+    assert re.search(r"next runs: \d{4}-\d\d-\d\d \d\d:23:\d\d UTC", done.stdout), done.stdout
+    described = await client.get_schedule_handle(schedule_id).describe()
+    schedule = described.schedule
+    action = schedule.action
+    assert action.workflow == "Purge"  # type: ignore[union-attr]
+    assert action.task_queue == task_queue  # type: ignore[union-attr]
+    assert action.id == schedule_id  # type: ignore[union-attr]
+    converter = client.data_converter.payload_converter
+    [args] = [converter.from_payload(p) for p in action.args]  # type: ignore[union-attr]
+    assert args == {"targets": ["x_idempotency", "x_auth"]}
+    [calendar] = schedule.spec.calendars
+    assert spans(calendar.minute) == [(23, 23)]
+    assert spans(calendar.hour) == [(0, 23)]
+    assert schedule.spec.time_zone_name == "UTC"
+    assert schedule.spec.jitter == timedelta(seconds=30)
+    assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
+    assert schedule.policy.catchup_window == timedelta(hours=1)
+    assert all(t.minute == 23 for t in described.info.next_action_times)
+    await client.get_schedule_handle(schedule_id).delete()
+
+
+async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    schedule_id: str,
+) -> None:
+    config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
+    assert cli(temporal_server, "schedule", "--config", str(config)).returncode == 0
+    handle = client.get_schedule_handle(schedule_id)
+    await handle.pause(note="paused by the on-call")
+
+    again = cli(temporal_server, "schedule", "--config", str(config))
+    assert again.stdout.startswith(f"unchanged schedule {schedule_id} (PAUSED)"), again.stdout
+
+    config_file(
+        tmp_path,
+        schema_url,
+        task_queue,
+        f'[schedule]\nid = "{schedule_id}"\ncron = "47 3 * * *"\ntime_zone = "Europe/Paris"\n',
+    )
+    changed = cli(temporal_server, "schedule", "--config", str(config))
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout.startswith(f"updated schedule {schedule_id} (PAUSED): cron '47 3 * * *'")
+
+    described = await handle.describe()
+    [calendar] = described.schedule.spec.calendars
+    assert (spans(calendar.minute), spans(calendar.hour)) == ([(47, 47)], [(3, 3)])
+    assert described.schedule.spec.time_zone_name == "Europe/Paris"
+    assert described.schedule.policy.catchup_window == timedelta(days=1)  # daily: one period
+    assert described.schedule.state.paused  # an operator's pause survives a config update
+    await handle.delete()
+
+
+async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    schedule_id: str,
+) -> None:
+    config = config_file(
+        tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\nensure = true\n'
+    )
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
+    workers = [start_worker(config, env, log) for log in logs]
+    try:
+        for log in logs:
+            wait_for(lambda log=log: "worker on task queue" in log.read_text(), 60, "a worker")
+        assert all(w.poll() is None for w in workers)
+    finally:
+        for w in workers:
+            stop(w)
+
+    actions = [re.search(r"(created|updated|unchanged) schedule", log.read_text()) for log in logs]
+    assert sorted(a.group(1) for a in actions if a) == ["created", "unchanged", "unchanged"]
+    found = [s.id async for s in await client.list_schedules() if s.id == schedule_id]
+    assert found == [schedule_id]
+    await client.get_schedule_handle(schedule_id).delete()
+
+
+def readme_command(prefix: str) -> list[str]:
+    """The README's shell command that starts with `prefix` (continuation lines joined)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8").replace("\\\n", " ")
+    [line] = [ln for ln in text.splitlines() if ln.strip().startswith(prefix)]
+    return shlex.split(line)
+
+
+async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
+    temporal_server: TemporalDevServer,
+    client: Client,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """The exact `temporal schedule create` of the README, then `temporal schedule trigger`:
+    a pass runs on the worker and sweeps the tables."""
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    auth_rows(db, {"f-old": real_now - HOUR}, {"l-new": real_now + HOUR})
+    create = readme_command("temporal schedule create")
+    assert create[create.index("--task-queue") + 1] == "purge"
+    schedule_id = create[create.index("--schedule-id") + 1]
+    temporal = venv_executable("temporal")
+    address = ["--address", temporal_server.address]
+
+    subprocess.run([temporal, *create[1:], *address], check=True, capture_output=True)
+    try:
+        subprocess.run(
+            [temporal, "schedule", "trigger", "--schedule-id", schedule_id, *address],
+            check=True,
+            capture_output=True,
+        )
+        handle = client.get_schedule_handle(schedule_id)
+        registry = TargetRegistry(
+            [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+        )
+        # The README's schedule starts passes on the `purge` queue, not the test's own.
+        async with new_worker(client, registry, "purge"):
+            for _ in range(200):
+                described = await handle.describe()
+                if described.info.recent_actions:
+                    break
+                await asyncio.sleep(0.1)
+            [fired] = described.info.recent_actions
+            started = fired.action
+            result = await client.get_workflow_handle(
+                started.workflow_id,  # type: ignore[attr-defined]
+                run_id=started.first_execution_run_id,  # type: ignore[attr-defined]
+            ).result()
+    finally:
+        subprocess.run(
+            [temporal, "schedule", "delete", "--schedule-id", schedule_id, *address],
+            check=True,
+            capture_output=True,
+        )
+
+    assert started.workflow_id.startswith(f"{schedule_id}-")  # type: ignore[attr-defined]
+    assert [s["name"] for s in result["swept"]] == ["x_idempotency", "x_rate_limit", "x_auth"]
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "x_auth_failures") == set()
+
+
+async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    schema_url: str,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    run_worker: RunWorker,
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    config = config_file(tmp_path, schema_url, task_queue)
+    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        dry = await asyncio.to_thread(
+            cli, temporal_server, "sweep", "--config", str(config), "--dry-run"
+        )
+        assert keys(db, "x_idempotency") == {"old", "new"}
+        ok = await asyncio.to_thread(cli, temporal_server, "sweep", "--config", str(config))
+        bad = await asyncio.to_thread(
+            cli, temporal_server, "sweep", "--config", str(config),
+            "--target", "x_auth", "--target", "nobody",
+        )  # fmt: skip
+
+    assert dry.returncode == 0, dry.stderr
+    assert "(dry run)" in dry.stdout
+    assert re.search(r"^x_idempotency\s+1\s", dry.stdout, re.MULTILINE)
+    assert ok.returncode == 0, ok.stderr
+    assert re.search(r"^x_idempotency\s+1\s", ok.stdout, re.MULTILINE)
+    assert re.search(r"^total\s+1", ok.stdout, re.MULTILINE)
+    assert keys(db, "x_idempotency") == {"new"}
+    assert bad.returncode == 1
+    assert "FAILED UnknownPurgeTarget" in bad.stdout
+    assert bad.stdout.rstrip().endswith("failed targets: nobody")
+
+
+async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_another(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    run_worker: RunWorker,
+) -> None:
+    release = asyncio.Event()
+    runs: list[int] = []
+
+    class Slow:
+        name = "slow"
+
+        async def purge_expired(self, now_ms: int) -> int:
+            runs.append(now_ms)
+            await release.wait()
+            return 3
+
+    config = config_file(tmp_path, schema_url, task_queue)
+    async with run_worker([Slow()]):
+        first = await client.start_workflow(
+            "Purge", {"targets": ["slow"]}, id=f"purge-hourly-{uuid.uuid4()}", task_queue=task_queue
+        )
+        while not runs:
+            await asyncio.sleep(0.05)
+        sweeping = asyncio.create_task(
+            asyncio.to_thread(cli, temporal_server, "sweep", "--config", str(config))
+        )
+        await asyncio.sleep(3)  # time for the sweep command to find the pass and wait on it
+        assert not sweeping.done()
+        release.set()
+        done = await sweeping
+
+    assert done.returncode == 0, done.stderr
+    assert f"a pass is already running on task queue {task_queue!r}: {first.id}" in done.stdout
+    assert "waiting for it instead of starting a second" in done.stdout
+    assert re.search(r"^slow\s+3\s", done.stdout, re.MULTILINE)
+    assert len(runs) == 1
+    passes = [w async for w in client.list_workflows(f'TaskQueue = "{task_queue}"')]
+    assert [w.id for w in passes] == [first.id]
+
+
+async def test_report_shows_recent_passes_with_removed_per_target(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    run_worker: RunWorker,
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now - HOUR, "c": real_now + HOUR})
+    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        with pytest.raises(Exception, match="failed"):
+            await run_pass(client, task_queue, {"targets": ["x_idempotency", "missing"]})
+        await run_pass(client, task_queue, {"targets": ["x_auth"], "dry_run": True})
+    config = config_file(tmp_path, schema_url, task_queue)
+
+    done = await asyncio.to_thread(cli, temporal_server, "report", "--config", str(config))
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    header = lines[0].split()
+    assert header[:4] == ["started", "(UTC)", "took", "status"]
+    assert {"x_idempotency", "x_auth", "missing", "total"} <= set(header)
+    rows = [ln for ln in lines[2:] if re.match(r"\d{4}-", ln)]
+    assert len(rows) == 3
+    assert "completed (dry run)" in rows[0]
+    assert "failed" in rows[1]
+    assert "FAILED" in rows[1]  # the missing target's cell
+    assert re.search(r"completed\s+2\s+0\s+2\s", rows[2]), rows[2]  # idempotency 2, auth 0
+    assert "PurgeTargetsFailed" in done.stdout  # the failed pass's error, under the table
+
+    last_one = await asyncio.to_thread(
+        cli, temporal_server, "report", "--config", str(config), "--last", "1"
+    )
+    assert len([ln for ln in last_one.stdout.splitlines() if re.match(r"\d{4}-", ln)]) == 1, (
+        last_one.stdout + last_one.stderr
+    )
+
+
+async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now - HOUR, "c": real_now + HOUR})
+    [port] = free_ports(1)
+    config = config_file(tmp_path, schema_url, task_queue)
+    log = tmp_path / "worker.log"
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    worker = start_worker(config, env, log, "--metrics", f"127.0.0.1:{port}")
+    try:
+        wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker")
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+            metrics = page.read().decode()
+    finally:
+        stop(worker)
+
+    removed = {
+        m.group(1): int(float(m.group(2)))
+        for m in re.finditer(
+            r'^purge_rows_removed\{[^}]*target="([^"]+)"[^}]*\} (\S+)', metrics, re.M
+        )
+    }
+    assert removed == {"x_idempotency": 2, "x_auth": 0}
+    assert re.search(r'^purge_target_seconds_count\{[^}]*target="x_auth"', metrics, re.M)
+    assert "temporal_activity_execution_latency" in metrics  # the SDK's own, beside ours
+    assert f"Prometheus metrics at http://127.0.0.1:{port}/metrics" in log.read_text()
+    # One structured line per target's result.
+    assert re.search(r"purge_target=x_idempotency purge_removed=2 ", log.read_text())
+
+
+async def test_replay_checks_recent_passes_and_history_files(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    run_worker: RunWorker,
+) -> None:
+    async with run_worker([kinds.idempotency(pool)]):
+        await run_pass(client, task_queue, {"targets": ["x_idempotency"]})
+        await run_pass(client, task_queue, {"targets": []})
+    config = config_file(tmp_path, schema_url, task_queue)
+    from_cluster = await asyncio.to_thread(
+        cli, temporal_server, "replay", "--config", str(config), "--last", "5"
+    )
+    assert from_cluster.returncode == 0, from_cluster.stdout + from_cluster.stderr
+    assert "2 of 2 histories replay" in from_cluster.stdout
+
+    old_queue = f"tq-old-{uuid.uuid4()}"
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    async with Worker(
+        client, task_queue=old_queue, workflows=[PurgeWithoutDuplicateCheck],
+        activities=[activities.purge_target],
+    ):  # fmt: skip
+        handle = await client.start_workflow(
+            "Purge", {"targets": ["x_idempotency", "x_idempotency"]},
+            id=f"purge-old-{uuid.uuid4()}", task_queue=old_queue,
+        )  # fmt: skip
+        await handle.result()
+    old = tmp_path / "old.json"
+    old.write_text((await handle.fetch_history()).to_json())
+    shipped = sorted((REPO / "tests" / "histories").glob("*.json"))
+
+    files = await asyncio.to_thread(
+        cli, temporal_server, "replay", str(old), *(str(p) for p in shipped)
+    )
+    assert files.returncode == 1
+    assert "FAILED   old: " in files.stdout
+    assert f"{len(shipped)} of {len(shipped) + 1} histories replay" in files.stdout
