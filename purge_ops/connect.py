@@ -10,6 +10,7 @@ from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
 from activities.dsn import redact
+from activities.errors import ConfigError
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 APPLICATION_NAME = "temporal-pg-purge"
@@ -26,7 +27,11 @@ async def connect_temporal(
     With `metrics` (HOST:PORT), the client's runtime serves Prometheus metrics there: the SDK's
     own and those the activities record (`purge_rows_removed`, `purge_target_seconds`).
     """
-    settings = ClientConfig.load_client_connect_config()
+    try:
+        settings = ClientConfig.load_client_connect_config()
+    except Exception as err:
+        # An unknown TEMPORAL_PROFILE or a malformed temporal.toml: the operator's to fix.
+        raise ConfigError(f"Temporal environment configuration: {err}") from None
     if address:
         settings["target_host"] = address
     if namespace:

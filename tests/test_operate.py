@@ -423,3 +423,33 @@ async def test_replay_checks_recent_passes_and_history_files(
     assert files.returncode == 1
     assert "FAILED   old: " in files.stdout
     assert f"{len(shipped)} of {len(shipped) + 1} histories replay" in files.stdout
+
+
+async def test_commands_connect_through_a_temporal_toml_profile(
+    tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+) -> None:
+    """Temporal's environment configuration is honoured: a profile in a temporal.toml chosen with
+    TEMPORAL_PROFILE, with no TEMPORAL_ADDRESS anywhere."""
+    profiles = tmp_path / "temporal.toml"
+    profiles.write_text(
+        f'[profile.staging]\naddress = "{temporal_server.address}"\nnamespace = "default"\n'
+    )
+    config = config_file(tmp_path, schema_url, task_queue)
+    env = clean_env(TEMPORAL_CONFIG_FILE=str(profiles), TEMPORAL_PROFILE="staging")
+
+    done = subprocess.run(
+        [sys.executable, "worker.py", "report", "--config", str(config)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    unreachable = subprocess.run(
+        [sys.executable, "worker.py", "report", "--config", str(config)],
+        cwd=REPO, env={**env, "TEMPORAL_PROFILE": "nowhere"}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"no passes on task queue {task_queue!r} yet"
+    assert unreachable.returncode == 2
+    assert unreachable.stderr == (
+        "pg-purge: config error: Temporal environment configuration: Profile 'nowhere' not found\n"
+    )
