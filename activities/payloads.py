@@ -127,7 +127,17 @@ class PurgeSweep:
     """Rows deleted (or, in a dry run, rows that would be)."""
     dry_run: bool = False
     seconds: float = 0.0
-    """Wall time the sweep took on the worker."""
+    """Wall time the sweep took on the worker (this attempt)."""
+    strategy: str = ""
+    """How the built-in target deleted: `index`, `range` (or both, `index+range`); `custom` for
+    an application's own target."""
+    batches: int = 0
+    p95_batch_ms: float = 0.0
+    """The 95th percentile of the batches' durations: how long any lock was held, at most."""
+    backlog: int = 0
+    """Expired rows left when the time budget ended the sweep; the next pass continues."""
+    advice: str = ""
+    """A warning for the operator, such as the index that would let the sweep skip live rows."""
 
 
 @dataclass(frozen=True)

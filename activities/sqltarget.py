@@ -1,27 +1,50 @@
-"""The built-in targets: tables with expiry rules, swept through the worker's connection pool."""
+"""The built-in targets: tables with expiry rules, swept in batches through the worker's pool."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 from psycopg_pool import AsyncConnectionPool
 
+from activities.batching import BatchSweeper, OnBatch, Progress, SweepSettings
 from activities.errors import BadPurgeTarget
+from activities.planning import TablePlan, plan_table
 from activities.tables import Predicate, Rule
 
+__all__ = ["SqlTarget", "SweepSettings", "SweepStats"]
 
-@dataclass(frozen=True)
-class SweepSettings:
-    """Server-side bounds on every statement a sweep runs."""
 
-    lock_timeout_ms: int = 5_000
-    """A row lock held longer than this by someone else fails the statement; Temporal retries."""
-    statement_timeout_ms: int = 600_000
-    """No single statement of a sweep runs longer than this."""
+@dataclass
+class SweepStats:
+    """What one attempt at a target's sweep did."""
+
+    removed: int = 0
+    """Rows deleted, counting those of earlier attempts this one resumed from."""
+    batches: int = 0
+    strategies: list[str] = field(default_factory=list)
+    batch_ms: list[float] = field(default_factory=list)
+    backlog: int = 0
+    """Expired rows left when the time budget ended the sweep (0 when it finished)."""
+    advice: list[str] = field(default_factory=list)
+
+    @property
+    def strategy(self) -> str:
+        """`index`, `range`, or both joined for a target of several tables (`index+range`)."""
+        return "+".join(dict.fromkeys(self.strategies))
+
+    @property
+    def p95_batch_ms(self) -> float:
+        """The 95th percentile of this attempt's batch durations (nearest rank)."""
+        if not self.batch_ms:
+            return 0.0
+        ordered = sorted(self.batch_ms)
+        return round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
 
 
 class SqlTarget:
@@ -47,20 +70,49 @@ class SqlTarget:
         return f"SqlTarget({self._name!r}, tables={[str(r.table) for r in self.rules]})"
 
     async def purge_expired(self, now_ms: int) -> int:
-        """Delete every row the rules call expired at `now_ms`; the sum over the tables."""
-        removed = 0
-        for rule in self.rules:
-            async with self._transaction(rule) as conn:
-                pred = await rule.bind(conn, now_ms)
-                cur = await conn.execute(_delete(pred), pred.params)
-                removed += max(cur.rowcount, 0)
-        return removed
+        """Delete every row the rules call expired at `now_ms` (within the time budget)."""
+        return (await self.sweep(now_ms)).removed
+
+    async def sweep(
+        self,
+        now_ms: int,
+        resume: Progress | None = None,
+        on_batch: OnBatch | None = None,
+    ) -> SweepStats:
+        """Sweep every table in batches, starting where `resume` (a previous attempt's last
+        heartbeat) says; `on_batch` is called with the progress after every batch."""
+        progress = resume or Progress()
+        stats = SweepStats(removed=progress.removed)
+        deadline = time.monotonic() + self.settings.time_budget_ms / 1000
+        for index, rule in enumerate(self.rules):
+            if index < progress.table:
+                continue  # finished by an earlier attempt
+            if index > progress.table:
+                progress.table, progress.page = index, 0
+            async with self._connection(rule) as conn:
+                pred, plan = await self._prepare(conn, rule, now_ms)
+                if progress.page and plan.strategy != "range":
+                    progress.page = 0
+                sweeper = BatchSweeper(conn, self.settings, progress, on_batch or _ignore, deadline)
+                table = await sweeper.sweep(pred, plan)
+            stats.strategies.append(plan.strategy)
+            stats.batch_ms += table.batch_ms
+            stats.batches += len(table.batch_ms)
+            stats.backlog += table.backlog
+            if plan.advice:
+                stats.advice.append(plan.advice)
+            if not table.complete:
+                break  # out of time: the tables after this one wait for the next pass
+        stats.removed = progress.removed
+        return stats
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
         counted = 0
         for rule in self.rules:
-            async with self._transaction(rule) as conn:
+            async with self._connection(rule) as conn, conn.transaction():
+                # A count reads what a whole sweep would: give it the sweep's time budget.
+                await self._bound(conn, self.settings.time_budget_ms)
                 pred = await rule.bind(conn, now_ms)
                 cur = await conn.execute(
                     sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
@@ -72,20 +124,30 @@ class SqlTarget:
                 counted += int(row[0]) if row else 0
         return counted
 
-    @asynccontextmanager
-    async def _transaction(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:
-        async with self._pool.connection() as conn, conn.transaction():
-            # SET LOCAL: the bounds end with this transaction and never leak to the pool.
-            await conn.execute(
-                sql.SQL("SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = {}").format(
-                    sql.Literal(self.settings.lock_timeout_ms),
-                    sql.Literal(self.settings.statement_timeout_ms),
-                )
+    async def _prepare(
+        self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
+    ) -> tuple[Predicate, TablePlan]:
+        async with conn.transaction():
+            await self._bound(conn, self.settings.statement_timeout_ms)
+            pred = await rule.bind(conn, now_ms)
+            return pred, await plan_table(conn, pred)
+
+    async def _bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
+        # SET LOCAL: the bounds end with this transaction and never leak to the pool.
+        await conn.execute(
+            sql.SQL("SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = {}").format(
+                sql.Literal(self.settings.lock_timeout_ms), sql.Literal(statement_timeout_ms)
             )
+        )
+
+    @asynccontextmanager
+    async def _connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection for one table, with its configuration faults made non-retryable."""
+        async with self._pool.connection() as conn:
             try:
                 yield conn
             except (errors.UndefinedTable, errors.UndefinedColumn) as err:
-                # The table changed between the catalog check and the statement.
+                # The table changed between the catalog check and a statement.
                 raise BadPurgeTarget(f"table {rule.table}: {_first_line(err)}") from err
             except errors.InsufficientPrivilege as err:
                 raise BadPurgeTarget(
@@ -94,8 +156,8 @@ class SqlTarget:
                 ) from err
 
 
-def _delete(pred: Predicate) -> sql.Composed:
-    return sql.SQL("DELETE FROM {} WHERE {}").format(pred.table.ident, pred.where)
+def _ignore(progress: Progress) -> None:
+    return None
 
 
 def _first_line(err: Exception) -> str:

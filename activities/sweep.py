@@ -9,8 +9,10 @@ from contextlib import asynccontextmanager
 
 from temporalio import activity
 
+from activities.batching import Progress
 from activities.errors import BadPurgeTarget, DryRunUnsupported
 from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
+from activities.sqltarget import SqlTarget
 from activities.targets import CountingTarget, TargetRegistry
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
@@ -35,32 +37,51 @@ class PurgeActivities:
                 f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
             )
         started = time.monotonic()
-        async with _heartbeating(step.name):
-            if step.dry_run:
-                assert isinstance(target, CountingTarget)
-                removed = await target.count_expired(now_ms)
-            else:
-                removed = await target.purge_expired(now_ms)
+        sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
+        if isinstance(target, SqlTarget) and not step.dry_run:
+            beat = _Beat(step.name, Progress.resume(activity.info().heartbeat_details))
+            async with _heartbeating(beat):
+                stats = await target.sweep(now_ms, resume=beat.progress, on_batch=beat.after_batch)
+            removed = stats.removed
+            sweep.strategy, sweep.batches = stats.strategy, stats.batches
+            sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+            sweep.advice = " ".join(stats.advice)
+            for advice in stats.advice:
+                activity.logger.warning(advice, extra={"purge_target": step.name})
+        else:
+            async with _heartbeating(_Beat(step.name)):
+                if step.dry_run:
+                    assert isinstance(target, CountingTarget)
+                    removed = await target.count_expired(now_ms)
+                else:
+                    removed = await target.purge_expired(now_ms)
+            if isinstance(target, SqlTarget):
+                sweep.strategy = "count"
         if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
             raise BadPurgeTarget(
                 f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
             )
-        seconds = round(time.monotonic() - started, 6)
-        _record_metrics(step, removed, seconds)
+        sweep.removed = removed
+        sweep.seconds = round(time.monotonic() - started, 6)
+        _record_metrics(step, removed, sweep.seconds)
         activity.logger.info(
             "purge target %s %s %d rows in %.3f s",
             step.name,
             "would remove" if step.dry_run else "removed",
             removed,
-            seconds,
+            sweep.seconds,
             extra={
                 "purge_target": step.name,
                 "purge_removed": removed,
                 "purge_dry_run": step.dry_run,
-                "purge_seconds": seconds,
+                "purge_seconds": sweep.seconds,
+                "purge_strategy": sweep.strategy,
+                "purge_batches": sweep.batches,
+                "purge_p95_batch_ms": sweep.p95_batch_ms,
+                "purge_backlog": sweep.backlog,
             },
         )
-        return PurgeSweep(name=step.name, removed=removed, dry_run=step.dry_run, seconds=seconds)
+        return sweep
 
 
 def _record_metrics(step: PurgeStep, removed: int, seconds: float) -> None:
@@ -77,16 +98,38 @@ def _record_metrics(step: PurgeStep, removed: int, seconds: float) -> None:
     ).record(seconds, labels)
 
 
-@asynccontextmanager
-async def _heartbeating(name: str) -> AsyncIterator[None]:
-    """Heartbeat in the background for as long as the body runs."""
+class _Beat:
+    """The heartbeat of one sweep: after every batch, and every few seconds in between."""
 
-    async def beat() -> None:
+    def __init__(self, name: str, progress: Progress | None = None) -> None:
+        self.name = name
+        self.progress = progress
+
+    def after_batch(self, progress: Progress) -> None:
+        # Every batch's progress, so a retried attempt resumes after the last one that reached
+        # the server (the SDK throttles what it sends, never what it keeps).
+        activity.heartbeat(progress.details())
+
+    def between(self) -> None:
+        if self.progress is None:
+            activity.heartbeat({"target": self.name})
+            return
+        # Without batch_ms: that belongs to the heartbeat of the batch that took it.
+        details = self.progress.details()
+        del details["batch_ms"]
+        activity.heartbeat(details)
+
+
+@asynccontextmanager
+async def _heartbeating(beat: _Beat) -> AsyncIterator[None]:
+    """Heartbeat in the background for as long as the body runs, even inside one statement."""
+
+    async def every_few_seconds() -> None:
         while True:
-            activity.heartbeat(name)
+            beat.between()
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
-    task = asyncio.create_task(beat())
+    task = asyncio.create_task(every_few_seconds())
     try:
         yield
     finally:

@@ -65,8 +65,9 @@ class Predicate:
     table: TableName
     where: sql.Composable
     params: dict[str, object]
-    column: str
-    """The column the rule reads first (the one an index would serve)."""
+    column: str | None
+    """The column an index on which serves the rule (`column <= cutoff`); None when no
+    single-column index can (the full-bucket arithmetic)."""
 
 
 class Rule(Protocol):
@@ -121,13 +122,20 @@ class FullBucketRule:
         for column in ("tokens", "capacity", "refill_per_ms"):
             _require(self.table, types, column, NUMBER_TYPES)
         _require(self.table, types, "last_ms", MS_TYPES)
-        # float8 throughout, the same IEEE arithmetic a client does; the subtraction is in float8
-        # so a wild last_ms cannot overflow bigint and fail the sweep.
+        # float8, the same IEEE arithmetic a client does; the subtraction is in float8 so a wild
+        # last_ms cannot overflow bigint (|elapsed| stays under 1e19). PostgreSQL raises on a
+        # float8 overflow where IEEE gives infinity, so one absurd bucket (refill 1e300) would
+        # fail every pass of the table: buckets that could overflow are judged in numeric,
+        # exact and unbounded, instead. Every other bucket computes bit for bit as a client does.
         where = sql.SQL(
-            "tokens::float8 + (%(now_ms)s::float8 - last_ms::float8) * refill_per_ms::float8"
+            "CASE WHEN abs(refill_per_ms::float8) <= 1e280 AND abs(tokens::float8) <= 1e300"
+            " AND abs(capacity::float8) <= 1e300"
+            " THEN tokens::float8 + (%(now_ms)s::float8 - last_ms::float8) * refill_per_ms::float8"
             " >= capacity::float8"
+            " ELSE tokens::numeric + (%(now_ms)s::numeric - last_ms::numeric)"
+            " * refill_per_ms::numeric >= capacity::numeric END"
         )
-        return Predicate(self.table, where, {"now_ms": now_ms}, "last_ms")
+        return Predicate(self.table, where, {"now_ms": now_ms}, None)
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:

@@ -74,6 +74,26 @@ async def test_rate_limit_removes_only_buckets_full_again_at_now(
     assert removed == 3
 
 
+async def test_rate_limit_survives_buckets_whose_arithmetic_overflows_float8(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """PostgreSQL raises on a float8 overflow: one absurd bucket must not fail the table's sweep
+    (found by the property tests); it is judged exactly instead."""
+    buckets = {
+        "gone-refill-1e300": (0.0, 4.0, 1e300, now_ms - 7 * 24 * HOUR),
+        "gone-huge-and-full": (1.7e308, 1.7e308, 1e308, now_ms - 1),
+        "kept-huge-capacity": (0.0, 1.7e308, 1.0, now_ms - HOUR),
+        "gone-ordinary": (4.0, 4.0, 0.001, now_ms),
+        "kept-ordinary": (0.0, 4.0, 0.001, now_ms),
+    }
+    bucket_rows(db, buckets)
+    target = kinds.rate_limit(pool)
+
+    assert await target.count_expired(now_ms) == 3
+    assert await target.purge_expired(now_ms) == 3
+    assert keys(db, "x_rate_limit") == keep_labels(buckets)
+
+
 async def test_auth_sweeps_failures_and_lockouts_as_one_target(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:

@@ -1,0 +1,251 @@
+"""Deleting one table's expired rows in short batches, each its own transaction.
+
+Every batch repeats the expiry predicate in its outer WHERE, so a row a writer renewed while the
+batch waited for its lock is checked again on its new version and kept. Each batch is sized to
+take about `batch_target_ms`, and the loop stops between batches: at its time budget, or when
+the activity is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from psycopg import AsyncConnection, errors, sql
+
+from activities.planning import TablePlan, index_batch, range_batch
+from activities.tables import Predicate
+
+#: Starting sizes; each batch then resizes towards the target duration. 256 pages and 1,000 rows
+#: take a few ms each on the bench machine, so the first batch never holds locks for long.
+FIRST_PAGES = 256
+FIRST_ROWS = 1_000
+PAGES_RANGE = (8, 1 << 17)
+ROWS_RANGE = (50, 100_000)
+#: A backlog is counted exactly up to this many rows (then reported as this many).
+BACKLOG_COUNT_CAP = 1_000_000
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """The bounds on one target's sweep."""
+
+    lock_timeout_ms: int = 2_000
+    """A row lock held longer than this by someone else fails the batch; Temporal retries the
+    target, which resumes where its last heartbeat said."""
+    statement_timeout_ms: int = 10_000
+    """No batch runs longer than this, whatever the plan."""
+    batch_target_ms: int = 15
+    """Each batch is resized to take about this long: short enough that no lock outlives it,
+    long enough that the per-batch overhead (~0.2 ms) stays small."""
+    time_budget_ms: int = 600_000
+    """A target's sweep ends cleanly after this long and reports its backlog; the next pass
+    continues. Well inside an hourly schedule's period."""
+
+
+@dataclass
+class Progress:
+    """Where a target's sweep stands: the heartbeat details after every batch, and what a
+    retried attempt resumes from, so the report counts every deleted row once."""
+
+    table: int = 0
+    """Which of the target's tables is being swept."""
+    page: int = 0
+    """For a range walk: the first page not yet walked."""
+    removed: int = 0
+    batches: int = 0
+    strategy: str = ""
+    batch_ms: float = 0.0
+    """The last batch's duration."""
+
+    def details(self) -> dict[str, Any]:
+        """The heartbeat details (plain JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def resume(cls, details: Any) -> Progress:
+        """Progress from a previous attempt's last heartbeat details, or a fresh start."""
+        raw = details[0] if details else None
+        if not isinstance(raw, dict):
+            return cls()
+        fresh = cls()
+        for f in fields(cls):
+            value = raw.get(f.name)
+            # Only a value of the field's own type: a detail a newer or older worker wrote
+            # differently means starting over (harmless), never resuming from garbage.
+            if type(value) is type(getattr(fresh, f.name)):
+                setattr(fresh, f.name, value)
+        return fresh
+
+
+@dataclass
+class TableSweep:
+    """One table's sweep in one attempt."""
+
+    plan: TablePlan
+    removed: int = 0
+    batch_ms: list[float] = field(default_factory=list)
+    complete: bool = True
+    backlog: int = 0
+
+
+OnBatch = Callable[[Progress], None]
+
+
+class BatchSweeper:
+    """Runs batches for one table on one connection (held for the table's whole sweep)."""
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any],
+        settings: SweepSettings,
+        progress: Progress,
+        on_batch: OnBatch,
+        deadline: float,
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.progress = progress
+        self.on_batch = on_batch
+        self.deadline = deadline
+
+    async def sweep(self, pred: Predicate, plan: TablePlan) -> TableSweep:
+        """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
+        result = TableSweep(plan=plan)
+        self.progress.strategy = plan.strategy
+        if plan.strategy == "index":
+            await self._by_index(pred, result)
+        else:
+            await self._walk(pred, result)
+        return result
+
+    async def _walk(self, pred: Predicate, result: TableSweep) -> None:
+        statement = range_batch(pred)
+        pages, start = FIRST_PAGES, self.progress.page
+        while self.progress.page < result.plan.pages:
+            if time.monotonic() >= self.deadline:
+                result.complete = False
+                result.backlog = _walk_backlog(
+                    result, self.progress.page - start, self.progress.page
+                )
+                return
+            lo = self.progress.page
+            hi = min(lo + pages, result.plan.pages)
+            params = {**pred.params, "lo": f"({lo},0)", "hi": f"({hi},0)"}
+            ms = await self._batch(result, statement, params, walk=True, page=hi)
+            pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
+
+    async def _by_index(self, pred: Predicate, result: TableSweep) -> None:
+        rows = FIRST_ROWS
+        while True:
+            if time.monotonic() >= self.deadline:
+                result.complete = False
+                result.backlog = await self._count_left(pred, result)
+                return
+            before = result.removed
+            ms = await self._batch(result, index_batch(pred, rows), pred.params, walk=False, page=0)
+            if result.removed == before:
+                return
+            rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
+
+    def _advance(self, result: TableSweep, removed: int, ms: float, page: int) -> None:
+        result.removed += removed
+        result.batch_ms.append(ms)
+        progress = self.progress
+        progress.removed += removed
+        progress.batches += 1
+        progress.page = page
+        progress.batch_ms = ms
+        self.on_batch(progress)
+
+    async def _batch(
+        self,
+        result: TableSweep,
+        statement: sql.Composed,
+        params: dict[str, object],
+        walk: bool,
+        page: int,
+    ) -> float:
+        """One batch in its own transaction, recorded in `result` and the progress; its ms.
+
+        Cancelled meanwhile, it still finishes, commits and is recorded before the cancellation
+        goes on: a sweep stops between batches, and its count and heartbeat stay true.
+        """
+        task = asyncio.ensure_future(self._run(statement, params, walk))
+        try:
+            removed, ms = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            removed, ms = await task
+            self._advance(result, removed, ms, page)
+            raise
+        self._advance(result, removed, ms, page)
+        return ms
+
+    async def _run(
+        self, statement: sql.Composed, params: dict[str, object], walk: bool
+    ) -> tuple[int, float]:
+        started = time.perf_counter()
+        # Pipelined: BEGIN, the bounds, the DELETE and COMMIT in one round trip.
+        async with self.conn.pipeline(), self.conn.transaction():
+            await self.conn.execute(
+                _bounds(walk), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+            )
+            cur = await self.conn.execute(statement, params)
+        return max(cur.rowcount, 0), (time.perf_counter() - started) * 1000
+
+    async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
+        """Expired rows still there, counted through the index up to a cap (estimated if even
+        that takes too long)."""
+        query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE {} LIMIT {}) expired").format(
+            pred.table.ident, pred.where, sql.Literal(BACKLOG_COUNT_CAP)
+        )
+        try:
+            async with self.conn.transaction():
+                await self.conn.execute(_bounds(False), (self.settings.lock_timeout_ms, 2_000))
+                cur = await self.conn.execute(query, pred.params)
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
+        except errors.QueryCanceled:
+            return max(int(result.plan.expired) - result.removed, 0)
+
+
+def _walk_backlog(result: TableSweep, walked: int, page: int) -> int:
+    """Expired rows estimated in the pages not walked: at the density met so far, or, before
+    any page was walked, the planner's estimate spread evenly over the table."""
+    left = result.plan.pages - page
+    if walked > 0:
+        return round(left * result.removed / walked)
+    if result.plan.pages <= 0:
+        return 0
+    return round(result.plan.expired * left / result.plan.pages)
+
+
+def _bounds(walk: bool) -> sql.Composed:
+    # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
+    # statement, which the pipeline (one statement per execute) needs.
+    parts = [
+        sql.SQL(
+            "SELECT set_config('lock_timeout', %s::text, true),"
+            " set_config('statement_timeout', %s::text, true)"
+        )
+    ]
+    if walk:
+        # A walk must read its page range, never the whole index: with a large share expired
+        # the planner might otherwise pick an index scan filtered by ctid for every batch.
+        parts.append(
+            sql.SQL(
+                ", set_config('enable_indexscan', 'off', true),"
+                " set_config('enable_bitmapscan', 'off', true)"
+            )
+        )
+    return sql.Composed(parts)
+
+
+def _resize(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:
+    """The next batch's size: scaled towards the target duration, at most doubling or halving
+    per batch so that one slow batch (a checkpoint, a lock) does not swing it wildly."""
+    factor = min(2.0, max(0.5, target_ms / max(ms, 0.1)))
+    return min(bounds[1], max(bounds[0], int(size * factor)))
