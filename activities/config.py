@@ -10,13 +10,14 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from psycopg.conninfo import conninfo_to_dict
 
+from activities.batching import SweepSettings
 from activities.dsn import redact
 from activities.errors import ConfigError
 from activities.payloads import TARGET_NAME
@@ -45,7 +46,17 @@ _TARGET_KEYS: dict[str, frozenset[str]] = {
     "expiring": frozenset({"name", "table", "column", "max_age"}),
     "python": frozenset({"factory", "names"}),
 }
-_TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "targets"})
+_TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "sweep", "targets"})
+
+#: The `[sweep]` keys (also allowed in any built-in target, to override them there), the
+#: SweepSettings field each sets, and its bounds in ms. The time budget stays well inside the
+#: activity's 30-minute start-to-close, so a sweep always ends by its own budget.
+_SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
+    "lock_timeout": ("lock_timeout_ms", 1, 60_000),
+    "statement_timeout": ("statement_timeout_ms", 100, 600_000),
+    "batch_target": ("batch_target_ms", 1, 10_000),
+    "time_budget": ("time_budget_ms", 1_000, 20 * 60_000),
+}
 _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
 
 #: Spread fire times a little, so deployments sharing a cluster or a database do not all start
@@ -91,6 +102,8 @@ class TargetSpec:
     factory: TargetFactory | None = None
     names: tuple[str, ...] = ()
     """For `python`: the names its factory provides that a scheduled pass should sweep."""
+    settings: SweepSettings = field(default_factory=SweepSettings)
+    """The bounds of this target's sweep: `[sweep]`, overridden by the entry's own keys."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +199,11 @@ def parse_config(
         raise ConfigError(
             f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
         )
-    targets = tuple(_parse_target(where, i, entry) for i, entry in enumerate(entries, 1))
+    sweep = raw.get("sweep", {})
+    if isinstance(sweep, dict):
+        _no_unknown(where, "sweep.", sweep, frozenset(_SWEEP_KEYS))
+    defaults = _sweep_settings(where, "sweep.", sweep, SweepSettings())
+    targets = tuple(_parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
     seen: dict[str, int] = {}
     for i, spec in enumerate(targets, 1):
         key = "names" if spec.kind == "python" else "name"
@@ -345,7 +362,38 @@ def _cron_value(
     return value if low <= value <= high else None
 
 
-def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
+def _sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
+    """`base` with the sweep keys of `raw` applied (only those keys are read here)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix.rstrip('.')}: must be a table, got {raw!r}")
+    changes: dict[str, int] = {}
+    for key, (attr, low, high) in _SWEEP_KEYS.items():
+        if key not in raw:
+            continue
+        value = _duration(where, prefix + key, raw, key)
+        if not low <= value <= high:
+            raise ConfigError(
+                f"{where}: {prefix}{key}: must be from {_ms_text(low)} to {_ms_text(high)}, "
+                f"got {raw[key]!r}"
+            )
+        changes[attr] = value
+    settings = replace(base, **changes)
+    if settings.batch_target_ms * 10 > settings.statement_timeout_ms:
+        raise ConfigError(
+            f"{where}: {prefix}statement_timeout: must be at least 10 times batch_target "
+            f"({_ms_text(settings.batch_target_ms)}), got {_ms_text(settings.statement_timeout_ms)}"
+        )
+    return settings
+
+
+def _ms_text(ms: int) -> str:
+    for unit, size in (("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def _parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -> TargetSpec:
     at = f"{where}: [[targets]] #{index}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{at}: must be a table, got {raw!r}")
@@ -359,7 +407,8 @@ def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
     # the check of `name` below, and would otherwise break the one-line message here.
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
-    _no_unknown(at, "", raw, _TARGET_KEYS[kind] | {"kind"})
+    sweep_keys = frozenset(_SWEEP_KEYS) if kind != "python" else frozenset()
+    _no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
 
     if kind == "python":
         path = _req_str(at, "factory", raw)
@@ -379,16 +428,16 @@ def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
             f"{at}: name: letters, digits and _ . : - (at most 100), starting with a letter, "
             f"digit or _, got {name!r}"
         )
+    settings = _sweep_settings(at, "", raw, defaults)
     if kind == "auth":
         tables = (
             _table(at, "failures_table", raw, "x_auth_failures"),
             _table(at, "lockouts_table", raw, "x_auth_lockouts"),
         )
-        return TargetSpec(kind=kind, name=name, tables=tables)
+        return TargetSpec(kind=kind, name=name, tables=tables, settings=settings)
     if kind in KIND_DEFAULTS:
-        return TargetSpec(
-            kind=kind, name=name, tables=(_table(at, "table", raw, kind_table(kind)),)
-        )
+        table = _table(at, "table", raw, kind_table(kind))
+        return TargetSpec(kind=kind, name=name, tables=(table,), settings=settings)
 
     table = _table(at, "table", raw, None)
     column = _req_str(at, "column", raw)
@@ -400,7 +449,14 @@ def _parse_target(where: str, index: int, raw: object) -> TargetSpec:
     max_age_ms = 0
     if "max_age" in raw:
         max_age_ms = _duration(at, "max_age", raw, "max_age")
-    return TargetSpec(kind=kind, name=name, tables=(table,), column=column, max_age_ms=max_age_ms)
+    return TargetSpec(
+        kind=kind,
+        name=name,
+        tables=(table,),
+        column=column,
+        max_age_ms=max_age_ms,
+        settings=settings,
+    )
 
 
 def kind_table(kind: str) -> str:

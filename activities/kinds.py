@@ -73,13 +73,15 @@ def expiring(
 def build_target(spec: TargetSpec, pool: AsyncConnectionPool[Any]) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
     if spec.kind == "idempotency":
-        return idempotency(pool, spec.name, spec.tables[0])
+        return idempotency(pool, spec.name, spec.tables[0], spec.settings)
     if spec.kind == "rate_limit":
-        return rate_limit(pool, spec.name, spec.tables[0])
+        return rate_limit(pool, spec.name, spec.tables[0], spec.settings)
     if spec.kind == "auth":
-        return auth(pool, spec.name, spec.tables[0], spec.tables[1])
+        return auth(pool, spec.name, spec.tables[0], spec.tables[1], spec.settings)
     if spec.kind == "expiring":
-        return expiring(pool, spec.name, spec.tables[0], spec.column, spec.max_age_ms)
+        return expiring(
+            pool, spec.name, spec.tables[0], spec.column, spec.max_age_ms, spec.settings
+        )
     raise ValueError(f"no built-in kind {spec.kind!r}")
 
 

@@ -27,15 +27,35 @@ def table(
 
 
 def report_table(report: PurgeReport) -> str:
-    """A pass's report: one row per target, failures named, the total last."""
+    """A pass's report: one row per target (how it swept, how long any batch held its locks,
+    what is left), failures named, the total last, then any advice."""
     verb = "would remove" if report.dry_run else "removed"
-    rows: list[list[object]] = [[s.name, s.removed, f"{s.seconds:.3f}", "ok"] for s in report.swept]
-    rows += [[f.name, "-", "-", f"FAILED {f.type}: {f.message}"] for f in report.failed]
-    rows.append(
-        ["total", report.removed, "", f"{len(report.failed)} failed" if report.failed else ""]
-    )
+    rows: list[list[object]] = []
+    for s in report.swept:
+        batched = bool(s.batches)
+        rows.append(
+            [
+                s.name,
+                s.removed,
+                f"{s.seconds:.3f}",
+                s.strategy,
+                s.batches if batched else "",
+                f"{s.p95_batch_ms:.1f}" if batched else "",
+                s.backlog or "",
+                "out of time" if s.backlog else "ok",
+            ]
+        )
+    for f in report.failed:
+        rows.append([f.name, "-", "-", "", "", "", "", f"FAILED {f.type}: {f.message}"])
+    rows.append(["total", report.removed, "", "", "", "", "", _failed(report)])
     head = f"purge pass as of {iso_ms(report.now_ms)}" + (" (dry run)" if report.dry_run else "")
-    return head + "\n" + table(["target", verb, "seconds", "status"], rows, right={1, 2})
+    header = ["target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "status"]
+    advice = [f"advice: {s.advice}" for s in report.swept if s.advice]
+    return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6}), *advice])
+
+
+def _failed(report: PurgeReport) -> str:
+    return f"{len(report.failed)} failed" if report.failed else ""
 
 
 def duration(ms: float) -> str:

@@ -40,7 +40,9 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
     assert f"Temporal dev server at 127.0.0.1:{moved.group(1)}" in out
     report = {
         m.group(1): int(m.group(2))
-        for m in re.finditer(r"^(\w+)\s+(\d+)\s+[\d.]*\s*(?:ok)?\s*$", out, re.MULTILINE)
+        for m in re.finditer(
+            r"^(\w+)\s+(\d+)\s+(?:[\d.]+\s+\w+\s+\d+\s+[\d.]+\s+ok)?\s*$", out, re.M
+        )
     }
     assert report == {
         "x_idempotency": 2,

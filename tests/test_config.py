@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from activities.batching import SweepSettings
 from activities.config import MAX_AGE_LIMIT_MS, PurgeConfig, config_path, load_config
 from activities.errors import ConfigError
 from activities.tables import TableName
@@ -674,3 +675,53 @@ def test_worker_without_a_database_url_is_refused(tmp_path: Path) -> None:
     line = refused_line(run_worker_cli("--config", str(path)))
 
     assert line.startswith(f"{path}: database_url: missing"), line
+
+
+def test_sweep_settings_default_and_override_per_target(tmp_path: Path) -> None:
+    """`[sweep]` sets every built-in target's bounds; a target's own keys override them."""
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        '[sweep]\ntime_budget = "5m"\nbatch_target = "25ms"\n'
+        '[[targets]]\nkind = "idempotency"\n'
+        '[[targets]]\nkind = "auth"\nlock_timeout = "500ms"\ntime_budget = "2m"\n',
+        encoding="utf-8",
+    )
+    first, second = load_config(path, env={}).targets
+    assert (first.settings.time_budget_ms, first.settings.batch_target_ms) == (300_000, 25)
+    assert first.settings.lock_timeout_ms == SweepSettings().lock_timeout_ms
+    assert (second.settings.time_budget_ms, second.settings.lock_timeout_ms) == (120_000, 500)
+    assert second.settings.batch_target_ms == 25
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[sweep]\ntime_budget = "25m"\n', "sweep.time_budget: must be from 1s to 20m, got '25m'"),
+        ('[sweep]\ntime_budget = "10ms"\n', "sweep.time_budget: must be from 1s to 20m"),
+        ('[sweep]\nbatch_target = 15\n', "sweep.batch_target: must be a string like '30d'"),
+        ('[sweep]\nbatch_size = "1000"\n', "sweep.batch_size: unknown key"),
+        ('sweep = "fast"\n', "sweep: must be a table, got 'fast'"),
+        (
+            '[sweep]\nbatch_target = "2s"\nstatement_timeout = "5s"\n',
+            "sweep.statement_timeout: must be at least 10 times batch_target (2s), got 5s",
+        ),
+        (
+            '[[targets]]\nkind = "auth"\nlock_timeout = "2m"\n',
+            "[[targets]] #1: lock_timeout: must be from 1ms to 1m, got '2m'",
+        ),
+        (
+            '[[targets]]\nkind = "python"\nfactory = "tests.support.gate:targets"\n'
+            'time_budget = "1m"\n',
+            "[[targets]] #1: time_budget: unknown key",
+        ),
+    ],
+    ids=["budget-too-long", "budget-too-short", "not-a-string", "unknown-key", "not-a-table",
+         "timeout-below-target", "target-lock-timeout", "python-has-no-sweep-keys"],
+)  # fmt: skip
+def test_bad_sweep_settings_are_refused(tmp_path: Path, toml: str, message: str) -> None:
+    path = tmp_path / "purge.toml"
+    path.write_text(toml, encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, env={})
+    assert str(refused.value).startswith(f"{path}: ")
+    assert message in str(refused.value)

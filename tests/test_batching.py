@@ -1,0 +1,401 @@
+"""Batched deletes on the real server: the strategy each table gets, batches resized towards their
+target, a retried attempt resuming from its heartbeat, the time budget, cancellation between
+batches, renewed rows never deleted, and the advice to create a missing index."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.testing import ActivityEnvironment
+
+from activities import kinds
+from activities.batching import SweepSettings
+from activities.payloads import PurgeStep, PurgeSweep
+from activities.sweep import PurgeActivities
+from activities.tables import TableName
+from activities.targets import TargetRegistry
+from tests.support.rows import HOUR, PAST_NOW, keys
+
+NOW = PAST_NOW
+#: Batches of about a millisecond: many batches from a small table, so that resuming,
+#: cancelling and renewing all happen between batches, not around one.
+TINY = SweepSettings(batch_target_ms=1)
+
+
+def fill_idempotency(db: psycopg.Connection[Any], rows: int, expired_every: int) -> int:
+    """`rows` keys k0.., every `expired_every`-th expired (interleaved); returns how many."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, '{\"status\": 200}', CASE WHEN i %% %s = 0 THEN %s ELSE %s END"
+        " FROM generate_series(0, %s - 1) i",
+        (expired_every, NOW - HOUR, NOW + HOUR, rows),
+    )
+    return len(range(0, rows, expired_every))
+
+
+def analyze(db: psycopg.Connection[Any], table: str) -> None:
+    db.execute(f"VACUUM ANALYZE {table}")
+
+
+async def test_small_indexed_share_goes_by_index_and_large_share_walks(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    fill_idempotency(db, 20_000, expired_every=100)  # 1%
+    analyze(db, "x_idempotency")
+    small = await kinds.idempotency(pool).sweep(NOW)
+
+    db.execute("UPDATE x_idempotency SET expires_at_ms = %s WHERE random() < 0.5", (NOW - 1,))
+    analyze(db, "x_idempotency")
+    live = keys(db, "x_idempotency") - {
+        r[0] for r in db.execute("SELECT key FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,))
+    }
+    large = await kinds.idempotency(pool).sweep(NOW)
+
+    db.execute("CREATE TABLE plain (key text, expires_at_ms bigint)")  # no index at all
+    db.execute("INSERT INTO plain SELECT 'p' || i, %s FROM generate_series(1, 50) i", (NOW - 1,))
+    unindexed = await kinds.expiring(pool, "plain", TableName("plain"), "expires_at_ms").sweep(NOW)
+
+    assert (small.strategy, small.removed) == ("index", 200)
+    assert large.strategy == "range"
+    assert large.removed > 5_000
+    assert (unindexed.strategy, unindexed.removed) == ("range", 50)
+    assert keys(db, "x_idempotency") == live
+
+
+async def test_batches_are_resized_towards_their_target_duration(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """The same table swept with a 1 ms target takes many more, smaller batches than with a
+    200 ms one (counts of batches, not timings, are asserted)."""
+    fill_idempotency(db, 150_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    slow = await kinds.idempotency(pool, settings=SweepSettings(batch_target_ms=200)).sweep(NOW)
+    db.execute("TRUNCATE x_idempotency")
+    fill_idempotency(db, 150_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    fast = await kinds.idempotency(pool, settings=TINY).sweep(NOW)
+
+    assert slow.removed == fast.removed == 75_000
+    assert slow.strategy == fast.strategy == "range"
+    assert fast.batches > 4 * slow.batches
+
+
+def run_activity(
+    pool: AsyncConnectionPool[Any],
+    settings: SweepSettings,
+    heartbeat_details: list[Any] | None = None,
+    on_heartbeat: Callable[..., None] | None = None,
+    cancel_after_batches: int | None = None,
+) -> tuple[ActivityEnvironment, Any]:
+    """The real activity on x_idempotency, in Temporal's activity test environment."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_details=heartbeat_details or [])
+    seen: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        if details and isinstance(details[0], dict) and "batch_ms" in details[0]:
+            seen.append(details[0])
+            if cancel_after_batches is not None and len(seen) == cancel_after_batches:
+                env.cancel()
+        if on_heartbeat:
+            on_heartbeat(*details)
+
+    env.on_heartbeat = beat
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=settings)]))
+    step = PurgeStep(name="x_idempotency", now_ms=NOW)
+    return env, (env.run(activities.purge_target, step), seen)
+
+
+async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    expired = fill_idempotency(db, 40_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    _, (running, seen) = run_activity(pool, TINY, cancel_after_batches=5)
+
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+    gone = expired - len(
+        db.execute("SELECT 1 FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)).fetchall()
+    )
+    assert len(seen) == 5  # stopped after the batch in flight, not in the middle of one
+    assert 0 < gone == seen[-1]["removed"]
+
+
+async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_row_once(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    expired = fill_idempotency(db, 40_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    _, (first, first_beats) = run_activity(pool, TINY, cancel_after_batches=8)
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    last = first_beats[-1]
+
+    second_starts: list[dict[str, Any]] = []
+    _, (second, second_beats) = run_activity(
+        pool,
+        TINY,
+        heartbeat_details=[last],
+        on_heartbeat=lambda *d: second_starts.append(d[0]) if not second_starts else None,
+    )
+    result: PurgeSweep = await second
+
+    assert result.removed == expired  # the first attempt's rows and the second's, once each
+    assert keys(db, "x_idempotency") == {f"k{i}" for i in range(1, 40_000, 2)}
+    assert second_starts[0]["page"] == last["page"]  # picked up where the first stopped
+    assert second_beats[0]["removed"] > last["removed"]
+    assert result.batches == len(second_beats)
+
+
+async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_continues(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    expired = fill_idempotency(db, 30_000, expired_every=10)  # 10%: by index
+    analyze(db, "x_idempotency")
+    budget = SweepSettings(time_budget_ms=0)
+    cut_short = await kinds.idempotency(pool, settings=budget).sweep(NOW)
+    walk = SweepSettings(time_budget_ms=0)
+    db.execute("CREATE TABLE heap AS SELECT * FROM x_idempotency")
+    walked = await kinds.expiring(
+        pool, "heap", TableName("heap"), "expires_at_ms", settings=walk
+    ).sweep(NOW)
+
+    finished = await kinds.idempotency(pool).sweep(NOW)
+
+    assert (cut_short.removed, cut_short.backlog) == (0, expired)  # counted through the index
+    assert walked.strategy == "range"
+    assert walked.backlog > 0  # estimated before any page was walked
+    assert (finished.removed, finished.backlog) == (expired, 0)
+
+
+async def test_auth_out_of_time_on_its_first_table_leaves_the_second_for_the_next_pass(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    db.execute("INSERT INTO x_auth_lockouts VALUES ('carol', %s)", (NOW - 1,))
+    cut_short = await kinds.auth(pool, settings=SweepSettings(time_budget_ms=0)).sweep(NOW)
+    assert cut_short.removed == 0
+    assert keys(db, "x_auth_lockouts") == {"carol"}
+    assert (await kinds.auth(pool).sweep(NOW)).removed == 1
+
+
+# -- renewed rows ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Kind:
+    """How to fill one kind's table(s) and how a client renews one of its rows."""
+
+    target: Callable[[AsyncConnectionPool[Any]], Any]
+    fill: list[str]
+    renew: list[str]
+    tables: list[str]
+    expired_every: int = 2
+    """Row k{i} is expired when i is a multiple of this (2: half the table, swept by a walk)."""
+
+
+ROWS = 40_000
+KINDS_UNDER_RENEWAL = {
+    "idempotency": Kind(
+        lambda pool: kinds.idempotency(pool, settings=TINY),
+        ["INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i % 2 = 0 THEN {old}"
+         " ELSE {new} END FROM generate_series(0, {last}) i"],
+        ["UPDATE x_idempotency SET expires_at_ms = {new} WHERE key = %s"],
+        ["x_idempotency"],
+    ),
+    "idempotency-by-index": Kind(
+        lambda pool: kinds.idempotency(pool, settings=TINY),
+        ["INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i % 20 = 0 THEN {old}"
+         " ELSE {new} END FROM generate_series(0, {last}) i"],
+        ["UPDATE x_idempotency SET expires_at_ms = {new} WHERE key = %s"],
+        ["x_idempotency"],
+        expired_every=20,
+    ),
+    "rate_limit": Kind(
+        lambda pool: kinds.rate_limit(pool, settings=TINY),
+        ["INSERT INTO x_rate_limit SELECT 'k' || i, CASE WHEN i % 2 = 0 THEN 4 ELSE 0 END,"
+         " 4, 0.000001, {now} FROM generate_series(0, {last}) i"],
+        # The client spends the bucket: no longer full, so deleting it would reset its limit.
+        ["UPDATE x_rate_limit SET tokens = 0, last_ms = {now} WHERE key = %s"],
+        ["x_rate_limit"],
+    ),
+    "auth": Kind(
+        lambda pool: kinds.auth(pool, settings=TINY),
+        ["INSERT INTO x_auth_failures (key, at_ms, expires_at_ms) SELECT 'k' || i, 0,"
+         " CASE WHEN i % 2 = 0 THEN {old} ELSE {new} END FROM generate_series(0, {last}) i",
+         "INSERT INTO x_auth_lockouts SELECT 'k' || i, CASE WHEN i % 2 = 0 THEN {old}"
+         " ELSE {new} END FROM generate_series(0, {last}) i"],
+        ["UPDATE x_auth_failures SET expires_at_ms = {new} WHERE key = %s",
+         "UPDATE x_auth_lockouts SET until_ms = {new} WHERE key = %s"],
+        ["x_auth_failures", "x_auth_lockouts"],
+    ),
+    "expiring": Kind(
+        lambda pool: kinds.expiring(
+            pool, "sessions", TableName("sessions"), "expires_at", settings=TINY
+        ),
+        ["CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)",
+         "CREATE INDEX ON sessions (expires_at)",
+         "INSERT INTO sessions SELECT 'k' || i, to_timestamp(CASE WHEN i % 2 = 0 THEN {old}"
+         " ELSE {new} END / 1000.0) FROM generate_series(0, {last}) i"],
+        ["UPDATE sessions SET expires_at = to_timestamp({new} / 1000.0) WHERE key = %s"],
+        ["sessions"],
+    ),
+}  # fmt: skip
+
+
+class Renewer(threading.Thread):
+    """A client renewing expired rows as fast as it can, each renewal holding its row lock a
+    moment, so that batches meet rows locked mid-renewal. Records, per statement (per table),
+    every key whose row it renewed (a row already deleted is not renewed: 0 rows updated)."""
+
+    def __init__(self, url: str, statements: list[str], candidates: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.statements, self.candidates = url, statements, candidates
+        self.renewed: list[set[str]] = [set() for _ in statements]
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                key = random.choice(self.candidates)
+                with conn.transaction():
+                    hits = [conn.execute(s, (key,)).rowcount for s in self.statements]
+                    conn.execute("SELECT pg_sleep(0.002)")
+                for renewed, hit in zip(self.renewed, hits, strict=True):
+                    if hit:
+                        renewed.add(key)
+
+
+@pytest.fixture
+def renewer_factory() -> Iterator[Callable[[str, list[str], list[str]], Renewer]]:
+    started: list[Renewer] = []
+
+    def make(url: str, statements: list[str], candidates: list[str]) -> Renewer:
+        renewer = Renewer(url, statements, candidates)
+        started.append(renewer)
+        renewer.start()
+        return renewer
+
+    yield make
+    for renewer in started:
+        renewer.stop.set()
+        renewer.join(10)
+
+
+@pytest.mark.parametrize("kind", list(KINDS_UNDER_RENEWAL))
+async def test_rows_renewed_during_the_sweep_are_never_deleted(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    renewer_factory: Callable[[str, list[str], list[str]], Renewer],
+    kind: str,
+) -> None:
+    spec = KINDS_UNDER_RENEWAL[kind]
+    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": ROWS - 1}
+    for statement in spec.fill:
+        db.execute(statement.format(**values))
+    for table in spec.tables:
+        analyze(db, table)
+    expired = [f"k{i}" for i in range(0, ROWS, spec.expired_every)]
+    renewals = [s.format(**values) for s in spec.renew]
+
+    renewer = renewer_factory(schema_url, renewals, expired)
+    await asyncio.sleep(0.05)  # the renewer is running before the first batch
+    stats = await spec.target(pool).sweep(NOW)
+    renewer.stop.set()
+    renewer.join(10)
+
+    for table, renewed in zip(spec.tables, renewer.renewed, strict=True):
+        assert renewed  # the race happened
+        left = keys(db, table)
+        assert renewed <= left, f"{table} lost renewed rows"
+        gone = set(expired) - renewed
+        assert not (gone & left), f"{table} kept rows that expired and were never renewed"
+        assert {f"k{i}" for i in range(ROWS)} - set(expired) <= left  # live rows kept
+    assert stats.batches > 5
+    assert stats.strategy == ("index" if spec.expired_every > 5 else "range")
+
+
+@pytest.mark.parametrize(
+    ("kind", "expired_every", "strategy"),
+    [
+        ("idempotency", 20, "index"),
+        ("idempotency", 2, "range"),
+        ("rate_limit", 2, "range"),
+        ("expiring", 20, "index"),
+    ],
+)
+async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    kind: str,
+    expired_every: int,
+    strategy: str,
+) -> None:
+    """The race made certain: a client holds an expired row mid-renewal, the sweep's batch
+    reaches it and waits for the lock, the renewal commits; the batch must re-check the row's
+    new version and keep it. (A batch that deleted by key would lose it.)"""
+    spec = KINDS_UNDER_RENEWAL[kind]
+    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": 3_999}
+    for statement in spec.fill:
+        db.execute(statement.replace("i % 2 = 0", f"i % {expired_every} = 0").format(**values))
+    analyze(db, spec.tables[0])
+
+    with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
+        assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
+        sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
+        while not db.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
+            " AND wait_event_type = 'Lock'"
+        ).fetchone():
+            assert not sweeping.done(), "the sweep never waited for the renewal's lock"
+            await asyncio.sleep(0.01)
+        client.commit()
+        stats = await sweeping
+
+    assert stats.strategy == strategy
+    left = keys(db, spec.tables[0])
+    assert "k0" in left
+    assert not {f"k{i}" for i in range(expired_every, 4_000, expired_every)} & left
+
+
+# -- the plan check --------------------------------------------------------------------------
+
+
+async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    db.execute("CREATE TABLE audit (id bigint, created_ms bigint NOT NULL, body text)")
+    db.execute(
+        "INSERT INTO audit SELECT i, CASE WHEN i %% 100 = 0 THEN %s ELSE %s END, repeat('x', 120)"
+        " FROM generate_series(1, 80000) i",
+        (NOW - HOUR, NOW + HOUR),
+    )
+    analyze(db, "audit")
+    registry = TargetRegistry([kinds.expiring(pool, "audit", TableName("audit"), "created_ms")])
+    step = PurgeStep(name="audit", now_ms=NOW)
+
+    with caplog.at_level("WARNING", logger="temporalio.activity"):
+        unindexed = await ActivityEnvironment().run(PurgeActivities(registry).purge_target, step)
+    db.execute("CREATE INDEX ON audit (created_ms)")
+    db.execute("INSERT INTO audit SELECT i, %s, '' FROM generate_series(1, 800) i", (NOW - 1,))
+    analyze(db, "audit")
+    indexed = await ActivityEnvironment().run(PurgeActivities(registry).purge_target, step)
+
+    assert unindexed.removed == 800
+    assert unindexed.strategy == "range"
+    assert unindexed.advice.endswith('CREATE INDEX CONCURRENTLY ON "audit" ("created_ms")')
+    assert "(1.0%) are expired and no index serves created_ms" in unindexed.advice
+    [warning] = caplog.records
+    assert warning.getMessage().startswith(unindexed.advice)
+    assert (indexed.removed, indexed.strategy, indexed.advice) == (800, "index", "")
