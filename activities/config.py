@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 from activities.batching import SweepSettings
 from activities.dsn import redact
 from activities.errors import ConfigError
+from activities.guards import Guards
 from activities.payloads import TARGET_NAME
 from activities.tables import SQL_NAME, TableName
 from activities.targets import TargetFactory
@@ -46,6 +47,8 @@ _TARGET_KEYS: dict[str, frozenset[str]] = {
     "expiring": frozenset({"name", "table", "column", "max_age"}),
     "python": frozenset({"factory", "names"}),
 }
+#: Guards a built-in target may carry (see activities/guards.py); all off unless set.
+_GUARD_KEYS = frozenset({"max_rows", "max_fraction", "max_clock_jump"})
 _TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "sweep", "targets"})
 
 #: The `[sweep]` keys (also allowed in any built-in target, to override them there), the
@@ -104,6 +107,8 @@ class TargetSpec:
     """For `python`: the names its factory provides that a scheduled pass should sweep."""
     settings: SweepSettings = field(default_factory=SweepSettings)
     """The bounds of this target's sweep: `[sweep]`, overridden by the entry's own keys."""
+    guards: Guards = field(default_factory=Guards)
+    """max_rows, max_fraction, max_clock_jump: off unless set."""
 
 
 @dataclass(frozen=True)
@@ -386,6 +391,32 @@ def _sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -
     return settings
 
 
+def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
+    max_rows = raw.get("max_rows")
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ConfigError(f"{at}: max_rows: must be a whole number of at least 1, got {max_rows!r}")
+    fraction = raw.get("max_fraction")
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1
+    ):
+        raise ConfigError(
+            f"{at}: max_fraction: must be a share above 0 and at most 1 (0.25 for a quarter), "
+            f"got {fraction!r}"
+        )
+    jump = None
+    if "max_clock_jump" in raw:
+        jump = _duration(at, "max_clock_jump", raw, "max_clock_jump")
+        if jump < 1000:
+            raise ConfigError(f"{at}: max_clock_jump: at least 1s, got {raw['max_clock_jump']!r}")
+    return Guards(
+        max_rows=max_rows,
+        max_fraction=float(fraction) if fraction is not None else None,
+        max_clock_jump_ms=jump,
+    )
+
+
 def _ms_text(ms: int) -> str:
     for unit, size in (("m", 60_000), ("s", 1000)):
         if ms % size == 0:
@@ -407,7 +438,7 @@ def _parse_target(where: str, index: int, raw: object, defaults: SweepSettings) 
     # the check of `name` below, and would otherwise break the one-line message here.
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
-    sweep_keys = frozenset(_SWEEP_KEYS) if kind != "python" else frozenset()
+    sweep_keys = frozenset({*_SWEEP_KEYS, *_GUARD_KEYS}) if kind != "python" else frozenset()
     _no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
 
     if kind == "python":
@@ -429,15 +460,16 @@ def _parse_target(where: str, index: int, raw: object, defaults: SweepSettings) 
             f"digit or _, got {name!r}"
         )
     settings = _sweep_settings(at, "", raw, defaults)
+    guards = _guards(at, raw)
     if kind == "auth":
         tables = (
             _table(at, "failures_table", raw, "x_auth_failures"),
             _table(at, "lockouts_table", raw, "x_auth_lockouts"),
         )
-        return TargetSpec(kind=kind, name=name, tables=tables, settings=settings)
+        return TargetSpec(kind=kind, name=name, tables=tables, settings=settings, guards=guards)
     if kind in KIND_DEFAULTS:
         table = _table(at, "table", raw, kind_table(kind))
-        return TargetSpec(kind=kind, name=name, tables=(table,), settings=settings)
+        return TargetSpec(kind=kind, name=name, tables=(table,), settings=settings, guards=guards)
 
     table = _table(at, "table", raw, None)
     column = _req_str(at, "column", raw)
@@ -456,6 +488,7 @@ def _parse_target(where: str, index: int, raw: object, defaults: SweepSettings) 
         column=column,
         max_age_ms=max_age_ms,
         settings=settings,
+        guards=guards,
     )
 
 

@@ -38,6 +38,10 @@ class BadPurgeInput(PurgeError):
     """A workflow input or activity step that does not have the documented shape."""
 
 
+class PurgeGuardRefused(PurgeError):
+    """A target's guard (max_rows, max_fraction, max_clock_jump) refused its sweep."""
+
+
 class PurgeTargetsFailed(PurgeError):
     """One or more targets failed; the others were swept and the partial report is attached."""
 

@@ -117,6 +117,26 @@ class PurgeStep:
     """The workflow's clock at the start of the pass, epoch milliseconds; never the database's."""
     dry_run: bool = False
 
+    @classmethod
+    def parse(cls, raw: object) -> PurgeStep:
+        """Validate a step, whoever sent it: this workflow, or a caller of the activity itself."""
+        if isinstance(raw, PurgeStep):
+            raw = {"name": raw.name, "now_ms": raw.now_ms, "dry_run": raw.dry_run}
+        if not isinstance(raw, dict):
+            raise BadPurgeInput(
+                f'step must be an object like {{"name": ..., "now_ms": ...}}, got {_show(raw)}'
+            )
+        unknown = sorted(str(key) for key in raw if key not in ("name", "now_ms", "dry_run"))
+        if unknown:
+            raise BadPurgeInput(f"step has unknown keys {unknown}, allowed: name, now_ms, dry_run")
+        name = raw.get("name")
+        if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
+            raise BadPurgeInput(f"step 'name' is not a target name, got {_show(name)}")
+        dry_run = raw.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise BadPurgeInput(f"step 'dry_run' must be true or false, got {_show(dry_run)}")
+        return cls(name=name, now_ms=check_now_ms(raw.get("now_ms")), dry_run=dry_run)
+
 
 @dataclass
 class PurgeSweep:

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities.batching import BatchSweeper, OnBatch, Progress, SweepSettings
 from activities.errors import BadPurgeTarget
+from activities.guards import Guards
 from activities.planning import TablePlan, plan_table
 from activities.tables import Predicate, Rule
 
@@ -56,11 +57,13 @@ class SqlTarget:
         pool: AsyncConnectionPool[Any],
         rules: list[Rule],
         settings: SweepSettings | None = None,
+        guards: Guards | None = None,
     ) -> None:
         self._name = name
         self._pool = pool
         self.rules = rules
         self.settings = settings or SweepSettings()
+        self.guards = guards or Guards()
 
     @property
     def name(self) -> str:
@@ -108,21 +111,31 @@ class SqlTarget:
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
-        counted = 0
+        return (await self.measure(now_ms, total=False))[0]
+
+    async def measure(self, now_ms: int, total: bool = True) -> tuple[int, int]:
+        """(expired rows, all rows) over the target's tables, counted exactly in one read of
+        each table; all rows is 0 unless asked for."""
+        expired = everything = 0
         for rule in self.rules:
             async with self._connection(rule) as conn, conn.transaction():
                 # A count reads what a whole sweep would: give it the sweep's time budget.
                 await self._bound(conn, self.settings.time_budget_ms)
                 pred = await rule.bind(conn, now_ms)
-                cur = await conn.execute(
-                    sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+                if total:
+                    query = sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
+                        pred.where, pred.table.ident
+                    )
+                else:
+                    query = sql.SQL("SELECT count(*), 0 FROM {} WHERE {}").format(
                         pred.table.ident, pred.where
-                    ),
-                    pred.params,
-                )
+                    )
+                cur = await conn.execute(query, pred.params)
                 row = await cur.fetchone()
-                counted += int(row[0]) if row else 0
-        return counted
+                if row:
+                    expired += int(row[0])
+                    everything += int(row[1])
+        return expired, everything
 
     async def _prepare(
         self, conn: AsyncConnection[Any], rule: Rule, now_ms: int

@@ -6,12 +6,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from temporalio import activity
 
 from activities.batching import Progress
 from activities.errors import BadPurgeTarget, DryRunUnsupported
-from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
+from activities.guards import check_clock, check_counts
+from activities.payloads import PurgeStep, PurgeSweep
 from activities.sqltarget import SqlTarget
 from activities.targets import CountingTarget, TargetRegistry
 
@@ -27,9 +29,11 @@ class PurgeActivities:
         self.registry = registry
 
     @activity.defn(name="purge_target")
-    async def purge_target(self, step: PurgeStep) -> PurgeSweep:
+    async def purge_target(self, step: Any) -> PurgeSweep:
         """Delete (or, in a dry run, count) one target's rows expired at `step.now_ms`."""
-        now_ms = check_now_ms(step.now_ms)
+        # `Any`, checked by hand: a step sent straight to this activity by another caller must be
+        # refused (a float, seconds for milliseconds) before anything, and not be retried.
+        step = PurgeStep.parse(step)
         # Resolved now, not at worker start: a factory's target built since is found.
         target = self.registry.resolve(step.name)
         if step.dry_run and not isinstance(target, CountingTarget):
@@ -38,23 +42,16 @@ class PurgeActivities:
             )
         started = time.monotonic()
         sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
+        removed: object
         if isinstance(target, SqlTarget) and not step.dry_run:
-            beat = _Beat(step.name, Progress.resume(activity.info().heartbeat_details))
-            async with _heartbeating(beat):
-                stats = await target.sweep(now_ms, resume=beat.progress, on_batch=beat.after_batch)
-            removed = stats.removed
-            sweep.strategy, sweep.batches = stats.strategy, stats.batches
-            sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
-            sweep.advice = " ".join(stats.advice)
-            for advice in stats.advice:
-                activity.logger.warning(advice, extra={"purge_target": step.name})
+            removed = await self._sweep_tables(target, step, sweep)
         else:
             async with _heartbeating(_Beat(step.name)):
                 if step.dry_run:
                     assert isinstance(target, CountingTarget)
-                    removed = await target.count_expired(now_ms)
+                    removed = await target.count_expired(step.now_ms)
                 else:
-                    removed = await target.purge_expired(now_ms)
+                    removed = await target.purge_expired(step.now_ms)
             if isinstance(target, SqlTarget):
                 sweep.strategy = "count"
         if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
@@ -82,6 +79,34 @@ class PurgeActivities:
             },
         )
         return sweep
+
+    async def _sweep_tables(self, target: SqlTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
+        """A built-in target's batched sweep: guards first, resumed from the last heartbeat."""
+        info = activity.info()
+        beat = _Beat(step.name, Progress.resume(info.heartbeat_details))
+        async with _heartbeating(beat):
+            assert beat.progress is not None
+            guards = target.guards
+            # Before the first delete only: a resumed attempt already passed them.
+            if not beat.progress.batches and guards.max_clock_jump_ms is not None:
+                await check_clock(
+                    step.name,
+                    guards,
+                    step.now_ms,
+                    activity.client(),
+                    info.task_queue,
+                    info.workflow_id or "",
+                )
+            if not beat.progress.batches and guards.counts:
+                expired, total = await target.measure(step.now_ms)
+                check_counts(step.name, guards, expired, total)
+            stats = await target.sweep(step.now_ms, resume=beat.progress, on_batch=beat.after_batch)
+        sweep.strategy, sweep.batches = stats.strategy, stats.batches
+        sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+        sweep.advice = " ".join(stats.advice)
+        for advice in stats.advice:
+            activity.logger.warning(advice, extra={"purge_target": step.name})
+        return stats.removed
 
 
 def _record_metrics(step: PurgeStep, removed: int, seconds: float) -> None:

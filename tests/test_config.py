@@ -21,6 +21,7 @@ import pytest
 from activities.batching import SweepSettings
 from activities.config import MAX_AGE_LIMIT_MS, PurgeConfig, config_path, load_config
 from activities.errors import ConfigError
+from activities.guards import Guards
 from activities.tables import TableName
 from tests.support import apptargets
 from tests.support.rows import HOUR, idempotency_rows, keys
@@ -724,4 +725,41 @@ def test_bad_sweep_settings_are_refused(tmp_path: Path, toml: str, message: str)
     with pytest.raises(ConfigError) as refused:
         load_config(path, env={})
     assert str(refused.value).startswith(f"{path}: ")
+    assert message in str(refused.value)
+
+
+def test_guards_are_read_per_target(tmp_path: Path) -> None:
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        '[[targets]]\nkind = "idempotency"\nmax_rows = 100000\nmax_fraction = 0.25\n'
+        'max_clock_jump = "6h"\n[[targets]]\nkind = "auth"\n',
+        encoding="utf-8",
+    )
+    guarded, plain = load_config(path, env={}).targets
+    assert guarded.guards == Guards(
+        max_rows=100_000, max_fraction=0.25, max_clock_jump_ms=21_600_000
+    )
+    assert plain.guards == Guards()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("max_rows = 0", "max_rows: must be a whole number of at least 1, got 0"),
+        ("max_rows = 1.5", "max_rows: must be a whole number of at least 1, got 1.5"),
+        ("max_rows = true", "max_rows: must be a whole number of at least 1, got True"),
+        ('max_rows = "10"', "max_rows: must be a whole number of at least 1, got '10'"),
+        ("max_fraction = 0", "max_fraction: must be a share above 0 and at most 1"),
+        ("max_fraction = 1.5", "max_fraction: must be a share above 0 and at most 1"),
+        ("max_fraction = 25", "got 25"),
+        ('max_clock_jump = "0s"', "max_clock_jump: at least 1s, got '0s'"),
+        ("max_clock_jump = 3600", "max_clock_jump: must be a string like '30d', got 3600"),
+    ],
+)
+def test_bad_guards_are_refused(tmp_path: Path, line: str, message: str) -> None:
+    path = tmp_path / "purge.toml"
+    path.write_text(f'[[targets]]\nkind = "idempotency"\n{line}\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, env={})
+    assert str(refused.value).startswith(f"{path}: [[targets]] #1: ")
     assert message in str(refused.value)

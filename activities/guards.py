@@ -1,0 +1,108 @@
+"""Guards a target can carry, each refusing its sweep before the first delete, naming the numbers.
+
+They stand against a retention sweep's worst days: a unit bug that makes every row look expired,
+a clock that jumped, a config pointed at the wrong table. All are off unless configured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+
+from activities.errors import PurgeGuardRefused
+from activities.payloads import iso_ms
+
+#: How many earlier passes to look through for the last one that recorded an instant.
+PREVIOUS_PASSES_LOOKED_AT = 20
+
+
+@dataclass(frozen=True)
+class Guards:
+    """Limits on one target's sweep; None means off."""
+
+    max_rows: int | None = None
+    """Refuse a sweep that would remove more rows than this."""
+    max_fraction: float | None = None
+    """Refuse a sweep that would remove more than this share of the target's rows."""
+    max_clock_jump_ms: int | None = None
+    """Refuse when this pass's instant is earlier than the previous pass's, or later by more
+    than this: a clock that jumped makes everything (or nothing) look expired."""
+
+    @property
+    def counts(self) -> bool:
+        """Whether a guard needs the expired and total counts before the sweep."""
+        return self.max_rows is not None or self.max_fraction is not None
+
+
+def check_counts(name: str, guards: Guards, expired: int, total: int) -> None:
+    """Refuse when `expired` of `total` rows is more than the guards allow."""
+    if guards.max_rows is not None and expired > guards.max_rows:
+        raise PurgeGuardRefused(
+            f"target {name!r} would remove {expired} rows, more than its max_rows "
+            f"{guards.max_rows}; nothing was deleted"
+        )
+    if guards.max_fraction is not None and total and expired / total > guards.max_fraction:
+        raise PurgeGuardRefused(
+            f"target {name!r} would remove {expired} of {total} rows ({expired / total:.1%}), "
+            f"more than its max_fraction {guards.max_fraction:.1%}; nothing was deleted"
+        )
+
+
+async def check_clock(
+    name: str, guards: Guards, now_ms: int, client: Client, task_queue: str, workflow_id: str
+) -> None:
+    """Refuse when `now_ms` went back from, or jumped ahead of, the previous pass's instant.
+
+    The previous instant is the one the last finished pass on this task queue recorded in its
+    result (or its partial report): Temporal's history, never a server's clock.
+    """
+    if guards.max_clock_jump_ms is None:
+        return
+    previous = await previous_pass_instant(client, task_queue, workflow_id)
+    if previous is None:
+        return
+    previous_id, previous_ms = previous
+    if now_ms < previous_ms:
+        raise PurgeGuardRefused(
+            f"target {name!r}: this pass's clock {iso_ms(now_ms)} is earlier than the previous "
+            f"pass's {iso_ms(previous_ms)} ({previous_id}); a clock that went back is not "
+            "trusted to delete; nothing was deleted"
+        )
+    if now_ms - previous_ms > guards.max_clock_jump_ms:
+        jump = timedelta(milliseconds=now_ms - previous_ms)
+        limit = timedelta(milliseconds=guards.max_clock_jump_ms)
+        raise PurgeGuardRefused(
+            f"target {name!r}: this pass's clock {iso_ms(now_ms)} is {jump} after the previous "
+            f"pass's {iso_ms(previous_ms)} ({previous_id}), more than its max_clock_jump "
+            f"{limit}; nothing was deleted"
+        )
+
+
+async def previous_pass_instant(
+    client: Client, task_queue: str, workflow_id: str
+) -> tuple[str, int] | None:
+    """The id and `now_ms` of the most recent finished pass on `task_queue` other than
+    `workflow_id`, if any recorded one."""
+    query = (
+        f'WorkflowType = "Purge" AND TaskQueue = "{task_queue}" AND ExecutionStatus != "Running"'
+    )
+    async for execution in client.list_workflows(query, limit=PREVIOUS_PASSES_LOOKED_AT):
+        if execution.id == workflow_id:
+            continue
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        report: object = None
+        if execution.status == WorkflowExecutionStatus.COMPLETED:
+            report = await handle.result()
+        elif execution.status == WorkflowExecutionStatus.FAILED:
+            try:
+                await handle.result()
+            except WorkflowFailureError as err:
+                cause = err.cause
+                if isinstance(cause, ApplicationError) and cause.details:
+                    report = cause.details[0]
+        if isinstance(report, dict) and isinstance(report.get("now_ms"), int):
+            return execution.id, int(report["now_ms"])
+    return None

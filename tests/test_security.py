@@ -1,0 +1,256 @@
+"""Least privilege, no secret anywhere, and bad steps sent straight to the activity."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities import kinds
+from activities.payloads import PurgeReport
+from activities.sweep import PurgeActivities
+from activities.tables import TableName
+from activities.targets import TargetRegistry
+from purge_ops.connect import open_pool
+from purge_ops.embedded import TemporalDevServer, free_ports
+from tests.conftest import RunWorker
+from tests.support.direct_caller import DirectCaller
+from tests.support.passes import failed_pass, run_pass
+from tests.support.procs import REPO, clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+
+ALL_KINDS = ["x_idempotency", "x_rate_limit", "x_auth", "sessions"]
+
+
+def seed_every_kind(db: psycopg.Connection[Any], now: int) -> None:
+    idempotency_rows(db, {"old": now - HOUR, "new": now + 24 * HOUR})
+    bucket_rows(db, {"full": (4.0, 4.0, 1.0, now - HOUR), "empty": (0.0, 4.0, 1e-9, now)})
+    auth_rows(db, {"f-old": now - HOUR, "f-new": now + 24 * HOUR}, {"l-old": now - HOUR})
+    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)")
+    db.execute(
+        "INSERT INTO sessions VALUES ('s-old', now() - interval '1 day'),"
+        " ('s-new', now() + interval '1 day')"
+    )
+
+
+@pytest.fixture
+def role(db: psycopg.Connection[Any], schema: str) -> Any:
+    """A login role of the test's own; dropped after."""
+    name = f"purge_{uuid.uuid4().hex[:10]}"
+    db.execute(f'CREATE ROLE "{name}" LOGIN')
+    db.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{name}"')
+    yield name
+    db.execute(f'DROP OWNED BY "{name}"')
+    db.execute(f'DROP ROLE "{name}"')
+
+
+async def test_a_role_with_only_select_and_delete_sweeps_every_kind(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    role: str,
+    real_now: int,
+) -> None:
+    """The GRANTs the README gives are enough: SELECT and DELETE on the target tables."""
+    seed_every_kind(db, real_now)
+    tables = "x_idempotency, x_rate_limit, x_auth_failures, x_auth_lockouts, sessions"
+    db.execute(f'GRANT SELECT, DELETE ON {tables} TO "{role}"')
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        targets = [
+            kinds.idempotency(pool),
+            kinds.rate_limit(pool),
+            kinds.auth(pool),
+            kinds.expiring(pool, "sessions", TableName("sessions"), "expires_at"),
+        ]
+        async with run_worker(targets):
+            result = await run_pass(client, task_queue, {"targets": ALL_KINDS})
+            dry = await run_pass(client, task_queue, {"targets": ALL_KINDS, "dry_run": True})
+    finally:
+        await pool.close()
+
+    assert [(s["name"], s["removed"]) for s in result["swept"]] == [
+        ("x_idempotency", 1), ("x_rate_limit", 1), ("x_auth", 2), ("sessions", 1),
+    ]  # fmt: skip
+    assert dry["removed"] == 0
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "sessions") == {"s-new"}
+
+
+async def test_a_role_without_delete_fails_that_target_saying_what_it_needs(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    role: str,
+    real_now: int,
+) -> None:
+    seed_every_kind(db, real_now)
+    db.execute(f'GRANT SELECT ON x_idempotency TO "{role}"')
+    db.execute(f'GRANT SELECT, DELETE ON x_auth_failures, x_auth_lockouts TO "{role}"')
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+            error = await failed_pass(
+                client, task_queue, {"targets": ["x_idempotency", "x_auth"]}, f"p-{uuid.uuid4()}"
+            )
+    finally:
+        await pool.close()
+    report = PurgeReport.from_json(error.details[0])
+    [failure] = report.failed
+    assert failure.type == "BadPurgeTarget"
+    assert "permission denied for table x_idempotency" in failure.message
+    assert "needs SELECT and DELETE" in failure.message
+    assert [s.name for s in report.swept] == ["x_auth"]
+    assert keys(db, "x_idempotency") == {"old", "new"}
+
+
+# -- no secrets ------------------------------------------------------------------------------
+
+SECRET = "hunter2-purge-s3cret"
+
+
+async def test_the_database_password_appears_in_no_log_input_result_error_or_history(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A worker and every command run with a password-bearing URL (trust authentication
+    ignores the password; the point is where the string goes). Everything a person or a
+    system could read afterwards is searched for it."""
+    seed_every_kind(db, real_now)
+    parts = conninfo_to_dict(schema_url)
+    secret_url = (
+        f"postgresql://{parts['user']}:{SECRET}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        f"?options={parts['options'].replace(' ', '%20').replace('=', '%3D')}"
+    )
+    config = worker_config(
+        tmp_path / "purge.toml",
+        "postgresql://placeholder@localhost/none",
+        task_queue,
+        '[[targets]]\nkind = "idempotency"\n[[targets]]\nkind = "auth"\n'
+        '[[targets]]\nkind = "expiring"\nname = "gone"\ntable = "no_such_table"\n'
+        'column = "expires_at"\n',
+    )
+    [metrics_port] = free_ports(1)
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, PURGE_DATABASE_URL=secret_url)
+    log = tmp_path / "worker.log"
+    worker = start_worker(config, env, log, "--metrics", f"127.0.0.1:{metrics_port}")
+    texts: dict[str, str] = {}
+    try:
+        wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker")
+
+        def command(*args: str, extra_env: dict[str, str] | None = None) -> str:
+            done = subprocess.run(
+                [sys.executable, "worker.py", *args],
+                cwd=REPO, env={**env, **(extra_env or {})}, capture_output=True, text=True,
+                timeout=120,
+            )  # fmt: skip
+            return done.stdout + done.stderr
+
+        texts["sweep"] = await asyncio.to_thread(command, "sweep", "--config", str(config))
+        texts["report"] = await asyncio.to_thread(command, "report", "--config", str(config))
+        texts["bad url"] = await asyncio.to_thread(
+            command, "run", "--config", str(config),
+            extra_env={"PURGE_DATABASE_URL": f"host=db password={SECRET} sslrootcert=file:///x"
+                       " bogus"},
+        )  # fmt: skip
+        texts["unreachable"] = await asyncio.to_thread(
+            command, "run", "--config", str(config),
+            extra_env={"PURGE_DATABASE_URL": f"postgresql://app:{SECRET}@127.0.0.1:1/app"},
+        )  # fmt: skip
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as page:
+            texts["metrics"] = page.read().decode()
+        async for execution in client.list_workflows(f'TaskQueue = "{task_queue}"'):
+            history = await client.get_workflow_handle(execution.id).fetch_history()
+            texts[f"history {execution.id}"] = history.to_json()
+    finally:
+        stop(worker)
+    texts["worker log"] = log.read_text()
+
+    assert "FAILED BadPurgeTarget" in texts["sweep"]  # the failing target's error is in there
+    assert "x_idempotency" in texts["report"]
+    assert "cannot connect to postgresql://app:***@127.0.0.1:1/app" in texts["unreachable"]
+    assert "config error" in texts["bad url"]
+    assert f"postgresql://postgres:***@{parts['host']}" in texts["worker log"]
+    assert any(name.startswith("history") for name in texts)
+    leaks = [name for name, text in texts.items() if SECRET in text]
+    assert leaks == []
+
+
+# -- bad steps sent to the activity directly -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "complaint"),
+    [
+        ({"name": "x_idempotency", "now_ms": -5}, "before 2000-01-01"),
+        ({"name": "x_idempotency", "now_ms": 1_700_000_000}, "seconds sent where milliseconds"),
+        ({"name": "x_idempotency", "now_ms": 1_700_000_000_000_000}, "microseconds sent"),
+        ({"name": "x_idempotency", "now_ms": 1_700_000_000_000.5}, "must be an integer"),
+        ({"name": "x_idempotency", "now_ms": "1700000000000"}, "must be an integer"),
+        ({"name": "x_idempotency", "now_ms": True}, "must be an integer"),
+        ({"name": "x_idempotency"}, "must be an integer of epoch milliseconds, got None"),
+        ({"name": 7, "now_ms": 1_700_000_000_000}, "not a target name"),
+        ({"name": "x_idempotency", "now_ms": 1_700_000_000_000, "force": 1}, "unknown keys"),
+        (["x_idempotency", 1_700_000_000_000], "step must be an object"),
+    ],
+    ids=["negative", "seconds", "microseconds", "fraction", "string", "bool", "missing",
+         "name-not-string", "unknown-key", "not-an-object"],
+)  # fmt: skip
+async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_nothing(
+    client: Client,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    step: Any,
+    complaint: str,
+) -> None:
+    idempotency_rows(db, {"a": 1, "b": 2})  # expired at any plausible instant
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    async with Worker(
+        client, task_queue=task_queue, workflows=[DirectCaller],
+        activities=[activities.purge_target],
+    ):  # fmt: skip
+        outcome = await client.execute_workflow(
+            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=task_queue
+        )
+
+    assert outcome["type"] == "BadPurgeInput", outcome
+    assert outcome["retryable"] is False
+    assert complaint in outcome["message"]
+    assert "\n" not in outcome["message"]
+    assert keys(db, "x_idempotency") == {"a", "b"}
+
+
+def test_redacted_forms_keep_the_rest_of_the_url() -> None:
+    from activities.dsn import redact
+
+    assert redact(f"postgresql://app:{SECRET}@db:5432/app?sslmode=require") == (
+        "postgresql://app:***@db:5432/app?sslmode=require"
+    )
+    masked = conninfo_to_dict(redact(f"host=db user=app password={SECRET}"))
+    assert masked == {"host": "db", "user": "app", "password": "***"}
+    assert SECRET not in redact(f"postgresql://app@db/app?password={SECRET}")
+    assert re.fullmatch(r"<unparseable connection string>", redact(f"password={SECRET} '"))
+    assert json.dumps(redact("postgresql://db/app")) == '"postgresql://db/app"'
