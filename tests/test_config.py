@@ -763,3 +763,21 @@ def test_bad_guards_are_refused(tmp_path: Path, line: str, message: str) -> None
         load_config(path, env={})
     assert str(refused.value).startswith(f"{path}: [[targets]] #1: ")
     assert message in str(refused.value)
+
+
+def test_the_readme_config_example_is_accepted() -> None:
+    """The README's example file, with its fictional factory swapped for a real one."""
+    import tomllib
+
+    from activities.config import parse_config
+    from tests.support.procs import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("```toml\ndatabase_url") + len("```toml\n")
+    example = readme[start : readme.index("```", start)]
+    example = example.replace("myapp.purge:targets", "tests.support.apptargets:targets")
+    config = parse_config(tomllib.loads(example), env={})
+    assert config.target_names == [
+        "x_idempotency", "x_rate_limit", "x_auth", "sessions", "tmp_uploads",
+    ]  # fmt: skip
+    assert config.metrics == "0.0.0.0:9464"
