@@ -6,7 +6,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from activities.config import PurgeConfig, TargetSpec
+from activities.config import PurgeConfig
 from activities.guards import Guards
 from activities.sqltarget import SqlTarget, SweepSettings
 from activities.tables import (
@@ -17,6 +17,7 @@ from activities.tables import (
     Rule,
     TableName,
 )
+from activities.target_config import TargetSpec
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 
 # Frozen, so one shared default each is safe.

@@ -19,10 +19,11 @@ import psycopg
 import pytest
 
 from activities.batching import SweepSettings
-from activities.config import MAX_AGE_LIMIT_MS, PurgeConfig, config_path, load_config
+from activities.config import PurgeConfig, config_path, load_config
 from activities.errors import ConfigError
 from activities.guards import Guards
 from activities.tables import TableName
+from activities.values import MAX_AGE_LIMIT_MS
 from tests.support import apptargets
 from tests.support.rows import HOUR, idempotency_rows, keys
 

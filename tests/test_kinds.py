@@ -17,8 +17,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import kinds
-from activities.config import parse_max_age
 from activities.tables import TableName
+from activities.values import parse_max_age
 from tests.support.rows import (
     FROZEN_CLOCKS,
     HOUR,

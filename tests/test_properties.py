@@ -30,9 +30,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import kinds
-from activities.config import parse_config, parse_max_age
+from activities.config import parse_config
 from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.targets import CountingTarget
+from activities.values import parse_max_age
 from purge_ops.connect import open_pool
 from tests.support.rows import (
     FUTURE_NOW,

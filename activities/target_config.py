@@ -1,0 +1,223 @@
+"""The `[[targets]]` entries of the config: each checked into a TargetSpec (built into a target
+with a pool in activities.kinds)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from activities.batching import SweepSettings
+from activities.errors import ConfigError
+from activities.guards import Guards
+from activities.payloads import TARGET_NAME
+from activities.tables import SQL_NAME, TableName
+from activities.targets import TargetFactory
+from activities.values import duration, ms_text, no_unknown, opt_str, req_str
+
+#: The built-in kinds, their default target names and default tables.
+KIND_DEFAULTS: dict[str, str] = {
+    "idempotency": "x_idempotency",
+    "rate_limit": "x_rate_limit",
+    "auth": "x_auth",
+}
+KINDS = (*KIND_DEFAULTS, "expiring", "python")
+
+#: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
+_TARGET_KEYS: dict[str, frozenset[str]] = {
+    "idempotency": frozenset({"name", "table"}),
+    "rate_limit": frozenset({"name", "table"}),
+    "auth": frozenset({"name", "failures_table", "lockouts_table"}),
+    "expiring": frozenset({"name", "table", "column", "max_age"}),
+    "python": frozenset({"factory", "names"}),
+}
+#: Guards a built-in target may carry (see activities/guards.py); all off unless set.
+_GUARD_KEYS = frozenset({"max_rows", "max_fraction", "max_clock_jump"})
+
+#: The `[sweep]` keys (also allowed in any built-in target, to override them there), the
+#: SweepSettings field each sets, and its bounds in ms. The time budget stays well inside the
+#: activity's 30-minute start-to-close, so a sweep always ends by its own budget.
+SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
+    "lock_timeout": ("lock_timeout_ms", 1, 60_000),
+    "statement_timeout": ("statement_timeout_ms", 100, 600_000),
+    "batch_target": ("batch_target_ms", 1, 10_000),
+    "time_budget": ("time_budget_ms", 1_000, 20 * 60_000),
+}
+
+_FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One `[[targets]]` entry, checked; building it into a target needs a pool (see kinds)."""
+
+    kind: str
+    name: str
+    """The target's name; for `python`, the factory's path (its targets carry their own names)."""
+    tables: tuple[TableName, ...] = ()
+    column: str = ""
+    max_age_ms: int = 0
+    factory: TargetFactory | None = None
+    names: tuple[str, ...] = ()
+    """For `python`: the names its factory provides that a scheduled pass should sweep."""
+    settings: SweepSettings = field(default_factory=SweepSettings)
+    """The bounds of this target's sweep: `[sweep]`, overridden by the entry's own keys."""
+    guards: Guards = field(default_factory=Guards)
+    """max_rows, max_fraction, max_clock_jump: off unless set."""
+
+
+def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
+    """`base` with the sweep keys of `raw` applied (only those keys are read here)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix.rstrip('.')}: must be a table, got {raw!r}")
+    changes: dict[str, int] = {}
+    for key, (attr, low, high) in SWEEP_KEYS.items():
+        if key not in raw:
+            continue
+        value = duration(where, prefix + key, raw, key)
+        if not low <= value <= high:
+            raise ConfigError(
+                f"{where}: {prefix}{key}: must be from {ms_text(low)} to {ms_text(high)}, "
+                f"got {raw[key]!r}"
+            )
+        changes[attr] = value
+    settings = replace(base, **changes)
+    if settings.batch_target_ms * 10 > settings.statement_timeout_ms:
+        raise ConfigError(
+            f"{where}: {prefix}statement_timeout: must be at least 10 times batch_target "
+            f"({ms_text(settings.batch_target_ms)}), got {ms_text(settings.statement_timeout_ms)}"
+        )
+    return settings
+
+
+def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
+    max_rows = raw.get("max_rows")
+    if max_rows is not None and (
+        isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
+    ):
+        raise ConfigError(f"{at}: max_rows: must be a whole number of at least 1, got {max_rows!r}")
+    fraction = raw.get("max_fraction")
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1
+    ):
+        raise ConfigError(
+            f"{at}: max_fraction: must be a share above 0 and at most 1 (0.25 for a quarter), "
+            f"got {fraction!r}"
+        )
+    jump = None
+    if "max_clock_jump" in raw:
+        jump = duration(at, "max_clock_jump", raw, "max_clock_jump")
+        if jump < 1000:
+            raise ConfigError(f"{at}: max_clock_jump: at least 1s, got {raw['max_clock_jump']!r}")
+    return Guards(
+        max_rows=max_rows,
+        max_fraction=float(fraction) if fraction is not None else None,
+        max_clock_jump_ms=jump,
+    )
+
+
+def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -> TargetSpec:
+    at = f"{where}: [[targets]] #{index}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{at}: must be a table, got {raw!r}")
+    kind = raw.get("kind")
+    if kind is None:
+        raise ConfigError(f"{at}: kind: missing; want one of {', '.join(KINDS)}")
+    if kind not in KINDS:
+        raise ConfigError(f"{at}: kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+    name_hint = raw.get("name")
+    # Only a valid name labels the entry: an invalid one (a newline, say) is shown, quoted, by
+    # the check of `name` below, and would otherwise break the one-line message here.
+    if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
+        at = f"{at} ({name_hint})"
+    sweep_keys = frozenset({*SWEEP_KEYS, *_GUARD_KEYS}) if kind != "python" else frozenset()
+    no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
+
+    if kind == "python":
+        path = req_str(at, "factory", raw)
+        names = raw.get("names", [])
+        if not isinstance(names, list) or not all(
+            isinstance(n, str) and TARGET_NAME.fullmatch(n) for n in names
+        ):
+            raise ConfigError(f"{at}: names: must be a list of target names, got {names!r}")
+        return TargetSpec(
+            kind=kind, name=path, factory=_resolve_factory(at, path), names=tuple(names)
+        )
+
+    name = opt_str(at, "name", raw) if kind != "expiring" else req_str(at, "name", raw)
+    name = name or KIND_DEFAULTS[kind]
+    if not TARGET_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{at}: name: letters, digits and _ . : - (at most 100), starting with a letter, "
+            f"digit or _, got {name!r}"
+        )
+    settings = sweep_settings(at, "", raw, defaults)
+    guards = _guards(at, raw)
+    if kind == "auth":
+        tables = (
+            _table(at, "failures_table", raw, "x_auth_failures"),
+            _table(at, "lockouts_table", raw, "x_auth_lockouts"),
+        )
+        return TargetSpec(kind=kind, name=name, tables=tables, settings=settings, guards=guards)
+    if kind in KIND_DEFAULTS:
+        table = _table(at, "table", raw, kind_table(kind))
+        return TargetSpec(kind=kind, name=name, tables=(table,), settings=settings, guards=guards)
+
+    table = _table(at, "table", raw, None)
+    column = req_str(at, "column", raw)
+    if not SQL_NAME.fullmatch(column):
+        raise ConfigError(
+            f"{at}: column: not a column name (letters, digits and _, starting with a letter "
+            f"or _, at most 63), got {column!r}"
+        )
+    max_age_ms = 0
+    if "max_age" in raw:
+        max_age_ms = duration(at, "max_age", raw, "max_age")
+    return TargetSpec(
+        kind=kind,
+        name=name,
+        tables=(table,),
+        column=column,
+        max_age_ms=max_age_ms,
+        settings=settings,
+        guards=guards,
+    )
+
+
+def kind_table(kind: str) -> str:
+    """The table a single-table built-in kind sweeps unless told otherwise."""
+    return KIND_DEFAULTS[kind]
+
+
+def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> TableName:
+    text = opt_str(at, key, raw) if default is not None else req_str(at, key, raw)
+    try:
+        return TableName.parse(text or str(default))
+    except ConfigError as err:
+        raise ConfigError(f"{at}: {key}: {err}") from None
+
+
+def _resolve_factory(at: str, path: str) -> TargetFactory:
+    if not _FACTORY.fullmatch(path):
+        raise ConfigError(f"{at}: factory: want 'package.module:function', got {path!r}")
+    module_name, _, attr_path = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:
+        # Any error of the module's own import (a SyntaxError, a failing top-level call) is a
+        # bad factory for this config: one line, not a traceback.
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ConfigError(
+            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first}"
+        ) from None
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"{at}: factory: {path!r} is not callable")
+    factory: TargetFactory = obj
+    return factory

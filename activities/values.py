@@ -1,0 +1,152 @@
+"""Reading and checking single config values: keys of a TOML table, durations, crons.
+
+Every refusal is a ConfigError whose message names where (file and key) and the value."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from activities.errors import ConfigError
+
+HOUR_MS = 3_600_000
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_AGE_PART = re.compile(r"([0-9]+)(ms|s|m|h|d|w)")
+#: A century: far beyond any retention period, and small enough that no instant overflows.
+MAX_AGE_LIMIT_MS = 36_525 * 86_400_000
+
+_CRON_NUMBER = re.compile(r"[0-9]{1,4}")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august",
+           "september", "october", "november", "december")  # fmt: skip
+_WEEKDAYS = ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
+#: The five cron fields as Temporal's server reads them: lowest and highest value, and the names
+#: it takes for a value (a prefix of at least 3 letters of a month, 2 of a weekday). It has no
+#: `L`, `W`, `#` or `?`: a cron it would refuse is refused here, before anything starts.
+_CRON_FIELDS: tuple[tuple[int, int, tuple[str, ...], int], ...] = (
+    (0, 59, (), 0),
+    (0, 23, (), 0),
+    (1, 31, (), 0),
+    (1, 12, _MONTHS, 3),
+    (0, 7, _WEEKDAYS, 2),
+)
+
+
+def parse_max_age(text: str) -> int:
+    """`"30d"`, `"1h30m"`, `"0s"` to milliseconds; ConfigError (without the key) otherwise."""
+    pos, total, seen = 0, 0, set()
+    # Each part is matched where the last one ended: a search (finditer) would rescan a long
+    # run of digits from every position in it, quadratic in the length of the value.
+    while match := _AGE_PART.match(text, pos):
+        unit = match.group(2)
+        if unit in seen:
+            raise ConfigError(f"unit {unit!r} appears twice in {text!r}")
+        seen.add(unit)
+        # More than 20 significant digits is past the century anyway, and int() raises a
+        # ValueError (not a ConfigError, so a traceback) on a string of over 4300 digits.
+        digits = match.group(1).lstrip("0") or "0"
+        if len(digits) > 20:
+            raise ConfigError(f"{text!r} is longer than 100 years")
+        total += int(digits) * _UNITS_MS[unit]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ConfigError(
+            f"not a duration, got {text!r}; want a number and a unit (ms s m h d w), "
+            "or several: '30d', '1h30m', '0s'"
+        )
+    if total > MAX_AGE_LIMIT_MS:
+        raise ConfigError(f"{text!r} is longer than 100 years")
+    return total
+
+
+def ms_text(ms: int) -> str:
+    for unit, size in (("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def default_catchup_ms(cron: str) -> int:
+    """About one period of `cron`: a day for a daily schedule, else an hour (the default
+    schedule is hourly; a finer cron with an hour's window still runs at most one late pass,
+    since the schedule skips overlaps)."""
+    minute, hour, day, month, weekday = cron.split()
+    fixed = all(part.isdigit() for part in (minute, hour))
+    if fixed and day == month == weekday == "*":
+        return 24 * HOUR_MS
+    return HOUR_MS
+
+
+def cron_ok(cron: str) -> bool:
+    """Five fields, each a comma list of `*`, `n` or `n-m`, each optionally `/step`, in range."""
+    fields = cron.split()
+    return len(fields) == 5 and all(
+        _cron_field_ok(text, *spec) for text, spec in zip(fields, _CRON_FIELDS, strict=True)
+    )
+
+
+def _cron_field_ok(text: str, low: int, high: int, names: tuple[str, ...], shortest: int) -> bool:
+    for part in text.split(","):
+        span, slash, step = part.partition("/")
+        if slash and not (_CRON_NUMBER.fullmatch(step) and int(step) >= 1):
+            return False
+        if span == "*":
+            continue
+        first, dash, last = span.partition("-")
+        start = _cron_value(first, low, high, names, shortest)
+        end = _cron_value(last, low, high, names, shortest) if dash else start
+        if start is None or end is None or end < start:
+            return False
+    return True
+
+
+def _cron_value(
+    text: str, low: int, high: int, names: tuple[str, ...], shortest: int
+) -> int | None:
+    if _CRON_NUMBER.fullmatch(text):
+        value = int(text)
+    elif names and len(text) >= shortest:
+        lowered = text.lower()
+        value = next((low + i for i, name in enumerate(names) if name.startswith(lowered)), -1)
+    else:
+        return None
+    return value if low <= value <= high else None
+
+
+def duration(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> int:
+    value = raw[field_name]
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key}: must be a string like '30d', got {value!r}")
+    try:
+        return parse_max_age(value)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {key}: {err}") from None
+
+
+def no_unknown(where: str, prefix: str, raw: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        # A quoted TOML key may hold a newline; shown as written it would split the line.
+        key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])
+        raise ConfigError(
+            f"{where}: {prefix}{key}: unknown key; allowed here: {', '.join(sorted(allowed))}"
+        )
+
+
+def opt_str(
+    where: str, key: str, raw: Mapping[str, Any], field_name: str | None = None
+) -> str | None:
+    value = raw.get(field_name or key.rsplit(".", 1)[-1])
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: {key}: must be a non-empty string, got {value!r}")
+    return value
+
+
+def req_str(where: str, key: str, raw: Mapping[str, Any]) -> str:
+    value = opt_str(where, key, raw)
+    if value is None:
+        raise ConfigError(f"{where}: {key}: missing")
+    return value
