@@ -1,0 +1,202 @@
+"""The cases, and how one form is measured on its own copy of a case's data."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+from psycopg_pool import AsyncConnectionPool
+
+from bench import data as tables
+from bench.data import Dataset
+from bench.forms import FORMS, FormContext, Table
+from bench.stats import FormResult, median_of, summarize
+from bench.writer import WriterConfig, running_writer
+
+log = logging.getLogger("bench")
+
+
+@dataclass(frozen=True)
+class Case:
+    """Datasets measured with the same forms; ratios are taken within one dataset."""
+
+    name: str
+    title: str
+    datasets: tuple[Dataset, ...]
+    forms: tuple[str, ...]
+
+
+def build_cases(rows: int) -> dict[str, Case]:
+    """Every size derives from `rows`, so `--rows 200000` scales the whole bench down."""
+    small = max(rows // 100, 1)
+    return {
+        "interleaved": Case(
+            "interleaved",
+            "idempotency, half expired, interleaved with live rows",
+            (Dataset("idempotency", rows, rows // 2, "interleaved"),),
+            ("delete", "ours", "key_in"),
+        ),
+        "clustered": Case(
+            "clustered",
+            "idempotency, 1% expired, in expiry order, expiry index",
+            (Dataset("idempotency", rows, small, "ordered"),),
+            ("delete", "ours", "key_in"),
+        ),
+        "rate_limit": Case(
+            "rate_limit",
+            "rate-limit buckets, half full, interleaved (no index on the rule)",
+            (Dataset("rate_limit", rows, rows // 2, "interleaved"),),
+            ("delete", "ours", "key_in"),
+        ),
+        "scaling": Case(
+            "scaling",
+            f"the same {small:,} expired rows (in expiry order, indexed) in ever larger tables",
+            tuple(
+                Dataset("idempotency", size, small, "ordered")
+                for size in sorted({small, rows // 10, rows})
+            ),
+            ("delete", "ours"),
+        ),
+    }
+
+
+@dataclass
+class Bench:
+    """One run's connections and choices, shared by every case."""
+
+    url: str
+    schema: str
+    now_ms: int
+    conn: AsyncConnection[Any]
+    """Autocommit; builds tables, runs the plain-SQL forms and the after-checks."""
+    pool: AsyncConnectionPool[Any]
+    """The package's own pool (purge_ops.connect.open_pool), for our sweep."""
+    writer_rate: float
+    checkpoint: bool
+    prewarm: bool
+    repeat: int = 1
+    """Each form runs this many times, each on a fresh copy; the report shows the median."""
+    seed: int = 1
+    all_runs: list[FormResult] = field(default_factory=list)
+    """Every run of every form, repeats included, for the JSON."""
+
+
+async def run_case(bench: Bench, case: Case) -> list[FormResult]:
+    """Every form of `case` on every dataset, each on an identical fresh copy."""
+    results: list[FormResult] = []
+    for n, data in enumerate(case.datasets):
+        template = f"tmpl_{case.name}_{n}"
+        started = time.perf_counter()
+        await tables.build_template(bench.conn, bench.schema, template, data, bench.now_ms)
+        log.info(
+            "%s: template of %s in %.1f s", case.name, data.label, time.perf_counter() - started
+        )
+        runs: dict[str, list[FormResult]] = {form: [] for form in case.forms}
+        try:
+            for repeat in range(bench.repeat):
+                # Every other repeat in reverse, so no form always runs first (or last).
+                order = case.forms if repeat % 2 == 0 else tuple(reversed(case.forms))
+                for form in order:
+                    runs[form].append(await measure_form(bench, case, data, template, form))
+        finally:
+            await tables.drop_table(bench.conn, bench.schema, template)
+        bench.all_runs.extend(r for form in case.forms for r in runs[form])
+        measured = [median_of(runs[form]) for form in case.forms]
+        base = next((r for r in measured if r.form == "delete"), None)
+        for result in measured:
+            if base is not None and base.seconds > 0:
+                result.ratio = result.seconds / base.seconds
+        results.extend(measured)
+    return results
+
+
+async def measure_form(
+    bench: Bench, case: Case, data: Dataset, template: str, form: str
+) -> FormResult:
+    """Copy, settle (vacuum, prewarm, checkpoint), then run the form beside the writer."""
+    copy = f"{case.name}_{data.rows}_{form}"
+    label, run_form = FORMS[form]
+    started = time.perf_counter()
+    await tables.make_copy(bench.conn, bench.schema, template, copy, data, prewarm=bench.prewarm)
+    try:
+        if bench.checkpoint:
+            # Every form starts right after a checkpoint, so each pays the same full-page
+            # images for the first change to every page it touches, as a real sweep would.
+            await bench.conn.execute("CHECKPOINT")
+        log.info("%s: copy %s ready in %.1f s", case.name, copy, time.perf_counter() - started)
+        config = WriterConfig(
+            url=bench.url,
+            schema=bench.schema,
+            table=copy,
+            kind=data.kind,
+            rows=data.rows,
+            expired=data.expired,
+            layout=data.layout,
+            now_ms=bench.now_ms,
+            rate=bench.writer_rate,
+            seed=bench.seed,
+        )
+        async with running_writer(config) as writer:
+            lsn_before = await _lsn(bench.conn)
+            await writer.go()
+            try:
+                run = await run_form(
+                    FormContext(bench.conn, bench.pool),
+                    Table(bench.schema, copy, data, bench.now_ms),
+                )
+            finally:
+                writer_run = await writer.stop()
+            wal_total = await _wal_since(bench.conn, lsn_before)
+        left = await tables.count_expired(bench.conn, bench.schema, copy, data, bench.now_ms)
+        lost = await tables.count_missing(bench.conn, bench.schema, copy, writer_run.renewed)
+    finally:
+        await tables.drop_table(bench.conn, bench.schema, copy)
+    result = summarize(
+        case.name,
+        data.label,
+        form,
+        data.rows,
+        data.expired,
+        run,
+        writer_run,
+        left=left,
+        lost=lost,
+        wal_total=wal_total,
+    )
+    log.info(
+        "%s: %s removed %d in %.3f s (p99 %.1f ms, writer p99 %.1f ms, lost %d)",
+        case.name,
+        label,
+        result.removed,
+        result.seconds,
+        result.p99_ms or 0.0,
+        result.writer_p99_ms or 0.0,
+        lost,
+    )
+    return result
+
+
+async def _lsn(conn: AsyncConnection[Any]) -> str:
+    cur = await conn.execute("SELECT pg_current_wal_lsn()::text")
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _wal_since(conn: AsyncConnection[Any], lsn: str) -> int:
+    cur = await conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s::pg_lsn)", (lsn,))
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def can_checkpoint(conn: AsyncConnection[Any]) -> bool:
+    """CHECKPOINT needs superuser or pg_checkpoint; against a URL the role may have neither."""
+    try:
+        await conn.execute("CHECKPOINT")
+    except errors.InsufficientPrivilege:
+        return False
+    return True

@@ -1,0 +1,144 @@
+"""The three ways to delete a dataset's expired rows that the bench puts side by side."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+from temporalio.testing import ActivityEnvironment
+
+from activities.payloads import PurgeStep, PurgeSweep
+from activities.sweep import PurgeActivities
+from activities.tables import TableName
+from activities.targets import TargetRegistry
+from bench.data import Dataset
+from bench.stats import FormRun
+
+#: The peers' batch: `key IN (SELECT key ... LIMIT n)`, as the issue measured it.
+KEY_IN_LIMIT = 10_000
+
+
+@dataclass(frozen=True)
+class Table:
+    """Where a form deletes: one fresh copy of a dataset."""
+
+    schema: str
+    name: str
+    data: Dataset
+    now_ms: int
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+
+@dataclass(frozen=True)
+class FormContext:
+    """What a form may use: an autocommit connection, and the pool a worker would have."""
+
+    conn: AsyncConnection[Any]
+    pool: AsyncConnectionPool[Any]
+
+
+FormFn = Callable[[FormContext, Table], Awaitable[FormRun]]
+
+
+async def single_delete(ctx: FormContext, table: Table) -> FormRun:
+    """(a) One `DELETE ... WHERE <expiry predicate>`: fastest in total, one long lock-holder."""
+    statement = sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, table.data.predicate())
+    started = time.perf_counter()
+    cur = await ctx.conn.execute(statement, {"now_ms": table.now_ms})
+    seconds = time.perf_counter() - started
+    return FormRun(removed=max(cur.rowcount, 0), seconds=seconds, statement_ms=[seconds * 1000])
+
+
+async def key_in_loop(ctx: FormContext, table: Table) -> FormRun:
+    """(c) The peers' loop: `key IN (SELECT key ... LIMIT n)` until a statement deletes nothing.
+
+    The outer WHERE does not repeat the predicate, exactly as the peers write it: a row renewed
+    while the statement waits on it still matches `key IN (...)` and is deleted.
+    """
+    statement = sql.SQL(
+        "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE {pred} LIMIT {n})"
+    ).format(t=table.ident, pred=table.data.predicate(), n=sql.Literal(KEY_IN_LIMIT))
+    removed, times = 0, []
+    started = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        cur = await ctx.conn.execute(statement, {"now_ms": table.now_ms})
+        times.append((time.perf_counter() - t0) * 1000)
+        if cur.rowcount <= 0:
+            break
+        removed += cur.rowcount
+    seconds = time.perf_counter() - started
+    return FormRun(
+        removed=removed, seconds=seconds, statement_ms=times, notes={"limit": KEY_IN_LIMIT}
+    )
+
+
+async def ours(ctx: FormContext, table: Table) -> FormRun:
+    """(b) This package's sweep through the real activity, as a worker would run it.
+
+    Per-statement times come from the activity's heartbeats: once sweeps are batched, each batch
+    heartbeats one dict with "batch_ms". Before that, the only heartbeat is the target's name and
+    the whole sweep counts as one statement.
+    """
+    name = f"bench_{table.name}"
+    target = table.data.target(ctx.pool, name, TableName(table.name, table.schema))
+    activities = PurgeActivities(TargetRegistry([target]))
+    beats: list[Mapping[str, Any]] = []
+
+    def on_heartbeat(*details: Any) -> None:
+        beats.extend(d for d in details if isinstance(d, Mapping))
+
+    env = ActivityEnvironment()
+    env.on_heartbeat = on_heartbeat
+    started = time.perf_counter()
+    sweep: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name=name, now_ms=table.now_ms)
+    )
+    seconds = time.perf_counter() - started
+    batch_ms = _batch_times(beats)
+    last = beats[-1] if beats else {}
+    notes: dict[str, object] = {
+        # getattr with defaults: these fields arrive with batching and must not be required.
+        "strategy": getattr(sweep, "strategy", None) or last.get("strategy"),
+        "batches": getattr(sweep, "batches", None) or last.get("batches") or None,
+        "p95_batch_ms": getattr(sweep, "p95_batch_ms", None),
+        "backlog": getattr(sweep, "backlog", None),
+        "activity_seconds": sweep.seconds,
+        "per_batch_heartbeats": bool(batch_ms),
+        # Catalog checks, planning, EXPLAIN, round trips: the sweep's cost outside its batches.
+        "outside_batches_ms": seconds * 1000 - sum(batch_ms) if batch_ms else None,
+        "advice": getattr(sweep, "advice", None) or None,
+    }
+    return FormRun(
+        removed=sweep.removed,
+        seconds=seconds,
+        statement_ms=batch_ms or [seconds * 1000],
+        notes=notes,
+    )
+
+
+def _batch_times(beats: list[Mapping[str, Any]]) -> list[float]:
+    """One time per batch. A heartbeat that repeats a batch already seen (same table, same batch
+    count: a periodic heartbeat between batches may carry the last one's progress) counts once."""
+    times: dict[object, float] = {}
+    for beat in beats:
+        if beat.get("batch_ms") is None:
+            continue
+        key = (beat.get("table"), beat["batches"]) if "batches" in beat else len(times)
+        times.setdefault(key, float(beat["batch_ms"]))
+    return list(times.values())
+
+
+#: Report order, and the names `--forms`-like options and the JSON use.
+FORMS: dict[str, tuple[str, FormFn]] = {
+    "delete": ("(a) single DELETE", single_delete),
+    "ours": ("(b) this package", ours),
+    "key_in": ("(c) key IN loop", key_in_loop),
+}

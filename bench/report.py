@@ -1,0 +1,216 @@
+"""The report: one table for a person, one JSON document for a machine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.forms import FORMS
+from bench.orchestration import OrchestrationResult
+from bench.stats import FormResult
+
+_COLUMNS = (
+    ("case", "<"),
+    ("table", "<"),
+    ("form", "<"),
+    ("removed", ">"),
+    ("left", ">"),
+    ("total s", ">"),
+    ("x DELETE", ">"),
+    ("stmts", ">"),
+    ("p50 ms", ">"),
+    ("p99 ms", ">"),
+    ("max ms", ">"),
+    ("WAL MB", ">"),
+    ("writer p99 ms", ">"),
+    ("writer p99 due ms", ">"),
+    ("writer ops", ">"),
+    ("renewed lost", ">"),
+    ("notes", "<"),
+)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _notes(result: FormResult) -> str:
+    notes = result.notes
+    if result.form == "ours":
+        if not notes.get("per_batch_heartbeats"):
+            return "no batch heartbeats: one DELETE per table"
+        parts = [f"strategy={notes.get('strategy')}", f"batches={notes.get('batches')}"]
+        outside = notes.get("outside_batches_ms")
+        if isinstance(outside, float):
+            parts.append(f"outside batches {outside:.0f} ms")
+        if notes.get("backlog") is not None:
+            parts.append(f"backlog={notes['backlog']}")
+        if notes.get("advice"):
+            parts.append("advice given (see JSON)")
+        return " ".join(parts)
+    if result.form == "key_in":
+        return f"LIMIT {notes.get('limit')}"
+    return ""
+
+
+def _row(result: FormResult) -> list[str]:
+    return [
+        result.case,
+        f"{result.rows:,}/{result.expired:,}",
+        FORMS[result.form][0],
+        f"{result.removed:,}",
+        f"{result.left:,}",
+        f"{result.seconds:.3f}",
+        "-" if result.ratio is None else f"{result.ratio:.2f}",
+        f"{result.statements:,}",
+        _ms(result.p50_ms),
+        _ms(result.p99_ms),
+        _ms(result.max_ms),
+        f"{result.wal_bytes / 1e6:.1f}",
+        _ms(result.writer_p99_ms),
+        _ms(result.writer_late_p99_ms),
+        f"{result.writer_ops:,}",
+        f"{result.renewed_lost:,}",
+        _notes(result),
+    ]
+
+
+def render_table(header: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]) -> str:
+    """A plain aligned text table (markdown-compatible pipes, readable in a terminal)."""
+    widths = [len(name) for name, _ in header]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            cell.ljust(w) if align == "<" else cell.rjust(w)
+            for cell, w, (_, align) in zip(cells, widths, header, strict=True)
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = (
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":" if a == ">" else "-" * (w + 2))
+            for w, (_, a) in zip(widths, header, strict=True)
+        )
+        + "|"
+    )
+    return "\n".join([line([name for name, _ in header]), rule, *(line(r) for r in rows)])
+
+
+def forms_table(results: Sequence[FormResult]) -> str:
+    return render_table(_COLUMNS, [_row(r) for r in results])
+
+
+def _scaling_pair(results: Sequence[FormResult]) -> tuple[FormResult, FormResult] | None:
+    """Ours on the smallest and on the largest table of the scaling series."""
+    ours = sorted(
+        (r for r in results if r.case == "scaling" and r.form == "ours"), key=lambda r: r.rows
+    )
+    if len(ours) < 2 or ours[0].seconds <= 0:
+        return None
+    return ours[0], ours[-1]
+
+
+def scaling_line(results: Sequence[FormResult]) -> str | None:
+    """Ours on the largest table against ours on the smallest, same expired rows."""
+    pair = _scaling_pair(results)
+    if pair is None:
+        return None
+    small, large = pair
+    return (
+        f"scaling: ours at {large.rows:,} rows {large.seconds:.3f} s vs at {small.rows:,} rows "
+        f"{small.seconds:.3f} s: {large.seconds / small.seconds:.2f}x "
+        f"(both remove {small.expired:,} expired rows)"
+    )
+
+
+def orchestration_table(result: OrchestrationResult) -> str:
+    header = (
+        ("targets", ">"),
+        ("warm-up pass s", ">"),
+        ("passes s", "<"),
+        ("median pass s", ">"),
+        ("per target ms", ">"),
+        ("direct per target ms", ">"),
+        ("Temporal per target ms", ">"),
+    )
+    row = [
+        str(result.targets),
+        f"{result.warmup_seconds:.3f}",
+        ", ".join(f"{s:.3f}" for s in result.pass_seconds),
+        f"{result.median_pass:.3f}",
+        f"{result.per_target_ms:.1f}",
+        f"{result.direct_per_target_ms:.1f}",
+        f"{result.per_target_ms - result.direct_per_target_ms:.1f}",
+    ]
+    return render_table(header, [row])
+
+
+def _find(results: Sequence[FormResult], case: str, form: str) -> FormResult | None:
+    found = [r for r in results if r.case == case and r.form == form]
+    return max(found, key=lambda r: r.rows) if found else None
+
+
+def issue_targets(results: Sequence[FormResult]) -> list[str]:
+    """The issue's "Targets to reach", each with the figure this run measured."""
+    lines: list[str] = []
+
+    def check(what: str, value: float | None, limit: float, unit: str) -> None:
+        if value is None:
+            return
+        verdict = "met" if value <= limit else "NOT met"
+        lines.append(f"{verdict:7} {what}: {value:.2f}{unit} (target <= {limit:g}{unit})")
+
+    for case, ratio_limit in (("interleaved", 1.15), ("clustered", 2.0)):
+        ours = _find(results, case, "ours")
+        if ours is not None:
+            check(f"{case}: ours vs single DELETE", ours.ratio, ratio_limit, "x")
+            check(f"{case}: ours p99 statement", ours.p99_ms, 25, " ms")
+    for r in results:
+        if r.form == "ours" and r.case != "scaling":
+            check(
+                f"{r.case}: writer p99 during ours ({r.writer_ops} upserts)",
+                r.writer_p99_ms,
+                10,
+                " ms",
+            )
+    pair = _scaling_pair(results)
+    if pair is not None:
+        small, large = pair
+        check("scaling: ours largest vs smallest table", large.seconds / small.seconds, 3, "x")
+    lost = [r for r in results if r.form == "ours" and r.renewed_lost]
+    lines.append(
+        "met     ours lost no renewed row"
+        if not lost
+        else "NOT met ours lost renewed rows: "
+        + ", ".join(f"{r.case}={r.renewed_lost}" for r in lost)
+    )
+    return lines
+
+
+def write_json(
+    path: Path,
+    environment: dict[str, Any],
+    results: Sequence[FormResult],
+    runs: Sequence[FormResult],
+    orchestration: OrchestrationResult | None,
+) -> None:
+    document = {
+        "environment": environment,
+        "forms": [asdict(r) for r in results],
+        "runs": [asdict(r) for r in runs],
+        "orchestration": None
+        if orchestration is None
+        else {
+            **asdict(orchestration),
+            "median_pass_seconds": orchestration.median_pass,
+            "per_target_ms": orchestration.per_target_ms,
+            "direct_per_target_ms": orchestration.direct_per_target_ms,
+        },
+    }
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")

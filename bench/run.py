@@ -1,0 +1,288 @@
+"""`python -m bench.run`: one DELETE, this package's sweep and the `key IN` loop, side by side.
+
+Against the embedded PostgreSQL 18 (started and stopped here) or `--url`; every table lives in a
+scratch schema dropped at the end. See bench/README.md for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+
+import activities
+from activities.dsn import redact
+from activities.schema import reference_ddl
+from bench import report, server
+from bench.cases import Bench, build_cases, can_checkpoint, run_case
+from bench.orchestration import OrchestrationResult, run_orchestration
+from bench.stats import FormResult
+from purge_ops.connect import open_pool
+from purge_ops.embedded import EmbeddedPostgres
+
+log = logging.getLogger("bench")
+
+DEFAULT_ROWS = 2_000_000
+QUICK_ROWS = 200_000
+#: Which copy of the package is measured: the bench may run from an export of another commit.
+PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
+CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description="Measure one DELETE, this package's sweep and the key-IN loop side by side.",
+    )
+    parser.add_argument("--rows", type=int, help=f"table size (default {DEFAULT_ROWS:,})")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"a smoke run: {QUICK_ROWS:,} rows unless --rows"
+    )
+    parser.add_argument("--url", help="measure this PostgreSQL instead of the embedded one")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        metavar="CASE",
+        help=f"a subset, by name or number 1-5: {', '.join(CASE_ORDER)} (default all)",
+    )
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every form N times, each on a fresh copy, and report the median (default 1)",
+    )
+    parser.add_argument(
+        "--writer-rate",
+        type=float,
+        default=200.0,
+        help="concurrent writer upserts a second; 0 = as fast as it can (default 200)",
+    )
+    parser.add_argument(
+        "--fsync",
+        choices=("on", "off"),
+        default="on",
+        help="embedded server's fsync (default on)",
+    )
+    parser.add_argument(
+        "--shared-buffers", help="embedded server's shared_buffers (default 1GB)", metavar="SIZE"
+    )
+    args = parser.parse_args(argv)
+    args.rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
+    if args.rows < 100:
+        parser.error(f"--rows must be at least 100, got {args.rows}")
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    args.cases = _select(parser, args.cases)
+    return args
+
+
+def _select(parser: argparse.ArgumentParser, raw: list[str] | None) -> list[str]:
+    if not raw:
+        return list(CASE_ORDER)
+    chosen: set[str] = set()
+    for word in (w for item in raw for w in item.split(",") if w):
+        name = CASE_ORDER[int(word) - 1] if word.isdigit() and 1 <= int(word) <= 5 else word
+        if name not in CASE_ORDER:
+            parser.error(f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-5")
+        chosen.add(name)
+    return [name for name in CASE_ORDER if name in chosen]
+
+
+@dataclass
+class Outcome:
+    """Everything one run measured."""
+
+    environment: dict[str, Any]
+    results: list[FormResult] = field(default_factory=list)
+    """One row per form and dataset: the median run."""
+    runs: list[FormResult] = field(default_factory=list)
+    """Every run, repeats included."""
+    orchestration: OrchestrationResult | None = None
+
+
+async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded: bool) -> Outcome:
+    # SIGTERM ends the run as Ctrl-C does: by cancelling, so every `finally` below still runs.
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    schema = f"purge_bench_{uuid.uuid4().hex[:8]}"
+    conn = await AsyncConnection.connect(url, autocommit=True, application_name="purge-bench")
+    try:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        # The reference tables, empty: every copy is made LIKE one of them, indexes included.
+        await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
+        await conn.execute(reference_ddl())
+        await conn.execute("RESET search_path")
+        prewarm = await server.enable_prewarm(conn, embedded=embedded)
+        checkpoint = await can_checkpoint(conn)
+        if not checkpoint:
+            log.warning("this role cannot CHECKPOINT: WAL figures will vary with checkpoint timing")
+        outcome = Outcome(
+            environment={
+                "machine": server.machine(),
+                "server": "embedded" if embedded else redact(url),
+                "package": PACKAGE_DIR,
+                "settings": await server.server_settings(conn),
+                # Another process busy on a 2-core machine moves every figure: say so in the report.
+                "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+                "rows": args.rows,
+                "repeat": args.repeat,
+                "cases": args.cases,
+                "writer_rate": args.writer_rate,
+                "prewarm": prewarm,
+                "checkpoint_before_each_form": checkpoint,
+            }
+        )
+        pool = await open_pool(url)
+        try:
+            bench = Bench(
+                url=url,
+                schema=schema,
+                now_ms=int(time.time() * 1000),
+                conn=conn,
+                pool=pool,
+                writer_rate=args.writer_rate,
+                checkpoint=checkpoint,
+                prewarm=prewarm,
+                repeat=args.repeat,
+            )
+            cases = build_cases(args.rows)
+            for name in args.cases:
+                if name == "orchestration":
+                    outcome.orchestration = await run_orchestration(bench, scratch)
+                else:
+                    outcome.results.extend(await run_case(bench, cases[name]))
+            outcome.runs = bench.all_runs
+        finally:
+            await pool.close()
+        return outcome
+    finally:
+        await _drop_schema(conn, schema)
+        await conn.close()
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # Outside the event loop (starting or stopping PostgreSQL), SIGTERM unwinds as Ctrl-C does.
+    raise KeyboardInterrupt
+
+
+async def _drop_schema(conn: AsyncConnection[Any], schema: str) -> None:
+    if conn.closed:
+        return
+    try:
+        # Bounded: a statement of ours still running elsewhere must not hang the exit.
+        await conn.execute("SET lock_timeout = '10s'")
+        await conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+    except Exception as err:
+        log.warning("could not drop schema %s (%s); drop it by hand", schema, err)
+
+
+def print_report(outcome: Outcome, elapsed: float) -> None:
+    environment, results, orchestration = (
+        outcome.environment,
+        outcome.results,
+        outcome.orchestration,
+    )
+    settings = environment["settings"]
+    mach = environment["machine"]
+    out = [
+        "",
+        f"PostgreSQL {settings.get('server_version')} ({environment['server']}), "
+        f"{mach['cpus']} CPUs ({mach['cpu_model']}), {mach['memory_gb']} GB",
+        f"package measured: {environment['package']}",
+        "settings: " + ", ".join(f"{k}={v}" for k, v in settings.items() if k != "server_version"),
+        f"rows {environment['rows']:,}, writer {environment['writer_rate']:g} upserts/s, "
+        f"each form run {environment['repeat']}x (median shown), "
+        f"prewarm {'on' if environment['prewarm'] else 'off'}, "
+        f"checkpoint before each form {_yes(environment['checkpoint_before_each_form'])},"
+        f" run took {elapsed:.0f} s",
+        f"load average (1, 5, 15 min) at start {environment['load_average_at_start']},"
+        f" at end {environment['load_average_at_end']}",
+        "",
+    ]
+    if results:
+        out += [report.forms_table(results), ""]
+        scaling = report.scaling_line(results)
+        if scaling:
+            out += [scaling, ""]
+    if orchestration is not None:
+        out += ["orchestration: one Purge pass through a Temporal dev server", ""]
+        out += [report.orchestration_table(orchestration), ""]
+    if results:
+        out += ["issue targets (ratios and latencies from this run):"]
+        out += ["  " + line for line in report.issue_targets(results)]
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _yes(flag: object) -> str:
+    return "yes" if flag else "no"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    # The bench's progress at INFO; the package's own loggers (one line per target swept) only
+    # at WARNING, so a plan-check warning still shows.
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    log.setLevel(logging.INFO)
+    # Under /tmp and world-enterable: PostgreSQL runs as its own account when we are root.
+    scratch = Path(tempfile.mkdtemp(prefix="purge-bench-"))
+    scratch.chmod(0o755)
+    postgres: EmbeddedPostgres | None = None
+    started = time.perf_counter()
+    try:
+        if args.url:
+            url = args.url
+        else:
+            postgres = EmbeddedPostgres(
+                scratch / "postgres",
+                settings=server.embedded_settings(
+                    fsync=args.fsync == "on", shared_buffers=args.shared_buffers
+                ),
+            )
+            log.info("starting the embedded PostgreSQL in %s", scratch)
+            postgres.start()
+            url = postgres.url()
+        outcome = asyncio.run(run_bench(url, args, scratch, embedded=postgres is not None))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log.warning("interrupted; servers stopped, nothing reported")
+        return 130
+    finally:
+        if postgres is not None:
+            postgres.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    elapsed = time.perf_counter() - started
+    outcome.environment["seconds"] = round(elapsed, 1)
+    outcome.environment["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print_report(outcome, elapsed)
+    if args.json:
+        report.write_json(
+            args.json, outcome.environment, outcome.results, outcome.runs, outcome.orchestration
+        )
+        log.info("wrote %s", args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
