@@ -20,7 +20,7 @@ from activities.planning import TablePlan, index_batch, range_batch
 from activities.tables import Predicate
 
 #: Starting sizes, small so that a first batch on a cold cache holds its locks briefly; each batch
-#: then resizes towards the target duration, at most doubling, so the steady size (about 465
+#: then resizes towards the target duration, growing at most 4x, so the steady size (about 465
 #: pages for 15 ms on the bench machine) is reached within a few batches.
 FIRST_PAGES = 64
 FIRST_ROWS = 500
@@ -136,7 +136,7 @@ class BatchSweeper:
             lo = self.progress.page
             hi = min(lo + pages, result.plan.pages)
             params = {**pred.params, "lo": f"({lo},0)", "hi": f"({hi},0)"}
-            ms = await self._batch(result, statement, params, walk=True, page=hi)
+            _, ms = await self._batch(result, statement, params, walk=True, page=hi)
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
     async def _by_index(self, pred: Predicate, result: TableSweep) -> None:
@@ -146,10 +146,11 @@ class BatchSweeper:
                 result.complete = False
                 result.backlog = await self._count_left(pred, result)
                 return
-            before = result.removed
-            ms = await self._batch(result, index_batch(pred, rows), pred.params, walk=False, page=0)
-            if result.removed == before:
-                return
+            found, ms = await self._batch(
+                result, index_batch(pred, rows), pred.params, walk=False, page=0
+            )
+            if found < rows:
+                return  # the index held fewer expired rows than asked for: that was all
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
     def _advance(self, result: TableSweep, removed: int, ms: float, page: int) -> None:
@@ -169,8 +170,9 @@ class BatchSweeper:
         params: dict[str, object],
         walk: bool,
         page: int,
-    ) -> float:
-        """One batch in its own transaction, recorded in `result` and the progress; its ms.
+    ) -> tuple[int, float]:
+        """One batch in its own transaction, recorded in `result` and the progress: (rows it
+        found, ms). A walk's batch reports what it deleted as found.
 
         Cancelled meanwhile, it still finishes, commits and is recorded before the cancellation
         goes on: a sweep stops between batches, and its count and heartbeat stay true.
@@ -181,17 +183,18 @@ class BatchSweeper:
             raise asyncio.CancelledError
         task = asyncio.ensure_future(self._run(statement, params, walk))
         try:
-            removed, ms = await asyncio.shield(task)
+            found, removed, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
-            removed, ms = await task
+            found, removed, ms = await task
             self._advance(result, removed, ms, page)
             raise
         self._advance(result, removed, ms, page)
-        return ms
+        return found, ms
 
     async def _run(
         self, statement: sql.Composed, params: dict[str, object], walk: bool
-    ) -> tuple[int, float]:
+    ) -> tuple[int, int, float]:
+        """(rows found, rows deleted, ms)."""
         started = time.perf_counter()
         # Pipelined: BEGIN, the bounds, the DELETE and COMMIT in one round trip.
         async with self.conn.pipeline(), self.conn.transaction():
@@ -199,7 +202,13 @@ class BatchSweeper:
                 _bounds(walk), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
             )
             cur = await self.conn.execute(statement, params)
-        return max(cur.rowcount, 0), (time.perf_counter() - started) * 1000
+        ms = (time.perf_counter() - started) * 1000
+        if walk:
+            deleted = max(cur.rowcount, 0)
+            return deleted, deleted, ms
+        row = await cur.fetchone()
+        found, deleted = (int(row[0]), int(row[1])) if row else (0, 0)
+        return found, deleted, ms
 
     async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
         """Expired rows still there, counted through the index up to a cap (estimated if even
@@ -250,7 +259,8 @@ def _bounds(walk: bool) -> sql.Composed:
 
 
 def _resize(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:
-    """The next batch's size: scaled towards the target duration, at most doubling or halving
-    per batch so that one slow batch (a checkpoint, a lock) does not swing it wildly."""
-    factor = min(2.0, max(0.5, target_ms / max(ms, 0.1)))
+    """The next batch's size: scaled towards the target duration, growing at most 4x (a small
+    first batch reaches full size in a few) and shrinking at most by half (one slow batch, a
+    checkpoint or a lock wait, does not swing it wildly)."""
+    factor = min(4.0, max(0.5, target_ms / max(ms, 0.1)))
     return min(bounds[1], max(bounds[0], int(size * factor)))

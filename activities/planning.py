@@ -121,7 +121,9 @@ async def _serving_index(conn: AsyncConnection[Any], relation: str, column: str)
 async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) -> str:
     """EXPLAIN the batch statement about to run; when it reads a large table whole for a small
     share of expired rows, say which index would let it read only those."""
-    if pred.column is None or plan.pages < LARGE_PAGES:
+    if pred.column is None or plan.pages < LARGE_PAGES or plan.index is not None:
+        # No column an index could serve, a table too small to matter, or an index that
+        # already serves it: no index to advise.
         return ""
     share = plan.share
     if share is None or share >= SMALL_SHARE:
@@ -144,13 +146,18 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
 
 
 def index_batch(pred: Predicate, limit: int) -> sql.Composed:
-    """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again
-    on the row itself so that one renewed while this waited for its lock is kept."""
+    """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
+    the row itself so that one renewed while this waited for its lock is kept. It returns how
+    many rows it found and how many it deleted: fewer found than `limit` means the last batch,
+    without a final empty one to find that out."""
     assert pred.column is not None
     return sql.SQL(
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+        "WITH found AS MATERIALIZED ("
         "SELECT ctid FROM {table} WHERE {where} ORDER BY {column} LIMIT {limit}"
-        ")) AND {where}"
+        "), deleted AS ("
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)) AND {where}"
+        " RETURNING 1"
+        ") SELECT (SELECT count(*) FROM found), (SELECT count(*) FROM deleted)"
     ).format(
         table=pred.table.ident,
         where=pred.where,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -395,7 +396,12 @@ async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create
     assert unindexed.removed == 800
     assert unindexed.strategy == "range"
     assert unindexed.advice.endswith('CREATE INDEX CONCURRENTLY ON "audit" ("created_ms")')
-    assert "(1.0%) are expired and no index serves created_ms" in unindexed.advice
+    # The share is the planner's estimate, from ANALYZE's sample: near 1%, not exactly.
+    assert re.search(
+        r"about [\d,]+ of 80,000 rows \(\d\.\d%\) are expired and no index serves "
+        r"created_ms",
+        unindexed.advice,
+    ), unindexed.advice
     [warning] = caplog.records
     assert warning.getMessage().startswith(unindexed.advice)
     assert (indexed.removed, indexed.strategy, indexed.advice) == (800, "index", "")
