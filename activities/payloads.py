@@ -79,9 +79,7 @@ class PurgeInput:
             raise BadPurgeInput(
                 f'input must be an object like {{"targets": ["x_idempotency"]}}, got {_show(raw)}'
             )
-        unknown = sorted(str(key) for key in raw if key not in ("targets", "dry_run"))
-        if unknown:
-            raise BadPurgeInput(f"input has unknown keys {unknown}, allowed: targets, dry_run")
+        _known_keys(raw, "input", ("targets", "dry_run"))
         if "targets" not in raw:
             raise BadPurgeInput("input has no 'targets' list")
         targets = raw["targets"]
@@ -97,10 +95,20 @@ class PurgeInput:
                     f"input 'targets' holds {_show(name)}, not a target name "
                     f"(letters, digits, _ . : -, at most 100)"
                 )
-        dry_run = raw.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise BadPurgeInput(f"input 'dry_run' must be true or false, got {_show(dry_run)}")
-        return cls(targets=list(targets), dry_run=dry_run)
+        return cls(targets=list(targets), dry_run=_dry_run(raw, "input"))
+
+
+def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
+    unknown = sorted(str(key) for key in raw if key not in allowed)
+    if unknown:
+        raise BadPurgeInput(f"{what} has unknown keys {unknown}, allowed: {', '.join(allowed)}")
+
+
+def _dry_run(raw: dict[Any, Any], what: str) -> bool:
+    dry_run = raw.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise BadPurgeInput(f"{what} 'dry_run' must be true or false, got {_show(dry_run)}")
+    return dry_run
 
 
 def _show(value: object) -> str:
@@ -126,16 +134,11 @@ class PurgeStep:
             raise BadPurgeInput(
                 f'step must be an object like {{"name": ..., "now_ms": ...}}, got {_show(raw)}'
             )
-        unknown = sorted(str(key) for key in raw if key not in ("name", "now_ms", "dry_run"))
-        if unknown:
-            raise BadPurgeInput(f"step has unknown keys {unknown}, allowed: name, now_ms, dry_run")
+        _known_keys(raw, "step", ("name", "now_ms", "dry_run"))
         name = raw.get("name")
         if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
             raise BadPurgeInput(f"step 'name' is not a target name, got {_show(name)}")
-        dry_run = raw.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise BadPurgeInput(f"step 'dry_run' must be true or false, got {_show(dry_run)}")
-        return cls(name=name, now_ms=check_now_ms(raw.get("now_ms")), dry_run=dry_run)
+        return cls(name=name, now_ms=check_now_ms(raw.get("now_ms")), dry_run=_dry_run(raw, "step"))
 
 
 @dataclass
