@@ -1,0 +1,388 @@
+"""Faults injected into passes on the real servers: the worker SIGKILLed at random points,
+PostgreSQL and the Temporal server restarted in the middle of a target, batches failed by
+lock_timeout and by statement_timeout.
+
+Each pass sweeps five tables of 100,000 rows (every built-in kind, and an `expiring` table) in
+batches of about a millisecond. After each: the pass completed, every live row is still there,
+no expired row is left, and the history shows every target scheduled and completed exactly once
+(an attempt a fault failed was retried; a target completed before a fault was not run again,
+which the canary rows written into its tables after it completed also prove).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from temporalio.client import Client
+
+from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer
+from tests.support.faults import Fleet, Tally, TallyReport, worker_env
+from tests.support.oracle import (
+    TABLES,
+    TARGET_NAMES,
+    check,
+    create_tables,
+    fill,
+    tables_of,
+    targets_toml,
+)
+from tests.support.procs import worker_config
+from tests.support.watch import Fault, PassWatch, Probe, Run, assert_ledger, watching
+
+pytestmark = pytest.mark.slow
+
+#: Rows in each table: each target takes tens to hundreds of batches.
+ROWS = 100_000
+#: Batches of about a millisecond, so that a fault lands inside a table's sweep, between two
+#: batches or in one.
+SWEEP = {"batch_target": "1ms"}
+KILLS = 20
+PG_RESTARTS = 5
+TEMPORAL_RESTARTS = 3
+#: A target has 5 attempts: kill none that is already on its third, so two stay spare.
+KILLABLE_ATTEMPTS = 2
+
+
+@pytest.fixture(scope="module")
+def tally(request: pytest.FixtureRequest) -> Tally:
+    """The run's figures, printed in the terminal summary."""
+    figures = Tally()
+    request.config.pluginmanager.register(TallyReport(figures), "purge-fault-tally")
+    return figures
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest, tally: Tally) -> random.Random:
+    """The test's random choices; PURGE_FAULT_SEED replays them (not the timing they meet)."""
+    seed = int(os.environ.get("PURGE_FAULT_SEED") or random.randrange(2**32))
+    tally.seeds[request.node.name] = seed
+    return random.Random(seed)
+
+
+FleetFactory = Callable[[Path, Mapping[str, str]], Fleet]
+
+
+@pytest.fixture
+def fleets(tmp_path: Path) -> Iterator[FleetFactory]:
+    """`fleets(config, env)`: worker processes, every one reaped when the test ends (their logs'
+    tails printed, which pytest shows when the test failed)."""
+    made: list[Fleet] = []
+
+    def make(config: Path, env: Mapping[str, str]) -> Fleet:
+        made.append(Fleet(config, env, tmp_path / f"workers-{len(made)}"))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for fleet in made:
+            fleet.close()
+        for fleet in made:
+            print(fleet.logs())
+
+
+@pytest.fixture
+async def probes() -> AsyncIterator[Callable[[str], Probe]]:
+    """`probes(url)`: connections watching the sweep, closed when the test ends."""
+    made: list[Probe] = []
+
+    def make(url: str) -> Probe:
+        made.append(Probe(url))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for probe in made:
+            await probe.close()
+
+
+def _scratch(prefix: str) -> Path:
+    # World-enterable: PostgreSQL runs as its own account when the tests run as root.
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL server of this module's own, to stop and start again: its port and its data
+    stay. The session's server, which other tests share, is never stopped."""
+    base = _scratch("purge-fault-pg-")
+    server = EmbeddedPostgres(base)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def own_temporal() -> Iterator[TemporalDevServer]:
+    """A Temporal dev server of this module's own, its state in a database file so that a
+    restart keeps every history and task queue; its ports stay."""
+    base = _scratch("purge-fault-temporal-")
+    server = TemporalDevServer(base, db_filename=base / "temporal.db")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def _checked(watch: PassWatch, tally: Tally) -> tuple[dict[str, Any], dict[str, Run]]:
+    """The pass's result and its ledger, both checked, and every row checked."""
+    result = await watch.result()
+    await watch.close()
+    runs = await assert_ledger(watch, result)
+    with psycopg.connect(watch.db_url, autocommit=True) as db:
+        tally.rows += check(db, watch.oracle)
+    tally.passes += 1
+    return result, runs
+
+
+def _kill_points(rng: random.Random) -> list[tuple[str, float]]:
+    """Where to kill the worker in one pass, in sweep order: one or two points in each target,
+    each a table of it and the share of that table's expired rows gone by then."""
+    points = []
+    for target in TARGET_NAMES:
+        tables = tables_of(target)
+        picks = [(rng.choice(tables), rng.uniform(0.05, 0.95)) for _ in range(rng.choice((1, 2)))]
+        points += sorted(picks, key=lambda p: (tables.index(p[0]), p[1]))
+    return points
+
+
+async def _kill_and_replace(watch: PassWatch, fleet: Fleet, tally: Tally) -> None:
+    """SIGKILL the pass's worker, record what the kill struck, and start a new worker."""
+    killed = fleet.kill()
+    await asyncio.sleep(0.2)  # whatever the dead worker had sent lands first
+    fault = await watch.record_kill("worker SIGKILL", killed)
+    tally.add(fault.kind, in_target=fault.target is not None)
+    fleet.start()
+
+
+async def test_worker_sigkilled_at_random_points_of_passes(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    db: psycopg.Connection[Any],
+    fleets: FleetFactory,
+    probes: Callable[[str], Probe],
+    rng: random.Random,
+    tally: Tally,
+) -> None:
+    """The worker process SIGKILLed at random points of passes, at least 20 times, a new worker
+    started after each: mostly part-way through a table (a random share of its expired rows
+    gone, then up to 30 ms more), sometimes as it starts, between targets or in a retry."""
+    create_tables(db, builtins=False)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
+    fleet = fleets(config, worker_env(temporal_server.address))
+    progress = probes(schema_url)
+    kills = 0
+    for _ in range(10):
+        oracle = fill(db, ROWS, rng)
+        async with watching(client, task_queue, "purge-kill", schema_url, oracle) as watch:
+            if not fleet.alive:
+                fleet.start()
+            if rng.random() < 0.3:  # in the pass's first seconds: a worker starting, a first task
+                await asyncio.sleep(rng.uniform(0.2, 2.0))
+                await _kill_and_replace(watch, fleet, tally)
+            at_last_kill: dict[str, int] = {}
+            for table, share in _kill_points(rng):
+                left = await watch.until_swept(table, share, progress)
+                if left is None:
+                    break  # the pass is over
+                if not left or left == at_last_kill.get(table):
+                    continue  # the sweep got past this point before the probe saw it
+                if watch.top_attempt > KILLABLE_ATTEMPTS:
+                    continue
+                at_last_kill[table] = left
+                await asyncio.sleep(rng.uniform(0, 0.03))
+                await _kill_and_replace(watch, fleet, tally)
+            await _checked(watch, tally)
+        kills += len(watch.faults)
+        if kills >= KILLS:
+            break
+    assert kills >= KILLS, f"only {kills} kills in 10 passes"
+
+
+async def test_postgres_restarted_in_the_middle_of_targets(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    own_postgres: EmbeddedPostgres,
+    fleets: FleetFactory,
+    probes: Callable[[str], Probe],
+    rng: random.Random,
+    tally: Tally,
+) -> None:
+    """PostgreSQL stopped part-way through a target's table, a crash (immediate shutdown) and a
+    fast shutdown in turn, and started again 0.1-1.5 s later, until at least 5 stops have
+    failed a running attempt: Temporal retries the target, the worker's pool reconnects, the
+    sweep resumes. One worker rides through them all."""
+    url = own_postgres.url()
+    with psycopg.connect(url, autocommit=True) as db:
+        create_tables(db)
+    config = worker_config(tmp_path / "purge.toml", url, task_queue, targets_toml(**SWEEP))
+    fleet = fleets(config, worker_env(temporal_server.address))
+    progress = probes(url)
+    worker = fleet.start()
+    stops = hits = 0
+    while hits < PG_RESTARTS:
+        assert stops < 3 * PG_RESTARTS, "the stops keep missing the targets"
+        with psycopg.connect(url, autocommit=True) as db:
+            oracle = fill(db, ROWS, rng)
+        async with watching(client, task_queue, "purge-pg", url, oracle) as watch:
+            for target in TARGET_NAMES:
+                table = rng.choice(tables_of(target))
+                if not await watch.until_swept(table, rng.uniform(0.05, 0.5), progress):
+                    continue  # swept past it before the probe looked
+                seen = set(watch.failures)
+                crash = stops % 2 == 0
+                await asyncio.to_thread(own_postgres.stop, immediate=crash)
+                await asyncio.sleep(rng.uniform(0.1, 1.5))
+                await asyncio.to_thread(own_postgres.start)
+                stops += 1
+                kind = "postgres crash" if crash else "postgres fast shutdown"
+                fault = await watch.record_failure(kind, seen)
+                tally.add(kind, in_target=fault.target is not None)
+                hits += fault.target is not None
+            await _checked(watch, tally)
+    assert worker.poll() is None, "the worker did not ride through the restarts"
+
+
+async def test_temporal_server_restarted_mid_pass(
+    tmp_path: Path,
+    own_temporal: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    db: psycopg.Connection[Any],
+    fleets: FleetFactory,
+    probes: Callable[[str], Probe],
+    rng: random.Random,
+    tally: Tally,
+) -> None:
+    """The Temporal dev server (its state in a file) stopped while a target sweeps and started
+    again 0.1-1.5 s later, at least 3 times: the worker and this test's client ride through,
+    and the pass completes from its persisted history."""
+    create_tables(db, builtins=False)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
+    fleet = fleets(config, worker_env(own_temporal.address))
+    progress = probes(schema_url)
+    client = await Client.connect(own_temporal.address)
+    worker = fleet.start()
+    restarts = 0
+    while restarts < TEMPORAL_RESTARTS:
+        oracle = fill(db, ROWS, rng)
+        async with watching(client, task_queue, "purge-temporal", schema_url, oracle) as watch:
+            for target in sorted(rng.sample(TARGET_NAMES, 3), key=TARGET_NAMES.index):
+                table = rng.choice(tables_of(target))
+                if not await watch.until_swept(table, rng.uniform(0.05, 0.6), progress):
+                    continue
+                await asyncio.to_thread(own_temporal.stop)
+                await asyncio.sleep(rng.uniform(0.1, 1.5))
+                await asyncio.to_thread(own_temporal.start)
+                await watch.fresh()
+                # Whether the running attempt survives depends on when its completion was sent.
+                watch.faults.append(Fault("temporal restart", None, None, dict(watch.completed)))
+                tally.add("temporal restart", in_target=True)
+                restarts += 1
+            await _checked(watch, tally)
+    assert worker.poll() is None, "the worker did not ride through the restarts"
+
+
+async def _blocked_by(probe: Probe, holder: psycopg.AsyncConnection[Any]) -> None:
+    """Wait until a sweep's statement waits for a row lock `holder` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while not await probe.blocked_by(holder.info.backend_pid):
+        assert loop.time() < deadline, "hang: no batch ever waited on the lock"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bounds", "message"),
+    [
+        ("lock_timeout", {"lock_timeout": "300ms"}, "canceling statement due to lock timeout"),
+        (
+            "statement_timeout",
+            {"statement_timeout": "500ms", "lock_timeout": "5s"},
+            "canceling statement due to statement timeout",
+        ),
+    ],
+    ids=["lock_timeout", "statement_timeout"],
+)
+async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    db: psycopg.Connection[Any],
+    fleets: FleetFactory,
+    probes: Callable[[str], Probe],
+    rng: random.Random,
+    tally: Tally,
+    kind: str,
+    bounds: dict[str, str],
+    message: str,
+) -> None:
+    """Other transactions hold FOR UPDATE on every expired row of every table. As the pass
+    reaches each table, its batch waits on the lock until the timeout fails it; the lock is
+    released about a second after the batch began to wait, and Temporal's retry resumes the
+    target and completes it, counting each deleted row once."""
+    create_tables(db, builtins=False)
+    config = worker_config(
+        tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP, **bounds)
+    )
+    fleet = fleets(config, worker_env(temporal_server.address))
+    locks = probes(schema_url)
+    fleet.start()
+    oracle = fill(db, ROWS, rng)
+    loop = asyncio.get_running_loop()
+    holders: dict[str, psycopg.AsyncConnection[Any]] = {}
+    try:
+        for table in TABLES:
+            holders[table.name] = holder = await psycopg.AsyncConnection.connect(schema_url)
+            await holder.execute(
+                sql.SQL("SELECT key FROM {} WHERE key LIKE 'e%%' FOR UPDATE").format(
+                    sql.Identifier(table.name)
+                )
+            )
+        async with watching(client, task_queue, f"purge-{kind}", schema_url, oracle) as watch:
+            for table in TABLES:
+                seen = set(watch.failures)
+                await _blocked_by(locks, holders[table.name])
+                blocked = loop.time()
+                fault = await watch.record_failure(kind, seen)
+                assert fault.target == table.target, f"{table.name}: the blocked batch never failed"
+                assert fault.attempt is not None
+                tally.add(kind, in_target=True)
+                assert watch.failures[(fault.target, fault.attempt + 1)].startswith(message)
+                await asyncio.sleep(max(0.0, 1.0 - (loop.time() - blocked)))
+                await holders[table.name].commit()  # released: the retry finds the rows free
+            result, runs = await _checked(watch, tally)
+    finally:
+        for holder in holders.values():
+            await holder.close()
+    for target in TARGET_NAMES:
+        # One failed attempt per table of the target, then the one that completed it.
+        assert runs[target].attempt == len(tables_of(target)) + 1, (target, runs[target])
+    # No commit was in doubt (each failed batch deleted nothing), so the resumed count is exact.
+    removed = {swept["name"]: swept["removed"] for swept in result["swept"]}
+    assert removed == {target: oracle.expired_of(target) for target in TARGET_NAMES}
