@@ -50,7 +50,8 @@ class SweepSettings:
 @dataclass
 class Progress:
     """Where a target's sweep stands: the heartbeat details after every batch, and what a
-    retried attempt resumes from, so the report counts every deleted row once."""
+    retried attempt resumes from, so no deleted row is counted twice (rows a killed worker
+    deleted after its last heartbeat reached the server are not counted at all)."""
 
     table: int = 0
     """Which of the target's tables is being swept."""

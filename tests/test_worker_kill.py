@@ -129,3 +129,15 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     assert keys(db, "x_auth_lockouts") == set()
     assert keys(db, "x_rate_limit") == {"empty"}
     assert keys(db, "sessions") == {"s-new"}
+
+
+async def test_worker_sends_sweep_progress_at_least_once_a_second(client: Client) -> None:
+    """A retry resumes from the last progress the server got: with the SDK's default (12 s here)
+    a killed worker's last 12 s of deleted rows would be missing from the report's count."""
+    from datetime import timedelta
+
+    from activities.targets import TargetRegistry
+    from purge_ops.runner import new_worker
+
+    worker = new_worker(client, TargetRegistry(), "tq-throttle")
+    assert worker.config()["max_heartbeat_throttle_interval"] == timedelta(seconds=1)
