@@ -21,7 +21,6 @@ with workflow.unsafe.imports_passed_through():
         PurgeInput,
         PurgeReport,
         PurgeStep,
-        PurgeSweep,
         duplicate_names,
         epoch_ms,
     )
@@ -102,5 +101,3 @@ class PurgeWorkflow:
             )
         return report
 
-
-__all__ = ["PurgeSweep", "PurgeWorkflow"]
