@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client
 
 from activities.errors import PurgeGuardRefused
+from activities.pass_records import pass_record, purge_query
 from activities.payloads import iso_ms
 
 #: How many earlier passes to look through for the last one that recorded an instant.
@@ -86,23 +86,11 @@ async def previous_pass_instant(
 ) -> tuple[str, int] | None:
     """The id and `now_ms` of the most recent finished pass on `task_queue` other than
     `workflow_id`, if any recorded one."""
-    query = (
-        f'WorkflowType = "Purge" AND TaskQueue = "{task_queue}" AND ExecutionStatus != "Running"'
-    )
+    query = purge_query(task_queue, status="!Running")
     async for execution in client.list_workflows(query, limit=PREVIOUS_PASSES_LOOKED_AT):
         if execution.id == workflow_id:
             continue
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        report: object = None
-        if execution.status == WorkflowExecutionStatus.COMPLETED:
-            report = await handle.result()
-        elif execution.status == WorkflowExecutionStatus.FAILED:
-            try:
-                await handle.result()
-            except WorkflowFailureError as err:
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.details:
-                    report = cause.details[0]
-        if isinstance(report, dict) and isinstance(report.get("now_ms"), int):
-            return execution.id, int(report["now_ms"])
+        record = await pass_record(client, execution)
+        if record.report is not None and record.report.now_ms:
+            return execution.id, record.report.now_ms
     return None

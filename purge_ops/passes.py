@@ -11,7 +11,6 @@ from typing import Any
 from temporalio.client import (
     Client,
     WorkflowExecution,
-    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowHistory,
@@ -20,6 +19,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
+from activities.pass_records import pass_record, purge_query
 from activities.payloads import PurgeReport
 from purge_ops.render import duration, report_table, table
 from workflows.purge import PurgeWorkflow
@@ -27,15 +27,9 @@ from workflows.purge import PurgeWorkflow
 Say = Callable[[str], None]
 
 
-def purge_query(task_queue: str, running_only: bool = False) -> str:
-    """The visibility query for this task queue's passes (a queue name is [A-Za-z0-9_.:/-])."""
-    query = f'WorkflowType = "Purge" AND TaskQueue = "{task_queue}"'
-    return query + (' AND ExecutionStatus = "Running"' if running_only else "")
-
-
 async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | None:
     """A `Purge` running on `task_queue` now (scheduled or by hand), if any."""
-    async for execution in client.list_workflows(purge_query(task_queue, True), limit=1):
+    async for execution in client.list_workflows(purge_query(task_queue, "Running"), limit=1):
         return execution
     return None
 
@@ -116,19 +110,10 @@ async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummar
         else None
     )
     status = execution.status.name.lower() if execution.status else "unknown"
-    summary = PassSummary(execution.id, execution.start_time, seconds, status)
-    handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-    if execution.status == WorkflowExecutionStatus.COMPLETED:
-        summary.report = PurgeReport.from_json(await handle.result())
-    elif execution.status == WorkflowExecutionStatus.FAILED:
-        try:
-            await handle.result()
-        except WorkflowFailureError as err:
-            cause = err.cause
-            if isinstance(cause, ApplicationError):
-                summary.error = f"{cause.type}: {cause.message}"
-                if cause.type == "PurgeTargetsFailed" and cause.details:
-                    summary.report = PurgeReport.from_json(cause.details[0])
+    record = await pass_record(client, execution)
+    summary = PassSummary(
+        execution.id, execution.start_time, seconds, status, record.report, record.error
+    )
     if summary.report is not None:
         if summary.report.dry_run:
             summary.status += " (dry run)"

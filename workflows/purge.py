@@ -100,4 +100,3 @@ class PurgeWorkflow:
                 report,
             )
         return report
-
