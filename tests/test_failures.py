@@ -8,7 +8,6 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -18,27 +17,10 @@ from activities.tables import TableName
 from activities.targets import TargetRegistry
 from purge_ops.runner import new_worker
 from tests.conftest import RunWorker
-from tests.support.history import events
+from tests.support.history import events, target_runs
 from tests.support.passes import failed_pass
 from tests.support.rows import HOUR, idempotency_rows, keys
 from workflows.purge import TARGET_RETRY
-
-
-def attempts_by_target(client: Client, history: list[Any]) -> dict[str, int]:
-    """For each target's activity, the attempt it ended on (1 means no retry)."""
-    converter = client.data_converter.payload_converter
-    names: dict[int, str] = {}
-    ended: dict[str, int] = {}
-    for e in history:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            step = converter.from_payloads(
-                e.activity_task_scheduled_event_attributes.input.payloads
-            )
-            names[e.event_id] = step[0]["name"]
-        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attrs = e.activity_task_started_event_attributes
-            ended[names[attrs.scheduled_event_id]] = attrs.attempt
-    return ended
 
 
 async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
@@ -82,8 +64,8 @@ async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
     for name in failed:
         assert name in error.message
     # Configuration faults are not retried: each failed on its first attempt.
-    attempts = attempts_by_target(client, await events(client, workflow_id))
-    assert {name: attempts[name] for name in failed} == dict.fromkeys(failed, 1)
+    runs = target_runs(client, await events(client, workflow_id))
+    assert {name: runs[name].attempt for name in failed} == dict.fromkeys(failed, 1)
 
 
 async def test_dry_run_of_a_target_without_count_expired_fails_that_target(

@@ -15,6 +15,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from purge_ops.embedded import TemporalDevServer
+from tests.support.history import target_runs
 from tests.support.procs import clean_env, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
@@ -39,27 +40,6 @@ name = "sessions"
 table = "sessions"
 column = "expires_at_ms"
 """
-
-
-def started_by(client: Client, history: list[Any]) -> dict[str, tuple[str, int]]:
-    """For each target: the identity of the worker whose attempt completed it, and the attempt."""
-    converter = client.data_converter.payload_converter
-    names: dict[int, str] = {}
-    started: dict[int, tuple[str, int]] = {}
-    done: dict[str, tuple[str, int]] = {}
-    for e in history:
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attrs = e.activity_task_scheduled_event_attributes
-            names[e.event_id] = converter.from_payloads(attrs.input.payloads)[0]["name"]
-        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attrs = e.activity_task_started_event_attributes
-            started[e.event_id] = (attrs.identity, attrs.attempt)
-        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
-            attrs = e.activity_task_completed_event_attributes
-            name = names[attrs.scheduled_event_id]
-            assert name not in done, f"{name} completed twice"
-            done[name] = started[attrs.started_event_id]
-    return done
 
 
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
@@ -114,7 +94,9 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     history = (await handle.fetch_history()).events
     host = socket.gethostname()
     first_id, second_id = f"{first.pid}@{host}", f"{second.pid}@{host}"
-    assert started_by(client, list(history)) == {
+    runs = target_runs(client, list(history))
+    assert all(run.completions == 1 for run in runs.values())
+    assert {name: (run.identity, run.attempt) for name, run in runs.items()} == {
         "x_idempotency": (first_id, 1),
         "x_auth": (first_id, 1),
         "gate": (second_id, 2),  # the killed attempt was retried, on the new worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -29,3 +30,36 @@ def scheduled_targets(client: Client, history: list[Any]) -> list[str]:
             [step] = converter.from_payloads(attrs.input.payloads)
             names.append(step["name"])
     return names
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """How one target's activity ended in a pass's history."""
+
+    identity: str
+    """The worker whose attempt ended it (completed or failed)."""
+    attempt: int
+    """That attempt's number: 1 means no retry."""
+    completions: int
+    """How many times it completed: exactly 1 for a target swept once."""
+
+
+def target_runs(client: Client, history: list[Any]) -> dict[str, TargetRun]:
+    """Per target, the attempt that ended its activity and how often it completed."""
+    converter = client.data_converter.payload_converter
+    names: dict[int, str] = {}
+    runs: dict[str, TargetRun] = {}
+    for e in history:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            names[e.event_id] = converter.from_payloads(attrs.input.payloads)[0]["name"]
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = e.activity_task_started_event_attributes
+            name = names[attrs.scheduled_event_id]
+            done = runs[name].completions if name in runs else 0
+            runs[name] = TargetRun(attrs.identity, attrs.attempt, done)
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            name = names[e.activity_task_completed_event_attributes.scheduled_event_id]
+            run = runs[name]
+            runs[name] = TargetRun(run.identity, run.attempt, run.completions + 1)
+    return runs
