@@ -35,20 +35,15 @@ def seed_expired_and_live(db: psycopg.Connection[Any], now_ms: int) -> None:
     auth_rows(db, {"f-old": now_ms - HOUR, "f-new": now_ms + HOUR}, {"l-old": now_ms - HOUR})
 
 
-def real_now_ms() -> int:
-    from datetime import UTC, datetime
-
-    return int(datetime.now(UTC).timestamp() * 1000)
-
-
 async def test_pass_sweeps_targets_in_input_order_and_reports_each(
     client: Client,
     task_queue: str,
     run_worker: RunWorker,
     pool: AsyncConnectionPool[Any],
     db: psycopg.Connection[Any],
+    real_now: int,
 ) -> None:
-    seed_expired_and_live(db, real_now_ms())
+    seed_expired_and_live(db, real_now)
     async with run_worker(builtins(pool)):
         result = await run_pass(
             client, task_queue, {"targets": ["x_auth", "x_idempotency", "x_rate_limit"]}
@@ -129,8 +124,9 @@ async def test_dry_run_counts_and_deletes_nothing(
     run_worker: RunWorker,
     pool: AsyncConnectionPool[Any],
     db: psycopg.Connection[Any],
+    real_now: int,
 ) -> None:
-    seed_expired_and_live(db, real_now_ms())
+    seed_expired_and_live(db, real_now)
     async with run_worker(builtins(pool)):
         result = await run_pass(
             client,
@@ -200,9 +196,10 @@ async def test_one_log_line_when_rows_were_removed_and_none_otherwise(
     run_worker: RunWorker,
     pool: AsyncConnectionPool[Any],
     db: psycopg.Connection[Any],
+    real_now: int,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    seed_expired_and_live(db, real_now_ms())
+    seed_expired_and_live(db, real_now)
     request = {"targets": ["x_idempotency", "x_auth"]}
     with caplog.at_level(logging.INFO, logger="temporalio.workflow"):
         async with run_worker(builtins(pool)):
