@@ -200,7 +200,8 @@ class BatchSweeper:
         # Pipelined: BEGIN, the bounds, the DELETE and COMMIT in one round trip.
         async with self.conn.pipeline(), self.conn.transaction():
             await self.conn.execute(
-                _bounds(walk), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+                local_bounds(walk),
+                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
             cur = await self.conn.execute(statement, params)
         ms = (time.perf_counter() - started) * 1000
@@ -219,7 +220,7 @@ class BatchSweeper:
         )
         try:
             async with self.conn.transaction():
-                await self.conn.execute(_bounds(False), (self.settings.lock_timeout_ms, 2_000))
+                await self.conn.execute(local_bounds(False), (self.settings.lock_timeout_ms, 2_000))
                 cur = await self.conn.execute(query, pred.params)
                 row = await cur.fetchone()
                 return int(row[0]) if row else 0
@@ -238,7 +239,9 @@ def _walk_backlog(result: TableSweep, walked: int, page: int) -> int:
     return round(result.plan.expired * left / result.plan.pages)
 
 
-def _bounds(walk: bool) -> sql.Composed:
+def local_bounds(walk: bool = False) -> sql.Composed:
+    """The statement that bounds the current transaction: its parameters are the lock and the
+    statement timeout in ms. Every transaction of a sweep starts with it."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [

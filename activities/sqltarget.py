@@ -12,7 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection, errors, sql
 from psycopg_pool import AsyncConnectionPool
 
-from activities.batching import BatchSweeper, OnBatch, Progress, SweepSettings
+from activities.batching import BatchSweeper, OnBatch, Progress, SweepSettings, local_bounds
 from activities.errors import BadPurgeTarget
 from activities.guards import Guards
 from activities.planning import TablePlan, plan_table
@@ -146,12 +146,8 @@ class SqlTarget:
             return pred, await plan_table(conn, pred)
 
     async def _bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
-        # SET LOCAL: the bounds end with this transaction and never leak to the pool.
-        await conn.execute(
-            sql.SQL("SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = {}").format(
-                sql.Literal(self.settings.lock_timeout_ms), sql.Literal(statement_timeout_ms)
-            )
-        )
+        # Local to this transaction: the bounds never leak to the pool.
+        await conn.execute(local_bounds(), (self.settings.lock_timeout_ms, statement_timeout_ms))
 
     @asynccontextmanager
     async def _connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:

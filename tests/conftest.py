@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 from activities.schema import reference_ddl
 from activities.targets import PurgeTarget, TargetRegistry
 from purge_ops.connect import open_pool
+from purge_ops.dev import epoch_ms_now
 from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.runner import new_worker
 from tests.support.servers import running_postgres, running_temporal
@@ -143,6 +144,4 @@ def run_worker(client: Client, task_queue: str) -> RunWorker:
 @pytest.fixture
 def real_now() -> int:
     """The machine's clock in epoch ms, for rows a pass at workflow time must split cleanly."""
-    from datetime import UTC, datetime
-
-    return int(datetime.now(UTC).timestamp() * 1000)
+    return epoch_ms_now()
