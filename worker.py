@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from activities.config import PurgeConfig, config_path, load_config
-from activities.errors import ConfigError
-from activities.payloads import TARGET_NAME
+from purge_config.errors import ConfigError
+from purge_config.file import PurgeConfig, config_path, load_config
+from purge_config.names import TARGET_NAME
 from purge_ops import logs
 from purge_ops.connect import connect_temporal
-from purge_ops.dev import run_dev
 from purge_ops.passes import passes_table, recent_passes, replay, sweep
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ensure_schedule
@@ -149,6 +148,9 @@ async def _dispatch(opts: argparse.Namespace) -> int:
 
     command: str = opts.command
     if command == "dev":
+        # The dev harness only here: a production worker never loads it.
+        from purge_dev.dev import run_dev
+
         return await run_dev(once=opts.once)
     if command == "replay" and opts.files:
         return await replay(None, "", opts.last, opts.files, say)

@@ -1,1 +1,2 @@
-"""Everything that touches a database: targets, their SQL, the sweep activity and the config."""
+"""The activity and what it stands on: the contract (payloads, errors, targets), the sweep
+activity with its guards, and the SQL engine of the built-in kinds (`activities.engine`)."""

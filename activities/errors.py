@@ -6,9 +6,11 @@ an `ApplicationError` can still tell them apart; the names are part of the desig
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from temporalio.exceptions import ApplicationError
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 
 class PurgeError(ApplicationError):
@@ -46,5 +48,23 @@ class PurgeTargetsFailed(PurgeError):
     """One or more targets failed; the others were swept and the partial report is attached."""
 
 
-class ConfigError(ValueError):
-    """A configuration file or value that cannot be used; the message is one line for a person."""
+@dataclass(frozen=True)
+class Failure:
+    """What a failed activity or workflow failed with, as a report names it."""
+
+    type: str
+    """The Temporal error type (`BadPurgeTarget`), or the class of a timeout or cancellation."""
+    message: str
+    details: tuple[Any, ...] = ()
+
+
+def failure_of(err: ActivityError | WorkflowFailureError) -> Failure:
+    """Unpack the cause of an activity's failure (in the workflow) or a workflow's (in a
+    client): an ApplicationError keeps its type and details; a timeout or a cancellation is
+    named by its class."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type:
+        return Failure(cause.type, cause.message, tuple(cause.details))
+    if isinstance(cause, FailureError):
+        return Failure(type(cause).__name__, cause.message)
+    return Failure(type(err).__name__, getattr(err, "message", str(err)))

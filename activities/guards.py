@@ -1,12 +1,8 @@
-"""Guards a target can carry, each refusing its sweep before the first delete, naming the numbers.
-
-They stand against a retention sweep's worst days: a unit bug that makes every row look expired,
-a clock that jumped, a config pointed at the wrong table. All are off unless configured.
-"""
+"""The guards' checks (`purge_config.settings.Guards`), each refusing a sweep before its first
+delete, naming the numbers. All are off unless configured."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -14,27 +10,10 @@ from temporalio.client import Client
 from activities.errors import PurgeGuardRefused
 from activities.pass_records import pass_record, purge_query
 from activities.payloads import iso_ms
+from purge_config.settings import Guards
 
 #: How many earlier passes to look through for the last one that recorded an instant.
 PREVIOUS_PASSES_LOOKED_AT = 20
-
-
-@dataclass(frozen=True)
-class Guards:
-    """Limits on one target's sweep; None means off."""
-
-    max_rows: int | None = None
-    """Refuse a sweep that would remove more rows than this."""
-    max_fraction: float | None = None
-    """Refuse a sweep that would remove more than this share of the target's rows."""
-    max_clock_jump_ms: int | None = None
-    """Refuse when this pass's instant is earlier than the previous pass's, or later by more
-    than this: a clock that jumped makes everything (or nothing) look expired."""
-
-    @property
-    def counts(self) -> bool:
-        """Whether a guard needs the expired and total counts before the sweep."""
-        return self.max_rows is not None or self.max_fraction is not None
 
 
 def check_counts(name: str, guards: Guards, expired: int, total: int) -> None:

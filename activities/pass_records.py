@@ -14,8 +14,8 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
 )
-from temporalio.exceptions import ApplicationError
 
+from activities.errors import failure_of
 from activities.payloads import PurgeReport
 
 
@@ -49,9 +49,8 @@ async def pass_record(client: Client, execution: WorkflowExecution) -> PassRecor
     try:
         await handle.result()
     except WorkflowFailureError as err:
-        cause = err.cause
-        if isinstance(cause, ApplicationError):
-            partial = cause.details[0] if cause.details else None
-            report = PurgeReport.from_json(partial) if isinstance(partial, dict) else None
-            return PassRecord(report, f"{cause.type}: {cause.message}")
+        failure = failure_of(err)
+        partial = failure.details[0] if failure.details else None
+        report = PurgeReport.from_json(partial) if isinstance(partial, dict) else None
+        return PassRecord(report, f"{failure.type}: {failure.message}")
     return PassRecord(None)

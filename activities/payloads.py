@@ -7,7 +7,6 @@ field existed still decodes.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -15,9 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.errors import BadPurgeInput
-
-#: A target name: what a person types after `--target` and reads in a metric label.
-TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}")
+from purge_config.names import TARGET_NAME
 
 #: More names than any real deployment sweeps in one pass; a longer list is a mistake or an attack.
 MAX_TARGETS_PER_PASS = 500

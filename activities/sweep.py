@@ -10,12 +10,11 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.batching import Progress
 from activities.errors import BadPurgeTarget, DryRunUnsupported
 from activities.guards import check_clock, check_counts
 from activities.payloads import PurgeStep, PurgeSweep
-from activities.sqltarget import SqlTarget
-from activities.targets import CountingTarget, TargetRegistry
+from activities.progress import Progress
+from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).
@@ -43,7 +42,7 @@ class PurgeActivities:
         started = time.monotonic()
         sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
         removed: object
-        if isinstance(target, SqlTarget) and not step.dry_run:
+        if isinstance(target, BatchedTarget) and not step.dry_run:
             removed = await self._sweep_tables(target, step, sweep)
         else:
             async with _heartbeating(_Beat(step.name)):
@@ -52,7 +51,7 @@ class PurgeActivities:
                     removed = await target.count_expired(step.now_ms)
                 else:
                     removed = await target.purge_expired(step.now_ms)
-            if isinstance(target, SqlTarget):
+            if isinstance(target, BatchedTarget):
                 sweep.strategy = "count"
         if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
             raise BadPurgeTarget(
@@ -80,7 +79,7 @@ class PurgeActivities:
         )
         return sweep
 
-    async def _sweep_tables(self, target: SqlTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
+    async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the last heartbeat."""
         info = activity.info()
         beat = _Beat(step.name, Progress.resume(info.heartbeat_details))

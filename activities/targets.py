@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from activities.errors import BadPurgeTarget, DuplicatePurgeTarget, UnknownPurgeTarget
+from activities.progress import OnBatch, Progress, SweepStats
+from purge_config.settings import Guards
 
 
 @runtime_checkable
@@ -31,6 +33,28 @@ class CountingTarget(PurgeTarget, Protocol):
 
     async def count_expired(self, now_ms: int) -> int:
         """Count rows expired at `now_ms` without deleting any."""
+        ...
+
+
+@runtime_checkable
+class BatchedTarget(CountingTarget, Protocol):
+    """A target that deletes in short batches the activity can guard, resume and report: every
+    built-in kind (`activities.engine.target.SqlTarget`). The activity talks to this protocol,
+    and to `PurgeTarget` for everything else."""
+
+    @property
+    def guards(self) -> Guards:
+        """The limits checked before its first delete."""
+        ...
+
+    async def measure(self, now_ms: int) -> tuple[int, int]:
+        """(rows expired at `now_ms`, all rows), for the guards."""
+        ...
+
+    async def sweep(
+        self, now_ms: int, resume: Progress | None = None, on_batch: OnBatch | None = None
+    ) -> SweepStats:
+        """Delete in batches from where `resume` says, calling `on_batch` after each."""
         ...
 
 

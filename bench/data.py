@@ -12,9 +12,9 @@ from typing import Any, Literal
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from activities import kinds
-from activities.sqltarget import SqlTarget
-from activities.tables import TableName
+from activities import builtin_targets as kinds
+from activities.engine.target import SqlTarget
+from purge_config.names import TableName
 
 Kind = Literal["idempotency", "rate_limit"]
 Layout = Literal["interleaved", "ordered"]
@@ -68,8 +68,8 @@ class Dataset:
     def predicate(self) -> sql.Composable:
         """The expiry rule of the package's built-in kind, the instant as parameter `now_ms`.
 
-        Written out here rather than taken from activities.tables so the bench's own forms do not
-        move when the package's internals do; the text matches the package's rule.
+        Written out here rather than taken from activities.engine.rules so the bench's own forms
+        do not move when the package's internals do; the text matches the package's rule.
         """
         if self.kind == "idempotency":
             return sql.SQL("expires_at_ms <= %(now_ms)s")

@@ -13,10 +13,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
-from activities.tables import TableName
 from activities.targets import TargetRegistry
 from bench.data import Dataset
 from bench.stats import FormRun
+from purge_config.names import TableName
 
 #: The peers' batch: `key IN (SELECT key ... LIMIT n)`, as the issue measured it.
 KEY_IN_LIMIT = 10_000

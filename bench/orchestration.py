@@ -14,13 +14,13 @@ from psycopg import sql
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.payloads import PurgeStep
 from activities.sweep import PurgeActivities
-from activities.tables import TableName
 from activities.targets import TargetRegistry
 from bench.cases import Bench
-from purge_ops.embedded import TemporalDevServer
+from purge_config.names import TableName
+from purge_dev.servers import TemporalDevServer
 from purge_ops.runner import new_worker
 
 log = logging.getLogger("bench")

@@ -23,14 +23,14 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 import activities
-from activities.dsn import redact
 from activities.schema import reference_ddl
 from bench import report, server
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.stats import FormResult
+from purge_config.dsn import redact
+from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
-from purge_ops.embedded import EmbeddedPostgres
 
 log = logging.getLogger("bench")
 

@@ -1,1 +1,1 @@
-"""Operating the sweep: connections, the worker process, dev mode and embedded servers."""
+"""Operating the sweep: connections, the worker process, the schedule, passes and their report."""

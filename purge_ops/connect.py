@@ -9,8 +9,8 @@ from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
-from activities.dsn import redact
-from activities.errors import ConfigError
+from purge_config.dsn import redact
+from purge_config.errors import ConfigError
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 APPLICATION_NAME = "temporal-pg-purge"

@@ -16,12 +16,12 @@ from temporalio.client import (
     WorkflowHistory,
 )
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 
+from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
 from activities.payloads import PurgeReport
-from purge_ops.render import duration, report_table, table
+from purge_ops.render import human_duration, report_table, table
 from workflows.purge import PurgeWorkflow
 
 Say = Callable[[str], None]
@@ -68,14 +68,13 @@ async def sweep(
     try:
         result = await handle.result()
     except WorkflowFailureError as err:
-        cause = err.cause
-        if isinstance(cause, ApplicationError) and cause.type == "PurgeTargetsFailed":
-            report = PurgeReport.from_json(cause.details[0])
+        failure = failure_of(err)
+        if failure.type == "PurgeTargetsFailed" and failure.details:
+            report = PurgeReport.from_json(failure.details[0])
             say(report_table(report))
             say("failed targets: " + ", ".join(f.name for f in report.failed))
         else:
-            kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
-            say(f"pass {handle.id} failed: {kind}: {getattr(cause, 'message', cause)}")
+            say(f"pass {handle.id} failed: {failure.type}: {failure.message}")
         return 1
     say(report_table(PurgeReport.from_json(result)))
     return 0
@@ -135,7 +134,7 @@ def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> st
     rows: list[list[object]] = []
     for s in passes:
         total = s.report.removed if s.report else ""
-        took = "" if s.seconds is None else duration(s.seconds * 1000)
+        took = "" if s.seconds is None else human_duration(s.seconds * 1000)
         rows.append(
             [
                 f"{s.started:%Y-%m-%d %H:%M:%S}",

@@ -58,7 +58,7 @@ def _failed(report: PurgeReport) -> str:
     return f"{len(report.failed)} failed" if report.failed else ""
 
 
-def duration(ms: float) -> str:
+def human_duration(ms: float) -> str:
     """`3 h 2 min`, `42 s`, `120 ms`: the two largest units, for reading at a glance."""
     ms = abs(ms)
     if ms < 1000:

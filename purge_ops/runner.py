@@ -10,11 +10,11 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.config import PurgeConfig
-from activities.dsn import redact
-from activities.kinds import build_registry
+from activities.builtin_targets import build_registry
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
+from purge_config.dsn import redact
+from purge_config.file import PurgeConfig
 from purge_ops import schedule
 from purge_ops.connect import connect_temporal, open_pool
 from workflows.purge import PurgeWorkflow

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from temporalio.api.common.v1 import Payload
 from temporalio.client import (
@@ -29,7 +29,7 @@ from temporalio.client import (
 )
 from temporalio.converter import PayloadConverter
 
-from activities.config import PurgeConfig
+from purge_config import PurgeConfig
 
 WORKFLOW_TYPE = "Purge"
 #: The action memo key holding the fingerprint of the config the schedule was made from. In the
@@ -44,9 +44,8 @@ class ScheduleOutcome:
 
     action: str
     """`created`, `updated` or `unchanged`."""
-    schedule_id: str
-    next_runs: list[datetime]
     summary: str
+    """What will run, when: the config's schedule and the server's next fire times."""
 
 
 def desired(config: PurgeConfig) -> Schedule:
@@ -137,12 +136,7 @@ async def ensure_schedule(client: Client, config: PurgeConfig) -> ScheduleOutcom
             await handle.update(update)
             action = "updated"
     described = await handle.describe()
-    return ScheduleOutcome(
-        action=action,
-        schedule_id=schedule_id,
-        next_runs=list(described.info.next_action_times[:3]),
-        summary=summarize(config, described),
-    )
+    return ScheduleOutcome(action=action, summary=summarize(config, described))
 
 
 def summarize(config: PurgeConfig, described: ScheduleDescription) -> str:

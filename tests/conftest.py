@@ -22,9 +22,9 @@ from temporalio.worker import Worker
 
 from activities.schema import reference_ddl
 from activities.targets import PurgeTarget, TargetRegistry
+from purge_dev.dev import epoch_ms_now
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.connect import open_pool
-from purge_ops.dev import epoch_ms_now
-from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.runner import new_worker
 from tests.support.servers import running_postgres, running_temporal
 

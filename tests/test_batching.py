@@ -17,12 +17,12 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from activities import kinds
-from activities.batching import SweepSettings
+from activities import builtin_targets as kinds
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
-from activities.tables import TableName
 from activities.targets import TargetRegistry
+from purge_config.names import TableName
+from purge_config.settings import SweepSettings
 from tests.support.rows import HOUR, PAST_NOW, keys
 
 NOW = PAST_NOW

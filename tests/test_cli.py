@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from purge_ops.embedded import TemporalDevServer, port_is_free
+from purge_dev.servers import TemporalDevServer, port_is_free
 from tests.support.procs import REPO, clean_env, start_worker, wait_for, worker_config
 
 

@@ -18,12 +18,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from activities.batching import SweepSettings
-from activities.config import PurgeConfig, config_path, load_config
-from activities.errors import ConfigError
-from activities.guards import Guards
-from activities.tables import TableName
-from activities.values import MAX_AGE_LIMIT_MS
+from purge_config.errors import ConfigError
+from purge_config.file import PurgeConfig, config_path, load_config
+from purge_config.names import TableName
+from purge_config.settings import Guards, SweepSettings
+from purge_config.values import MAX_AGE_LIMIT_MS
 from tests.support import apptargets
 from tests.support.rows import HOUR, idempotency_rows, keys
 
@@ -770,7 +769,7 @@ def test_the_readme_config_example_is_accepted() -> None:
     """The README's example file, with its fictional factory swapped for a real one."""
     import tomllib
 
-    from activities.config import parse_config
+    from purge_config.file import parse_config
     from tests.support.procs import REPO
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")

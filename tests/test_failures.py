@@ -11,10 +11,10 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.payloads import PurgeReport
-from activities.tables import TableName
 from activities.targets import TargetRegistry
+from purge_config.names import TableName
 from purge_ops.runner import new_worker
 from tests.conftest import RunWorker
 from tests.support.history import events, target_runs

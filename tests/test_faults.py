@@ -23,7 +23,7 @@ import pytest
 from psycopg import sql
 from temporalio.client import Client
 
-from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.support.faults import Fleet, Tally, TallyReport, worker_env
 from tests.support.oracle import (
     TABLES,

@@ -14,11 +14,11 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import kinds
-from activities.guards import Guards
+from activities import builtin_targets as kinds
 from activities.payloads import PurgeReport, PurgeStep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
+from purge_config.settings import Guards
 from tests.conftest import RunWorker
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys

@@ -16,9 +16,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from activities import kinds
-from activities.tables import TableName
-from activities.values import parse_max_age
+from activities import builtin_targets as kinds
+from purge_config.names import TableName
+from purge_config.values import parse_duration
 from tests.support.rows import (
     FROZEN_CLOCKS,
     HOUR,
@@ -153,7 +153,7 @@ async def test_expiring_max_age_counts_from_the_age_column(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:
     db.execute("CREATE TABLE audit (key text PRIMARY KEY, created_at timestamptz NOT NULL)")
-    age = parse_max_age("1h30m")
+    age = parse_duration("1h30m")
     rows = {
         "gone-older": now_ms - age - 1,
         "gone-exactly-max-age": now_ms - age,  # created_at + max_age == now: expired

@@ -22,10 +22,10 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client, ScheduleOverlapPolicy, ScheduleRange
 from temporalio.worker import Worker
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
-from purge_ops.embedded import TemporalDevServer, free_ports, venv_executable
+from purge_dev.servers import TemporalDevServer, free_ports, venv_executable
 from purge_ops.runner import new_worker
 from tests.conftest import RunWorker
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck

@@ -29,11 +29,11 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from activities import kinds
-from activities.config import parse_config
+from activities import builtin_targets as kinds
 from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.targets import CountingTarget
-from activities.values import parse_max_age
+from purge_config.file import parse_config
+from purge_config.values import parse_duration
 from purge_ops.connect import open_pool
 from tests.support.rows import (
     FUTURE_NOW,
@@ -77,7 +77,7 @@ MAX_US = (datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC) - EPOCH) // ti
 )
 #: The design's max_age units, in milliseconds.
 UNIT_MS = {"w": 604_800_000, "d": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1_000, "ms": 1}
-#: parse_max_age refuses an age longer than a century.
+#: parse_duration refuses an age longer than a century.
 CENTURY_MS = 36_525 * 86_400_000
 MAX_ROWS = 25
 
@@ -261,7 +261,7 @@ class ExpiringCase:
     now_ms: int
     max_age: str
     max_age_ms: int
-    """What `max_age` adds up to by the design's units (not by parse_max_age)."""
+    """What `max_age` adds up to by the design's units (not by parse_duration)."""
     time_zone: str
     """The sweep's session TimeZone: a timestamp is read as UTC whatever it is."""
     values: list[Instant]
@@ -446,7 +446,7 @@ def test_expiring_deletes_exactly_the_rows_past_max_age(
 @examples(10)
 @given(age=AGES.flatmap(spelled))
 def test_max_age_is_the_sum_of_its_parts(age: tuple[str, int]) -> None:
-    """parse_max_age of a string of unit parts (ms s m h d w) is the sum of each part's number
+    """parse_duration of a string of unit parts (ms s m h d w) is the sum of each part's number
     times its unit."""
     text, total_ms = age
-    assert parse_max_age(text) == total_ms
+    assert parse_duration(text) == total_ms

@@ -13,10 +13,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 
-from activities.config import load_config
-from activities.kinds import build_registry
+from activities.builtin_targets import build_registry
 from activities.payloads import PurgeReport
 from activities.targets import TargetRegistry
+from purge_config.file import load_config
 from tests.conftest import RunWorker
 from tests.support import apptargets
 from tests.support.passes import failed_pass, run_pass
@@ -102,7 +102,7 @@ async def test_factory_target_clashing_with_a_configured_name_is_refused(
         async def purge_expired(self, now_ms: int) -> int:
             raise AssertionError("must never run")
 
-    from activities import kinds
+    from activities import builtin_targets as kinds
 
     registry = TargetRegistry([kinds.idempotency(pool)], [lambda: [Impostor()]])
     async with run_worker(registry):
@@ -117,7 +117,7 @@ async def test_factory_target_clashing_with_a_configured_name_is_refused(
 def test_two_fixed_targets_under_one_name_are_refused_at_start(
     pool: AsyncConnectionPool[Any],
 ) -> None:
-    from activities import kinds
+    from activities import builtin_targets as kinds
     from activities.errors import DuplicatePurgeTarget
 
     with pytest.raises(DuplicatePurgeTarget, match="two targets are named 'x_auth'"):

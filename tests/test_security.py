@@ -19,13 +19,13 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.payloads import PurgeReport
 from activities.sweep import PurgeActivities
-from activities.tables import TableName
 from activities.targets import TargetRegistry
+from purge_config.names import TableName
+from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import open_pool
-from purge_ops.embedded import TemporalDevServer, free_ports
 from tests.conftest import RunWorker
 from tests.support.direct_caller import DirectCaller
 from tests.support.passes import failed_pass, run_pass
@@ -244,7 +244,7 @@ async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_n
 
 
 def test_redacted_forms_keep_the_rest_of_the_url() -> None:
-    from activities.dsn import redact
+    from purge_config.dsn import redact
 
     assert redact(f"postgresql://app:{SECRET}@db:5432/app?sslmode=require") == (
         "postgresql://app:***@db:5432/app?sslmode=require"

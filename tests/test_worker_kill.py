@@ -14,7 +14,7 @@ import psycopg
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from purge_ops.embedded import TemporalDevServer
+from purge_dev.servers import TemporalDevServer
 from tests.support.history import target_runs
 from tests.support.procs import clean_env, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys

@@ -12,7 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.payloads import MAX_TARGETS_PER_PASS
 from tests.conftest import RunWorker
 from tests.support.history import events, scheduled_targets

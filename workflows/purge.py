@@ -11,11 +11,11 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     # Passed through so the sandbox does not re-execute these (and psycopg) on every run.
-    from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed
+    from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed, failure_of
     from activities.payloads import (
         FailedTarget,
         PurgeInput,
@@ -73,14 +73,10 @@ class PurgeWorkflow:
                 )
             except ActivityError as err:
                 # One target failing must not keep the others from being swept.
-                cause = err.cause
-                if isinstance(cause, ApplicationError) and cause.type:
-                    kind, message = cause.type, cause.message
-                elif isinstance(cause, FailureError):  # a timeout or a cancellation
-                    kind, message = type(cause).__name__, cause.message
-                else:
-                    kind, message = type(err).__name__, err.message
-                report.failed.append(FailedTarget(name=name, type=kind, message=message))
+                failure = failure_of(err)
+                report.failed.append(
+                    FailedTarget(name=name, type=failure.type, message=failure.message)
+                )
                 continue
             report.swept.append(sweep)
             report.removed += sweep.removed

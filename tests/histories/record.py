@@ -15,11 +15,11 @@ from typing import Any
 import psycopg
 from temporalio.client import Client, WorkflowFailureError
 
-from activities import kinds
+from activities import builtin_targets as kinds
 from activities.schema import reference_ddl
 from activities.targets import TargetRegistry
+from purge_dev.dev import epoch_ms_now
 from purge_ops.connect import open_pool
-from purge_ops.dev import epoch_ms_now
 from purge_ops.runner import new_worker
 from tests.support.servers import running_postgres, running_temporal
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from purge_ops.embedded import EmbeddedPostgres, TemporalDevServer
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 
 
 def scratch_dir(prefix: str) -> Path:

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from activities.errors import ConfigError
+from purge_config.errors import ConfigError
 
 HOUR_MS = 3_600_000
 
@@ -33,8 +33,9 @@ _CRON_FIELDS: tuple[tuple[int, int, tuple[str, ...], int], ...] = (
 )
 
 
-def parse_max_age(text: str) -> int:
-    """`"30d"`, `"1h30m"`, `"0s"` to milliseconds; ConfigError (without the key) otherwise."""
+def parse_duration(text: str) -> int:
+    """Any duration of the config (`max_age`, timeouts, budgets, jitter): `"30d"`, `"1h30m"`,
+    `"0s"` to milliseconds; ConfigError (without the key) otherwise."""
     pos, total, seen = 0, 0, set()
     # Each part is matched where the last one ended: a search (finditer) would rescan a long
     # run of digits from every position in it, quadratic in the length of the value.
@@ -60,7 +61,8 @@ def parse_max_age(text: str) -> int:
     return total
 
 
-def ms_text(ms: int) -> str:
+def duration_text(ms: int) -> str:
+    """Milliseconds as the config would write them: `90s`, `5m`, `250ms`."""
     for unit, size in (("m", 60_000), ("s", 1000)):
         if ms % size == 0:
             return f"{ms // size}{unit}"
@@ -114,12 +116,13 @@ def _cron_value(
     return value if low <= value <= high else None
 
 
-def duration(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> int:
+def read_duration(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> int:
+    """The duration at `raw[field_name]`, in ms; a ConfigError naming `where` and `key`."""
     value = raw[field_name]
     if not isinstance(value, str):
         raise ConfigError(f"{where}: {key}: must be a string like '30d', got {value!r}")
     try:
-        return parse_max_age(value)
+        return parse_duration(value)
     except ConfigError as err:
         raise ConfigError(f"{where}: {key}: {err}") from None
 

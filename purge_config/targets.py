@@ -1,39 +1,30 @@
 """The `[[targets]]` entries of the config: each checked into a TargetSpec (built into a target
-with a pool in activities.kinds)."""
+with a pool in activities.builtin_targets)."""
 
 from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from activities.batching import SweepSettings
-from activities.errors import ConfigError
-from activities.guards import Guards
-from activities.payloads import TARGET_NAME
-from activities.tables import SQL_NAME, TableName
-from activities.targets import TargetFactory
-from activities.values import duration, ms_text, no_unknown, opt_str, req_str
+from purge_config.errors import ConfigError
+from purge_config.kinds import BUILTIN_KINDS, KINDS
+from purge_config.names import SQL_NAME, TARGET_NAME, TableName
+from purge_config.settings import Guards, SweepSettings
+from purge_config.values import duration_text, no_unknown, opt_str, read_duration, req_str
 
-#: The built-in kinds, their default target names and default tables.
-KIND_DEFAULTS: dict[str, str] = {
-    "idempotency": "x_idempotency",
-    "rate_limit": "x_rate_limit",
-    "auth": "x_auth",
-}
-KINDS = (*KIND_DEFAULTS, "expiring", "python")
+#: A `python` target's factory: called when a step needs its targets (see activities.targets).
+Factory = Callable[[], Iterable[object]]
 
 #: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
 _TARGET_KEYS: dict[str, frozenset[str]] = {
-    "idempotency": frozenset({"name", "table"}),
-    "rate_limit": frozenset({"name", "table"}),
-    "auth": frozenset({"name", "failures_table", "lockouts_table"}),
+    **{kind: spec.table_keys | {"name"} for kind, spec in BUILTIN_KINDS.items()},
     "expiring": frozenset({"name", "table", "column", "max_age"}),
     "python": frozenset({"factory", "names"}),
 }
-#: Guards a built-in target may carry (see activities/guards.py); all off unless set.
+#: Guards a built-in target may carry (see purge_config.settings.Guards); all off unless set.
 _GUARD_KEYS = frozenset({"max_rows", "max_fraction", "max_clock_jump"})
 
 #: The `[sweep]` keys (also allowed in any built-in target, to override them there), the
@@ -59,7 +50,7 @@ class TargetSpec:
     tables: tuple[TableName, ...] = ()
     column: str = ""
     max_age_ms: int = 0
-    factory: TargetFactory | None = None
+    factory: Factory | None = None
     names: tuple[str, ...] = ()
     """For `python`: the names its factory provides that a scheduled pass should sweep."""
     settings: SweepSettings = field(default_factory=SweepSettings)
@@ -76,18 +67,19 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
     for key, (attr, low, high) in SWEEP_KEYS.items():
         if key not in raw:
             continue
-        value = duration(where, prefix + key, raw, key)
+        value = read_duration(where, prefix + key, raw, key)
         if not low <= value <= high:
             raise ConfigError(
-                f"{where}: {prefix}{key}: must be from {ms_text(low)} to {ms_text(high)}, "
-                f"got {raw[key]!r}"
+                f"{where}: {prefix}{key}: must be from {duration_text(low)} to "
+                f"{duration_text(high)}, got {raw[key]!r}"
             )
         changes[attr] = value
     settings = replace(base, **changes)
     if settings.batch_target_ms * 10 > settings.statement_timeout_ms:
         raise ConfigError(
             f"{where}: {prefix}statement_timeout: must be at least 10 times batch_target "
-            f"({ms_text(settings.batch_target_ms)}), got {ms_text(settings.statement_timeout_ms)}"
+            f"({duration_text(settings.batch_target_ms)}), "
+            f"got {duration_text(settings.statement_timeout_ms)}"
         )
     return settings
 
@@ -108,7 +100,7 @@ def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
         )
     jump = None
     if "max_clock_jump" in raw:
-        jump = duration(at, "max_clock_jump", raw, "max_clock_jump")
+        jump = read_duration(at, "max_clock_jump", raw, "max_clock_jump")
         if jump < 1000:
             raise ConfigError(f"{at}: max_clock_jump: at least 1s, got {raw['max_clock_jump']!r}")
     return Guards(
@@ -147,7 +139,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         )
 
     name = opt_str(at, "name", raw) if kind != "expiring" else req_str(at, "name", raw)
-    name = name or KIND_DEFAULTS[kind]
+    name = name or BUILTIN_KINDS[kind].default_name
     if not TARGET_NAME.fullmatch(name):
         raise ConfigError(
             f"{at}: name: letters, digits and _ . : - (at most 100), starting with a letter, "
@@ -155,15 +147,10 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         )
     settings = sweep_settings(at, "", raw, defaults)
     guards = _guards(at, raw)
-    if kind == "auth":
-        tables = (
-            _table(at, "failures_table", raw, "x_auth_failures"),
-            _table(at, "lockouts_table", raw, "x_auth_lockouts"),
-        )
+    builtin = BUILTIN_KINDS.get(kind)
+    if builtin is not None:
+        tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
         return TargetSpec(kind=kind, name=name, tables=tables, settings=settings, guards=guards)
-    if kind in KIND_DEFAULTS:
-        table = _table(at, "table", raw, kind_table(kind))
-        return TargetSpec(kind=kind, name=name, tables=(table,), settings=settings, guards=guards)
 
     table = _table(at, "table", raw, None)
     column = req_str(at, "column", raw)
@@ -174,7 +161,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         )
     max_age_ms = 0
     if "max_age" in raw:
-        max_age_ms = duration(at, "max_age", raw, "max_age")
+        max_age_ms = read_duration(at, "max_age", raw, "max_age")
     return TargetSpec(
         kind=kind,
         name=name,
@@ -186,11 +173,6 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     )
 
 
-def kind_table(kind: str) -> str:
-    """The table a single-table built-in kind sweeps unless told otherwise."""
-    return KIND_DEFAULTS[kind]
-
-
 def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> TableName:
     text = opt_str(at, key, raw) if default is not None else req_str(at, key, raw)
     try:
@@ -199,7 +181,7 @@ def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> Ta
         raise ConfigError(f"{at}: {key}: {err}") from None
 
 
-def _resolve_factory(at: str, path: str) -> TargetFactory:
+def _resolve_factory(at: str, path: str) -> Factory:
     if not _FACTORY.fullmatch(path):
         raise ConfigError(f"{at}: factory: want 'package.module:function', got {path!r}")
     module_name, _, attr_path = path.partition(":")
@@ -219,5 +201,5 @@ def _resolve_factory(at: str, path: str) -> TargetFactory:
             raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
     if not callable(obj):
         raise ConfigError(f"{at}: factory: {path!r} is not callable")
-    factory: TargetFactory = obj
+    factory: Factory = obj
     return factory

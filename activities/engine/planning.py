@@ -17,7 +17,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.tables import Predicate
+from activities.engine.rules import Predicate, ident
+from activities.engine.statements import index_batch
 
 #: Above this share of expired rows the walk is cheaper than the index, even with one.
 INDEX_MAX_SHARE = 0.2
@@ -54,7 +55,7 @@ class TablePlan:
 
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     """Estimate, choose a strategy, and check the chosen batch statement's plan."""
-    relation = pred.table.ident.as_string(conn)
+    relation = ident(pred.table).as_string(conn)
     # The leaves hold the rows: a partitioned table's partitions, or a plain table itself
     # (pg_partition_tree() returns nothing for a table outside any partition tree).
     cur = await conn.execute(
@@ -91,7 +92,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
 
 async def _estimated_rows(conn: AsyncConnection[Any], pred: Predicate) -> float:
     query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
-        pred.table.ident, pred.where
+        ident(pred.table), pred.where
     )
     cur = await conn.execute(query, pred.params)
     row = await cur.fetchone()
@@ -136,41 +137,13 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     if not whole_scan:
         return ""
     create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
-        pred.table.ident, sql.Identifier(pred.column)
+        ident(pred.table), sql.Identifier(pred.column)
     )
     return (
         f"{pred.table}: about {plan.expired:,.0f} of {plan.rows or 0:,.0f} rows "
         f"({share:.1%}) are expired and no index serves {pred.column}, so every pass reads the "
         f"whole table; create one: {create.as_string(conn)}"
     )
-
-
-def index_batch(pred: Predicate, limit: int) -> sql.Composed:
-    """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
-    the row itself so that one renewed while this waited for its lock is kept. It returns how
-    many rows it found and how many it deleted: fewer found than `limit` means the last batch,
-    without a final empty one to find that out."""
-    assert pred.column is not None
-    return sql.SQL(
-        "WITH found AS MATERIALIZED ("
-        "SELECT ctid FROM {table} WHERE {where} ORDER BY {column} LIMIT {limit}"
-        "), deleted AS ("
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)) AND {where}"
-        " RETURNING 1"
-        ") SELECT (SELECT count(*) FROM found), (SELECT count(*) FROM deleted)"
-    ).format(
-        table=pred.table.ident,
-        where=pred.where,
-        column=sql.Identifier(pred.column),
-        limit=sql.Literal(limit),
-    )
-
-
-def range_batch(pred: Predicate) -> sql.Composed:
-    """The range batch: every expired row in pages [lo, hi), checked on the row itself."""
-    return sql.SQL(
-        "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
-    ).format(table=pred.table.ident, where=pred.where)
 
 
 def _plan(row: Any) -> dict[str, Any]:

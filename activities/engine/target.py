@@ -2,50 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import AsyncConnection, errors, sql
+from psycopg import AsyncConnection, errors
 from psycopg_pool import AsyncConnectionPool
 
-from activities.batching import BatchSweeper, OnBatch, Progress, SweepSettings, local_bounds
+from activities.engine.batching import BatchSweeper
+from activities.engine.planning import TablePlan, plan_table
+from activities.engine.rules import Predicate, Rule
+from activities.engine.statements import count_expired, count_expired_and_all, local_bounds
 from activities.errors import BadPurgeTarget
-from activities.guards import Guards
-from activities.planning import TablePlan, plan_table
-from activities.tables import Predicate, Rule
-
-__all__ = ["SqlTarget", "SweepSettings", "SweepStats"]
-
-
-@dataclass
-class SweepStats:
-    """What one attempt at a target's sweep did."""
-
-    removed: int = 0
-    """Rows deleted, counting those of earlier attempts this one resumed from."""
-    batches: int = 0
-    strategies: list[str] = field(default_factory=list)
-    batch_ms: list[float] = field(default_factory=list)
-    backlog: int = 0
-    """Expired rows left when the time budget ended the sweep (0 when it finished)."""
-    advice: list[str] = field(default_factory=list)
-
-    @property
-    def strategy(self) -> str:
-        """`index`, `range`, or both joined for a target of several tables (`index+range`)."""
-        return "+".join(dict.fromkeys(self.strategies))
-
-    @property
-    def p95_batch_ms(self) -> float:
-        """The 95th percentile of this attempt's batch durations (nearest rank)."""
-        if not self.batch_ms:
-            return 0.0
-        ordered = sorted(self.batch_ms)
-        return round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
+from activities.progress import OnBatch, Progress, SweepStats
+from purge_config.settings import Guards, SweepSettings
 
 
 class SqlTarget:
@@ -122,19 +93,12 @@ class SqlTarget:
                 # A count reads what a whole sweep would: give it the sweep's time budget.
                 await self._bound(conn, self.settings.time_budget_ms)
                 pred = await rule.bind(conn, now_ms)
-                if total:
-                    query = sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
-                        pred.where, pred.table.ident
-                    )
-                else:
-                    query = sql.SQL("SELECT count(*), 0 FROM {} WHERE {}").format(
-                        pred.table.ident, pred.where
-                    )
+                query = count_expired_and_all(pred) if total else count_expired(pred)
                 cur = await conn.execute(query, pred.params)
                 row = await cur.fetchone()
                 if row:
                     expired += int(row[0])
-                    everything += int(row[1])
+                    everything += int(row[1]) if total else 0
         return expired, everything
 
     async def _prepare(

@@ -8,9 +8,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from activities.config import PurgeConfig, parse_config
 from activities.schema import reference_ddl
-from purge_ops.render import duration, table
+from purge_config.file import PurgeConfig, parse_config
+from purge_ops.render import human_duration, table
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -104,7 +104,7 @@ async def rows_that_stayed(conn: AsyncConnection[Any], now_ms: int) -> str:
         return await cur.fetchall()
 
     for key, expires in await each("SELECT key, expires_at_ms FROM x_idempotency ORDER BY key"):
-        rows.append(["x_idempotency", key, f"expires in {duration(expires - now_ms)}"])
+        rows.append(["x_idempotency", key, f"expires in {human_duration(expires - now_ms)}"])
     for key, tokens, capacity, refill, last in await each(
         "SELECT key, tokens, capacity, refill_per_ms, last_ms FROM x_rate_limit ORDER BY key"
     ):
@@ -114,17 +114,21 @@ async def rows_that_stayed(conn: AsyncConnection[Any], now_ms: int) -> str:
             [
                 "x_rate_limit",
                 key,
-                f"holds {held:.2f} of {capacity:g} tokens, full again in {duration(full_in)}"
+                f"holds {held:.2f} of {capacity:g} tokens, full again in {human_duration(full_in)}"
                 " (deleting it now would reset its limit)",
             ]
         )
     for key, expires in await each("SELECT key, expires_at_ms FROM x_auth_failures ORDER BY id"):
-        rows.append(["x_auth_failures", key, f"failure counts for {duration(expires - now_ms)}"])
+        rows.append(
+            ["x_auth_failures", key, f"failure counts for {human_duration(expires - now_ms)}"]
+        )
     for key, until in await each("SELECT key, until_ms FROM x_auth_lockouts ORDER BY key"):
-        rows.append(["x_auth_lockouts", key, f"locked out for {duration(until - now_ms)} more"])
+        rows.append(
+            ["x_auth_lockouts", key, f"locked out for {human_duration(until - now_ms)} more"]
+        )
     for sid, user, expires in await each(
         "SELECT id, user_name, expires_at FROM demo_sessions ORDER BY id"
     ):
         left = expires.timestamp() * 1000 - now_ms
-        rows.append(["demo_sessions", f"{sid} ({user})", f"expires in {duration(left)}"])
+        rows.append(["demo_sessions", f"{sid} ({user})", f"expires in {human_duration(left)}"])
     return table(["table", "row", "why it stayed"], rows)

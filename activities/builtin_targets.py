@@ -1,35 +1,29 @@
-"""The built-in kinds of target, and a worker's registry built from its config."""
+"""The built-in kinds as targets (their rules in SQL), and a worker's registry from its config."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from psycopg_pool import AsyncConnectionPool
 
-from activities.config import PurgeConfig
-from activities.guards import Guards
-from activities.sqltarget import SqlTarget, SweepSettings
-from activities.tables import (
-    INSTANT_TYPES,
-    MS_TYPES,
-    ExpiryRule,
-    FullBucketRule,
-    Rule,
-    TableName,
-)
-from activities.target_config import TargetSpec
+from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBucketRule, Rule
+from activities.engine.target import SqlTarget
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
+from purge_config import PurgeConfig
+from purge_config.kinds import BUILTIN_KINDS
+from purge_config.names import TableName
+from purge_config.settings import Guards, SweepSettings
+from purge_config.targets import TargetSpec
 
-# Frozen, so one shared default each is safe.
-IDEMPOTENCY_TABLE = TableName("x_idempotency")
-RATE_LIMIT_TABLE = TableName("x_rate_limit")
-AUTH_FAILURES_TABLE = TableName("x_auth_failures")
-AUTH_LOCKOUTS_TABLE = TableName("x_auth_lockouts")
+# Each kind's default tables, from the one table of kinds (frozen, so shared defaults are safe).
+(IDEMPOTENCY_TABLE,) = BUILTIN_KINDS["idempotency"].default_tables
+(RATE_LIMIT_TABLE,) = BUILTIN_KINDS["rate_limit"].default_tables
+AUTH_FAILURES_TABLE, AUTH_LOCKOUTS_TABLE = BUILTIN_KINDS["auth"].default_tables
 
 
 def idempotency(
     pool: AsyncConnectionPool[Any],
-    name: str = "x_idempotency",
+    name: str = BUILTIN_KINDS["idempotency"].default_name,
     table: TableName = IDEMPOTENCY_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
@@ -40,7 +34,7 @@ def idempotency(
 
 def rate_limit(
     pool: AsyncConnectionPool[Any],
-    name: str = "x_rate_limit",
+    name: str = BUILTIN_KINDS["rate_limit"].default_name,
     table: TableName = RATE_LIMIT_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
@@ -51,7 +45,7 @@ def rate_limit(
 
 def auth(
     pool: AsyncConnectionPool[Any],
-    name: str = "x_auth",
+    name: str = BUILTIN_KINDS["auth"].default_name,
     failures: TableName = AUTH_FAILURES_TABLE,
     lockouts: TableName = AUTH_LOCKOUTS_TABLE,
     settings: SweepSettings | None = None,
@@ -100,7 +94,6 @@ def build_target(spec: TargetSpec, pool: AsyncConnectionPool[Any]) -> PurgeTarge
 def build_registry(config: PurgeConfig, pool: AsyncConnectionPool[Any]) -> TargetRegistry:
     """Every target of `config`: built-ins now, `python` factories each time a step asks."""
     fixed = [build_target(spec, pool) for spec in config.targets if spec.kind != "python"]
-    factories: list[TargetFactory] = [
-        spec.factory for spec in config.targets if spec.factory is not None
-    ]
+    # A factory's targets are checked against the PurgeTarget protocol when it is called.
+    factories = [cast(TargetFactory, spec.factory) for spec in config.targets if spec.factory]
     return TargetRegistry(fixed, factories)

@@ -14,24 +14,17 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from psycopg.conninfo import conninfo_to_dict
-
-from activities.batching import SweepSettings
-from activities.dsn import redact
-from activities.errors import ConfigError
-from activities.target_config import (
-    SWEEP_KEYS,
-    TargetSpec,
-    parse_target,
-    sweep_settings,
-)
-from activities.values import (
+from purge_config.dsn import BadDsn, parse_dsn, redact
+from purge_config.errors import ConfigError
+from purge_config.settings import SweepSettings
+from purge_config.targets import SWEEP_KEYS, TargetSpec, parse_target, sweep_settings
+from purge_config.values import (
     HOUR_MS,
     cron_ok,
     default_catchup_ms,
-    duration,
     no_unknown,
     opt_str,
+    read_duration,
 )
 
 DEFAULT_PATH = Path("purge.toml")
@@ -55,7 +48,7 @@ _QUEUE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
 
 
 @dataclass(frozen=True)
-class ScheduleSpec:
+class ScheduleConfig:
     """The `[schedule]` table."""
 
     id: str = DEFAULT_SCHEDULE_ID
@@ -75,7 +68,7 @@ class PurgeConfig:
     path: Path | None = None
     database_url: str | None = None
     task_queue: str = DEFAULT_TASK_QUEUE
-    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     targets: tuple[TargetSpec, ...] = ()
     metrics: str | None = None
     """HOST:PORT where a worker serves Prometheus metrics, if anywhere."""
@@ -172,7 +165,7 @@ def parse_config(
     )
 
 
-def _parse_schedule(where: str, raw: object) -> ScheduleSpec:
+def _parse_schedule(where: str, raw: object) -> ScheduleConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: schedule: must be a [schedule] table, got {raw!r}")
     no_unknown(where, "schedule.", raw, _SCHEDULE_KEYS)
@@ -185,14 +178,14 @@ def _parse_schedule(where: str, raw: object) -> ScheduleSpec:
     ensure = raw.get("ensure", False)
     if not isinstance(ensure, bool):
         raise ConfigError(f"{where}: schedule.ensure: must be true or false, got {ensure!r}")
-    spec = ScheduleSpec(
+    spec = ScheduleConfig(
         id=opt_str(where, "schedule.id", raw, "id") or DEFAULT_SCHEDULE_ID,
         cron=cron,
         time_zone=opt_str(where, "schedule.time_zone", raw, "time_zone") or DEFAULT_TIME_ZONE,
-        catchup_window_ms=duration(where, "schedule.catchup_window", raw, "catchup_window")
+        catchup_window_ms=read_duration(where, "schedule.catchup_window", raw, "catchup_window")
         if "catchup_window" in raw
         else default_catchup_ms(cron),
-        jitter_ms=duration(where, "schedule.jitter", raw, "jitter")
+        jitter_ms=read_duration(where, "schedule.jitter", raw, "jitter")
         if "jitter" in raw
         else DEFAULT_JITTER_MS,
         ensure=ensure,
@@ -228,12 +221,8 @@ def check_metrics_address(text: str, where: str) -> str:
 
 def _check_dsn(where: str, key: str, dsn: str) -> None:
     try:
-        params = conninfo_to_dict(dsn)
-    except Exception:
-        # The parser's message may quote the string, password included: never pass it on.
-        params = None
-    ports = str((params or {}).get("port") or "")
-    if params is None or not all(p.isdigit() for p in ports.split(",") if p):
+        parse_dsn(dsn)
+    except BadDsn:
         raise ConfigError(
             f"{where}: {key}: not a PostgreSQL connection string, got {redact(dsn)!r}"
         ) from None

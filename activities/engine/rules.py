@@ -1,4 +1,4 @@
-"""Tables, their expiry rules, and the catalog check that binds a rule to a real table.
+"""Expiry rules, and the catalog check that binds a rule to a real table.
 
 A rule turns the caller's `now_ms` into a WHERE clause with the instant as a parameter. No rule
 reads the server's clock: rows written from the application's clock are measured by that clock.
@@ -6,18 +6,14 @@ reads the server's clock: rows written from the application's clock are measured
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from psycopg import AsyncConnection, sql
 
-from activities.errors import BadPurgeTarget, ConfigError
-
-#: A SQL name as this package accepts it: plain ASCII, at most PostgreSQL's 63 bytes. Quotes,
-#: semicolons, dots and spaces are refused rather than escaped so a config reads as it runs.
-SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+from activities.errors import BadPurgeTarget
+from purge_config.names import TableName
 
 #: Column types an epoch-millisecond rule accepts.
 MS_TYPES = ("bigint", "integer")
@@ -29,33 +25,11 @@ NUMBER_TYPES = ("double precision", "real", "numeric", "bigint", "integer")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-@dataclass(frozen=True)
-class TableName:
-    """A table, optionally schema-qualified, always quoted exactly as written."""
-
-    table: str
-    schema: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> TableName:
-        """`"sessions"` or `"app.sessions"`; anything else raises ConfigError."""
-        parts = text.split(".")
-        if len(parts) > 2 or not all(SQL_NAME.fullmatch(part) for part in parts):
-            raise ConfigError(
-                f"{text!r} is not a table name: want table or schema.table, each part letters, "
-                "digits and _, starting with a letter or _, at most 63 characters"
-            )
-        return cls(table=parts[-1], schema=parts[0] if len(parts) == 2 else None)
-
-    @property
-    def ident(self) -> sql.Identifier:
-        """The quoted name for a statement: `"app"."sessions"`, never `"app.sessions"`."""
-        return (
-            sql.Identifier(self.schema, self.table) if self.schema else sql.Identifier(self.table)
-        )
-
-    def __str__(self) -> str:
-        return f"{self.schema}.{self.table}" if self.schema else self.table
+def ident(table: TableName) -> sql.Identifier:
+    """The quoted name for a statement: `"app"."sessions"`, never `"app.sessions"`."""
+    return (
+        sql.Identifier(table.schema, table.table) if table.schema else sql.Identifier(table.table)
+    )
 
 
 @dataclass(frozen=True)
@@ -140,7 +114,7 @@ class FullBucketRule:
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
     """Column name to SQL type (domains resolved to their base type); BadPurgeTarget if no table."""
-    qualified = table.ident.as_string(conn)
+    qualified = ident(table).as_string(conn)
     cur = await conn.execute(
         """
         SELECT a.attname, format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL),

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.planning import TablePlan, index_batch, range_batch
-from activities.tables import Predicate
+from activities.engine.planning import TablePlan
+from activities.engine.rules import Predicate
+from activities.engine.statements import count_expired, index_batch, local_bounds, range_batch
+from activities.progress import OnBatch, Progress
+from purge_config.settings import SweepSettings
 
 #: Starting sizes, small so that a first batch on a cold cache holds its locks briefly; each batch
 #: then resizes towards the target duration, growing at most 4x, so the steady size (about 465
@@ -30,59 +32,6 @@ ROWS_RANGE = (50, 100_000)
 BACKLOG_COUNT_CAP = 1_000_000
 
 
-@dataclass(frozen=True)
-class SweepSettings:
-    """The bounds on one target's sweep."""
-
-    lock_timeout_ms: int = 2_000
-    """A row lock held longer than this by someone else fails the batch; Temporal retries the
-    target, which resumes where its last heartbeat said."""
-    statement_timeout_ms: int = 10_000
-    """No batch runs longer than this, whatever the plan."""
-    batch_target_ms: int = 15
-    """Each batch is resized to take about this long: short enough that no lock outlives it,
-    long enough that the per-batch overhead (~0.2 ms) stays small."""
-    time_budget_ms: int = 600_000
-    """A target's sweep ends cleanly after this long and reports its backlog; the next pass
-    continues. Well inside an hourly schedule's period."""
-
-
-@dataclass
-class Progress:
-    """Where a target's sweep stands: the heartbeat details after every batch, and what a
-    retried attempt resumes from, so no deleted row is counted twice (rows a killed worker
-    deleted after its last heartbeat reached the server are not counted at all)."""
-
-    table: int = 0
-    """Which of the target's tables is being swept."""
-    page: int = 0
-    """For a range walk: the first page not yet walked."""
-    removed: int = 0
-    batches: int = 0
-    strategy: str = ""
-    batch_ms: float = 0.0
-    """The last batch's duration."""
-
-    def details(self) -> dict[str, Any]:
-        """The heartbeat details (plain JSON)."""
-        return asdict(self)
-
-    @classmethod
-    def resume(cls, details: Any) -> Progress:
-        """Progress from a previous attempt's last heartbeat details, or a fresh start."""
-        raw = details[0] if details else None
-        if not isinstance(raw, dict):
-            return cls()
-        fresh = cls()
-        for f in fields(cls):
-            value = raw.get(f.name)
-            # Only a value of the field's own type: a detail a newer or older worker wrote
-            # differently means starting over (harmless), never resuming from garbage.
-            if type(value) is type(getattr(fresh, f.name)):
-                setattr(fresh, f.name, value)
-        return fresh
-
-
 @dataclass
 class TableSweep:
     """One table's sweep in one attempt."""
@@ -92,9 +41,6 @@ class TableSweep:
     batch_ms: list[float] = field(default_factory=list)
     complete: bool = True
     backlog: int = 0
-
-
-OnBatch = Callable[[Progress], None]
 
 
 class BatchSweeper:
@@ -215,9 +161,7 @@ class BatchSweeper:
     async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
         """Expired rows still there, counted through the index up to a cap (estimated if even
         that takes too long)."""
-        query = sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} WHERE {} LIMIT {}) expired").format(
-            pred.table.ident, pred.where, sql.Literal(BACKLOG_COUNT_CAP)
-        )
+        query = count_expired(pred, cap=BACKLOG_COUNT_CAP)
         try:
             async with self.conn.transaction():
                 await self.conn.execute(local_bounds(False), (self.settings.lock_timeout_ms, 2_000))
@@ -237,29 +181,6 @@ def _walk_backlog(result: TableSweep, walked: int, page: int) -> int:
     if result.plan.pages <= 0:
         return 0
     return round(result.plan.expired * left / result.plan.pages)
-
-
-def local_bounds(walk: bool = False) -> sql.Composed:
-    """The statement that bounds the current transaction: its parameters are the lock and the
-    statement timeout in ms. Every transaction of a sweep starts with it."""
-    # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
-    # statement, which the pipeline (one statement per execute) needs.
-    parts = [
-        sql.SQL(
-            "SELECT set_config('lock_timeout', %s::text, true),"
-            " set_config('statement_timeout', %s::text, true)"
-        )
-    ]
-    if walk:
-        # A walk must read its page range, never the whole index: with a large share expired
-        # the planner might otherwise pick an index scan filtered by ctid for every batch.
-        parts.append(
-            sql.SQL(
-                ", set_config('enable_indexscan', 'off', true),"
-                " set_config('enable_bitmapscan', 'off', true)"
-            )
-        )
-    return sql.Composed(parts)
 
 
 def _resize(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:

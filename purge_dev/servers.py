@@ -19,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -319,13 +319,3 @@ def _pg_user() -> str | None:
             capture_output=True,
         )
     return PG_SYSTEM_USER
-
-
-@contextlib.contextmanager
-def temporal_and_postgres(base_dir: Path) -> Iterator[tuple[TemporalDevServer, EmbeddedPostgres]]:
-    """Both servers under `base_dir`, stopped on the way out whatever happened."""
-    with (
-        TemporalDevServer(base_dir / "temporal") as temporal,
-        EmbeddedPostgres(base_dir / "postgres") as postgres,
-    ):
-        yield temporal, postgres

@@ -1,0 +1,18 @@
+"""Configuration: the TOML file, checked whole before anything connects.
+
+This room imports neither psycopg nor temporalio, so a config can be checked (and its errors
+shown as one line) on a machine that has neither server, and the types it shares with the
+activities (`SweepSettings`, `Guards`, `TableName`) carry no dependency.
+"""
+
+from purge_config.errors import ConfigError
+from purge_config.file import PurgeConfig, ScheduleConfig, config_path, load_config, parse_config
+
+__all__ = [
+    "ConfigError",
+    "PurgeConfig",
+    "ScheduleConfig",
+    "config_path",
+    "load_config",
+    "parse_config",
+]

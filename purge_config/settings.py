@@ -1,0 +1,44 @@
+"""Settings both the config and the activities use: plain dataclasses, no dependencies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """The bounds on one target's sweep (`[sweep]`, overridden per target)."""
+
+    lock_timeout_ms: int = 2_000
+    """A row lock held longer than this by someone else fails the batch; Temporal retries the
+    target, which resumes where its last heartbeat said."""
+    statement_timeout_ms: int = 10_000
+    """No batch runs longer than this, whatever the plan."""
+    batch_target_ms: int = 15
+    """Each batch is resized to take about this long: short enough that no lock outlives it,
+    long enough that the per-batch overhead (~0.2 ms) stays small."""
+    time_budget_ms: int = 600_000
+    """A target's sweep ends cleanly after this long and reports its backlog; the next pass
+    continues. Well inside an hourly schedule's period."""
+
+
+@dataclass(frozen=True)
+class Guards:
+    """Limits on one target's sweep, each refusing it before the first delete; None means off.
+
+    They stand against a retention sweep's worst days: a unit bug that makes every row look
+    expired, a clock that jumped, a config pointed at the wrong table.
+    """
+
+    max_rows: int | None = None
+    """Refuse a sweep that would remove more rows than this."""
+    max_fraction: float | None = None
+    """Refuse a sweep that would remove more than this share of the target's rows."""
+    max_clock_jump_ms: int | None = None
+    """Refuse when this pass's instant is earlier than the previous pass's, or later by more
+    than this: a clock that jumped makes everything (or nothing) look expired."""
+
+    @property
+    def counts(self) -> bool:
+        """Whether a guard needs the expired and total counts before the sweep."""
+        return self.max_rows is not None or self.max_fraction is not None
