@@ -21,6 +21,7 @@ from activities.payloads import TARGET_NAME
 from purge_ops import logs
 from purge_ops.connect import connect_temporal
 from purge_ops.dev import run_dev
+from purge_ops.embedded import EmbeddedServerError
 from purge_ops.passes import passes_table, recent_passes, replay, sweep
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ensure_schedule
@@ -133,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
         return 2
     except (ConnectionError, OSError) as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except EmbeddedServerError as err:
+        # `dev`'s servers could not start: the message says why and what to do, not a traceback.
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     except RuntimeError as err:
