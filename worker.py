@@ -150,8 +150,14 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     if command == "dev":
         # The dev harness only here: a production worker never loads it.
         from purge_dev.dev import run_dev
+        from purge_dev.servers import EmbeddedServerError
 
-        return await run_dev(once=opts.once)
+        try:
+            return await run_dev(once=opts.once)
+        except EmbeddedServerError as err:
+            # The servers could not start: the message says why and what to do, no traceback.
+            print(f"{PROG}: {err}", file=sys.stderr)
+            return 1
     if command == "replay" and opts.files:
         return await replay(None, "", opts.last, opts.files, say)
 

