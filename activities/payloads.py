@@ -158,6 +158,16 @@ class PurgeSweep:
     """Expired rows left when the time budget ended the sweep; the next pass continues."""
     advice: str = ""
     """A warning for the operator, such as the index that would let the sweep skip live rows."""
+    lower_bound: bool = False
+    """True when `removed` may be short of the rows really removed: a worker died during an
+    attempt and the target's database has no `purge_progress` ledger to count from."""
+    oldest_expired_age_s: float | None = 0.0
+    """How long the oldest expired row still there after the sweep has been expired, in
+    seconds: 0 when none is left, None when it could not be read in time."""
+    dead_tuple_share: float = 0.0
+    """The tables' dead tuples as a share of all their tuples after the sweep (statistics)."""
+    analyzed: bool = False
+    """Whether `analyze_after` ran ANALYZE on a table this sweep removed a large share of."""
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,32 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
+@dataclass(frozen=True)
+class LedgerKey:
+    """Which `purge_progress` row a sweep's batches add to: one per pass (the workflow's run)
+    and target."""
+
+    workflow_id: str
+    run_id: str
+    target: str
+    now_ms: int
+    """The pass's instant: old ledger rows are removed by it, never by the server's clock."""
+
+    def params(self) -> dict[str, object]:
+        return {
+            "ledger_workflow": self.workflow_id,
+            "ledger_run": self.run_id,
+            "ledger_target": self.target,
+            "ledger_now": self.now_ms,
+        }
+
+
 @dataclass
 class Progress:
     """Where a target's sweep stands: the heartbeat details after every batch, and what a
-    retried attempt resumes from, so no deleted row is counted twice (rows a killed worker
-    deleted after its last heartbeat reached the server are not counted at all)."""
+    retried attempt resumes from. With the ledger (`purge_progress`) the count is read from
+    it instead, exact whatever died; without it, rows a killed worker deleted after its last
+    heartbeat reached the server are not counted (the report then says "lower bound")."""
 
     table: int = 0
     """Which of the target's tables is being swept."""
@@ -27,6 +48,10 @@ class Progress:
     strategy: str = ""
     batch_ms: float = 0.0
     """The last batch's duration."""
+    batch_removed: int = 0
+    """The last batch's deleted rows."""
+    clean_exit: bool = False
+    """Set by an attempt that failed without dying, on its way out: its count is complete."""
 
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""
@@ -63,6 +88,21 @@ class SweepStats:
     backlog: int = 0
     """Expired rows left when the time budget ended the sweep (0 when it finished)."""
     advice: list[str] = field(default_factory=list)
+    ledger: bool = False
+    """Whether `removed` came from the ledger (exact), rather than heartbeats."""
+    oldest_expired_age_ms: int | None = 0
+    """How long the oldest expired row still there has been expired (0: none; None: not
+    known, the query ran out of time)."""
+    live_rows: int = 0
+    dead_rows: int = 0
+    """The tables' live and dead tuples after the sweep, from the statistics views."""
+    analyzed: bool = False
+
+    @property
+    def dead_share(self) -> float:
+        """Dead tuples as a share of all tuples after the sweep (0 when the views know none)."""
+        total = self.live_rows + self.dead_rows
+        return round(self.dead_rows / total, 4) if total else 0.0
 
     @property
     def strategy(self) -> str:

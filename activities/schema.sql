@@ -33,3 +33,18 @@ CREATE TABLE x_auth_lockouts (
   until_ms bigint NOT NULL
 );
 CREATE INDEX ON x_auth_lockouts (until_ms);
+
+-- The sweep's ledger: rows removed per pass and target, written by the same transaction as each
+-- batch's DELETE, so the count stays exact whatever dies (a worker, a connection, the server).
+-- A resumed attempt reads it. The sweep removes its own rows 7 days (by the pass's clock) after
+-- their pass. Without this table (or INSERT/UPDATE/SELECT/DELETE on it), sweeps still run and
+-- count from heartbeats, and say so: after a worker death that count is a lower bound.
+CREATE TABLE purge_progress (
+  workflow_id text   NOT NULL,
+  run_id      text   NOT NULL,
+  target      text   NOT NULL,
+  now_ms      bigint NOT NULL,
+  removed     bigint NOT NULL,
+  batches     bigint NOT NULL,
+  PRIMARY KEY (workflow_id, run_id, target)
+);

@@ -9,11 +9,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from temporalio import activity
+from temporalio.common import MetricCounter, MetricMeter
 
 from activities.errors import BadPurgeTarget, DryRunUnsupported
 from activities.guards import check_clock, check_counts
 from activities.payloads import PurgeStep, PurgeSweep
-from activities.progress import Progress
+from activities.progress import LedgerKey, Progress
 from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
@@ -59,7 +60,8 @@ class PurgeActivities:
             )
         sweep.removed = removed
         sweep.seconds = round(time.monotonic() - started, 6)
-        _record_metrics(step, removed, sweep.seconds)
+        batched = isinstance(target, BatchedTarget) and not step.dry_run
+        _record_metrics(step, removed, sweep.seconds, batched)
         activity.logger.info(
             "purge target %s %s %d rows in %.3f s",
             step.name,
@@ -80,14 +82,18 @@ class PurgeActivities:
         return sweep
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
-        """A built-in target's batched sweep: guards first, resumed from the last heartbeat."""
+        """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or
+        the last heartbeat, every batch's count heartbeated and added to the metrics."""
         info = activity.info()
-        beat = _Beat(step.name, Progress.resume(info.heartbeat_details))
+        resumed = Progress.resume(info.heartbeat_details)
+        beat = _Beat(step.name, resumed)
+        ledger = LedgerKey(
+            info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms
+        )
         async with _heartbeating(beat):
-            assert beat.progress is not None
             guards = target.guards
             # Before the first delete only: a resumed attempt already passed them.
-            if not beat.progress.batches and guards.max_clock_jump_ms is not None:
+            if not resumed.batches and guards.max_clock_jump_ms is not None:
                 await check_clock(
                     step.name,
                     guards,
@@ -96,30 +102,77 @@ class PurgeActivities:
                     info.task_queue,
                     info.workflow_id or "",
                 )
-            if not beat.progress.batches and guards.counts:
+            if not resumed.batches and guards.counts:
                 expired, total = await target.measure(step.now_ms)
                 check_counts(step.name, guards, expired, total)
-            stats = await target.sweep(step.now_ms, resume=beat.progress, on_batch=beat.after_batch)
+            try:
+                stats = await target.sweep(
+                    step.now_ms, resume=resumed, on_batch=beat.after_batch, ledger=ledger
+                )
+            except BaseException:
+                # Failing without dying (a timeout, a lost connection, a shutdown): say so in
+                # the last heartbeat, so the next attempt knows this one's count is complete.
+                resumed.clean_exit = True
+                activity.heartbeat(resumed.details())
+                raise
         sweep.strategy, sweep.batches = stats.strategy, stats.batches
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+        # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
+        # after the last heartbeat the server kept: the count is then only a lower bound.
+        sweep.lower_bound = not stats.ledger and info.attempt > 1 and not resumed.clean_exit
+        age = stats.oldest_expired_age_ms
+        sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
+        sweep.dead_tuple_share = stats.dead_share
+        sweep.analyzed = stats.analyzed
+        if not stats.ledger:
+            activity.logger.warning(
+                "purge target %s counted from heartbeats: its database has no purge_progress "
+                "table this role may write (create it from activities/schema.sql); %s",
+                step.name,
+                "an earlier attempt died, so the count is a LOWER BOUND"
+                if sweep.lower_bound
+                else "exact unless a worker dies mid-sweep",
+                extra={"purge_target": step.name, "purge_lower_bound": sweep.lower_bound},
+            )
         sweep.advice = " ".join(stats.advice)
         for advice in stats.advice:
             activity.logger.warning(advice, extra={"purge_target": step.name})
+        _record_gauges(step.name, sweep)
         return stats.removed
 
 
-def _record_metrics(step: PurgeStep, removed: int, seconds: float) -> None:
-    """Rows removed per target (counter) and each target's sweep duration (histogram), on the
-    worker's Prometheus endpoint beside the SDK's own metrics."""
-    meter = activity.metric_meter()
+def _meter() -> MetricMeter:
+    return activity.metric_meter()
+
+
+def _record_metrics(step: PurgeStep, removed: int, seconds: float, batched: bool) -> None:
+    """Each target's sweep duration (histogram) and, for a target that does not count per batch,
+    its rows removed (counter), on the worker's Prometheus endpoint beside the SDK's own."""
     labels = {"target": step.name}
     if not step.dry_run:
-        meter.create_counter("purge_rows_removed", "rows deleted by retention sweeps", "rows").add(
-            removed, labels
-        )
-    meter.create_histogram_float(
+        # A batched target added its rows batch by batch; adding 0 still shows its series.
+        _rows_removed().add(0 if batched else removed, labels)
+    _meter().create_histogram_float(
         "purge_target_seconds", "wall time of one target's sweep", "s"
     ).record(seconds, labels)
+
+
+def _rows_removed() -> MetricCounter:
+    return _meter().create_counter("purge_rows_removed", "rows deleted by retention sweeps", "rows")
+
+
+def _record_gauges(name: str, sweep: PurgeSweep) -> None:
+    """What a sweep left, for alerts: expired rows left and how long the oldest has waited."""
+    labels = {"target": name}
+    _meter().create_gauge(
+        "purge_backlog_rows", "expired rows left after the last sweep", "rows"
+    ).set(sweep.backlog, labels)
+    if sweep.oldest_expired_age_s is not None:
+        _meter().create_gauge_float(
+            "purge_oldest_expired_age_seconds",
+            "how long the oldest expired row left after the last sweep has been expired",
+            "s",
+        ).set(sweep.oldest_expired_age_s, labels)
 
 
 class _Beat:
@@ -131,8 +184,11 @@ class _Beat:
 
     def after_batch(self, progress: Progress) -> None:
         # Every batch's progress, so a retried attempt resumes after the last one that reached
-        # the server (the SDK throttles what it sends, never what it keeps).
+        # the server (the SDK throttles what it sends, never what it keeps); and its rows into
+        # the counter as they are deleted, so a failed or killed attempt's rows count too.
         activity.heartbeat(progress.details())
+        if progress.batch_removed:
+            _rows_removed().add(progress.batch_removed, {"target": self.name})
 
     def between(self) -> None:
         if self.progress is None:

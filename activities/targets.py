@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 from activities.errors import BadPurgeTarget, DuplicatePurgeTarget, UnknownPurgeTarget
-from activities.progress import OnBatch, Progress, SweepStats
+from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards
 
 
@@ -52,9 +52,14 @@ class BatchedTarget(CountingTarget, Protocol):
         ...
 
     async def sweep(
-        self, now_ms: int, resume: Progress | None = None, on_batch: OnBatch | None = None
+        self,
+        now_ms: int,
+        resume: Progress | None = None,
+        on_batch: OnBatch | None = None,
+        ledger: LedgerKey | None = None,
     ) -> SweepStats:
-        """Delete in batches from where `resume` says, calling `on_batch` after each."""
+        """Delete in batches from where `resume` says, calling `on_batch` after each; with
+        `ledger`, count every batch into that pass's `purge_progress` row as well."""
         ...
 
 

@@ -17,7 +17,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from purge_config.dsn import BadDsn, parse_dsn, redact
 from purge_config.errors import ConfigError
 from purge_config.settings import SweepSettings
-from purge_config.targets import SWEEP_KEYS, TargetSpec, parse_target, sweep_settings
+from purge_config.targets import (
+    SWEEP_FLAGS,
+    SWEEP_KEYS,
+    TargetSpec,
+    parse_target,
+    sweep_settings,
+)
 from purge_config.values import (
     HOUR_MS,
     cron_ok,
@@ -142,7 +148,7 @@ def parse_config(
         )
     sweep = raw.get("sweep", {})
     if isinstance(sweep, dict):
-        no_unknown(where, "sweep.", sweep, frozenset(SWEEP_KEYS))
+        no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS}))
     defaults = sweep_settings(where, "sweep.", sweep, SweepSettings())
     targets = tuple(parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
     seen: dict[str, int] = {}

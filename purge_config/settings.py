@@ -20,6 +20,9 @@ class SweepSettings:
     time_budget_ms: int = 600_000
     """A target's sweep ends cleanly after this long and reports its backlog; the next pass
     continues. Well inside an hourly schedule's period."""
+    analyze_after: bool = False
+    """ANALYZE a table after a sweep removed more than a tenth of it (needs MAINTAIN or
+    ownership; without them, one warning, never a failure)."""
 
 
 @dataclass(frozen=True)

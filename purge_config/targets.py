@@ -37,6 +37,10 @@ SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
     "time_budget": ("time_budget_ms", 1_000, 20 * 60_000),
 }
 
+#: The `[sweep]` keys that are true or false (also allowed per target), each the SweepSettings
+#: field of its name.
+SWEEP_FLAGS = ("analyze_after",)
+
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
@@ -63,7 +67,14 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
     """`base` with the sweep keys of `raw` applied (only those keys are read here)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {prefix.rstrip('.')}: must be a table, got {raw!r}")
-    changes: dict[str, int] = {}
+    changes: dict[str, Any] = {}
+    for key in SWEEP_FLAGS:
+        if key in raw:
+            if not isinstance(raw[key], bool):
+                raise ConfigError(
+                    f"{where}: {prefix}{key}: must be true or false, got {raw[key]!r}"
+                )
+            changes[key] = raw[key]
     for key, (attr, low, high) in SWEEP_KEYS.items():
         if key not in raw:
             continue
@@ -124,7 +135,9 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     # the check of `name` below, and would otherwise break the one-line message here.
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
-    sweep_keys = frozenset({*SWEEP_KEYS, *_GUARD_KEYS}) if kind != "python" else frozenset()
+    sweep_keys = (
+        frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *_GUARD_KEYS}) if kind != "python" else frozenset()
+    )
     no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
 
     if kind == "python":

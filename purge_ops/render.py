@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from activities.payloads import PurgeReport, iso_ms
+from activities.payloads import PurgeReport, PurgeSweep, iso_ms
 
 
 def table(
@@ -28,7 +28,8 @@ def table(
 
 def report_table(report: PurgeReport) -> str:
     """A pass's report: one row per target (how it swept, how long any batch held its locks,
-    what is left), failures named, the total last, then any advice."""
+    what is left and how old it is, the dead tuples it left), failures named, the total last,
+    then any advice. A count that may be short (a lost attempt, no ledger) reads `>=N`."""
     verb = "would remove" if report.dry_run else "removed"
     rows: list[list[object]] = []
     for s in report.swept:
@@ -36,22 +37,49 @@ def report_table(report: PurgeReport) -> str:
         rows.append(
             [
                 s.name,
-                s.removed,
+                removed_text(s),
                 f"{s.seconds:.3f}",
                 s.strategy,
                 s.batches if batched else "",
                 f"{s.p95_batch_ms:.1f}" if batched else "",
                 s.backlog or "",
+                oldest_text(s.oldest_expired_age_s),
+                f"{s.dead_tuple_share:.0%}" if batched else "",
                 "out of time" if s.backlog else "ok",
             ]
         )
     for f in report.failed:
-        rows.append([f.name, "-", "-", "", "", "", "", f"FAILED {f.type}: {f.message}"])
-    rows.append(["total", report.removed, "", "", "", "", "", _failed(report)])
+        rows.append([f.name, "-", "-", "", "", "", "", "", "", f"FAILED {f.type}: {f.message}"])
+    total = f">={report.removed}" if any(s.lower_bound for s in report.swept) else report.removed
+    rows.append(["total", total, "", "", "", "", "", "", "", _failed(report)])
     head = f"purge pass as of {iso_ms(report.now_ms)}" + (" (dry run)" if report.dry_run else "")
-    header = ["target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "status"]
-    advice = [f"advice: {s.advice}" for s in report.swept if s.advice]
-    return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6}), *advice])
+    header = [
+        "target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "oldest expired",
+        "dead", "status",
+    ]  # fmt: skip
+    notes = [f"advice: {s.advice}" for s in report.swept if s.advice]
+    if any(s.lower_bound for s in report.swept):
+        notes.append(LOWER_BOUND_NOTE)
+    return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6, 7, 8}), *notes])
+
+
+#: Said under any table holding a `>=N` count.
+LOWER_BOUND_NOTE = (
+    ">=N: a lower bound: a worker died mid-sweep and the target's database has no "
+    "purge_progress ledger (activities/schema.sql) to count every batch from"
+)
+
+
+def removed_text(sweep: PurgeSweep) -> str:
+    """Rows removed, as `>=N` when the count may be short."""
+    return f">={sweep.removed}" if sweep.lower_bound else str(sweep.removed)
+
+
+def oldest_text(age_s: float | None) -> str:
+    """How long the oldest expired row left has waited: blank for none, `?` when unknown."""
+    if age_s is None:
+        return "?"
+    return human_duration(age_s * 1000) if age_s > 0 else ""
 
 
 def _failed(report: PurgeReport) -> str:

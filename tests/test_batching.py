@@ -21,8 +21,10 @@ from activities import builtin_targets as kinds
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
+from purge_config import parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
+from tests.support.activity import activity_env
 from tests.support.rows import HOUR, PAST_NOW, keys
 
 NOW = PAST_NOW
@@ -95,14 +97,19 @@ def run_activity(
     heartbeat_details: list[Any] | None = None,
     on_heartbeat: Callable[..., None] | None = None,
     cancel_after_batches: int | None = None,
+    run_id: str | None = None,
 ) -> tuple[ActivityEnvironment, Any]:
-    """The real activity on x_idempotency, in Temporal's activity test environment."""
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, heartbeat_details=heartbeat_details or [])
+    """The real activity on x_idempotency, in Temporal's activity test environment; a retried
+    attempt passes the first's `run_id` (one pass) and its heartbeat details."""
+    env = activity_env(heartbeat_details=heartbeat_details or [])
+    if run_id is not None:
+        env.info = dataclasses.replace(env.info, workflow_run_id=run_id, attempt=2)
     seen: list[dict[str, Any]] = []
 
     def beat(*details: Any) -> None:
-        if details and isinstance(details[0], dict) and "batch_ms" in details[0]:
+        batch = details and isinstance(details[0], dict) and "batch_ms" in details[0]
+        # The heartbeat an attempt sends as it fails (clean_exit) repeats the last batch's.
+        if batch and not details[0].get("clean_exit"):
             seen.append(details[0])
             if cancel_after_batches is not None and len(seen) == cancel_after_batches:
                 env.cancel()
@@ -120,7 +127,10 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
 ) -> None:
     expired = fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")
-    _, (running, seen) = run_activity(pool, TINY, cancel_after_batches=5)
+    last: list[Any] = []
+    _, (running, seen) = run_activity(
+        pool, TINY, cancel_after_batches=5, on_heartbeat=lambda *d: last.append(d[0])
+    )
 
     with pytest.raises(asyncio.CancelledError):
         await running
@@ -130,6 +140,9 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
     )
     assert len(seen) == 5  # stopped after the batch in flight, not in the middle of one
     assert 0 < gone == seen[-1]["removed"]
+    # Its last word says it left cleanly, so the next attempt trusts the count it resumes from.
+    assert last[-1]["clean_exit"] is True
+    assert last[-1]["removed"] == gone
 
 
 async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_row_once(
@@ -137,7 +150,7 @@ async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_r
 ) -> None:
     expired = fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")
-    _, (first, first_beats) = run_activity(pool, TINY, cancel_after_batches=8)
+    env, (first, first_beats) = run_activity(pool, TINY, cancel_after_batches=8)
     with pytest.raises(asyncio.CancelledError):
         await first
     last = first_beats[-1]
@@ -146,6 +159,7 @@ async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_r
     _, (second, second_beats) = run_activity(
         pool,
         TINY,
+        run_id=env.info.workflow_run_id,
         heartbeat_details=[last],
         on_heartbeat=lambda *d: second_starts.append(d[0]) if not second_starts else None,
     )
@@ -158,25 +172,58 @@ async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_r
     assert result.batches == len(second_beats)
 
 
+def slow_deletes(db: psycopg.Connection[Any], table: str) -> None:
+    """Make every row of `table` take a millisecond to delete (as a delete trigger or an
+    unindexed child table would), so that a sweep outlasts a one-second budget on few rows."""
+    db.execute(
+        "CREATE OR REPLACE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END$$"
+    )
+    db.execute(
+        f"CREATE TRIGGER slow BEFORE DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION slow_delete()"
+    )
+
+
 async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_continues(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
-    expired = fill_idempotency(db, 30_000, expired_every=10)  # 10%: by index
+    """At the config's smallest budget (1s), on tables that take longer: the index sweep's
+    backlog is exactly the expired rows left, the walk's is estimated from the density it met,
+    and the next pass removes the rest."""
+    [spec] = parse_config(
+        {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
+    ).targets
+    assert spec.settings.time_budget_ms == 1_000
+    expired = fill_idempotency(db, 20_000, expired_every=10)  # 10%, indexed: by index
     analyze(db, "x_idempotency")
-    budget = SweepSettings(time_budget_ms=0)
-    cut_short = await kinds.idempotency(pool, settings=budget).sweep(NOW)
-    walk = SweepSettings(time_budget_ms=0)
-    db.execute("CREATE TABLE heap AS SELECT * FROM x_idempotency")
-    walked = await kinds.expiring(
-        pool, "heap", TableName("heap"), "expires_at_ms", settings=walk
-    ).sweep(NOW)
+    # The same rows made wide, no index: a walk of its pages.
+    db.execute(
+        "CREATE TABLE heap AS SELECT key, repeat('x', 800) AS pad, expires_at_ms FROM x_idempotency"
+    )
+    analyze(db, "heap")
+    slow_deletes(db, "x_idempotency")
+    slow_deletes(db, "heap")
 
-    finished = await kinds.idempotency(pool).sweep(NOW)
+    cut_short = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
+    heap = kinds.expiring(pool, "heap", TableName("heap"), "expires_at_ms", settings=spec.settings)
+    walked = await heap.sweep(NOW)
 
-    assert (cut_short.removed, cut_short.backlog) == (0, expired)  # counted through the index
+    def left(table: str) -> int:
+        query = f"SELECT count(*) FROM {table} WHERE expires_at_ms <= %s"
+        return int(db.execute(query, (NOW,)).fetchone()[0])  # type: ignore[index]
+
+    assert cut_short.strategy == "index"
+    assert 0 < cut_short.removed < expired
+    assert cut_short.backlog == left("x_idempotency") == expired - cut_short.removed
     assert walked.strategy == "range"
-    assert walked.backlog > 0  # estimated before any page was walked
-    assert (finished.removed, finished.backlog) == (expired, 0)
+    assert 0 < walked.removed < expired
+    true_left = left("heap")
+    assert abs(walked.backlog - true_left) <= 0.15 * true_left, (walked.backlog, true_left)
+
+    db.execute("DROP TRIGGER slow ON x_idempotency")
+    finished = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
+    assert (finished.removed, finished.backlog) == (expired - cut_short.removed, 0)
+    assert left("x_idempotency") == 0
 
 
 async def test_auth_out_of_time_on_its_first_table_leaves_the_second_for_the_next_pass(
@@ -387,11 +434,11 @@ async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create
     step = PurgeStep(name="audit", now_ms=NOW)
 
     with caplog.at_level("WARNING", logger="temporalio.activity"):
-        unindexed = await ActivityEnvironment().run(PurgeActivities(registry).purge_target, step)
+        unindexed = await activity_env().run(PurgeActivities(registry).purge_target, step)
     db.execute("CREATE INDEX ON audit (created_ms)")
     db.execute("INSERT INTO audit SELECT i, %s, '' FROM generate_series(1, 800) i", (NOW - 1,))
     analyze(db, "audit")
-    indexed = await ActivityEnvironment().run(PurgeActivities(registry).purge_target, step)
+    indexed = await activity_env().run(PurgeActivities(registry).purge_target, step)
 
     assert unindexed.removed == 800
     assert unindexed.strategy == "range"

@@ -41,7 +41,7 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
     report = {
         m.group(1): int(m.group(2))
         for m in re.finditer(
-            r"^(\w+)\s+(\d+)\s+(?:[\d.]+\s+\w+\s+\d+\s+[\d.]+\s+ok)?\s*$", out, re.M
+            r"^(\w+)\s+(\d+)\s+(?:[\d.]+\s+\w+\s+\d+\s+[\d.]+\s+\d+%\s+ok)?\s*$", out, re.M
         )
     }
     assert report == {

@@ -3,7 +3,6 @@ max_rows, max_fraction, and a clock that went back or jumped ahead of the previo
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
@@ -12,7 +11,6 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_targets as kinds
 from activities.payloads import PurgeReport, PurgeStep
@@ -20,6 +18,7 @@ from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config.settings import Guards
 from tests.conftest import RunWorker
+from tests.support.activity import activity_env
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 
@@ -104,18 +103,11 @@ async def test_auth_guards_count_both_tables(
     )
     target = kinds.auth(pool, guards=Guards(max_rows=2))
     with pytest.raises(ApplicationError, match="would remove 3 rows, more than its max_rows 2"):
-        await ActivityEnvironment().run(
+        await activity_env().run(
             PurgeActivities(TargetRegistry([target])).purge_target,
             PurgeStep(name="x_auth", now_ms=real_now),
         )
     assert await target.measure(real_now) == (3, 5)
-
-
-def activity_env(client: Client, task_queue: str, workflow_id: str) -> ActivityEnvironment:
-    """The activity as a pass on `task_queue` would run it, with a client for the clock guard."""
-    env = ActivityEnvironment(client=client)
-    env.info = dataclasses.replace(env.info, task_queue=task_queue, workflow_id=workflow_id)
-    return env
 
 
 async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_pass(
@@ -140,7 +132,7 @@ async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_p
     def step(now_ms: int) -> PurgeStep:
         return PurgeStep(name="x_idempotency", now_ms=now_ms)
 
-    env = activity_env(client, task_queue, "purge-now")
+    env = activity_env(client, task_queue=task_queue, workflow_id="purge-now")
     with pytest.raises(ApplicationError) as behind:
         await env.run(activities.purge_target, step(previous - 1))
     with pytest.raises(ApplicationError) as ahead:
@@ -162,7 +154,7 @@ async def test_clock_guard_passes_the_first_pass_on_a_queue(
 ) -> None:
     seed(db, real_now, expired=2, live=1)
     guarded = kinds.idempotency(pool, guards=Guards(max_clock_jump_ms=HOUR))
-    env = activity_env(client, f"tq-empty-{uuid.uuid4()}", "purge-first")
+    env = activity_env(client, task_queue=f"tq-empty-{uuid.uuid4()}", workflow_id="purge-first")
     swept = await env.run(
         PurgeActivities(TargetRegistry([guarded])).purge_target,
         PurgeStep(name="x_idempotency", now_ms=real_now),
@@ -176,9 +168,13 @@ async def test_guards_are_not_asked_again_by_a_resumed_attempt(
     """An attempt that resumes after deleting has passed its guards; it finishes the job
     rather than refusing half way (its count now would be smaller anyway)."""
     seed(db, real_now, expired=6, live=4)
-    env = ActivityEnvironment()
     resumed = {"table": 0, "page": 0, "removed": 2, "batches": 1, "strategy": "index"}
-    env.info = dataclasses.replace(env.info, heartbeat_details=[resumed])
+    env = activity_env(heartbeat_details=[resumed], attempt=2)
+    # What the earlier attempt's one batch wrote to the ledger with its 2 deletes.
+    db.execute(
+        "INSERT INTO purge_progress VALUES (%s, %s, 'x_idempotency', %s, 2, 1)",
+        (env.info.workflow_id, env.info.workflow_run_id, real_now),
+    )
     guarded = kinds.idempotency(pool, guards=Guards(max_rows=1))
     swept = await env.run(
         PurgeActivities(TargetRegistry([guarded])).purge_target,

@@ -77,6 +77,11 @@ class PurgeWorkflow:
                 report.failed.append(
                     FailedTarget(name=name, type=failure.type, message=failure.message)
                 )
+                # Once per pass and target, for an alert on a target failing pass after pass.
+                # Metrics issue no command (and are skipped on replay): histories are unchanged.
+                workflow.metric_meter().create_counter(
+                    "purge_target_failures", "targets that failed a pass after their retries"
+                ).add(1, {"target": name})
                 continue
             report.swept.append(sweep)
             report.removed += sweep.removed

@@ -53,12 +53,16 @@ class BatchSweeper:
         progress: Progress,
         on_batch: OnBatch,
         deadline: float,
+        ledger: dict[str, object] | None = None,
     ) -> None:
         self.conn = conn
         self.settings = settings
         self.progress = progress
         self.on_batch = on_batch
         self.deadline = deadline
+        # The ledger's parameters (see LedgerKey.params): each batch then adds its count to
+        # purge_progress in its own transaction, and the progress takes the ledger's total.
+        self.ledger = ledger
 
     async def sweep(self, pred: Predicate, plan: TablePlan) -> TableSweep:
         """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
@@ -71,7 +75,7 @@ class BatchSweeper:
         return result
 
     async def _walk(self, pred: Predicate, result: TableSweep) -> None:
-        statement = range_batch(pred)
+        statement = range_batch(pred, ledger=self.ledger is not None)
         pages, start = FIRST_PAGES, self.progress.page
         while self.progress.page < result.plan.pages:
             if time.monotonic() >= self.deadline:
@@ -82,7 +86,7 @@ class BatchSweeper:
                 return
             lo = self.progress.page
             hi = min(lo + pages, result.plan.pages)
-            params = {**pred.params, "lo": f"({lo},0)", "hi": f"({hi},0)"}
+            params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
             _, ms = await self._batch(result, statement, params, walk=True, page=hi)
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
@@ -94,17 +98,25 @@ class BatchSweeper:
                 result.backlog = await self._count_left(pred, result)
                 return
             found, ms = await self._batch(
-                result, index_batch(pred, rows), pred.params, walk=False, page=0
+                result,
+                index_batch(pred, rows, ledger=self.ledger is not None),
+                {**pred.params, **(self.ledger or {})},
+                walk=False,
+                page=0,
             )
             if found < rows:
                 return  # the index held fewer expired rows than asked for: that was all
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
-    def _advance(self, result: TableSweep, removed: int, ms: float, page: int) -> None:
+    def _advance(
+        self, result: TableSweep, removed: int, total: int | None, ms: float, page: int
+    ) -> None:
         result.removed += removed
         result.batch_ms.append(ms)
         progress = self.progress
-        progress.removed += removed
+        # The ledger's total counts every committed batch of every attempt of this pass.
+        progress.removed = total if total is not None else progress.removed + removed
+        progress.batch_removed = removed
         progress.batches += 1
         progress.page = page
         progress.batch_ms = ms
@@ -130,18 +142,18 @@ class BatchSweeper:
             raise asyncio.CancelledError
         task = asyncio.ensure_future(self._run(statement, params, walk))
         try:
-            found, removed, ms = await asyncio.shield(task)
+            found, removed, total, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
-            found, removed, ms = await task
-            self._advance(result, removed, ms, page)
+            found, removed, total, ms = await task
+            self._advance(result, removed, total, ms, page)
             raise
-        self._advance(result, removed, ms, page)
+        self._advance(result, removed, total, ms, page)
         return found, ms
 
     async def _run(
         self, statement: sql.Composed, params: dict[str, object], walk: bool
-    ) -> tuple[int, int, float]:
-        """(rows found, rows deleted, ms)."""
+    ) -> tuple[int, int, int | None, float]:
+        """(rows found, rows deleted, the ledger's total or None, ms)."""
         started = time.perf_counter()
         # Pipelined: BEGIN, the bounds, the DELETE and COMMIT in one round trip.
         async with self.conn.pipeline(), self.conn.transaction():
@@ -151,12 +163,12 @@ class BatchSweeper:
             )
             cur = await self.conn.execute(statement, params)
         ms = (time.perf_counter() - started) * 1000
-        if walk:
-            deleted = max(cur.rowcount, 0)
-            return deleted, deleted, ms
         row = await cur.fetchone()
-        found, deleted = (int(row[0]), int(row[1])) if row else (0, 0)
-        return found, deleted, ms
+        if not row:
+            return 0, 0, None, ms
+        # A batch that deleted nothing writes no ledger row: its total is NULL, the count stays.
+        total = int(row[2]) if row[2] is not None else None
+        return int(row[0]), int(row[1]), total, ms
 
     async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
         """Expired rows still there, counted through the index up to a cap (estimated if even

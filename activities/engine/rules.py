@@ -6,7 +6,7 @@ reads the server's clock: rows written from the application's clock are measured
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -42,6 +42,9 @@ class Predicate:
     column: str | None
     """The column an index on which serves the rule (`column <= cutoff`); None when no
     single-column index can (the full-bucket arithmetic)."""
+    expired_at: sql.Composable = field(default_factory=lambda: sql.SQL("NULL::float8"))
+    """The epoch-ms instant a row expired (or expires), computed from the row alone: how long
+    the oldest expired row left behind has waited is `now_ms` minus its least value."""
 
 
 class Rule(Protocol):
@@ -78,8 +81,17 @@ class ExpiryRule:
             # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
             # session's TimeZone never enters the comparison.
             cutoff = (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
-        where = sql.SQL("{} <= %(cutoff)s").format(sql.Identifier(self.column))
-        return Predicate(self.table, where, {"cutoff": cutoff}, self.column)
+        column = sql.Identifier(self.column)
+        where = sql.SQL("{} <= %(cutoff)s").format(column)
+        # The row's own instant: extract() of the column, never of the server's clock; a
+        # `timestamp` column's epoch is read as UTC, as the comparison above reads it.
+        instant = (
+            sql.SQL("{}::float8").format(column)
+            if kind in MS_TYPES
+            else sql.SQL("extract(epoch FROM {})::float8 * 1000").format(column)
+        )
+        expired_at = sql.SQL("{} + {}").format(instant, sql.Literal(self.max_age_ms))
+        return Predicate(self.table, where, {"cutoff": cutoff}, self.column, expired_at)
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,12 @@ class FullBucketRule:
             " ELSE tokens::numeric + (%(now_ms)s::numeric - last_ms::numeric)"
             " * refill_per_ms::numeric >= capacity::numeric END"
         )
-        return Predicate(self.table, where, {"now_ms": now_ms}, None)
+        # Full again at last_ms + the missing tokens' refill time.
+        expired_at = sql.SQL(
+            "last_ms::float8 + greatest(capacity::float8 - tokens::float8, 0)"
+            " / refill_per_ms::float8"
+        )
+        return Predicate(self.table, where, {"now_ms": now_ms}, None, expired_at)
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:

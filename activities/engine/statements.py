@@ -37,11 +37,32 @@ def local_bounds(walk: bool = False) -> sql.Composed:
     return sql.Composed(parts)
 
 
-def index_batch(pred: Predicate, limit: int) -> sql.Composed:
+#: The ledger's upsert, added to a batch when the target's database has `purge_progress`: the
+#: batch's count becomes durable in the same transaction as its DELETE. Its parameters name the
+#: pass (`ledger_workflow`, `ledger_run`, `ledger_now`) and the target (`ledger_target`).
+_LEDGER = sql.SQL(
+    ", ledger AS ("
+    "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
+    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
+    " FROM counted WHERE n > 0"
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
+    " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
+    " RETURNING removed)"
+    " SELECT {found}, (SELECT n FROM counted), (SELECT removed FROM ledger)"
+)
+_NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
+
+
+def _counted(found: sql.Composable, ledger: bool) -> sql.Composed:
+    """The batch's closing select: (rows found, rows deleted, the ledger's total or NULL)."""
+    return (_LEDGER if ledger else _NO_LEDGER).format(found=found)
+
+
+def index_batch(pred: Predicate, limit: int, ledger: bool = False) -> sql.Composed:
     """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
     the row itself so that one renewed while this waited for its lock is kept. It returns how
-    many rows it found and how many it deleted: fewer found than `limit` means the last batch,
-    without a final empty one to find that out."""
+    many rows it found, how many it deleted and (with `ledger`) the pass's total so far: fewer
+    found than `limit` means the last batch, without a final empty one to find that out."""
     assert pred.column is not None
     return sql.SQL(
         "WITH found AS MATERIALIZED ("
@@ -49,20 +70,52 @@ def index_batch(pred: Predicate, limit: int) -> sql.Composed:
         "), deleted AS ("
         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)) AND {where}"
         " RETURNING 1"
-        ") SELECT (SELECT count(*) FROM found), (SELECT count(*) FROM deleted)"
+        "), counted AS (SELECT count(*) AS n FROM deleted){closing}"
     ).format(
         table=ident(pred.table),
         where=pred.where,
         column=sql.Identifier(pred.column),
         limit=sql.Literal(limit),
+        closing=_counted(sql.SQL("(SELECT count(*) FROM found)"), ledger),
     )
 
 
-def range_batch(pred: Predicate) -> sql.Composed:
-    """The range batch: every expired row in pages [lo, hi), checked on the row itself."""
+def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
+    """The range batch: every expired row in pages [lo, hi), checked on the row itself. The
+    same three columns as `index_batch`, what it deleted standing for what it found."""
     return sql.SQL(
+        "WITH deleted AS ("
         "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
-    ).format(table=ident(pred.table), where=pred.where)
+        " RETURNING 1"
+        "), counted AS (SELECT count(*) AS n FROM deleted){closing}"
+    ).format(
+        table=ident(pred.table),
+        where=pred.where,
+        closing=_counted(sql.SQL("(SELECT n FROM counted)"), ledger),
+    )
+
+
+def ledger_entry() -> sql.SQL:
+    """The pass's total so far for one target: what a resumed attempt starts counting from."""
+    return sql.SQL(
+        "SELECT removed, batches FROM purge_progress"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND target = %(ledger_target)s"
+    )
+
+
+def ledger_writable() -> sql.SQL:
+    """Whether `purge_progress` exists (by the search_path) and this role may use it."""
+    return sql.SQL(
+        "SELECT coalesce(has_table_privilege(to_regclass('purge_progress'),"
+        " 'SELECT, INSERT, UPDATE, DELETE'), false)"
+    )
+
+
+def ledger_expire() -> sql.SQL:
+    """Remove ledger rows of passes older than `keep_ms` before this pass's instant: the
+    ledger is retention data too, judged by the caller's clock like every other table."""
+    return sql.SQL("DELETE FROM purge_progress WHERE now_ms < %(ledger_now)s - %(keep_ms)s")
 
 
 def count_expired(pred: Predicate, cap: int | None = None) -> sql.Composed:
@@ -80,3 +133,45 @@ def count_expired_and_all(pred: Predicate) -> sql.Composed:
     return sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
         pred.where, ident(pred.table)
     )
+
+
+def oldest_expired(pred: Predicate) -> sql.Composed:
+    """One row: the least `expired_at` among the rows still expired (NULL when none), through
+    the index on the rule's column when there is one."""
+    if pred.column is not None:
+        return sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1").format(
+            pred.expired_at, ident(pred.table), pred.where, sql.Identifier(pred.column)
+        )
+    return sql.SQL("SELECT min({}) FROM {} WHERE {}").format(
+        pred.expired_at, ident(pred.table), pred.where
+    )
+
+
+def flush_statistics() -> sql.SQL:
+    """Make this session's table statistics (the dead tuples its batches left) visible to the
+    views once it goes idle (PostgreSQL 15+)."""
+    return sql.SQL("SELECT pg_stat_force_next_flush()")
+
+
+def table_tuples() -> sql.SQL:
+    """One row: live and dead tuples of `%(rel)s` (over its leaf partitions) per the views."""
+    return sql.SQL(
+        "SELECT coalesce(sum(s.n_live_tup), 0), coalesce(sum(s.n_dead_tup), 0)"
+        " FROM pg_stat_all_tables s"
+        " WHERE s.relid IN (SELECT relid FROM pg_partition_tree(%(rel)s::regclass) WHERE isleaf"
+        " UNION SELECT %(rel)s::regclass)"
+    )
+
+
+def may_analyze(server_version: int) -> sql.SQL:
+    """Whether this role may ANALYZE `%(rel)s`: the MAINTAIN privilege (PostgreSQL 17+) or
+    membership in the owning role."""
+    owner = "pg_has_role(c.relowner, 'USAGE')"
+    if server_version >= 170000:
+        owner += " OR has_table_privilege(c.oid, 'MAINTAIN')"
+    return sql.SQL("SELECT " + owner + " FROM pg_class c WHERE c.oid = %(rel)s::regclass")
+
+
+def analyze(pred: Predicate) -> sql.Composed:
+    """Refresh the planner's statistics of the table after a sweep removed a large share."""
+    return sql.SQL("ANALYZE {}").format(ident(pred.table))

@@ -10,12 +10,13 @@ from typing import Any
 from psycopg import AsyncConnection, errors
 from psycopg_pool import AsyncConnectionPool
 
-from activities.engine.batching import BatchSweeper
+from activities.engine.batching import BatchSweeper, TableSweep
 from activities.engine.planning import TablePlan, plan_table
 from activities.engine.rules import Predicate, Rule
 from activities.engine.statements import count_expired, count_expired_and_all, local_bounds
+from activities.engine.upkeep import analyze_after, leftover, open_ledger, vacuum_advice
 from activities.errors import BadPurgeTarget
-from activities.progress import OnBatch, Progress, SweepStats
+from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards, SweepSettings
 
 
@@ -52,12 +53,24 @@ class SqlTarget:
         now_ms: int,
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
+        ledger: LedgerKey | None = None,
     ) -> SweepStats:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
-        heartbeat) says; `on_batch` is called with the progress after every batch."""
+        heartbeat) says; `on_batch` is called with the progress after every batch.
+
+        With `ledger`, every batch also adds its count to `purge_progress` in its own
+        transaction, and the count starts from what the ledger holds: exact, whatever an earlier
+        attempt's worker did before it died. Without the table, counts come from `resume`.
+        """
         progress = resume or Progress()
-        stats = SweepStats(removed=progress.removed)
+        stats = SweepStats()
+        if ledger is not None:
+            async with self._pool.connection() as conn:
+                counted = await open_ledger(conn, ledger, self.settings)
+            if counted is not None:
+                progress.removed, stats.ledger = counted, True
         deadline = time.monotonic() + self.settings.time_budget_ms / 1000
+        ledger_params = ledger.params() if stats.ledger and ledger else None
         for index, rule in enumerate(self.rules):
             if index < progress.table:
                 continue  # finished by an earlier attempt
@@ -67,8 +80,11 @@ class SqlTarget:
                 pred, plan = await self._prepare(conn, rule, now_ms)
                 if progress.page and plan.strategy != "range":
                     progress.page = 0
-                sweeper = BatchSweeper(conn, self.settings, progress, on_batch or _ignore, deadline)
+                sweeper = BatchSweeper(
+                    conn, self.settings, progress, on_batch or _ignore, deadline, ledger_params
+                )
                 table = await sweeper.sweep(pred, plan)
+                await self._after(conn, pred, plan, table, now_ms, stats)
             stats.strategies.append(plan.strategy)
             stats.batch_ms += table.batch_ms
             stats.batches += len(table.batch_ms)
@@ -79,6 +95,34 @@ class SqlTarget:
                 break  # out of time: the tables after this one wait for the next pass
         stats.removed = progress.removed
         return stats
+
+    async def _after(
+        self,
+        conn: AsyncConnection[Any],
+        pred: Predicate,
+        plan: TablePlan,
+        table: TableSweep,
+        now_ms: int,
+        stats: SweepStats,
+    ) -> None:
+        """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
+        left = await leftover(conn, pred, plan, now_ms, table.complete)
+        stats.live_rows += left.live
+        stats.dead_rows += left.dead
+        if left.oldest_age_ms is None or stats.oldest_expired_age_ms is None:
+            stats.oldest_expired_age_ms = None
+        else:
+            stats.oldest_expired_age_ms = max(stats.oldest_expired_age_ms, left.oldest_age_ms)
+        if self.settings.analyze_after:
+            analyzed, warning = await analyze_after(
+                conn, pred, table.removed, left, self.settings.statement_timeout_ms
+            )
+            stats.analyzed = stats.analyzed or analyzed
+            if warning:
+                stats.advice.append(warning)
+        advice = vacuum_advice(pred, table.removed, left)
+        if advice:
+            stats.advice.append(advice)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""

@@ -1,0 +1,138 @@
+"""Around a table's batches: the ledger that keeps the count exact, and what is left after
+(the oldest expired row, dead tuples, the advice and the ANALYZE they call for)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+
+from activities.engine.planning import TablePlan
+from activities.engine.rules import Predicate, ident
+from activities.engine.statements import (
+    analyze,
+    flush_statistics,
+    ledger_entry,
+    ledger_expire,
+    ledger_writable,
+    local_bounds,
+    may_analyze,
+    oldest_expired,
+    table_tuples,
+)
+from activities.progress import LedgerKey
+from purge_config.settings import SweepSettings
+
+#: Ledger rows are kept this long after their pass (by the pass's clock): far longer than any
+#: pass runs, so a resumed attempt always finds its own.
+LEDGER_KEEP_MS = 7 * 86_400_000
+#: A sweep that removed more than this share of a table calls for fresh statistics (and, when
+#: `analyze_after` is set, runs ANALYZE).
+LARGE_SHARE = 0.10
+#: Below this many rows removed, a large share of a small table is not worth an advice line.
+ADVICE_MIN_ROWS = 1_000
+#: How long the after-sweep reads may take: they are reports, never worth holding up a pass.
+READ_TIMEOUT_MS = 2_000
+
+
+async def open_ledger(
+    conn: AsyncConnection[Any], key: LedgerKey, settings: SweepSettings
+) -> int | None:
+    """The pass's count so far for `key` (0 for a first attempt), after removing ledger rows
+    of old passes; None when `purge_progress` is missing or this role may not use it."""
+    cur = await conn.execute(ledger_writable())
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return None
+    params = {**key.params(), "keep_ms": LEDGER_KEEP_MS}
+    async with conn.transaction():
+        await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))
+        await conn.execute(ledger_expire(), params)
+        cur = await conn.execute(ledger_entry(), params)
+        entry = await cur.fetchone()
+    return int(entry[0]) if entry else 0
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """One table after its sweep."""
+
+    oldest_age_ms: int | None
+    """How long its oldest expired row has been expired: 0 when none, None when unknown."""
+    live: int
+    dead: int
+
+
+async def leftover(
+    conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan, now_ms: int, complete: bool
+) -> Leftover:
+    """What the sweep left in the table. The oldest expired row is looked for through the
+    index, or by a read of the table only when the sweep ran out of time (a finished sweep left
+    none as of `now_ms`)."""
+    age: int | None = 0
+    if not complete or plan.index is not None:
+        try:
+            async with conn.transaction():
+                await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+                cur = await conn.execute(oldest_expired(pred), pred.params)
+                row = await cur.fetchone()
+            instant = row[0] if row else None
+            age = max(0, now_ms - int(instant)) if instant is not None else 0
+        except errors.QueryCanceled:
+            age = None
+    live, dead = await _tuples(conn, pred)
+    return Leftover(age, live, dead)
+
+
+async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int]:
+    rel = {"rel": ident(pred.table).as_string(conn)}
+    if conn.info.server_version >= 150000:
+        # Our own batches' dead tuples reach the views when this session goes idle.
+        await conn.execute(flush_statistics())
+    cur = await conn.execute(table_tuples(), rel)
+    row = await cur.fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
+    """An advice line when the sweep removed a large share of the table: VACUUM now, and the
+    autovacuum setting that would keep up with this rate (a vacuum after every pass)."""
+    before = removed + left.live
+    if removed < ADVICE_MIN_ROWS or not before or removed / before <= LARGE_SHARE:
+        return ""
+    share = removed / before
+    dead = left.dead / (left.live + left.dead) if left.live + left.dead else 0.0
+    # Autovacuum starts at 50 + scale_factor x live rows dead: half this pass's share makes it
+    # run once per pass at this rate, within PostgreSQL's sensible range.
+    factor = min(0.2, max(0.01, round(removed / max(left.live, 1) / 2, 2)))
+    return (
+        f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table) and left "
+        f"{dead:.0%} of it dead tuples; reclaim them now with VACUUM (ANALYZE) {pred.table}, "
+        f"and keep up at this rate with ALTER TABLE {pred.table} SET "
+        f"(autovacuum_vacuum_scale_factor = {factor}, autovacuum_analyze_scale_factor = "
+        f"{factor})"
+    )
+
+
+async def analyze_after(
+    conn: AsyncConnection[Any], pred: Predicate, removed: int, left: Leftover, budget_ms: int
+) -> tuple[bool, str]:
+    """ANALYZE the table when the sweep removed more than a tenth of it: (analyzed, a warning
+    when the role may not)."""
+    before = removed + left.live
+    if not before or removed / before <= LARGE_SHARE:
+        return False, ""
+    rel = {"rel": ident(pred.table).as_string(conn)}
+    cur = await conn.execute(may_analyze(conn.info.server_version), rel)
+    row = await cur.fetchone()
+    if not row or not row[0]:
+        return False, (
+            f"{pred.table}: analyze_after is set but this role may not ANALYZE it (it needs the "
+            f"MAINTAIN privilege, PostgreSQL 17+: GRANT MAINTAIN ON {pred.table} TO <role>; or "
+            "ownership); statistics left as they were"
+        )
+    async with conn.transaction():
+        await conn.execute(local_bounds(), (READ_TIMEOUT_MS, budget_ms))
+        await conn.execute(analyze(pred))
+    return True, ""

@@ -1,0 +1,205 @@
+"""The report tells the whole truth: counts exact across lost attempts (the purge_progress
+ledger), a lower bound said out loud without it, and what a sweep left behind.
+
+Attempts are the real activity in Temporal's activity environment against real PostgreSQL. A
+worker "killed" here is an attempt whose last heartbeats never reached the server: the retried
+attempt is handed an older heartbeat than the batches the first attempt committed, exactly what
+a SIGKILL leaves (the fault suite, `pytest -m slow`, does it with real processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from activities import builtin_targets as kinds
+from activities.payloads import PurgeStep, PurgeSweep
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_config.settings import SweepSettings
+from tests.conftest import RunWorker
+from tests.support.activity import activity_env
+from tests.support.passes import run_pass
+from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
+
+NOW = PAST_NOW
+DAY = 24 * HOUR
+#: Batches of about a millisecond: many batches on a few thousand rows.
+TINY = SweepSettings(batch_target_ms=1)
+
+
+def fill(db: psycopg.Connection[Any], rows: int) -> int:
+    """`rows` keys, every tenth expired at NOW (swept through the index, in many batches);
+    returns how many are expired."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, expires_at_ms)"
+        " SELECT 'k' || i, CASE WHEN i %% 10 = 0 THEN %s ELSE %s END"
+        " FROM generate_series(0, %s - 1) i",
+        (NOW - HOUR, NOW + HOUR, rows),
+    )
+    db.execute("VACUUM ANALYZE x_idempotency")
+    return len(range(0, rows, 10))
+
+
+def expired_left(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,))
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
+async def killed_attempt(
+    pool: AsyncConnectionPool[Any], kept: int, die_after: int
+) -> tuple[str, dict[str, Any]]:
+    """A first attempt that commits `die_after` batches, of which only the first `kept`
+    heartbeats reach the server: (its workflow run id, the last heartbeat the server kept)."""
+    env = activity_env()
+    beats: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        if details and isinstance(details[0], dict) and "batch_ms" in details[0]:
+            if not details[0].get("clean_exit"):
+                beats.append(details[0])
+            if len(beats) == die_after:
+                env.cancel()
+
+    env.on_heartbeat = beat
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+    assert len(beats) == die_after
+    return env.info.workflow_run_id, beats[kept - 1]
+
+
+async def retried_attempt(
+    pool: AsyncConnectionPool[Any], run_id: str, heartbeat: dict[str, Any]
+) -> PurgeSweep:
+    """Attempt 2 of the same pass, resumed from `heartbeat`."""
+    env = activity_env(workflow_run_id=run_id, attempt=2, heartbeat_details=[heartbeat])
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    result: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+    return result
+
+
+async def test_a_retried_attempt_counts_the_rows_a_dead_attempt_deleted_after_its_heartbeat(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    expired = fill(db, 40_000)
+    run_id, stale = await killed_attempt(pool, kept=2, die_after=6)
+    gone_before_retry = expired - expired_left(db)
+    assert gone_before_retry > stale["removed"]  # the server's heartbeat is behind the truth
+
+    result = await retried_attempt(pool, run_id, stale)
+
+    assert expired_left(db) == 0
+    assert result.removed == expired  # every committed batch, counted once
+    assert not result.lower_bound
+    ledger = db.execute(
+        "SELECT removed, batches FROM purge_progress WHERE run_id = %s AND target = %s",
+        (run_id, "x_idempotency"),
+    ).fetchone()
+    assert ledger is not None
+    assert ledger[0] == expired
+
+
+async def test_without_the_ledger_a_lost_attempt_makes_the_count_a_marked_lower_bound(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    db.execute("DROP TABLE purge_progress")
+    expired = fill(db, 40_000)
+    run_id, stale = await killed_attempt(pool, kept=2, die_after=6)
+
+    with caplog.at_level(logging.WARNING):
+        result = await retried_attempt(pool, run_id, stale)
+
+    assert expired_left(db) == 0  # the sweep itself still did its whole job
+    assert result.removed < expired  # the dead attempt's last batches are not counted...
+    assert result.lower_bound  # ...and the report says so
+    [warning] = [r for r in caplog.records if "LOWER BOUND" in r.getMessage()]
+    assert "purge_progress" in warning.getMessage()
+    assert getattr(warning, "purge_lower_bound", None) is True
+
+
+async def test_without_the_ledger_an_attempt_that_left_cleanly_keeps_the_count_exact(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    db.execute("DROP TABLE purge_progress")
+    expired = fill(db, 40_000)
+    env = activity_env()
+    last: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        last.append(details[0])
+        if sum(1 for d in last if "batch_ms" in d) == 4:
+            env.cancel()  # a graceful stop: the attempt heartbeats its clean exit
+
+    env.on_heartbeat = beat
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+    assert last[-1]["clean_exit"] is True
+
+    result = await retried_attempt(pool, env.info.workflow_run_id, last[-1])
+
+    assert (result.removed, result.lower_bound) == (expired, False)
+
+
+async def test_a_first_attempt_without_the_ledger_is_exact_and_not_marked(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    db.execute("DROP TABLE purge_progress")
+    expired = fill(db, 2_000)
+
+    result = await activity_env().run(
+        PurgeActivities(TargetRegistry([kinds.idempotency(pool)])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=NOW),
+    )
+
+    assert (result.removed, result.lower_bound) == (expired, False)
+
+
+async def test_the_sweep_removes_ledger_rows_a_week_older_than_its_pass(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    for run, at in (("old", NOW - 8 * DAY), ("recent", NOW - 6 * DAY), ("later", NOW + DAY)):
+        db.execute(
+            "INSERT INTO purge_progress VALUES ('w', %s, 'x_idempotency', %s, 5, 1)", (run, at)
+        )
+    fill(db, 10)
+
+    await activity_env().run(
+        PurgeActivities(TargetRegistry([kinds.idempotency(pool)])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=NOW),
+    )
+
+    runs = {r[0] for r in db.execute("SELECT run_id FROM purge_progress WHERE workflow_id = 'w'")}
+    # Judged by the pass's clock (NOW, years ago), never the server's.
+    assert runs == {"recent", "later"}
+
+
+async def test_a_pass_through_temporal_leaves_its_exact_count_in_the_ledger(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    idempotency_rows(db, {f"old-{i}": real_now - HOUR for i in range(7)} | {"new": real_now + HOUR})
+    async with run_worker([kinds.idempotency(pool)]):
+        result = await run_pass(client, task_queue, {"targets": ["x_idempotency"]}, "purge-ledger")
+
+    [swept] = result["swept"]
+    assert (swept["removed"], swept["lower_bound"]) == (7, False)
+    handle = client.get_workflow_handle("purge-ledger")
+    run_id = (await handle.describe()).run_id
+    row = db.execute(
+        "SELECT workflow_id, removed FROM purge_progress WHERE run_id = %s", (run_id,)
+    ).fetchone()
+    assert row == ("purge-ledger", 7)
