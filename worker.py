@@ -8,12 +8,80 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
+
+PROG = "pg-purge"
+
+# This distribution's top-level names. They are common ones (many Temporal applications have
+# `workflows` and `activities`), and every one of them sits beside this file: in a checkout, in
+# an editable install (setuptools maps them to the checkout) and in site-packages.
+OUR_TOP_LEVEL = ("workflows", "activities", "purge_config", "purge_ops", "purge_dev", "worker")
+
+
+def foreign_top_level() -> str | None:
+    """Why our own packages would not be the ones imported, or None when they would.
+
+    Another package of one of our names earlier on sys.path (an application's `activities`, say)
+    would be imported in place of ours, and this program would fail deep in an import, or run
+    someone else's code. The answer is one line that names what was found instead."""
+    here = Path(__file__).resolve().parent
+    foreign: list[tuple[str, str]] = []  # (name, where it was found)
+    missing: list[str] = []
+    for name in OUR_TOP_LEVEL:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):  # ValueError: imported already, without a spec
+            spec = None
+        if spec is None:
+            missing.append(name)
+            continue
+        if spec.origin is not None and spec.has_location:
+            found = Path(spec.origin)  # a package's origin is its __init__.py
+            if spec.submodule_search_locations is not None:
+                found = found.parent
+        elif spec.submodule_search_locations:  # a namespace package: a folder without __init__
+            found = Path(next(iter(spec.submodule_search_locations)))
+        else:
+            foreign.append((name, spec.origin or "?"))
+            continue
+        if found.resolve().parent != here:
+            foreign.append((name, str(found)))
+    if foreign:
+        names = ", ".join(name for name, _ in foreign)
+        paths = ", ".join(path for _, path in foreign)
+        other = "another package named" if len(foreign) == 1 else "other packages named"
+        comes = "comes" if len(foreign) == 1 else "come"
+        return (
+            f"{PROG}: {other} {names} {comes} first on the path ({paths}), not this "
+            f"distribution's (in {here}); run {PROG} in its own virtual environment "
+            "(README: 'Its own service')"
+        )
+    if missing:
+        return f"{PROG}: {', '.join(missing)} not found beside {here}; reinstall temporal-pg-purge"
+    return None
+
+
+def _started_as_command() -> bool:
+    """True in `python worker.py`, `python -m worker` and the `pg-purge` script, which imports
+    this module before it calls `cli` (the script's name as pip's wrapper reads it)."""
+    script = re.sub(r"(-script\.pyw?|\.exe)?$", "", Path(sys.argv[0] if sys.argv else "").name)
+    return __name__ == "__main__" or script == PROG
+
+
+# Before anything of ours is imported: the command says what is wrong in one line and exits 2; an
+# application that imports this module gets an ImportError that says the same.
+if (_clash := foreign_top_level()) is not None:
+    if _started_as_command():
+        print(_clash, file=sys.stderr)
+        raise SystemExit(2)
+    raise ImportError(_clash, name=__name__, path=__file__)
 
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config
@@ -26,7 +94,6 @@ from purge_ops.schedule import ensure_schedule
 
 __all__ = ["cli", "main", "new_worker"]
 
-PROG = "pg-purge"
 COMMANDS = ("run", "schedule", "sweep", "report", "replay", "dev")
 
 
