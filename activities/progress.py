@@ -52,6 +52,8 @@ class Progress:
     """The last batch's deleted rows."""
     clean_exit: bool = False
     """Set by an attempt that failed without dying, on its way out: its count is complete."""
+    short: bool = False
+    """Without the ledger: an earlier attempt died, so `removed` may be short of the truth."""
 
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""
@@ -90,6 +92,8 @@ class SweepStats:
     advice: list[str] = field(default_factory=list)
     ledger: bool = False
     """Whether `removed` came from the ledger (exact), rather than heartbeats."""
+    ledger_start: int = 0
+    """What the ledger held when this attempt started: the earlier attempts' rows."""
     oldest_expired_age_ms: int | None = 0
     """How long the oldest expired row still there has been expired (0: none; None: not
     known, the query ran out of time)."""

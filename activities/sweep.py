@@ -86,6 +86,12 @@ class PurgeActivities:
         the last heartbeat, every batch's count heartbeated and added to the metrics."""
         info = activity.info()
         resumed = Progress.resume(info.heartbeat_details)
+        # As the earlier attempt left them (the sweep moves `resumed` on as it goes).
+        left_cleanly, heartbeat_count = resumed.clean_exit, resumed.removed
+        # This attempt's heartbeats speak for this attempt: not clean until it leaves so, and
+        # short if any attempt before it died while counting from heartbeats.
+        resumed.clean_exit = False
+        resumed.short = resumed.short or (info.attempt > 1 and not left_cleanly)
         beat = _Beat(step.name, resumed)
         ledger = LedgerKey(
             info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms
@@ -115,11 +121,16 @@ class PurgeActivities:
                 resumed.clean_exit = True
                 activity.heartbeat(resumed.details())
                 raise
+        if stats.ledger and left_cleanly and stats.ledger_start > heartbeat_count:
+            # The earlier attempt left cleanly, having added to the counter every batch it saw
+            # commit; the ledger also holds any batch whose commit reply it lost (a server
+            # crash after COMMIT). Only those are missing from the metric: add them now.
+            _rows_removed().add(stats.ledger_start - heartbeat_count, {"target": step.name})
         sweep.strategy, sweep.batches = stats.strategy, stats.batches
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
-        sweep.lower_bound = not stats.ledger and info.attempt > 1 and not resumed.clean_exit
+        sweep.lower_bound = not stats.ledger and resumed.short
         age = stats.oldest_expired_age_ms
         sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
         sweep.dead_tuple_share = stats.dead_share

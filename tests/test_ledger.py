@@ -203,3 +203,36 @@ async def test_a_pass_through_temporal_leaves_its_exact_count_in_the_ledger(
         "SELECT workflow_id, removed FROM purge_progress WHERE run_id = %s", (run_id,)
     ).fetchone()
     assert row == ("purge-ledger", 7)
+
+
+async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Attempt 1 dies (no ledger), attempt 2 stops cleanly, attempt 3 finishes: the count is
+    still short by attempt 1's lost rows, and still says so."""
+    db.execute("DROP TABLE purge_progress")
+    expired = fill(db, 40_000)
+    run_id, stale = await killed_attempt(pool, kept=2, die_after=6)
+    env = activity_env(workflow_run_id=run_id, attempt=2, heartbeat_details=[stale])
+    beats: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        beats.append(details[0])
+        if sum(1 for d in beats if "batch_ms" in d) == 3:
+            env.cancel()
+
+    env.on_heartbeat = beat
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+    assert beats[-1]["clean_exit"] is True
+    assert all(b["short"] for b in beats if "batch_ms" in b)
+
+    third = activity_env(workflow_run_id=run_id, attempt=3, heartbeat_details=[beats[-1]])
+    result: PurgeSweep = await third.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+
+    assert expired_left(db) == 0
+    assert result.removed < expired
+    assert result.lower_bound

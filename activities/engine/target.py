@@ -68,7 +68,7 @@ class SqlTarget:
             async with self._pool.connection() as conn:
                 counted = await open_ledger(conn, ledger, self.settings)
             if counted is not None:
-                progress.removed, stats.ledger = counted, True
+                progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
         deadline = time.monotonic() + self.settings.time_budget_ms / 1000
         ledger_params = ledger.params() if stats.ledger and ledger else None
         for index, rule in enumerate(self.rules):
