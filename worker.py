@@ -88,7 +88,7 @@ from purge_config.file import PurgeConfig, config_path, load_config
 from purge_config.names import TARGET_NAME
 from purge_ops import logs
 from purge_ops.connect import connect_temporal
-from purge_ops.passes import passes_table, recent_passes, replay, sweep
+from purge_ops.passes import passes_json, passes_table, recent_passes, replay, sweep
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ensure_schedule
 
@@ -137,6 +137,7 @@ def parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="recent passes, removed per target, as a table")
     _config_option(report)
     report.add_argument("--last", type=_positive, default=10, metavar="N", help="default 10")
+    report.add_argument("--json", action="store_true", help="print the passes as JSON, for scripts")
 
     replay = sub.add_parser(
         "replay",
@@ -241,7 +242,9 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await sweep(client, config.task_queue, targets, opts.dry_run, say)
     if command == "report":
         passes = await recent_passes(client, config.task_queue, opts.last)
-        if not passes:
+        if opts.json:
+            say(passes_json(passes))
+        elif not passes:
             say(f"no passes on task queue {config.task_queue!r} yet")
         else:
             say(passes_table(passes, config.target_names))

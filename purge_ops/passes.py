@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +23,14 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
 from activities.payloads import PurgeReport
-from purge_ops.render import human_duration, report_table, table
+from purge_ops.render import (
+    LOWER_BOUND_NOTE,
+    human_duration,
+    oldest_text,
+    removed_text,
+    report_table,
+    table,
+)
 from workflows.purge import PurgeWorkflow
 
 Say = Callable[[str], None]
@@ -117,7 +126,7 @@ async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummar
         if summary.report.dry_run:
             summary.status += " (dry run)"
         for sweep_ in summary.report.swept:
-            summary.removed[sweep_.name] = sweep_.removed
+            summary.removed[sweep_.name] = removed_text(sweep_)
         for failed in summary.report.failed:
             summary.removed[failed.name] = "FAILED"
     return summary
@@ -147,9 +156,64 @@ def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> st
         )
     header = ["started (UTC)", "took", "status", *names, "total", "workflow id"]
     right = set(range(3, 4 + len(names)))
-    text = table(header, rows, right=right)
+    parts = [table(header, rows, right=right)]
     errors = [f"{s.workflow_id}: {s.error}" for s in passes if s.error]
-    return text + ("\n\n" + "\n".join(errors) if errors else "")
+    if errors:
+        parts.append("\n".join(errors))
+    latest = latest_table(passes, names)
+    if latest:
+        parts.append(latest)
+    if any(sweep.lower_bound for s in passes if s.report for sweep in s.report.swept):
+        parts.append(LOWER_BOUND_NOTE)
+    return "\n\n".join(parts)
+
+
+def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
+    """Each target's newest sweep (passes newest first): what it left and what it cost."""
+    rows: list[list[object]] = []
+    for name in names:
+        sweep = next(
+            (w for s in passes if s.report for w in s.report.swept if w.name == name), None
+        )
+        if sweep is None or sweep.dry_run:
+            continue
+        rows.append(
+            [
+                name,
+                removed_text(sweep),
+                sweep.strategy,
+                sweep.backlog,
+                oldest_text(sweep.oldest_expired_age_s) or "0",
+                f"{sweep.dead_tuple_share:.0%}",
+                "yes" if sweep.analyzed else "",
+                "lower bound" if sweep.lower_bound else "exact",
+            ]
+        )
+    if not rows:
+        return ""
+    header = [
+        "target (last sweep)", "removed", "strategy", "backlog", "oldest expired", "dead",
+        "analyzed", "count",
+    ]  # fmt: skip
+    return table(header, rows, right={1, 3, 4, 5})
+
+
+def passes_json(passes: Sequence[PassSummary]) -> str:
+    """The same passes for scripts: one object each, the report as the workflow returned it."""
+    return json.dumps(
+        [
+            {
+                "workflow_id": s.workflow_id,
+                "started": s.started.isoformat(),
+                "seconds": s.seconds,
+                "status": s.status,
+                "error": s.error,
+                "report": dataclasses.asdict(s.report) if s.report else None,
+            }
+            for s in passes
+        ],
+        indent=2,
+    )
 
 
 async def replay(

@@ -76,6 +76,17 @@ def db(schema_url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 @pytest.fixture
+def role(db: psycopg.Connection[Any], schema: str) -> Iterator[str]:
+    """A login role of the test's own; dropped after."""
+    name = f"purge_{uuid.uuid4().hex[:10]}"
+    db.execute(f'CREATE ROLE "{name}" LOGIN')
+    db.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{name}"')
+    yield name
+    db.execute(f'DROP OWNED BY "{name}"')
+    db.execute(f'DROP ROLE "{name}"')
+
+
+@pytest.fixture
 async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
     """The pool a worker would have, pointed at the test's schema."""
     opened = await open_pool(schema_url)

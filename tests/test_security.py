@@ -46,17 +46,6 @@ def seed_every_kind(db: psycopg.Connection[Any], now: int) -> None:
     )
 
 
-@pytest.fixture
-def role(db: psycopg.Connection[Any], schema: str) -> Any:
-    """A login role of the test's own; dropped after."""
-    name = f"purge_{uuid.uuid4().hex[:10]}"
-    db.execute(f'CREATE ROLE "{name}" LOGIN')
-    db.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{name}"')
-    yield name
-    db.execute(f'DROP OWNED BY "{name}"')
-    db.execute(f'DROP ROLE "{name}"')
-
-
 async def test_a_role_with_only_select_and_delete_sweeps_every_kind(
     client: Client,
     task_queue: str,

@@ -1,0 +1,252 @@
+"""What a sweep leaves and what it cost, where an operator reads it: the result entry, the
+report table, `report --json`, and the gauges and counters an alert fires on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+import worker
+from activities import builtin_targets as kinds
+from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_config import parse_config
+from purge_dev.servers import TemporalDevServer, free_ports
+from purge_ops.connect import connect_temporal, open_pool
+from purge_ops.passes import PassSummary, passes_table
+from purge_ops.render import report_table
+from purge_ops.runner import new_worker
+from tests.support.activity import activity_env
+from tests.support.passes import run_pass
+from tests.support.procs import worker_config
+from tests.support.rows import HOUR, PAST_NOW
+
+NOW = PAST_NOW
+
+
+def fill(db: psycopg.Connection[Any], table: str, rows: int, expired_every: int, now: int) -> int:
+    db.execute(
+        f"INSERT INTO {table} (key, expires_at_ms)"
+        " SELECT 'k' || i, CASE WHEN i %% %s = 0 THEN %s ELSE %s END"
+        " FROM generate_series(0, %s - 1) i",
+        (expired_every, now - HOUR, now + HOUR, rows),
+    )
+    db.execute(f"VACUUM ANALYZE {table}")
+    return len(range(0, rows, expired_every))
+
+
+def sweep_of(pool: AsyncConnectionPool[Any], **settings: Any) -> Any:
+    [spec] = parse_config({"sweep": settings, "targets": [{"kind": "idempotency"}]}, env={}).targets
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=spec.settings)]))
+    return activity_env().run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+
+
+async def test_a_large_share_removed_gets_vacuum_advice_and_the_dead_share(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    expired = fill(db, "x_idempotency", 10_000, 2, NOW)
+
+    with caplog.at_level(logging.WARNING):
+        result: PurgeSweep = await sweep_of(pool)
+
+    assert result.removed == expired
+    # Half the tuples are now dead, as the statistics views count them once flushed.
+    assert 0.4 <= result.dead_tuple_share <= 0.6, result.dead_tuple_share
+    assert result.oldest_expired_age_s == 0  # a finished sweep leaves none
+    assert "removed 5,000 rows (50% of the table)" in result.advice
+    assert "VACUUM (ANALYZE) x_idempotency" in result.advice
+    assert "autovacuum_vacuum_scale_factor = 0.2" in result.advice
+    assert any("VACUUM (ANALYZE)" in r.getMessage() for r in caplog.records)
+    assert not result.analyzed
+
+
+async def test_a_small_share_gets_no_advice(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    fill(db, "x_idempotency", 10_000, 20, NOW)  # 5%
+
+    result: PurgeSweep = await sweep_of(pool, analyze_after=True)
+
+    assert "VACUUM" not in result.advice
+    assert not result.analyzed  # under a tenth of the table: statistics still good
+
+
+def last_analyzed(db: psycopg.Connection[Any]) -> Any:
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    row = db.execute(
+        "SELECT last_analyze FROM pg_stat_all_tables WHERE relid = 'x_idempotency'::regclass"
+    ).fetchone()
+    return row[0] if row else None
+
+
+async def test_analyze_after_refreshes_the_statistics_of_a_table_it_removed_much_of(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    fill(db, "x_idempotency", 10_000, 2, NOW)
+    before = last_analyzed(db)
+
+    result: PurgeSweep = await sweep_of(pool, analyze_after=True)
+
+    assert result.analyzed
+    after = last_analyzed(db)
+    assert after is not None
+    assert before is None or after > before
+    reltuples = db.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = 'x_idempotency'::regclass"
+    ).fetchone()
+    assert reltuples == (5_000,)  # the planner now knows what is left
+
+
+async def test_analyze_after_without_the_privilege_warns_once_and_sweeps(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    fill(db, "x_idempotency", 10_000, 2, NOW)
+    db.execute(f'GRANT SELECT, DELETE ON x_idempotency TO "{role}"')
+    before = last_analyzed(db)
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        result: PurgeSweep = await sweep_of(pool, analyze_after=True)
+    finally:
+        await pool.close()
+
+    assert result.removed == 5_000
+    assert not result.analyzed
+    assert result.advice.count("may not ANALYZE") == 1
+    assert "GRANT MAINTAIN ON x_idempotency" in result.advice
+    assert last_analyzed(db) == before
+
+
+def test_the_report_table_marks_a_short_count_and_says_why() -> None:
+    report = PurgeReport(
+        swept=[
+            PurgeSweep(name="a", removed=7, batches=2, strategy="index", lower_bound=True,
+                       backlog=3, oldest_expired_age_s=5400.0, dead_tuple_share=0.25),
+            PurgeSweep(name="b", removed=4, batches=1),
+        ],
+        removed=11,
+        now_ms=NOW,
+    )  # fmt: skip
+
+    text = report_table(report)
+
+    assert re.search(r"^a\s+>=7\s.*\s3\s+1 h 30 min\s+25%\s+out of time$", text, re.M), text
+    assert re.search(r"^b\s+4\s", text, re.M)
+    assert re.search(r"^total\s+>=11$", text, re.M)
+    assert "lower bound" in text.splitlines()[-1]
+
+    summary = PassSummary("purge-1", datetime.now(UTC), 1.0, "completed", report)
+    summary.removed = {"a": ">=7", "b": "4"}
+    listing = passes_table([summary], ["a", "b"])
+    assert re.search(r"^a\s+>=7\s+\S+\s+3\s+1 h 30 min\s+25%\s+lower bound$", listing, re.M)
+    assert "lower bound: a worker died" in listing
+
+
+@pytest.fixture
+def main_env(monkeypatch: pytest.MonkeyPatch, temporal_server: TemporalDevServer) -> Iterator[None]:
+    """`worker.main` in this process against the test's Temporal, its logging undone after."""
+    monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_server.address)
+    handlers, level = logging.getLogger().handlers[:], logging.getLogger().level
+    yield
+    logging.getLogger().handlers[:] = handlers
+    logging.getLogger().setLevel(level)
+
+
+async def test_report_json_and_the_last_sweep_of_each_target(
+    tmp_path: Any,
+    client: Client,
+    task_queue: str,
+    run_worker: Any,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    real_now: int,
+    main_env: None,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fill(db, "x_idempotency", 100, 4, real_now)
+    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+    config = worker_config(
+        tmp_path / "purge.toml",
+        schema_url,
+        task_queue,
+        '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n',
+    )
+
+    status = await asyncio.to_thread(worker.main, ["report", "--config", str(config), "--json"])
+    out = capsys.readouterr().out
+    status_table = await asyncio.to_thread(worker.main, ["report", "--config", str(config)])
+    listing = capsys.readouterr().out
+
+    assert (status, status_table) == (0, 0)
+    [one] = json.loads(out)
+    assert one["status"] == "completed"
+    idem, auth = one["report"]["swept"]
+    assert (idem["name"], idem["removed"], idem["lower_bound"]) == ("x_idempotency", 25, False)
+    assert {"oldest_expired_age_s", "dead_tuple_share", "backlog", "analyzed"} <= set(idem)
+    assert auth["removed"] == 0
+    assert re.search(r"^x_idempotency\s+25\s+\w+\s+0\s+0\s+\d+%\s+exact$", listing, re.M), listing
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    return {
+        f"{m.group(1)}{{{m.group(2)}}}": float(m.group(3))
+        for m in re.finditer(r'^(purge_\w+)\{[^}]*target="([^"]+)"[^}]*\} (\S+)$', text, re.M)
+    }
+
+
+async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """The config's smallest budget (1s) on a table whose deletes take a millisecond a row:
+    the pass ends with a backlog, and the gauges say how many rows are left and how long the
+    oldest has waited; a target that fails counts once in purge_target_failures."""
+    expired = fill(db, "x_idempotency", 20_000, 10, real_now)
+    db.execute(
+        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END$$"
+    )
+    db.execute(
+        "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
+        " EXECUTE FUNCTION slow_delete()"
+    )
+    [spec] = parse_config(
+        {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
+    ).targets
+    [port] = free_ports(1)
+    metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
+    registry = TargetRegistry([kinds.idempotency(pool, settings=spec.settings)])
+    async with new_worker(metered, registry, task_queue):
+        with pytest.raises(Exception, match="failed"):
+            await run_pass(metered, task_queue, {"targets": ["x_idempotency", "nowhere"]})
+    metrics = scrape(port)
+
+    left = db.execute("SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (real_now,))
+    backlog = int(left.fetchone()[0])  # type: ignore[index]
+    assert 0 < backlog < expired
+    assert metrics["purge_backlog_rows{x_idempotency}"] == backlog
+    # Rows written an hour before the pass's instant: the oldest has waited about that long.
+    age = metrics["purge_oldest_expired_age_seconds{x_idempotency}"]
+    assert 3_600 <= age <= 3_600 + 120, age
+    assert metrics["purge_rows_removed{x_idempotency}"] == expired - backlog
+    assert metrics["purge_target_failures{nowhere}"] == 1
+    assert "purge_target_failures{x_idempotency}" not in metrics
