@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import psycopg
@@ -236,3 +237,38 @@ async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
     assert expired_left(db) == 0
     assert result.removed < expired
     assert result.lower_bound
+
+
+async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
+) -> None:
+    """One expired row is held locked for 300 ms by another session: the one batch that meets
+    it reports at least that long, every other batch less, and p95 is the nearest-rank 95th
+    percentile of exactly the durations the batches reported."""
+    fill(db, 40_000)
+    # The oldest expired row: the index-ordered sweep meets it in its first batch.
+    db.execute(
+        "UPDATE x_idempotency SET expires_at_ms = %s WHERE key = 'k20000'", (NOW - 2 * HOUR,)
+    )
+    beats: list[dict[str, Any]] = []
+    env = activity_env()
+    env.on_heartbeat = lambda *d: beats.append(d[0]) if "batch_ms" in d[0] else None
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        holder.execute(f'SET search_path = "{schema}"')
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM x_idempotency WHERE key = 'k20000' FOR UPDATE")
+        sweep = asyncio.ensure_future(
+            env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+        )
+        await asyncio.sleep(0.3)
+        holder.execute("COMMIT")
+        result: PurgeSweep = await sweep
+
+    durations = [b["batch_ms"] for b in beats if not b.get("clean_exit")]
+    assert len(durations) == result.batches >= 20
+    slow = [ms for ms in durations if ms >= 250]
+    assert len(slow) == 1, durations  # the batch that waited for the lock, and only it
+    ordered = sorted(durations)
+    assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
+    assert result.p95_batch_ms < 250  # one slow batch in 20+ is above the 95th percentile
