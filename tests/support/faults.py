@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
+import urllib.request
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from purge_dev.servers import free_ports
 from tests.support.procs import clean_env, start_worker, stop
 
 HOST = socket.gethostname()
@@ -67,9 +70,14 @@ class Fleet:
     """The worker processes of one test (`python worker.py run --config F`): one at a time,
     a new one started after each kill, every one reaped at the end whatever happened."""
 
-    def __init__(self, config: Path, env: Mapping[str, str], log_dir: Path) -> None:
+    def __init__(
+        self, config: Path, env: Mapping[str, str], log_dir: Path, metrics: bool = False
+    ) -> None:
         self.config, self.env, self.log_dir = config, dict(env), log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        #: With `metrics`, each worker serves Prometheus metrics on a port of its own.
+        self.metrics = metrics
+        self.port = 0
         log_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -83,7 +91,11 @@ class Fleet:
     def start(self) -> subprocess.Popen[bytes]:
         """A new worker, its output in `<n>.log` of the log directory."""
         assert not self.alive, "one worker at a time: a kill must hit the one running the pass"
-        proc = start_worker(self.config, self.env, self.log_dir / f"{len(self.procs)}.log")
+        args: list[str] = []
+        if self.metrics:
+            [self.port] = free_ports(1)
+            args = ["--metrics", f"127.0.0.1:{self.port}"]
+        proc = start_worker(self.config, self.env, self.log_dir / f"{len(self.procs)}.log", *args)
         self.procs.append(proc)
         return proc
 
@@ -93,6 +105,18 @@ class Fleet:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         return identity(proc)
+
+    def rows_removed(self) -> dict[str, int]:
+        """`purge_rows_removed` per target, as the current worker serves it now."""
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as page:
+            text = page.read().decode()
+        return {
+            m.group(1): int(float(m.group(2)))
+            for m in re.finditer(
+                r'^purge_rows_removed\{[^}]*target="([^"]+)"[^}]*\} (\S+)$', text, re.M
+            )
+        }
 
     def close(self) -> None:
         for proc in self.procs:

@@ -344,8 +344,8 @@ async def assert_ledger(watch: PassWatch, result: dict[str, Any]) -> dict[str, R
     for name, hits in Counter(f.target for f in watch.faults if f.target).items():
         assert runs[name].attempt > hits, (name, hits, runs[name])
     for swept in result["swept"]:
-        # A retried attempt resumes from the last progress that reached the server, so a row
-        # deleted after it (or by a commit whose reply a crash lost) goes uncounted: the count
-        # is a lower bound under faults, and never counts a row twice.
-        assert 0 <= swept["removed"] <= watch.oracle.expired_of(swept["name"]), swept
+        # Every batch's count is in the purge_progress ledger, written by the batch's own
+        # transaction: whatever died, each target's count is the rows that really went.
+        assert swept["removed"] == watch.oracle.expired_of(swept["name"]), swept
+        assert not swept["lower_bound"], swept
     return runs
