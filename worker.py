@@ -238,8 +238,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         say(f"{outcome.action} {outcome.summary}")
         return 0
     if command == "sweep":
-        targets = opts.target or config.target_names
-        return await sweep(client, config.task_queue, targets, opts.dry_run, say)
+        request = config.pass_input(opts.target, opts.dry_run)
+        return await sweep(client, config.task_queue, request, say)
     if command == "report":
         passes = await recent_passes(client, config.task_queue, opts.last)
         if opts.json:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from psycopg_pool import AsyncConnectionPool
+from collections.abc import Mapping
+from typing import cast
 
 from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBucketRule, Rule
-from activities.engine.target import SqlTarget
+from activities.engine.target import ConnectionSource, SqlTarget
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
 from purge_config.kinds import BUILTIN_KINDS
@@ -22,7 +21,7 @@ AUTH_FAILURES_TABLE, AUTH_LOCKOUTS_TABLE = BUILTIN_KINDS["auth"].default_tables
 
 
 def idempotency(
-    pool: AsyncConnectionPool[Any],
+    pool: ConnectionSource,
     name: str = BUILTIN_KINDS["idempotency"].default_name,
     table: TableName = IDEMPOTENCY_TABLE,
     settings: SweepSettings | None = None,
@@ -33,7 +32,7 @@ def idempotency(
 
 
 def rate_limit(
-    pool: AsyncConnectionPool[Any],
+    pool: ConnectionSource,
     name: str = BUILTIN_KINDS["rate_limit"].default_name,
     table: TableName = RATE_LIMIT_TABLE,
     settings: SweepSettings | None = None,
@@ -44,7 +43,7 @@ def rate_limit(
 
 
 def auth(
-    pool: AsyncConnectionPool[Any],
+    pool: ConnectionSource,
     name: str = BUILTIN_KINDS["auth"].default_name,
     failures: TableName = AUTH_FAILURES_TABLE,
     lockouts: TableName = AUTH_LOCKOUTS_TABLE,
@@ -57,7 +56,7 @@ def auth(
 
 
 def expiring(
-    pool: AsyncConnectionPool[Any],
+    pool: ConnectionSource,
     name: str,
     table: TableName,
     column: str,
@@ -70,7 +69,7 @@ def expiring(
     return SqlTarget(name, pool, [rule], settings, guards)
 
 
-def build_target(spec: TargetSpec, pool: AsyncConnectionPool[Any]) -> PurgeTarget:
+def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
     if spec.kind == "idempotency":
         return idempotency(pool, spec.name, spec.tables[0], spec.settings, spec.guards)
@@ -91,9 +90,19 @@ def build_target(spec: TargetSpec, pool: AsyncConnectionPool[Any]) -> PurgeTarge
     raise ValueError(f"no built-in kind {spec.kind!r}")
 
 
-def build_registry(config: PurgeConfig, pool: AsyncConnectionPool[Any]) -> TargetRegistry:
-    """Every target of `config`: built-ins now, `python` factories each time a step asks."""
-    fixed = [build_target(spec, pool) for spec in config.targets if spec.kind != "python"]
+def build_registry(
+    config: PurgeConfig,
+    pool: ConnectionSource,
+    databases: Mapping[str, ConnectionSource] | None = None,
+) -> TargetRegistry:
+    """Every target of `config`: built-ins now, `python` factories each time a step asks. A
+    target with `database` sweeps through that database's pool, any other through `pool`."""
+    pools = databases or {}
+    fixed = [
+        build_target(spec, pools[spec.database] if spec.database else pool)
+        for spec in config.targets
+        if spec.kind != "python"
+    ]
     # A factory's targets are checked against the PurgeTarget protocol when it is called.
     factories = [cast(TargetFactory, spec.factory) for spec in config.targets if spec.factory]
     return TargetRegistry(fixed, factories)

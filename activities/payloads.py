@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.errors import BadPurgeInput
+from purge_config.fleet import DATABASE_NAME
 from purge_config.names import TARGET_NAME
 
 #: More names than any real deployment sweeps in one pass; a longer list is a mistake or an attack.
@@ -60,23 +61,41 @@ def duplicate_names(names: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class PurgeInput:
-    """The workflow's input: `{"targets": [...], "dry_run": false}`."""
+    """The workflow's input: `{"targets": [...], "dry_run": false}`, and, from a config, the
+    pass's limits: `max_concurrent`, `max_per_database`, `budget_ms` and `databases` (target
+    name to its database's name). Without the limits a pass is the sequential pass of old."""
 
     targets: list[str]
-    """Target names, swept one after another in this order."""
+    """Target names: started in this order, reported in this order."""
     dry_run: bool = False
     """Count what each target would remove, remove nothing."""
+    max_concurrent: int | None = None
+    max_per_database: int | None = None
+    budget_ms: int | None = None
+    databases: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def limited(self) -> bool:
+        """Whether this pass runs its targets concurrently, under limits and a budget."""
+        return any(
+            v is not None for v in (self.max_concurrent, self.max_per_database, self.budget_ms)
+        )
+
+    def database_of(self, name: str) -> str:
+        """The database `name` sweeps ("" for the default one)."""
+        return self.databases.get(name, "")
 
     @classmethod
     def parse(cls, raw: object) -> PurgeInput:
         """Validate input sent by any caller (the CLI, a schedule, `temporal workflow start`)."""
         if isinstance(raw, PurgeInput):
-            raw = {"targets": raw.targets, "dry_run": raw.dry_run}
+            raw = {f.name: getattr(raw, f.name) for f in fields(raw)}
+            raw = {k: v for k, v in raw.items() if v is not None}
         if not isinstance(raw, dict):
             raise BadPurgeInput(
                 f'input must be an object like {{"targets": ["x_idempotency"]}}, got {_show(raw)}'
             )
-        _known_keys(raw, "input", ("targets", "dry_run"))
+        _known_keys(raw, "input", INPUT_KEYS)
         if "targets" not in raw:
             raise BadPurgeInput("input has no 'targets' list")
         targets = raw["targets"]
@@ -90,9 +109,45 @@ class PurgeInput:
             if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
                 raise BadPurgeInput(
                     f"input 'targets' holds {_show(name)}, not a target name "
-                    f"(letters, digits, _ . : -, at most 100)"
+                    f"(letters, digits, _ . : @ -, at most 100)"
                 )
-        return cls(targets=list(targets), dry_run=_dry_run(raw, "input"))
+        return cls(
+            targets=list(targets),
+            dry_run=_dry_run(raw, "input"),
+            max_concurrent=_count(raw, "max_concurrent", 1, 1000),
+            max_per_database=_count(raw, "max_per_database", 1, 1000),
+            budget_ms=_count(raw, "budget_ms", 1, MAX_BUDGET_MS),
+            databases=_databases(raw),
+        )
+
+
+#: The keys a workflow input may have.
+INPUT_KEYS = ("targets", "dry_run", "max_concurrent", "max_per_database", "budget_ms", "databases")
+#: A pass's budget is at most a day: any longer is a unit mistake.
+MAX_BUDGET_MS = 86_400_000
+
+
+def _count(raw: dict[Any, Any], key: str, low: int, high: int) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadPurgeInput(
+            f"input '{key}' must be a whole number from {low} to {high}, got {_show(value)}"
+        )
+    return value
+
+
+def _databases(raw: dict[Any, Any]) -> dict[str, str]:
+    value = raw.get("databases", {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and DATABASE_NAME.fullmatch(v)
+        for k, v in value.items()
+    ):
+        raise BadPurgeInput(
+            f"input 'databases' must map target names to database names, got {_show(value)}"
+        )
+    return dict(value)
 
 
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
@@ -121,21 +176,28 @@ class PurgeStep:
     now_ms: int
     """The workflow's clock at the start of the pass, epoch milliseconds; never the database's."""
     dry_run: bool = False
+    budget_ms: int | None = None
+    """What is left of the pass's budget: the sweep's time budget is at most this."""
 
     @classmethod
     def parse(cls, raw: object) -> PurgeStep:
         """Validate a step, whoever sent it: this workflow, or a caller of the activity itself."""
         if isinstance(raw, PurgeStep):
-            raw = {"name": raw.name, "now_ms": raw.now_ms, "dry_run": raw.dry_run}
+            raw = {f.name: getattr(raw, f.name) for f in fields(raw)}
         if not isinstance(raw, dict):
             raise BadPurgeInput(
                 f'step must be an object like {{"name": ..., "now_ms": ...}}, got {_show(raw)}'
             )
-        _known_keys(raw, "step", ("name", "now_ms", "dry_run"))
+        _known_keys(raw, "step", ("name", "now_ms", "dry_run", "budget_ms"))
         name = raw.get("name")
         if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
             raise BadPurgeInput(f"step 'name' is not a target name, got {_show(name)}")
-        return cls(name=name, now_ms=check_now_ms(raw.get("now_ms")), dry_run=_dry_run(raw, "step"))
+        return cls(
+            name=name,
+            now_ms=check_now_ms(raw.get("now_ms")),
+            dry_run=_dry_run(raw, "step"),
+            budget_ms=_count(raw, "budget_ms", 0, MAX_BUDGET_MS),
+        )
 
 
 @dataclass
@@ -168,6 +230,11 @@ class PurgeSweep:
     """The tables' dead tuples as a share of all their tuples after the sweep (statistics)."""
     analyzed: bool = False
     """Whether `analyze_after` ran ANALYZE on a table this sweep removed a large share of."""
+    status: str = "ok"
+    """`ok`; `skipped` (the pass's budget was spent before it started); `busy` (another sweep
+    held one of its tables). Neither of the last two is a failure."""
+    reason: str = ""
+    """Why it was skipped or busy."""
 
 
 @dataclass(frozen=True)

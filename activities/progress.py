@@ -101,6 +101,8 @@ class SweepStats:
     dead_rows: int = 0
     """The tables' live and dead tuples after the sweep, from the statistics views."""
     analyzed: bool = False
+    busy: str = ""
+    """Why the sweep stopped at a table another sweep held (empty when it did not)."""
 
     @property
     def dead_share(self) -> float:

@@ -113,7 +113,11 @@ class PurgeActivities:
                 check_counts(step.name, guards, expired, total)
             try:
                 stats = await target.sweep(
-                    step.now_ms, resume=resumed, on_batch=beat.after_batch, ledger=ledger
+                    step.now_ms,
+                    resume=resumed,
+                    on_batch=beat.after_batch,
+                    ledger=ledger,
+                    budget_ms=step.budget_ms,
                 )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
@@ -127,6 +131,8 @@ class PurgeActivities:
             # crash after COMMIT). Only those are missing from the metric: add them now.
             _rows_removed().add(stats.ledger_start - heartbeat_count, {"target": step.name})
         sweep.strategy, sweep.batches = stats.strategy, stats.batches
+        if stats.busy:
+            sweep.status, sweep.reason = "busy", stats.busy
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.

@@ -57,9 +57,11 @@ class BatchedTarget(CountingTarget, Protocol):
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
+        budget_ms: int | None = None,
     ) -> SweepStats:
         """Delete in batches from where `resume` says, calling `on_batch` after each; with
-        `ledger`, count every batch into that pass's `purge_progress` row as well."""
+        `ledger`, count every batch into that pass's `purge_progress` row as well; end by
+        `budget_ms` if that comes before the target's own time budget."""
         ...
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from purge_config.dsn import BadDsn, parse_dsn, redact
 from purge_config.errors import ConfigError
+from purge_config.fleet import PassLimits, check_dsn, parse_databases, parse_pass
 from purge_config.settings import SweepSettings
 from purge_config.targets import (
     SWEEP_FLAGS,
@@ -27,6 +27,7 @@ from purge_config.targets import (
 from purge_config.values import (
     HOUR_MS,
     cron_ok,
+    cron_period_ms,
     default_catchup_ms,
     no_unknown,
     opt_str,
@@ -39,7 +40,9 @@ DEFAULT_SCHEDULE_ID = "purge-hourly"
 DEFAULT_CRON = "23 * * * *"
 DEFAULT_TIME_ZONE = "UTC"
 
-_TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "sweep", "targets"})
+_TOP_KEYS = frozenset(
+    {"database_url", "databases", "task_queue", "metrics", "schedule", "sweep", "pass", "targets"}
+)
 
 _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
 
@@ -78,11 +81,31 @@ class PurgeConfig:
     targets: tuple[TargetSpec, ...] = ()
     metrics: str | None = None
     """HOST:PORT where a worker serves Prometheus metrics, if anywhere."""
+    databases: Mapping[str, str] = field(default_factory=dict)
+    """`[databases.NAME]`: each named database's URL (the default one is `database_url`)."""
+    limits: PassLimits = field(default_factory=PassLimits)
+    """`[pass]`: concurrency and the pass's time budget."""
 
     @property
     def target_names(self) -> list[str]:
         """The names a scheduled pass sweeps, in file order; a factory's come from its `names`."""
         return [n for t in self.targets for n in (t.names if t.kind == "python" else (t.name,))]
+
+    def pass_input(self, names: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
+        """The workflow input of a pass over `names` (default: every target): the limits and
+        each target's database travel with it, so the workflow needs no config of its own."""
+        names = self.target_names if names is None else names
+        on = {t.name: t.database for t in self.targets if t.database}
+        request: dict[str, Any] = {
+            "targets": names,
+            "max_concurrent": self.limits.max_concurrent,
+            "max_per_database": self.limits.max_per_database,
+            "budget_ms": self.limits.budget_ms,
+            "databases": {name: on[name] for name in names if name in on},
+        }
+        if dry_run:
+            request["dry_run"] = True
+        return request
 
     def require_database_url(self) -> str:
         """The database URL, or a ConfigError saying where to put one."""
@@ -125,10 +148,10 @@ def parse_config(
     # checked whole, and it is what the next deployment without the variable will use.
     file_url = opt_str(where, "database_url", raw)
     if file_url is not None:
-        _check_dsn(where, "database_url", file_url)
+        check_dsn(where, "database_url", file_url)
     env_url = env.get("PURGE_DATABASE_URL") or None
     if env_url is not None:
-        _check_dsn(where, "PURGE_DATABASE_URL", env_url)
+        check_dsn(where, "PURGE_DATABASE_URL", env_url)
     database_url = env_url or file_url
 
     task_queue = opt_str(where, "task_queue", raw) or DEFAULT_TASK_QUEUE
@@ -146,6 +169,8 @@ def parse_config(
         raise ConfigError(
             f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
         )
+    databases = parse_databases(where, raw.get("databases", {}), env)
+    limits = parse_pass(where, raw.get("pass", {}), cron_period_ms(schedule.cron))
     sweep = raw.get("sweep", {})
     if isinstance(sweep, dict):
         no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS}))
@@ -161,6 +186,12 @@ def parse_config(
                     f"[[targets]] #{seen[name]}; two targets cannot share a name"
                 )
             seen[name] = i
+        if spec.database and spec.database not in databases:
+            known = ", ".join(sorted(databases)) or "none"
+            raise ConfigError(
+                f"{where}: [[targets]] #{i} ({spec.name}): database: no [databases.{spec.database}]"
+                f" in this file (it has: {known})"
+            )
     return PurgeConfig(
         path=path,
         database_url=database_url,
@@ -168,6 +199,8 @@ def parse_config(
         schedule=schedule,
         targets=targets,
         metrics=metrics,
+        databases=databases,
+        limits=limits,
     )
 
 
@@ -223,12 +256,3 @@ def check_metrics_address(text: str, where: str) -> str:
     if not match or not 1 <= int(match.group("port")) <= 65535:
         raise ConfigError(f"{where}: want HOST:PORT like '0.0.0.0:9464', got {text!r}")
     return text
-
-
-def _check_dsn(where: str, key: str, dsn: str) -> None:
-    try:
-        parse_dsn(dsn)
-    except BadDsn:
-        raise ConfigError(
-            f"{where}: {key}: not a PostgreSQL connection string, got {redact(dsn)!r}"
-        ) from None

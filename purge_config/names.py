@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 from purge_config.errors import ConfigError
 
-#: A target name: what a person types after `--target` and reads in a metric label.
-TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,99}")
+#: A target name: what a person types after `--target` and reads in a metric label; `@` for a
+#: target of a named database (`x_idempotency@shard1`).
+TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,99}")
 
 #: A SQL name as this package accepts it: plain ASCII, at most PostgreSQL's 63 bytes. Quotes,
 #: semicolons, dots and spaces are refused rather than escaped so a config reads as it runs.

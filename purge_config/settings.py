@@ -20,6 +20,9 @@ class SweepSettings:
     time_budget_ms: int = 600_000
     """A target's sweep ends cleanly after this long and reports its backlog; the next pass
     continues. Well inside an hourly schedule's period."""
+    busy_wait_ms: int = 10_000
+    """How long a sweep waits for another sweep of the same table (the advisory lock every
+    sweep holds on its table) before reporting the target `busy`."""
     analyze_after: bool = False
     """ANALYZE a table after a sweep removed more than a tenth of it (needs MAINTAIN or
     ownership; without them, one warning, never a failure)."""

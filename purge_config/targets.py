@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from purge_config.errors import ConfigError
+from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
 from purge_config.settings import Guards, SweepSettings
@@ -20,8 +21,8 @@ Factory = Callable[[], Iterable[object]]
 
 #: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
 _TARGET_KEYS: dict[str, frozenset[str]] = {
-    **{kind: spec.table_keys | {"name"} for kind, spec in BUILTIN_KINDS.items()},
-    "expiring": frozenset({"name", "table", "column", "max_age"}),
+    **{kind: spec.table_keys | {"name", "database"} for kind, spec in BUILTIN_KINDS.items()},
+    "expiring": frozenset({"name", "table", "column", "max_age", "database"}),
     "python": frozenset({"factory", "names"}),
 }
 #: Guards a built-in target may carry (see purge_config.settings.Guards); all off unless set.
@@ -35,6 +36,7 @@ SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
     "statement_timeout": ("statement_timeout_ms", 100, 600_000),
     "batch_target": ("batch_target_ms", 1, 10_000),
     "time_budget": ("time_budget_ms", 1_000, 20 * 60_000),
+    "busy_wait": ("busy_wait_ms", 0, 10 * 60_000),
 }
 
 #: The `[sweep]` keys that are true or false (also allowed per target), each the SweepSettings
@@ -61,6 +63,8 @@ class TargetSpec:
     """The bounds of this target's sweep: `[sweep]`, overridden by the entry's own keys."""
     guards: Guards = field(default_factory=Guards)
     """max_rows, max_fraction, max_clock_jump: off unless set."""
+    database: str = ""
+    """The `[databases.NAME]` it sweeps; empty for the default database (`database_url`)."""
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
@@ -155,15 +159,25 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     name = name or BUILTIN_KINDS[kind].default_name
     if not TARGET_NAME.fullmatch(name):
         raise ConfigError(
-            f"{at}: name: letters, digits and _ . : - (at most 100), starting with a letter, "
+            f"{at}: name: letters, digits and _ . : @ - (at most 100), starting with a letter, "
             f"digit or _, got {name!r}"
         )
     settings = sweep_settings(at, "", raw, defaults)
     guards = _guards(at, raw)
+    database = opt_str(at, "database", raw) or ""
+    if database and not DATABASE_NAME.fullmatch(database):
+        raise ConfigError(f"{at}: database: not a database name, got {database!r}")
     builtin = BUILTIN_KINDS.get(kind)
     if builtin is not None:
         tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
-        return TargetSpec(kind=kind, name=name, tables=tables, settings=settings, guards=guards)
+        return TargetSpec(
+            kind=kind,
+            name=name,
+            tables=tables,
+            settings=settings,
+            guards=guards,
+            database=database,
+        )
 
     table = _table(at, "table", raw, None)
     column = req_str(at, "column", raw)
@@ -183,6 +197,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         max_age_ms=max_age_ms,
         settings=settings,
         guards=guards,
+        database=database,
     )
 
 

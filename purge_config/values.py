@@ -4,8 +4,10 @@ Every refusal is a ConfigError whose message names where (file and key) and the 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from purge_config.errors import ConfigError
@@ -153,3 +155,44 @@ def req_str(where: str, key: str, raw: Mapping[str, Any]) -> str:
     if value is None:
         raise ConfigError(f"{where}: {key}: missing")
     return value
+
+
+def cron_period_ms(cron: str) -> int | None:
+    """The shortest time between two fire times of `cron` (a valid one), found by walking five
+    weeks of minutes; None when it fires less than twice in them (a monthly or yearly cron)."""
+    fields = [
+        _cron_values(text, *spec) for text, spec in zip(cron.split(), _CRON_FIELDS, strict=True)
+    ]
+    minutes, hours, days, months, weekdays = fields
+    weekdays = {d % 7 for d in weekdays}
+    day_star, weekday_star = cron.split()[2] == "*", cron.split()[4] == "*"
+    start = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday
+    fires: list[int] = []
+    for day in range(35):
+        date = start + timedelta(days=day)
+        on_day = date.day in days
+        on_weekday = (date.isoweekday() % 7) in weekdays
+        # As cron reads them: with both restricted, either one matching is enough.
+        matches = on_day and on_weekday if day_star or weekday_star else on_day or on_weekday
+        if date.month not in months or not matches:
+            continue
+        fires += [day * 1440 + h * 60 + m for h in sorted(hours) for m in sorted(minutes)]
+    if len(fires) < 2:
+        return None
+    return min(b - a for a, b in itertools.pairwise(fires)) * 60_000
+
+
+def _cron_values(text: str, low: int, high: int, names: tuple[str, ...], shortest: int) -> set[int]:
+    values: set[int] = set()
+    for part in text.split(","):
+        span, _, step = part.partition("/")
+        if span == "*":
+            first, last = low, high
+        else:
+            a, dash, b = span.partition("-")
+            first = _cron_value(a, low, high, names, shortest) or low
+            last = (_cron_value(b, low, high, names, shortest) or high) if dash else first
+            if step and not dash:
+                last = high
+        values.update(range(first, last + 1, int(step) if step else 1))
+    return values

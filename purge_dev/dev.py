@@ -16,7 +16,7 @@ from typing import TextIO
 import psycopg
 
 from activities.builtin_targets import build_registry
-from activities.payloads import PurgeInput, epoch_ms
+from activities.payloads import epoch_ms
 from purge_dev.demo import create_demo, demo_config, rows_that_stayed
 from purge_dev.servers import (
     EmbeddedPostgres,
@@ -74,7 +74,7 @@ async def run_dev(once: bool, out: TextIO = sys.stdout) -> int:
                 workflow_id = f"purge-dev-{time.strftime('%Y%m%dT%H%M%S')}"
                 report = await client.execute_workflow(
                     PurgeWorkflow.run,
-                    PurgeInput(targets=config.target_names),
+                    config.pass_input(),
                     id=workflow_id,
                     task_queue=config.task_queue,
                 )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
@@ -69,3 +73,49 @@ async def open_pool(
             f"cannot connect to {redact(url)} within {wait_seconds:.0f} s"
         ) from err
     return pool
+
+
+class LazyPool:
+    """A pool for a `[databases.NAME]`: opened when a sweep first needs it, so a worker starts
+    (and sweeps every other database) while this one is down; the sweep that needs it fails
+    alone, and Temporal retries it."""
+
+    def __init__(self, name: str, url: str, *, max_size: int = 4, wait_seconds: float = 10.0):
+        self.name, self.url, self.wait_seconds = name, url, wait_seconds
+        self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url,
+            open=False,
+            min_size=1,
+            max_size=max_size,
+            name=f"purge-{name}",
+            kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+            check=AsyncConnectionPool.check_connection,
+            timeout=wait_seconds,
+        )
+        self._opening = asyncio.Lock()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection from the pool, opening the pool first if this is its first use."""
+        async with self._opening:
+            if self._pool.closed:
+                await self._pool.open(wait=False)
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as err:
+            # The pool's message names no URL; ours names it, without its password.
+            raise ConnectionError(
+                f"database {self.name} ({redact(self.url)}) gave no connection within "
+                f"{self.wait_seconds:.0f} s"
+            ) from err
+
+    async def close(self) -> None:
+        if not self._pool.closed:
+            await self._pool.close()
+
+
+def lazy_pools(urls: Mapping[str, str], wait_seconds: float = 10.0) -> dict[str, LazyPool]:
+    """One lazily opened pool per named database, each waiting at most `wait_seconds` for a
+    connection: a database that is down fails its sweep's attempt then, and Temporal retries."""
+    return {name: LazyPool(name, url, wait_seconds=wait_seconds) for name, url in urls.items()}

@@ -43,13 +43,7 @@ async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | N
     return None
 
 
-async def sweep(
-    client: Client,
-    task_queue: str,
-    targets: Sequence[str],
-    dry_run: bool,
-    say: Say,
-) -> int:
+async def sweep(client: Client, task_queue: str, request: dict[str, Any], say: Say) -> int:
     """One pass now, through Temporal, or a wait for the one already running; prints the report.
 
     The exit status: 0 when the pass completed, 1 when it (or any target) failed.
@@ -68,7 +62,7 @@ async def sweep(
         # (the visibility query above may not see a pass started a moment ago).
         handle = await client.start_workflow(
             "Purge",
-            {"targets": list(targets), "dry_run": dry_run},
+            request,
             id=f"purge-sweep-{task_queue}",
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,

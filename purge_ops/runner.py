@@ -16,7 +16,7 @@ from activities.targets import TargetRegistry
 from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
-from purge_ops.connect import connect_temporal, open_pool
+from purge_ops.connect import connect_temporal, lazy_pools, open_pool
 from workflows.purge import PurgeWorkflow
 
 log = logging.getLogger("purge.worker")
@@ -74,7 +74,8 @@ async def run_worker(
     try:
         pool = await open_pool(url)
         try:
-            registry = build_registry(config, pool)
+            named = lazy_pools(config.databases)
+            registry = build_registry(config, pool, named)
             client = await connect_temporal(temporal_address, metrics=metrics)
             if ensure_schedule:
                 outcome = await schedule.ensure_schedule(client, config)
@@ -94,6 +95,8 @@ async def run_worker(
                 log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
         finally:
             await pool.close()
+            for opened in named.values():
+                await opened.close()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

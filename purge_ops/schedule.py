@@ -54,7 +54,7 @@ def desired(config: PurgeConfig) -> Schedule:
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,
-            {"targets": config.target_names},
+            config.pass_input(),
             # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
             id=spec.id,
             task_queue=config.task_queue,
@@ -83,6 +83,7 @@ def fingerprint(config: PurgeConfig) -> str:
         "catchup_window_ms": spec.catchup_window_ms,
         "task_queue": config.task_queue,
         "targets": config.target_names,
+        "input": config.pass_input(),
         "workflow": WORKFLOW_TYPE,
         "overlap": "skip",
     }

@@ -89,7 +89,15 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     assert action.id == schedule_id  # type: ignore[union-attr]
     converter = client.data_converter.payload_converter
     [args] = [converter.from_payload(p) for p in action.args]  # type: ignore[union-attr]
-    assert args == {"targets": ["x_idempotency", "x_auth"]}
+    # The pass's limits travel in its input, the config's defaults here: 4 at once, 1 per
+    # database, a budget of 50 minutes (below the hourly period).
+    assert args == {
+        "targets": ["x_idempotency", "x_auth"],
+        "max_concurrent": 4,
+        "max_per_database": 1,
+        "budget_ms": 3_000_000,
+        "databases": {},
+    }
     [calendar] = schedule.spec.calendars
     assert spans(calendar.minute) == [(23, 23)]
     assert spans(calendar.hour) == [(0, 23)]

@@ -175,3 +175,20 @@ def may_analyze(server_version: int) -> sql.SQL:
 def analyze(pred: Predicate) -> sql.Composed:
     """Refresh the planner's statistics of the table after a sweep removed a large share."""
     return sql.SQL("ANALYZE {}").format(ident(pred.table))
+
+
+#: The first key of every advisory lock this package takes ('purg'); the second is the table's
+#: OID, so two sweeps of one table, from any pass, worker or cluster, take the same lock.
+LOCK_SPACE = 0x70757267
+
+
+def lock_table() -> sql.Composed:
+    """Take the session's advisory lock on `%(rel)s`, waiting at most the lock_timeout."""
+    return sql.SQL(
+        "SELECT pg_advisory_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4)"
+    ).format(sql.Literal(LOCK_SPACE))
+
+
+def unlock_tables() -> sql.SQL:
+    """Release every advisory lock of this session: the connection goes back to the pool."""
+    return sql.SQL("SELECT pg_advisory_unlock_all()")

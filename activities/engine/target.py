@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, Protocol
 
+import psycopg
 from psycopg import AsyncConnection, errors
-from psycopg_pool import AsyncConnectionPool
 
 from activities.engine.batching import BatchSweeper, TableSweep
 from activities.engine.planning import TablePlan, plan_table
-from activities.engine.rules import Predicate, Rule
-from activities.engine.statements import count_expired, count_expired_and_all, local_bounds
+from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.statements import (
+    count_expired,
+    count_expired_and_all,
+    local_bounds,
+    lock_table,
+    unlock_tables,
+)
 from activities.engine.upkeep import analyze_after, leftover, open_ledger, vacuum_advice
 from activities.errors import BadPurgeTarget
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards, SweepSettings
+
+
+class ConnectionSource(Protocol):
+    """Where a target's connections come from: a psycopg pool, or a lazily opened one."""
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
 
 
 class SqlTarget:
@@ -26,7 +39,7 @@ class SqlTarget:
     def __init__(
         self,
         name: str,
-        pool: AsyncConnectionPool[Any],
+        pool: ConnectionSource,
         rules: list[Rule],
         settings: SweepSettings | None = None,
         guards: Guards | None = None,
@@ -54,9 +67,15 @@ class SqlTarget:
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
+        budget_ms: int | None = None,
     ) -> SweepStats:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
-        heartbeat) says; `on_batch` is called with the progress after every batch.
+        heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
+        ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
+
+        Each table is swept under an advisory lock on it, so no two sweeps of one table run at
+        once, from whatever pass; a table another sweep holds for longer than `busy_wait` ends
+        the sweep with `busy` set.
 
         With `ledger`, every batch also adds its count to `purge_progress` in its own
         transaction, and the count starts from what the ledger holds: exact, whatever an earlier
@@ -69,7 +88,8 @@ class SqlTarget:
                 counted = await open_ledger(conn, ledger, self.settings)
             if counted is not None:
                 progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
-        deadline = time.monotonic() + self.settings.time_budget_ms / 1000
+        budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
+        deadline = time.monotonic() + budget / 1000
         ledger_params = ledger.params() if stats.ledger and ledger else None
         for index, rule in enumerate(self.rules):
             if index < progress.table:
@@ -78,13 +98,22 @@ class SqlTarget:
                 progress.table, progress.page = index, 0
             async with self._connection(rule) as conn:
                 pred, plan = await self._prepare(conn, rule, now_ms)
-                if progress.page and plan.strategy != "range":
-                    progress.page = 0
-                sweeper = BatchSweeper(
-                    conn, self.settings, progress, on_batch or _ignore, deadline, ledger_params
-                )
-                table = await sweeper.sweep(pred, plan)
-                await self._after(conn, pred, plan, table, now_ms, stats)
+                if not await self._lock(conn, pred):
+                    stats.busy = (
+                        f"another sweep held {rule.table} for longer than "
+                        f"{self.settings.busy_wait_ms} ms; the next pass sweeps it"
+                    )
+                    break
+                try:
+                    if progress.page and plan.strategy != "range":
+                        progress.page = 0
+                    sweeper = BatchSweeper(
+                        conn, self.settings, progress, on_batch or _ignore, deadline, ledger_params
+                    )
+                    table = await sweeper.sweep(pred, plan)
+                    await self._after(conn, pred, plan, table, now_ms, stats)
+                finally:
+                    await _unlock(conn)
             stats.strategies.append(plan.strategy)
             stats.batch_ms += table.batch_ms
             stats.batches += len(table.batch_ms)
@@ -153,6 +182,20 @@ class SqlTarget:
             pred = await rule.bind(conn, now_ms)
             return pred, await plan_table(conn, pred)
 
+    async def _lock(self, conn: AsyncConnection[Any], pred: Predicate) -> bool:
+        """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""
+        rel = {"rel": ident(pred.table).as_string(conn)}
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    local_bounds(),
+                    (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),
+                )
+                await conn.execute(lock_table(), rel)
+        except errors.LockNotAvailable:
+            return False
+        return True
+
     async def _bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
         # Local to this transaction: the bounds never leak to the pool.
         await conn.execute(local_bounds(), (self.settings.lock_timeout_ms, statement_timeout_ms))
@@ -171,6 +214,13 @@ class SqlTarget:
                     f"table {rule.table}: {_first_line(err)}; the worker's role needs "
                     "SELECT and DELETE on it"
                 ) from err
+
+
+async def _unlock(conn: AsyncConnection[Any]) -> None:
+    """Release the table's lock before the connection goes back to the pool. A connection
+    that broke mid-sweep lost its locks with its session (the pool discards it)."""
+    with contextlib.suppress(psycopg.Error):
+        await conn.execute(unlock_tables())
 
 
 def _ignore(progress: Progress) -> None:

@@ -24,12 +24,31 @@ from purge_ops.runner import new_worker
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS: dict[str, dict[str, Any]] = {
-    "pass": {"targets": ["x_idempotency", "x_rate_limit", "x_auth"]},
-    "dry-run": {"targets": ["x_idempotency", "x_auth"], "dry_run": True},
-    "duplicate": {"targets": ["x_auth", "x_idempotency", "x_auth"]},
-    "failed-target": {"targets": ["x_idempotency", "no_such_target", "x_auth"]},
-    "empty": {"targets": []},
+#: Each shape's scenarios, by the prefix of their files. A new shape gets a new prefix; the
+#: files of older ones are never recorded again.
+SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
+    "v1": {
+        "pass": {"targets": ["x_idempotency", "x_rate_limit", "x_auth"]},
+        "dry-run": {"targets": ["x_idempotency", "x_auth"], "dry_run": True},
+        "duplicate": {"targets": ["x_auth", "x_idempotency", "x_auth"]},
+        "failed-target": {"targets": ["x_idempotency", "no_such_target", "x_auth"]},
+        "empty": {"targets": []},
+    },
+    # A pass with limits (the concurrent-pass patch): three targets two at a time; and one whose
+    # budget is spent by its first target, so the others are reported skipped.
+    "v2": {
+        "concurrent": {
+            "targets": ["x_idempotency", "x_rate_limit", "x_auth"],
+            "max_concurrent": 2,
+            "max_per_database": 2,
+            "budget_ms": 600_000,
+        },
+        "out-of-budget": {
+            "targets": ["x_idempotency", "x_rate_limit", "x_auth"],
+            "max_concurrent": 1,
+            "budget_ms": 1,
+        },
+    },
 }
 
 
@@ -53,7 +72,7 @@ async def record(prefix: str) -> None:
                 [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
             )
             async with new_worker(client, registry, "purge"):
-                for scenario, request in SCENARIOS.items():
+                for scenario, request in SCENARIOS[prefix].items():
                     handle = await client.start_workflow(
                         "Purge", request, id=f"purge-{prefix}-{scenario}", task_queue="purge"
                     )
@@ -69,7 +88,9 @@ async def record(prefix: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--prefix", default="v1", help="the workflow shape these histories are of")
+    parser.add_argument(
+        "--prefix", choices=sorted(SCENARIOS), required=True, help="the shape to record"
+    )
     asyncio.run(record(parser.parse_args().prefix))
 
 

@@ -1,0 +1,123 @@
+"""The fleet keys: `[databases.NAME]` (where each target's database is) and `[pass]` (how many
+targets a pass sweeps at once, and its time budget)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from purge_config.dsn import BadDsn, parse_dsn, redact
+from purge_config.errors import ConfigError
+from purge_config.values import duration_text, no_unknown, opt_str, read_duration
+
+#: A database's name in the config, in target keys, in the workflow input and in metric labels.
+DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
+#: The database `database_url` names; a target without `database` sweeps it.
+DEFAULT_DATABASE = ""
+
+DEFAULT_MAX_CONCURRENT = 4
+DEFAULT_MAX_PER_DATABASE = 1
+DEFAULT_BUDGET_MS = 50 * 60_000
+#: A pass this short cannot even schedule its first activities.
+MIN_BUDGET_MS = 10_000
+
+_DATABASE_KEYS = frozenset({"url", "url_env"})
+_PASS_KEYS = frozenset({"max_concurrent", "max_per_database", "budget"})
+
+
+@dataclass(frozen=True)
+class PassLimits:
+    """`[pass]`: what travels in the workflow input of every pass this config starts."""
+
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    """Targets swept at once, over all databases."""
+    max_per_database: int = DEFAULT_MAX_PER_DATABASE
+    """Targets swept at once on one database."""
+    budget_ms: int = DEFAULT_BUDGET_MS
+    """The whole pass's time: targets not started by then are reported skipped."""
+
+
+def check_dsn(where: str, key: str, dsn: str) -> None:
+    """A ConfigError, never quoting the password, when `dsn` is no connection string."""
+    try:
+        parse_dsn(dsn)
+    except BadDsn:
+        raise ConfigError(
+            f"{where}: {key}: not a PostgreSQL connection string, got {redact(dsn)!r}"
+        ) from None
+
+
+def parse_databases(where: str, raw: object, env: Mapping[str, str]) -> dict[str, str]:
+    """`[databases.NAME]` tables: each NAME to its URL (from `url`, or the variable `url_env`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: databases: must be [databases.NAME] tables, got {raw!r}")
+    urls: dict[str, str] = {}
+    for name, entry in raw.items():
+        at = f"databases.{name}" if name.isprintable() else f"databases.{name!r}"
+        if not DATABASE_NAME.fullmatch(name):
+            raise ConfigError(
+                f"{where}: {at}: not a database name (letters, digits, _ and -, starting with a "
+                "letter or _)"
+            )
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: {at}: must be a table with url or url_env, got {entry!r}")
+        no_unknown(where, f"{at}.", entry, _DATABASE_KEYS)
+        url = opt_str(where, f"{at}.url", entry, "url")
+        variable = opt_str(where, f"{at}.url_env", entry, "url_env")
+        if (url is None) == (variable is None):
+            raise ConfigError(
+                f"{where}: {at}: give exactly one of url and url_env (the variable holding "
+                f"the URL), got {'both' if url else 'neither'}"
+            )
+        if variable is not None:
+            url = env.get(variable) or None
+            if url is None:
+                raise ConfigError(
+                    f"{where}: {at}.url_env: the variable {variable} is not set (or empty)"
+                )
+            check_dsn(where, f"{at}.url_env ({variable})", url)
+        else:
+            assert url is not None
+            check_dsn(where, f"{at}.url", url)
+        urls[name] = url
+    return urls
+
+
+def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
+    """`[pass]`; the budget must end before the schedule fires again (`period_ms`)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: pass: must be a [pass] table, got {raw!r}")
+    no_unknown(where, "pass.", raw, _PASS_KEYS)
+    counts = {key: _at_least_one(where, key, raw) for key in ("max_concurrent", "max_per_database")}
+    if "budget" in raw:
+        budget = read_duration(where, "pass.budget", raw, "budget")
+        if budget < MIN_BUDGET_MS:
+            raise ConfigError(f"{where}: pass.budget: at least 10s, got {raw['budget']!r}")
+        if period_ms is not None and budget >= period_ms:
+            raise ConfigError(
+                f"{where}: pass.budget: must end before the schedule fires again (every "
+                f"{duration_text(period_ms)}), got {raw['budget']!r}"
+            )
+    else:
+        # 50 minutes, or five sixths of a shorter period, so a pass never meets the next.
+        budget = DEFAULT_BUDGET_MS
+        if period_ms is not None:
+            budget = min(budget, max(MIN_BUDGET_MS, period_ms * 5 // 6))
+    return PassLimits(
+        max_concurrent=counts["max_concurrent"] or DEFAULT_MAX_CONCURRENT,
+        max_per_database=counts["max_per_database"] or DEFAULT_MAX_PER_DATABASE,
+        budget_ms=budget,
+    )
+
+
+def _at_least_one(where: str, key: str, raw: Mapping[str, Any]) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise ConfigError(
+            f"{where}: pass.{key}: must be a whole number from 1 to 1000, got {value!r}"
+        )
+    return value

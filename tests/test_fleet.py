@@ -1,0 +1,377 @@
+"""A fleet: targets over several databases, swept concurrently under limits and one budget per
+pass, and never two sweeps of one table at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from activities import builtin_targets as kinds
+from activities.engine.statements import LOCK_SPACE
+from activities.payloads import PurgeStep, PurgeSweep
+from activities.schema import reference_ddl
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_config import ConfigError, parse_config
+from purge_config.settings import SweepSettings
+from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_ops.connect import lazy_pools
+from purge_ops.runner import new_worker
+from tests.conftest import RunWorker
+from tests.support.activity import activity_env
+from tests.support.passes import failed_pass, run_pass
+from tests.support.rows import HOUR, PAST_NOW, keys
+
+NOW = PAST_NOW
+
+
+class Sleeper:
+    """A target that takes `seconds` and records how many sweeps overlap, overall and per
+    database (its workflow test needs no table)."""
+
+    running: ClassVar[Counter[str]] = Counter()
+    most: ClassVar[Counter[str]] = Counter()
+    order: ClassVar[list[str]] = []
+
+    def __init__(self, name: str, database: str, seconds: float) -> None:
+        self.name, self.database, self.seconds = name, database, seconds
+
+    async def purge_expired(self, now_ms: int) -> int:
+        cls = Sleeper
+        cls.order.append(self.name)
+        for key in ("*", self.database):
+            cls.running[key] += 1
+            cls.most[key] = max(cls.most[key], cls.running[key])
+        try:
+            await asyncio.sleep(self.seconds)
+        finally:
+            for key in ("*", self.database):
+                cls.running[key] -= 1
+        return len(self.name)
+
+
+@pytest.fixture
+def sleepers() -> type[Sleeper]:
+    Sleeper.running, Sleeper.most, Sleeper.order = Counter(), Counter(), []
+    return Sleeper
+
+
+async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in_input_order(
+    client: Client, task_queue: str, run_worker: RunWorker, sleepers: type[Sleeper]
+) -> None:
+    layout = {"a1": "db1", "a2": "db1", "b1": "db2", "b2": "db2", "c1": "", "c2": "", "b3": "db2"}
+    targets = [Sleeper(name, db, 0.4) for name, db in layout.items()]
+    request = {
+        "targets": list(layout),
+        "max_concurrent": 2,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+        "databases": {name: db for name, db in layout.items() if db},
+    }
+    async with run_worker(targets):
+        started = time.monotonic()
+        result = await run_pass(client, task_queue, request)
+        took = time.monotonic() - started
+
+    assert [s["name"] for s in result["swept"]] == list(layout)
+    assert all(s["status"] == "ok" for s in result["swept"])
+    assert result["removed"] == sum(len(name) for name in layout)
+    assert sleepers.most["*"] == 2  # two at once, never more
+    assert all(sleepers.most[db] == 1 for db in ("db1", "db2", ""))
+    # Started in input order, a target whose database was busy letting the next one start.
+    assert sleepers.order[:2] == ["a1", "b1"]
+    assert took < 7 * 0.4  # not one after another
+
+
+async def test_a_pass_out_of_budget_reports_the_rest_skipped_and_the_next_pass_sweeps_them(
+    client: Client, task_queue: str, run_worker: RunWorker, sleepers: type[Sleeper]
+) -> None:
+    names = ["t1", "t2", "t3", "t4"]
+    request = {"targets": names, "max_concurrent": 1, "budget_ms": 1_500}
+    async with run_worker([Sleeper(name, "", 1.0) for name in names]):
+        first = await run_pass(client, task_queue, request)
+        second = await run_pass(
+            client, task_queue, {**request, "targets": ["t3", "t4"], "budget_ms": 60_000}
+        )
+
+    statuses = [(s["name"], s["status"]) for s in first["swept"]]
+    assert statuses == [("t1", "ok"), ("t2", "ok"), ("t3", "skipped"), ("t4", "skipped")]
+    skipped = first["swept"][2]
+    assert (skipped["removed"], skipped["reason"].startswith("the pass's budget")) == (0, True)
+    assert not first["failed"]  # the pass ended normally
+    assert [(s["name"], s["status"]) for s in second["swept"]] == [("t3", "ok"), ("t4", "ok")]
+
+
+async def test_a_pass_without_limits_is_the_sequential_pass(
+    client: Client, task_queue: str, run_worker: RunWorker, sleepers: type[Sleeper]
+) -> None:
+    """As started by the `temporal` CLI: no limits in the input, no patch marker, one at a
+    time."""
+    async with run_worker([Sleeper(n, "", 0.1) for n in ("p", "q", "r")]):
+        await run_pass(client, task_queue, {"targets": ["p", "q", "r"]}, "purge-plain")
+    history = await client.get_workflow_handle("purge-plain").fetch_history()
+
+    assert sleepers.most["*"] == 1
+    assert not any(e.HasField("marker_recorded_event_attributes") for e in history.events)
+
+
+def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
+    """Take the advisory lock a sweep of `table` takes, as another sweep would."""
+    conn.execute(
+        "SELECT pg_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",
+        (LOCK_SPACE, table),
+    )
+
+
+async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_deleted(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    db.execute(
+        "INSERT INTO x_idempotency VALUES ('old', null, %s), ('new', null, %s)",
+        (NOW - HOUR, NOW + HOUR),
+    )
+    patient = SweepSettings(busy_wait_ms=300)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
+    step = PurgeStep(name="x_idempotency", now_ms=NOW)
+    with psycopg.connect(schema_url, autocommit=True) as other:
+        hold_table_lock(other, "x_idempotency")
+        started = time.monotonic()
+        busy: PurgeSweep = await activity_env().run(activities.purge_target, step)
+        waited = time.monotonic() - started
+
+    assert (busy.status, busy.removed) == ("busy", 0)
+    assert "another sweep held x_idempotency" in busy.reason
+    assert 0.3 <= waited < 5
+    assert keys(db, "x_idempotency") == {"old", "new"}
+    # The other sweep's session ended: its lock went with it, and the next sweep runs.
+    done: PurgeSweep = await activity_env().run(activities.purge_target, step)
+    assert (done.status, done.removed) == ("ok", 1)
+
+
+async def test_a_sweep_releases_its_table_lock_when_it_ends(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    await activity_env().run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+
+    held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+    assert held == (0,)
+
+
+@pytest.fixture
+def databases(pg_url: str) -> Iterator[dict[str, str]]:
+    """Three databases of their own on the test server, with the built-in tables."""
+    names = [f"fleet_{uuid.uuid4().hex[:8]}_{i}" for i in range(3)]
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f'CREATE DATABASE "{name}"')
+    urls = {f"shard{i}": make_conninfo(pg_url, dbname=name) for i, name in enumerate(names)}
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(reference_ddl())
+    yield urls
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def fleet_pools(databases: dict[str, str]) -> AsyncIterator[dict[str, Any]]:
+    pools = lazy_pools(databases)
+    yield pools
+    for opened in pools.values():
+        await opened.close()
+
+
+async def test_targets_over_three_databases_remove_exactly_their_rows_one_down_fails_alone(
+    time_skipping: WorkflowEnvironment,
+    task_queue: str,
+    pool: AsyncConnectionPool[Any],
+    databases: dict[str, str],
+    real_now: int,
+) -> None:
+    """On the time-skipping server, so the down database's retries take seconds, not minutes."""
+    for i, url in enumerate(databases.values()):
+        with psycopg.connect(url, autocommit=True) as conn:
+            for n in range(i + 2):
+                conn.execute(
+                    "INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"old{n}", real_now - HOUR)
+                )
+            conn.execute("INSERT INTO x_idempotency VALUES ('new', null, %s)", (real_now + HOUR,))
+    down = {**databases, "gone": make_conninfo(databases["shard0"], port=1, host="127.0.0.1")}
+    raw = {
+        "database_url": "postgresql://unused@127.0.0.1/unused",
+        "databases": {name: {"url": url} for name, url in down.items()},
+        "pass": {"max_concurrent": 4, "max_per_database": 1},
+        "targets": [
+            {"kind": "idempotency", "name": f"idem@{name}", "database": name} for name in down
+        ],
+    }
+    config = parse_config(raw, env={})
+    pools = lazy_pools(config.databases, wait_seconds=0.5)
+    client = time_skipping.client
+    try:
+        registry = kinds.build_registry(config, pool, pools)
+        async with new_worker(client, registry, task_queue):
+            failure = await failed_pass(
+                client, task_queue, config.pass_input(), f"purge-fleet-{uuid.uuid4()}"
+            )
+    finally:
+        for opened in pools.values():
+            await opened.close()
+
+    report = failure.details[0]
+    assert {s["name"]: s["removed"] for s in report["swept"]} == {
+        "idem@shard0": 2,
+        "idem@shard1": 3,
+        "idem@shard2": 4,
+    }
+    [failed] = report["failed"]
+    assert failed["name"] == "idem@gone"
+    assert "database gone" in failed["message"]  # named, its URL without a password
+    assert "unused" not in str(report)  # no URL of the default database in the report
+    for url in databases.values():
+        with psycopg.connect(url) as conn:
+            assert {r[0] for r in conn.execute("SELECT key FROM x_idempotency")} == {"new"}
+
+
+def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = {"database_url": "postgresql://app@db/app"}
+    cases = {
+        "no such database": (
+            {"targets": [{"kind": "idempotency", "database": "nope"}]},
+            "database: no [databases.nope]",
+        ),
+        "both url and url_env": (
+            {"databases": {"a": {"url": "postgresql://x@db/a", "url_env": "A"}}},
+            "databases.a: give exactly one of url and url_env",
+        ),
+        "neither": ({"databases": {"a": {}}}, "got neither"),
+        "unset variable": (
+            {"databases": {"a": {"url_env": "PURGE_TEST_UNSET_VARIABLE"}}},
+            "the variable PURGE_TEST_UNSET_VARIABLE is not set",
+        ),
+        "max_concurrent 0": ({"pass": {"max_concurrent": 0}}, "pass.max_concurrent"),
+        "max_per_database 0": ({"pass": {"max_per_database": 0}}, "pass.max_per_database"),
+        "budget no duration": ({"pass": {"budget": "soon"}}, "pass.budget: not a duration"),
+        "budget past the period": (
+            {"pass": {"budget": "1h"}},
+            "pass.budget: must end before the schedule fires again (every 60m)",
+        ),
+    }
+    for label, (extra, expected) in cases.items():
+        with pytest.raises(ConfigError) as refused:
+            parse_config({**base, **extra}, env={})
+        message = str(refused.value)
+        assert expected in message, (label, message)
+        assert "\n" not in message
+
+
+def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> None:
+    config = parse_config(
+        {
+            "database_url": "postgresql://app@db/app",
+            "databases": {"shard2": {"url_env": "SHARD2_URL"}},
+            "schedule": {"cron": "*/15 * * * *"},
+            "targets": [{"kind": "idempotency", "name": "i@2", "database": "shard2"}],
+        },
+        env={"SHARD2_URL": "postgresql://purge:secret@db2/app"},
+    )
+
+    assert config.databases == {"shard2": "postgresql://purge:secret@db2/app"}
+    assert config.limits.budget_ms == 750_000  # five sixths of 15 minutes
+    request = config.pass_input()
+    assert request["databases"] == {"i@2": "shard2"}
+    assert "secret" not in str(request)  # names travel in the input, never URLs
+
+
+async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """One pass started by the client, another by the `temporal` CLI, on a table whose
+    deletes are slow: one of them sweeps it, the other finds it busy (or nothing left), and
+    together they remove exactly the expired rows."""
+    db.execute(
+        "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
+        " FROM generate_series(1, 600) i",
+        (real_now - HOUR, real_now + HOUR),
+    )
+    db.execute(
+        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
+    )
+    db.execute(
+        "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
+        " EXECUTE FUNCTION slow_delete()"
+    )
+    patient = SweepSettings(busy_wait_ms=100)
+    request = '{"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60000}'
+    async with run_worker([kinds.idempotency(pool, settings=patient)]):
+        by_client = await client.start_workflow(
+            "Purge", {"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60_000},
+            id=f"purge-client-{uuid.uuid4()}", task_queue=task_queue,
+        )  # fmt: skip
+        cli_id = f"purge-cli-{uuid.uuid4()}"
+        await asyncio.to_thread(
+            subprocess.run,
+            [
+                venv_executable("temporal"), "workflow", "start",
+                "--address", temporal_server.address, "--task-queue", task_queue,
+                "--type", "Purge", "--workflow-id", cli_id, "--input", request,
+            ],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+        results = [
+            await by_client.result(),
+            await client.get_workflow_handle(cli_id).result(),
+        ]
+
+    sweeps = [r["swept"][0] for r in results]
+    assert sum(s["removed"] for s in sweeps) == 300
+    assert sorted(s["status"] for s in sweeps) in (["busy", "ok"], ["ok", "ok"])
+    if all(s["status"] == "ok" for s in sweeps):
+        assert 0 in [s["removed"] for s in sweeps]  # one found nothing left
+    assert len(keys(db, "x_idempotency")) == 300
+
+
+def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "database_url": "postgresql://purge:pw0@db0/app",
+            "databases": {"shard1": {"url": "postgresql://purge:pw1@db1/app"}},
+            "pass": {"max_concurrent": 8, "max_per_database": 2, "budget": "50m"},
+            "targets": [
+                {"kind": "idempotency"},
+                {"kind": "idempotency", "name": "x_idempotency@shard1", "database": "shard1"},
+            ],
+        },
+        env={},
+    )
+
+    assert config.pass_input() == {
+        "targets": ["x_idempotency", "x_idempotency@shard1"],
+        "max_concurrent": 8,
+        "max_per_database": 2,
+        "budget_ms": 3_000_000,
+        "databases": {"x_idempotency@shard1": "shard1"},
+    }
