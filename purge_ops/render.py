@@ -45,7 +45,7 @@ def report_table(report: PurgeReport) -> str:
                 s.backlog or "",
                 oldest_text(s.oldest_expired_age_s),
                 f"{s.dead_tuple_share:.0%}" if batched else "",
-                "out of time" if s.backlog else "ok",
+                _status(s),
             ]
         )
     for f in report.failed:
@@ -57,10 +57,17 @@ def report_table(report: PurgeReport) -> str:
         "target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "oldest expired",
         "dead", "status",
     ]  # fmt: skip
-    notes = [f"advice: {s.advice}" for s in report.swept if s.advice]
+    notes = [f"{s.status}: {s.name}: {s.reason}" for s in report.swept if s.reason]
+    notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
     return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6, 7, 8}), *notes])
+
+
+def _status(sweep: PurgeSweep) -> str:
+    if sweep.status != "ok":
+        return sweep.status  # skipped (the pass's budget) or busy (another sweep's table)
+    return "out of time" if sweep.backlog else "ok"
 
 
 #: Said under any table holding a `>=N` count.
