@@ -63,9 +63,10 @@ def expiring(
     max_age_ms: int = 0,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    unit: str = "ms",
 ) -> SqlTarget:
     """Any table whose `column + max_age <= now`: epoch ms, timestamptz or timestamp (as UTC)."""
-    rule = ExpiryRule(table, column, max_age_ms, accepts=(*MS_TYPES, *INSTANT_TYPES))
+    rule = ExpiryRule(table, column, max_age_ms, accepts=(*MS_TYPES, *INSTANT_TYPES), unit=unit)
     return SqlTarget(name, pool, [rule], settings, guards)
 
 
@@ -86,6 +87,7 @@ def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
             spec.max_age_ms,
             spec.settings,
             spec.guards,
+            spec.unit,
         )
     raise ValueError(f"no built-in kind {spec.kind!r}")
 

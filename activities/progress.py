@@ -103,6 +103,8 @@ class SweepStats:
     analyzed: bool = False
     busy: str = ""
     """Why the sweep stopped at a table another sweep held (empty when it did not)."""
+    reason: str = ""
+    """Why pacing ended the sweep before its end, leaving a backlog (empty when it did not)."""
 
     @property
     def dead_share(self) -> float:

@@ -133,6 +133,8 @@ class PurgeActivities:
         sweep.strategy, sweep.batches = stats.strategy, stats.batches
         if stats.busy:
             sweep.status, sweep.reason = "busy", stats.busy
+        elif stats.reason:
+            sweep.reason = stats.reason  # a backlog left because pacing spent the budget
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.

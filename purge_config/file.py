@@ -20,6 +20,7 @@ from purge_config.settings import SweepSettings
 from purge_config.targets import (
     SWEEP_FLAGS,
     SWEEP_KEYS,
+    SWEEP_PACING,
     TargetSpec,
     parse_target,
     sweep_settings,
@@ -173,7 +174,7 @@ def parse_config(
     limits = parse_pass(where, raw.get("pass", {}), cron_period_ms(schedule.cron))
     sweep = raw.get("sweep", {})
     if isinstance(sweep, dict):
-        no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS}))
+        no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING}))
     defaults = sweep_settings(where, "sweep.", sweep, SweepSettings())
     targets = tuple(parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
     seen: dict[str, int] = {}

@@ -23,6 +23,13 @@ class SweepSettings:
     busy_wait_ms: int = 10_000
     """How long a sweep waits for another sweep of the same table (the advisory lock every
     sweep holds on its table) before reporting the target `busy`."""
+    max_replica_lag_ms: int | None = None
+    """Between batches, pause while a streaming replica's replay lag exceeds this."""
+    max_wal_rate: int | None = None
+    """Between batches, wait as needed to keep the WAL written under this many bytes a second."""
+    refuse_unindexed_children: bool = False
+    """Fail the target, before deleting, when a foreign key into its table has no index on the
+    child's columns (otherwise: one warning per pass naming the index to create)."""
     analyze_after: bool = False
     """ANALYZE a table after a sweep removed more than a tenth of it (needs MAINTAIN or
     ownership; without them, one warning, never a failure)."""

@@ -14,7 +14,14 @@ from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
 from purge_config.settings import Guards, SweepSettings
-from purge_config.values import duration_text, no_unknown, opt_str, read_duration, req_str
+from purge_config.values import (
+    duration_text,
+    no_unknown,
+    opt_str,
+    read_duration,
+    read_rate,
+    req_str,
+)
 
 #: A `python` target's factory: called when a step needs its targets (see activities.targets).
 Factory = Callable[[], Iterable[object]]
@@ -22,7 +29,7 @@ Factory = Callable[[], Iterable[object]]
 #: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
 _TARGET_KEYS: dict[str, frozenset[str]] = {
     **{kind: spec.table_keys | {"name", "database"} for kind, spec in BUILTIN_KINDS.items()},
-    "expiring": frozenset({"name", "table", "column", "max_age", "database"}),
+    "expiring": frozenset({"name", "table", "column", "max_age", "database", "unit"}),
     "python": frozenset({"factory", "names"}),
 }
 #: Guards a built-in target may carry (see purge_config.settings.Guards); all off unless set.
@@ -41,7 +48,11 @@ SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
 
 #: The `[sweep]` keys that are true or false (also allowed per target), each the SweepSettings
 #: field of its name.
-SWEEP_FLAGS = ("analyze_after",)
+SWEEP_FLAGS = ("analyze_after", "refuse_unindexed_children")
+#: The pacing keys of `[sweep]` (also allowed per target).
+SWEEP_PACING = ("max_replica_lag", "max_wal_rate")
+#: The units an `expiring` target's integer epoch column may hold.
+EPOCH_UNITS = ("ms", "s", "us")
 
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -56,6 +67,8 @@ class TargetSpec:
     tables: tuple[TableName, ...] = ()
     column: str = ""
     max_age_ms: int = 0
+    unit: str = "ms"
+    """For `expiring` over an integer column: the epoch unit it holds (ms, s, us)."""
     factory: Factory | None = None
     names: tuple[str, ...] = ()
     """For `python`: the names its factory provides that a scheduled pass should sweep."""
@@ -89,6 +102,16 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
                 f"{duration_text(high)}, got {raw[key]!r}"
             )
         changes[attr] = value
+    if "max_replica_lag" in raw:
+        lag = read_duration(where, prefix + "max_replica_lag", raw, "max_replica_lag")
+        if not 100 <= lag <= 3_600_000:
+            raise ConfigError(
+                f"{where}: {prefix}max_replica_lag: must be from 100ms to 60m, "
+                f"got {raw['max_replica_lag']!r}"
+            )
+        changes["max_replica_lag_ms"] = lag
+    if "max_wal_rate" in raw:
+        changes["max_wal_rate"] = read_rate(where, prefix + "max_wal_rate", raw, "max_wal_rate")
     settings = replace(base, **changes)
     if settings.batch_target_ms * 10 > settings.statement_timeout_ms:
         raise ConfigError(
@@ -140,7 +163,9 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
     sweep_keys = (
-        frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *_GUARD_KEYS}) if kind != "python" else frozenset()
+        frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING, *_GUARD_KEYS})
+        if kind != "python"
+        else frozenset()
     )
     no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
 
@@ -189,12 +214,19 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     max_age_ms = 0
     if "max_age" in raw:
         max_age_ms = read_duration(at, "max_age", raw, "max_age")
+    unit = raw.get("unit", "ms")
+    if unit not in EPOCH_UNITS:
+        raise ConfigError(
+            f"{at}: unit: the unit of an integer epoch column, one of {', '.join(EPOCH_UNITS)}, "
+            f"got {unit!r}"
+        )
     return TargetSpec(
         kind=kind,
         name=name,
         tables=(table,),
         column=column,
         max_age_ms=max_age_ms,
+        unit=unit,
         settings=settings,
         guards=guards,
         database=database,

@@ -196,3 +196,20 @@ def _cron_values(text: str, low: int, high: int, names: tuple[str, ...], shortes
                 last = high
         values.update(range(first, last + 1, int(step) if step else 1))
     return values
+
+
+_RATE = re.compile(r"([0-9]{1,9}(?:\.[0-9]{1,3})?)\s*(B|kB|KB|MB|GB)/s")
+_RATE_BYTES = {"B": 1, "kB": 1024, "KB": 1024, "MB": 1024**2, "GB": 1024**3}
+
+
+def read_rate(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> int:
+    """A byte rate like "32MB/s" (B, kB, MB, GB; 1024-based as PostgreSQL's units), in bytes a
+    second; a ConfigError naming `where` and `key`."""
+    value = raw[field_name]
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigError(f"{where}: {key}: want a rate like '32MB/s' (B kB MB GB), got {value!r}")
+    rate = int(float(match.group(1)) * _RATE_BYTES[match.group(2)])
+    if rate < 64 * 1024:
+        raise ConfigError(f"{where}: {key}: at least 64kB/s, got {value!r}")
+    return rate

@@ -338,6 +338,31 @@ class EmbeddedPostgres(_Child):
         self._wait_ready(timeout)
         return self
 
+    def standby(self, base_dir: Path) -> EmbeddedPostgres:
+        """A streaming replica of this (running) server under `base_dir`, made with
+        pg_basebackup from the same binaries; not started. For tests of replica lag."""
+        standby = EmbeddedPostgres(base_dir, settings={"hot_standby": "on"})
+        base_dir.mkdir(parents=True, exist_ok=True)
+        if self._user:
+            account = pwd.getpwnam(self._user)
+            os.chown(base_dir, account.pw_uid, account.pw_gid)
+            base_dir.chmod(0o755)
+        done = subprocess.run(
+            [
+                str(server_bin_dir(self._user) / "pg_basebackup"),
+                "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                "-D", str(standby.data_dir), "-R", "-X", "stream", "--no-sync",
+            ],
+            capture_output=True,
+            user=self._user,
+            check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise EmbeddedServerError(
+                f"pg_basebackup failed: {done.stderr.decode(errors='replace')}"
+            )
+        return standby
+
     def _wait_ready(self, timeout: float) -> None:
         import psycopg  # a runtime dependency; imported here to keep this module's import light
 

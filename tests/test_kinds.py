@@ -169,21 +169,25 @@ async def test_expiring_max_age_counts_from_the_age_column(
     assert keys(db, "audit") == keep_labels(rows)
 
 
-async def test_expiring_integer_column_with_max_age(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+@pytest.mark.parametrize("slack_ms", [0, 999], ids=["on-the-second", "within-the-second"])
+async def test_expiring_integer_column_of_seconds_with_max_age(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, slack_ms: int
 ) -> None:
-    """An `integer` column of ms only reaches into January 1970, so only a max_age that brings
-    the cutoff there leaves anything; the arithmetic must still be exact at the boundary."""
-    db.execute("CREATE TABLE ticks (key text PRIMARY KEY, at_ms integer NOT NULL)")
-    max_age_ms = now_ms - 1_000_000  # cutoff = 1,000,000 ms after the epoch
-    rows = {"gone-before": 999_999, "gone-at-cutoff": 1_000_000, "kept-after": 1_000_001}
+    """An `integer` column of epoch seconds (unit = "s"), whatever the caller's clock: the
+    cutoff is converted, never the column, and is exact at the boundary (a cutoff inside a
+    second reaches back to that second, not past it)."""
+    db.execute("CREATE TABLE ticks (key text PRIMARY KEY, at_s integer NOT NULL)")
+    max_age_ms = now_ms - 1_000_000_000_000 - slack_ms  # cutoff = 1e12 ms (+ slack) = 1e9 s
+    rows = {"gone-before": 999_999_999, "gone-at-cutoff": 1_000_000_000, "kept": 1_000_000_001}
     for label, at in rows.items():
         db.execute("INSERT INTO ticks VALUES (%s, %s)", (label, at))
 
-    target = kinds.expiring(pool, "ticks", TableName("ticks"), "at_ms", max_age_ms=max_age_ms)
+    target = kinds.expiring(
+        pool, "ticks", TableName("ticks"), "at_s", max_age_ms=max_age_ms, unit="s"
+    )
 
     assert await target.purge_expired(now_ms) == 2
-    assert keys(db, "ticks") == {"kept-after"}
+    assert keys(db, "ticks") == {"kept"}
 
 
 async def test_expiring_names_are_quoted_exactly_and_schema_qualified(

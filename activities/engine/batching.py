@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
+from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate
 from activities.engine.statements import count_expired, index_batch, local_bounds, range_batch
@@ -41,6 +42,9 @@ class TableSweep:
     batch_ms: list[float] = field(default_factory=list)
     complete: bool = True
     backlog: int = 0
+    reason: str = ""
+    """Why it stopped early when pacing spent the budget (empty otherwise)."""
+    warnings: list[str] = field(default_factory=list)
 
 
 class BatchSweeper:
@@ -68,17 +72,27 @@ class BatchSweeper:
         """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
         result = TableSweep(plan=plan)
         self.progress.strategy = plan.strategy
+        self.pacer = Pacer(self.conn, self.settings, self.deadline)
+        await self.pacer.start()
         if plan.strategy == "index":
             await self._by_index(pred, result)
         else:
             await self._walk(pred, result)
+        result.warnings, result.reason = self.pacer.warnings, self.pacer.reason
         return result
+
+    async def _out_of_time(self) -> bool:
+        """Whether the sweep must stop before its next batch: the budget is spent, or pacing
+        (replica lag, WAL rate) spent it waiting."""
+        if time.monotonic() >= self.deadline:
+            return True
+        return not await self.pacer.before_batch()
 
     async def _walk(self, pred: Predicate, result: TableSweep) -> None:
         statement = range_batch(pred, ledger=self.ledger is not None)
         pages, start = FIRST_PAGES, self.progress.page
         while self.progress.page < result.plan.pages:
-            if time.monotonic() >= self.deadline:
+            if await self._out_of_time():
                 result.complete = False
                 result.backlog = _walk_backlog(
                     result, self.progress.page - start, self.progress.page
@@ -93,7 +107,7 @@ class BatchSweeper:
     async def _by_index(self, pred: Predicate, result: TableSweep) -> None:
         rows = FIRST_ROWS
         while True:
-            if time.monotonic() >= self.deadline:
+            if await self._out_of_time():
                 result.complete = False
                 result.backlog = await self._count_left(pred, result)
                 return

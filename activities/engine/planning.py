@@ -17,6 +17,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine import statements
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
 
@@ -157,3 +158,23 @@ def _scans_whole(node: dict[str, Any]) -> bool:
     if node.get("Node Type") == "Seq Scan":
         return True
     return any(_scans_whole(child) for child in node.get("Plans", []))
+
+
+async def unindexed_children(conn: AsyncConnection[Any], pred: Predicate) -> str:
+    """A warning naming each foreign key into the table whose child table has no index leading
+    with its columns, and the index that fixes it; empty when there is none. Without the index
+    every parent row deleted makes PostgreSQL read the whole child table."""
+    cur = await conn.execute(
+        statements.unindexed_children(), {"rel": ident(pred.table).as_string(conn)}
+    )
+    lines = []
+    for child, columns, action in await cur.fetchall():
+        create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
+            sql.SQL(child), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        )
+        lines.append(
+            f"{pred.table}: {child} ({', '.join(columns)}) references it ON DELETE {action} with "
+            f"no index on those columns, so each deleted row reads all of {child}; create one: "
+            f"{create.as_string(conn)}"
+        )
+    return " ".join(lines)

@@ -25,6 +25,20 @@ NUMBER_TYPES = ("double precision", "real", "numeric", "bigint", "integer")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+#: Milliseconds per unit of an integer epoch column.
+_UNIT_MS = {"ms": 1.0, "s": 1000.0, "us": 0.001}
+
+
+def _in_unit(cutoff_ms: int, unit: str) -> int:
+    """The cutoff in the column's unit, exactly: a row is expired when its instant is at or
+    before `cutoff_ms` (`col * 1000 <= cutoff_ms` for seconds: round down)."""
+    if unit == "s":
+        return cutoff_ms // 1000
+    if unit == "us":
+        return cutoff_ms * 1000
+    return cutoff_ms
+
+
 def ident(table: TableName) -> sql.Identifier:
     """The quoted name for a statement: `"app"."sessions"`, never `"app.sessions"`."""
     return (
@@ -45,6 +59,9 @@ class Predicate:
     expired_at: sql.Composable = field(default_factory=lambda: sql.SQL("NULL::float8"))
     """The epoch-ms instant a row expired (or expires), computed from the row alone: how long
     the oldest expired row left behind has waited is `now_ms` minus its least value."""
+    epoch_columns: tuple[tuple[str, str], ...] = ()
+    """(column, unit) of each integer epoch column the rule compares: checked for a wrong unit
+    before anything is deleted (activities.engine.units)."""
 
 
 class Rule(Protocol):
@@ -60,21 +77,29 @@ class Rule(Protocol):
 
 @dataclass(frozen=True)
 class ExpiryRule:
-    """Expired when `column + max_age <= now`: the column is epoch ms or a timestamp."""
+    """Expired when `column + max_age <= now`: the column is an integer epoch (in `unit`:
+    ms, s or us) or a timestamp."""
 
     table: TableName
     column: str
     max_age_ms: int = 0
     accepts: tuple[str, ...] = MS_TYPES
+    unit: str = "ms"
 
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         types = await column_types(conn, self.table)
         kind = _require(self.table, types, self.column, self.accepts)
-        # Move the age onto the parameter, not the column, so an index on the column serves.
+        if self.unit != "ms" and kind not in MS_TYPES:
+            raise BadPurgeTarget(
+                f"column {self.table}.{self.column} is {kind}: unit = {self.unit!r} is for "
+                "integer epoch columns; remove it"
+            )
+        # Move the age onto the parameter, not the column, so an index on the column serves;
+        # and convert the cutoff, never the column, to the column's unit for the same reason.
         cutoff_ms = now_ms - self.max_age_ms
         cutoff: object
         if kind in MS_TYPES:
-            cutoff = cutoff_ms
+            cutoff = _in_unit(cutoff_ms, self.unit)
         elif kind == "timestamp with time zone":
             cutoff = _EPOCH + timedelta(milliseconds=cutoff_ms)
         else:
@@ -86,12 +111,15 @@ class ExpiryRule:
         # The row's own instant: extract() of the column, never of the server's clock; a
         # `timestamp` column's epoch is read as UTC, as the comparison above reads it.
         instant = (
-            sql.SQL("{}::float8").format(column)
+            sql.SQL("{}::float8 * {}").format(column, sql.Literal(_UNIT_MS[self.unit]))
             if kind in MS_TYPES
             else sql.SQL("extract(epoch FROM {})::float8 * 1000").format(column)
         )
         expired_at = sql.SQL("{} + {}").format(instant, sql.Literal(self.max_age_ms))
-        return Predicate(self.table, where, {"cutoff": cutoff}, self.column, expired_at)
+        epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
+        return Predicate(
+            self.table, where, {"cutoff": cutoff}, self.column, expired_at, epoch_columns=epoch
+        )
 
 
 @dataclass(frozen=True)
@@ -126,7 +154,14 @@ class FullBucketRule:
             "last_ms::float8 + greatest(capacity::float8 - tokens::float8, 0)"
             " / refill_per_ms::float8"
         )
-        return Predicate(self.table, where, {"now_ms": now_ms}, None, expired_at)
+        return Predicate(
+            self.table,
+            where,
+            {"now_ms": now_ms},
+            None,
+            expired_at,
+            epoch_columns=(("last_ms", "ms"),),
+        )
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from activities.engine.rules import Predicate, ident
+from purge_config.names import TableName
 
 
 def local_bounds(walk: bool = False) -> sql.Composed:
@@ -192,3 +193,67 @@ def lock_table() -> sql.Composed:
 def unlock_tables() -> sql.SQL:
     """Release every advisory lock of this session: the connection goes back to the pool."""
     return sql.SQL("SELECT pg_advisory_unlock_all()")
+
+
+def column_statistics() -> sql.SQL:
+    """The planner's view of `%(column)s` of `%(rel)s`: histogram bounds, most common values
+    and their frequencies, as numbers; no row when the table was never analyzed."""
+    return sql.SQL(
+        "SELECT s.histogram_bounds::text::float8[], s.most_common_vals::text::float8[],"
+        " s.most_common_freqs"
+        " FROM pg_stats s"
+        " JOIN pg_class c ON c.relname = s.tablename"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname"
+        " WHERE c.oid = %(rel)s::regclass AND s.attname = %(column)s"
+        " ORDER BY s.inherited DESC LIMIT 1"
+    )
+
+
+def column_sample(table: TableName, column: str, rows: int) -> sql.Composed:
+    """A few values of the column, as the first pages hold them: bounded, never a scan."""
+    return sql.SQL("SELECT {col}::float8 FROM {t} WHERE {col} IS NOT NULL LIMIT {n}").format(
+        col=sql.Identifier(column), t=ident(table), n=sql.Literal(rows)
+    )
+
+
+def unindexed_children() -> sql.SQL:
+    """Foreign keys that reference `%(rel)s` from a table with no valid, whole index whose
+    leading columns are the key's columns: (child table, its columns, ON DELETE action). Each
+    delete of a parent row then reads the whole child table."""
+    return sql.SQL(
+        "SELECT f.conrelid::regclass::text,"
+        " array_agg(a.attname::text ORDER BY k.ord),"
+        " CASE f.confdeltype WHEN 'c' THEN 'CASCADE' WHEN 'n' THEN 'SET NULL'"
+        " WHEN 'd' THEN 'SET DEFAULT' WHEN 'r' THEN 'RESTRICT' ELSE 'NO ACTION' END"
+        " FROM pg_constraint f"
+        " CROSS JOIN LATERAL unnest(f.conkey) WITH ORDINALITY k(attnum, ord)"
+        " JOIN pg_attribute a ON a.attrelid = f.conrelid AND a.attnum = k.attnum"
+        " WHERE f.contype = 'f' AND f.confrelid = %(rel)s::regclass"
+        " AND NOT EXISTS ("
+        "  SELECT 1 FROM pg_index i WHERE i.indrelid = f.conrelid AND i.indisvalid"
+        "  AND i.indpred IS NULL"
+        "  AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] @> f.conkey"
+        "  AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey)"
+        " GROUP BY f.oid, f.conrelid, f.confdeltype ORDER BY 1"
+    )
+
+
+def may_read_replication() -> sql.SQL:
+    """Whether this role sees the replicas' lag in pg_stat_replication (else it reads NULL)."""
+    return sql.SQL(
+        "SELECT pg_has_role('pg_read_all_stats', 'USAGE')"
+        " OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    )
+
+
+def replica_lag_ms() -> sql.SQL:
+    """The largest replay lag of any streaming replica, in ms (0 without replicas)."""
+    return sql.SQL(
+        "SELECT coalesce(max(extract(epoch FROM replay_lag) * 1000), 0)"
+        " FROM pg_stat_replication WHERE state = 'streaming'"
+    )
+
+
+def wal_position() -> sql.SQL:
+    """The server's WAL write position, in bytes from the start of WAL."""
+    return sql.SQL("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")

@@ -6,13 +6,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import AsyncConnection, errors
 
 from activities.engine.batching import BatchSweeper, TableSweep
-from activities.engine.planning import TablePlan, plan_table
+from activities.engine.planning import TablePlan, plan_table, unindexed_children
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.statements import (
     count_expired,
@@ -21,6 +22,7 @@ from activities.engine.statements import (
     lock_table,
     unlock_tables,
 )
+from activities.engine.units import check_unit
 from activities.engine.upkeep import analyze_after, leftover, open_ledger, vacuum_advice
 from activities.errors import BadPurgeTarget
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
@@ -120,6 +122,8 @@ class SqlTarget:
             stats.backlog += table.backlog
             if plan.advice:
                 stats.advice.append(plan.advice)
+            stats.advice += [w for w in table.warnings if w not in stats.advice]
+            stats.reason = stats.reason or table.reason
             if not table.complete:
                 break  # out of time: the tables after this one wait for the next pass
         stats.removed = progress.removed
@@ -165,7 +169,7 @@ class SqlTarget:
             async with self._connection(rule) as conn, conn.transaction():
                 # A count reads what a whole sweep would: give it the sweep's time budget.
                 await self._bound(conn, self.settings.time_budget_ms)
-                pred = await rule.bind(conn, now_ms)
+                pred = await self._bind(conn, rule, now_ms)
                 query = count_expired_and_all(pred) if total else count_expired(pred)
                 cur = await conn.execute(query, pred.params)
                 row = await cur.fetchone()
@@ -179,8 +183,21 @@ class SqlTarget:
     ) -> tuple[Predicate, TablePlan]:
         async with conn.transaction():
             await self._bound(conn, self.settings.statement_timeout_ms)
-            pred = await rule.bind(conn, now_ms)
-            return pred, await plan_table(conn, pred)
+            pred = await self._bind(conn, rule, now_ms)
+            plan = await plan_table(conn, pred)
+            children = await unindexed_children(conn, pred)
+        if children and self.settings.refuse_unindexed_children:
+            raise BadPurgeTarget(f"{children}; refuse_unindexed_children is set: nothing deleted")
+        if children:
+            plan = replace(plan, advice=" ".join(filter(None, (plan.advice, children))))
+        return pred, plan
+
+    async def _bind(self, conn: AsyncConnection[Any], rule: Rule, now_ms: int) -> Predicate:
+        """The rule bound to its table, its epoch columns checked for a wrong unit."""
+        pred = await rule.bind(conn, now_ms)
+        for column, unit in pred.epoch_columns:
+            await check_unit(conn, pred.table, column, unit)
+        return pred
 
     async def _lock(self, conn: AsyncConnection[Any], pred: Predicate) -> bool:
         """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""

