@@ -22,6 +22,7 @@ from purge_config.values import (
     HOUR_MS,
     cron_ok,
     default_catchup_ms,
+    duration_text,
     no_unknown,
     opt_str,
     read_duration,
@@ -33,7 +34,9 @@ DEFAULT_SCHEDULE_ID = "purge-hourly"
 DEFAULT_CRON = "23 * * * *"
 DEFAULT_TIME_ZONE = "UTC"
 
-_TOP_KEYS = frozenset({"database_url", "task_queue", "metrics", "schedule", "sweep", "targets"})
+_TOP_KEYS = frozenset(
+    {"database_url", "database_wait", "task_queue", "metrics", "schedule", "sweep", "targets"}
+)
 
 _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
 
@@ -42,6 +45,9 @@ _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter
 DEFAULT_JITTER_MS = 30_000
 #: Temporal refuses a catch-up window under 10 s.
 MIN_CATCHUP_MS = 10_000
+#: How long a starting worker waits for its first database connection before it gives up.
+DEFAULT_DATABASE_WAIT_MS = 30_000
+DATABASE_WAIT_RANGE_MS = (1_000, 3_600_000)
 _METRICS = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 _QUEUE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -72,6 +78,8 @@ class PurgeConfig:
     targets: tuple[TargetSpec, ...] = ()
     metrics: str | None = None
     """HOST:PORT where a worker serves Prometheus metrics, if anywhere."""
+    database_wait_ms: int = DEFAULT_DATABASE_WAIT_MS
+    """How long a starting worker waits for its first database connection."""
 
     @property
     def target_names(self) -> list[str]:
@@ -125,6 +133,8 @@ def parse_config(
         _check_dsn(where, "PURGE_DATABASE_URL", env_url)
     database_url = env_url or file_url
 
+    database_wait_ms = _parse_database_wait(where, raw)
+
     task_queue = opt_str(where, "task_queue", raw) or DEFAULT_TASK_QUEUE
     if not _QUEUE.fullmatch(task_queue):
         raise ConfigError(f"{where}: task_queue: not a task queue name, got {task_queue!r}")
@@ -162,7 +172,21 @@ def parse_config(
         schedule=schedule,
         targets=targets,
         metrics=metrics,
+        database_wait_ms=database_wait_ms,
     )
+
+
+def _parse_database_wait(where: str, raw: Mapping[str, Any]) -> int:
+    if "database_wait" not in raw:
+        return DEFAULT_DATABASE_WAIT_MS
+    wait_ms = read_duration(where, "database_wait", raw, "database_wait")
+    low, high = DATABASE_WAIT_RANGE_MS
+    if not low <= wait_ms <= high:
+        raise ConfigError(
+            f"{where}: database_wait: must be from {duration_text(low)} to "
+            f"{duration_text(high)}, got {raw['database_wait']!r}"
+        )
+    return wait_ms
 
 
 def _parse_schedule(where: str, raw: object) -> ScheduleConfig:

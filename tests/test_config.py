@@ -118,6 +118,10 @@ BAD_FILES: dict[str, Bad] = {
     # Top-level values of the wrong type or shape.
     "database_url-int": Bad(toml(database_url=5), ": database_url", "got 5"),
     "database_url-empty": Bad(toml(database_url=""), ": database_url", "got ''"),
+    "database_wait-int": Bad(toml(database_wait=30), ": database_wait", "got 30"),
+    "database_wait-no-unit": Bad(toml(database_wait="30"), ": database_wait", "'30'"),
+    "database_wait-zero": Bad(toml(database_wait="0s"), ": database_wait", "got '0s'"),
+    "database_wait-over-an-hour": Bad(toml(database_wait="61m"), ": database_wait", "'61m'"),
     "task_queue-list": Bad(toml(task_queue=[]), ": task_queue", "got []"),
     "task_queue-empty": Bad(toml(task_queue=""), ": task_queue", "got ''"),
     "task_queue-space": Bad(toml(task_queue="purge now"), ": task_queue", "'purge now'"),
@@ -419,6 +423,7 @@ def test_defaults_are_filled_in(tmp_path: Path) -> None:
     config = load(tmp_path, toml(targets=[IDEMPOTENCY, {"kind": "rate_limit"}, {"kind": "auth"}]))
 
     assert config.database_url is None
+    assert config.database_wait_ms == 30_000
     assert (config.task_queue, config.schedule.id) == ("purge", "purge-hourly")
     assert (config.schedule.cron, config.schedule.time_zone) == ("23 * * * *", "UTC")
     assert config.target_names == ["x_idempotency", "x_rate_limit", "x_auth"]
@@ -497,6 +502,15 @@ def test_max_age_is_read_as_the_sum_of_its_parts(tmp_path: Path, max_age: str, m
     config = load(tmp_path, toml(targets=[sessions(max_age=max_age)]))
 
     assert config.targets[0].max_age_ms == ms
+
+
+@pytest.mark.parametrize(
+    ("database_wait", "ms"), [("1s", 1_000), ("2m30s", 150_000), ("1h", 3_600_000)]
+)
+def test_database_wait_is_read_as_a_duration(tmp_path: Path, database_wait: str, ms: int) -> None:
+    config = load(tmp_path, toml(database_wait=database_wait))
+
+    assert config.database_wait_ms == ms
 
 
 def test_max_age_defaults_to_zero(tmp_path: Path) -> None:
