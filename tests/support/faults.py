@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 from collections import Counter
 from collections.abc import Mapping
@@ -12,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import clean_env, start_worker, stop
-
-HOST = socket.gethostname()
+from tests.support.procs import identity, start_worker, stop
 
 
 @dataclass
@@ -106,13 +103,3 @@ class Fleet:
             tails.append(f"--- worker {n} ({identity(proc)}, exit {proc.returncode}) ---")
             tails += text[-lines:]
         return "\n".join(tails)
-
-
-def identity(proc: subprocess.Popen[bytes]) -> str:
-    """The identity a worker process gives Temporal: the SDK's default, pid@host."""
-    return f"{proc.pid}@{HOST}"
-
-
-def worker_env(temporal_address: str) -> dict[str, str]:
-    """The environment of a worker process that talks to `temporal_address`."""
-    return clean_env(TEMPORAL_ADDRESS=temporal_address)
