@@ -1,16 +1,14 @@
 """Every bad configuration is refused with one line naming the file, the key and the bad value,
 before the worker connects to anything, so nothing is deleted; the good forms read as documented.
 
-The unit cases go through `load_config` on real files; the end-to-end cases run `worker.py` the
-way a deployment does, against the real PostgreSQL server, and check that no row went.
+The unit cases go through `load_config` on real files; the end-to-end cases run the command line
+(`worker.main`, in this process) the way a deployment does, against the real PostgreSQL server,
+and check that no row went.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from purge_config.names import TableName
 from purge_config.settings import Guards, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
 from tests.support import apptargets
+from tests.support.procs import Done, clean_env, run_main
 from tests.support.rows import HOUR, idempotency_rows, keys
 
 REPO = Path(__file__).resolve().parent.parent
@@ -589,37 +588,17 @@ def test_config_path_prefers_the_option_then_purge_config_then_purge_toml() -> N
     assert config_path(None, {"PURGE_CONFIG": ""}) == Path("purge.toml")
 
 
-# End to end: `python worker.py run --config F` as a deployment runs it.
+# End to end: `pg-purge run --config F` as a deployment runs it (`worker.main`, in this process:
+# tests/test_cli.py runs `run` through the real entry point).
 
 PREFIX = "pg-purge: config error: "
 
 
-def worker_env(**extra: str) -> dict[str, str]:
-    """This environment without the parent's purge and Temporal settings, plus `extra`."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("PURGE_CONFIG", "PURGE_DATABASE_URL") and not key.startswith("TEMPORAL_")
-    }
-    env.update(extra)
-    return env
+def run_worker_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> Done:
+    return run_main("run", *args, cwd=cwd, env=env)
 
 
-def run_worker_cli(
-    *args: str, cwd: Path = REPO, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "worker.py"), "run", *args],
-        cwd=cwd,
-        env=env or worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def refused_line(done: subprocess.CompletedProcess[str]) -> str:
+def refused_line(done: Done) -> str:
     """The one stderr line of a worker that refused its config; fails on anything else."""
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
@@ -659,7 +638,7 @@ def test_worker_refuses_a_bad_purge_database_url_over_a_good_file(
 ) -> None:
     idempotency_rows(db, {"old": 1_000})
     path = write(tmp_path, toml(database_url=schema_url, targets=[IDEMPOTENCY]))
-    env = worker_env(PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@db/app?sslmode=bogus&&&")
+    env = clean_env(PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@db/app?sslmode=bogus&&&")
 
     line = refused_line(run_worker_cli("--config", str(path), env=env))
 
@@ -679,7 +658,7 @@ def test_worker_reads_purge_config_when_no_option_is_given(tmp_path: Path) -> No
     path = write(tmp_path, toml(task_queu="purge"), "from-env.toml")
     write(tmp_path, toml(targets="x"))  # ./purge.toml, which PURGE_CONFIG must win over
 
-    line = refused_line(run_worker_cli(cwd=tmp_path, env=worker_env(PURGE_CONFIG=str(path))))
+    line = refused_line(run_worker_cli(cwd=tmp_path, env=clean_env(PURGE_CONFIG=str(path))))
 
     assert line.startswith(f"{path}: task_queu: unknown key"), line
 
