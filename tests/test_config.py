@@ -8,22 +8,29 @@ and check that no row went.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
 
 from purge_config.errors import ConfigError
-from purge_config.file import PurgeConfig, config_path, load_config
+from purge_config.file import PurgeConfig, config_path, load_config, parse_config
 from purge_config.names import TableName
 from purge_config.settings import Guards, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
+from purge_dev.servers import TemporalDevServer
+from purge_ops import runner
 from tests.support import apptargets
-from tests.support.procs import Done, clean_env, run_main
-from tests.support.rows import HOUR, idempotency_rows, keys
+from tests.support.passes import run_pass
+from tests.support.procs import Done, clean_env, run_main, use_env
+from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -758,19 +765,77 @@ def test_bad_guards_are_refused(tmp_path: Path, line: str, message: str) -> None
     assert message in str(refused.value)
 
 
-def test_the_readme_config_example_is_accepted() -> None:
-    """The README's example file, with its fictional factory swapped for a real one."""
-    import tomllib
-
-    from purge_config.file import parse_config
-    from tests.support.procs import REPO
-
+async def test_the_readme_config_example_is_accepted(
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema: str,
+    schema_url: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's example file, run: pointed at the test's servers (its database_url and
+    task_queue), its schema `app` being the test's, its fictional factory swapped for a real
+    one, a worker built from it (`run_worker`, as `pg-purge run` does) sweeps a pass of the
+    targets it names through Temporal, and each removes its expired rows and only those."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("```toml\ndatabase_url") + len("```toml\n")
-    example = readme[start : readme.index("```", start)]
-    example = example.replace("myapp.purge:targets", "tests.support.apptargets:targets")
-    config = parse_config(tomllib.loads(example), env={})
+    raw = tomllib.loads(readme[start : readme.index("```", start)])
+    assert raw["database_url"] == "postgresql://purge@db/app"
+    raw["database_url"], raw["task_queue"] = schema_url, task_queue
+    for entry in raw["targets"]:
+        if entry.get("table", "").startswith("app."):
+            entry["table"] = entry["table"].replace("app.", f"{schema}.", 1)
+        if entry.get("factory") == "myapp.purge:targets":
+            entry["factory"] = "tests.support.apptargets:targets"
+    config = parse_config(raw, env={})
     assert config.target_names == [
         "x_idempotency", "x_rate_limit", "x_auth", "sessions", "tmp_uploads",
     ]  # fmt: skip
     assert config.metrics == "0.0.0.0:9464"
+
+    # The tables it names, each with a row expired as of now and one live.
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    bucket_rows(db, {"full": (0.0, 4.0, 1.0, real_now - HOUR), "empty": (0.0, 4.0, 1e-9, real_now)})
+    auth_rows(db, {"f-old": real_now - HOUR, "f-new": real_now + HOUR}, {"l-old": real_now - HOUR})
+    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)")
+    db.execute(
+        "INSERT INTO sessions VALUES ('s-old', now() - interval '1 hour'),"
+        " ('s-new', now() + interval '1 hour')"
+    )
+    db.execute("CREATE TABLE tmp_uploads (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)")
+    db.execute(
+        "INSERT INTO tmp_uploads VALUES ('u-old', %s), ('u-new', %s)",
+        (real_now - HOUR, real_now + HOUR),
+    )
+
+    use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
+    apptargets.start_app(pool)  # the application's own store, as the README's start() makes it
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address)
+    )
+    try:
+        passing = asyncio.create_task(
+            run_pass(client, config.task_queue, {"targets": config.target_names})
+        )
+        await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
+        assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
+        result = await passing
+    finally:
+        stop.set()
+        await worker
+        apptargets.stop_app()
+
+    assert {s["name"]: s["removed"] for s in result["swept"]} == {
+        "x_idempotency": 1, "x_rate_limit": 1, "x_auth": 2, "sessions": 1, "tmp_uploads": 1,
+    }  # fmt: skip
+    assert result["failed"] == []
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "x_rate_limit") == {"empty"}
+    assert keys(db, "x_auth_failures") == {"f-new"}
+    assert keys(db, "x_auth_lockouts") == set()
+    assert keys(db, f'"{schema}".sessions') == {"s-new"}
+    assert keys(db, "tmp_uploads") == {"u-new"}
