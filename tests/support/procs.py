@@ -25,7 +25,6 @@ import pytest
 from temporalio import activity, workflow
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER_PY = REPO / "worker.py"
 
 
 @dataclass(frozen=True)
@@ -52,13 +51,14 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def start(
-    args: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path = REPO
+    args: Sequence[str], env: Mapping[str, str], log: Path, checkout: Path = REPO
 ) -> subprocess.Popen[bytes]:
-    """`python worker.py ARGS` in the background; its stdout and stderr go to `log`."""
+    """`python worker.py ARGS` in the background, in `checkout` (this one unless a test made a
+    copy); its stdout and stderr go to `log`."""
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, str(WORKER_PY), *args],
-            cwd=cwd,
+            [sys.executable, "worker.py", *args],
+            cwd=checkout,
             env=dict(env),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -73,13 +73,13 @@ def start_worker(
 
 
 def run_process(
-    *args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO, timeout: float = 120
+    *args: str, env: Mapping[str, str] | None = None, checkout: Path = REPO, timeout: float = 120
 ) -> Done:
-    """`python worker.py ARGS` to its end, through the real entry point (`cli`, `os._exit`);
-    `env` defaults to `clean_env()`."""
+    """`python worker.py ARGS` to its end, in `checkout`, through the real entry point (`cli`,
+    `os._exit`); `env` defaults to `clean_env()`."""
     done = subprocess.run(
-        [sys.executable, str(WORKER_PY), *args],
-        cwd=cwd,
+        [sys.executable, "worker.py", *args],
+        cwd=checkout,
         env=dict(clean_env() if env is None else env),
         capture_output=True,
         text=True,
