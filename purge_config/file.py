@@ -30,6 +30,7 @@ from purge_config.values import (
     cron_ok,
     cron_period_ms,
     default_catchup_ms,
+    duration_text,
     no_unknown,
     opt_str,
     read_duration,
@@ -42,7 +43,17 @@ DEFAULT_CRON = "23 * * * *"
 DEFAULT_TIME_ZONE = "UTC"
 
 _TOP_KEYS = frozenset(
-    {"database_url", "databases", "task_queue", "metrics", "schedule", "sweep", "pass", "targets"}
+    {
+        "database_url",
+        "database_wait",
+        "databases",
+        "task_queue",
+        "metrics",
+        "schedule",
+        "sweep",
+        "pass",
+        "targets",
+    }
 )
 
 _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
@@ -52,6 +63,9 @@ _SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter
 DEFAULT_JITTER_MS = 30_000
 #: Temporal refuses a catch-up window under 10 s.
 MIN_CATCHUP_MS = 10_000
+#: How long a starting worker waits for its first database connection before it gives up.
+DEFAULT_DATABASE_WAIT_MS = 30_000
+DATABASE_WAIT_RANGE_MS = (1_000, 3_600_000)
 _METRICS = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 _QUEUE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
@@ -86,6 +100,8 @@ class PurgeConfig:
     """`[databases.NAME]`: each named database's URL (the default one is `database_url`)."""
     limits: PassLimits = field(default_factory=PassLimits)
     """`[pass]`: concurrency and the pass's time budget."""
+    database_wait_ms: int = DEFAULT_DATABASE_WAIT_MS
+    """How long a starting worker waits for its first database connection."""
 
     @property
     def target_names(self) -> list[str]:
@@ -155,6 +171,8 @@ def parse_config(
         check_dsn(where, "PURGE_DATABASE_URL", env_url)
     database_url = env_url or file_url
 
+    database_wait_ms = _parse_database_wait(where, raw)
+
     task_queue = opt_str(where, "task_queue", raw) or DEFAULT_TASK_QUEUE
     if not _QUEUE.fullmatch(task_queue):
         raise ConfigError(f"{where}: task_queue: not a task queue name, got {task_queue!r}")
@@ -202,7 +220,21 @@ def parse_config(
         metrics=metrics,
         databases=databases,
         limits=limits,
+        database_wait_ms=database_wait_ms,
     )
+
+
+def _parse_database_wait(where: str, raw: Mapping[str, Any]) -> int:
+    if "database_wait" not in raw:
+        return DEFAULT_DATABASE_WAIT_MS
+    wait_ms = read_duration(where, "database_wait", raw, "database_wait")
+    low, high = DATABASE_WAIT_RANGE_MS
+    if not low <= wait_ms <= high:
+        raise ConfigError(
+            f"{where}: database_wait: must be from {duration_text(low)} to "
+            f"{duration_text(high)}, got {raw['database_wait']!r}"
+        )
+    return wait_ms
 
 
 def _parse_schedule(where: str, raw: object) -> ScheduleConfig:

@@ -34,13 +34,15 @@ DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
 
 
-async def run_dev(once: bool, out: TextIO = sys.stdout) -> int:
-    """Start both servers, seed the demo, run one pass through Temporal and print what happened.
+async def run_dev(once: bool, out: TextIO | None = None) -> int:
+    """Start both servers, seed the demo, run one pass through Temporal and print what happened
+    on `out` (default: sys.stdout as it is when called, not as it was at import).
 
     With `once`, return after the pass; otherwise keep the worker up until SIGINT/SIGTERM.
     Every server started here is stopped before returning, whatever happened.
     """
-    say: Callable[[str], None] = lambda text: print(text, file=out, flush=True)  # noqa: E731
+    stream = sys.stdout if out is None else out
+    say: Callable[[str], None] = lambda text: print(text, file=stream, flush=True)  # noqa: E731
     base = _scratch_dir()
     temporal = TemporalDevServer(
         base / "temporal",

@@ -69,9 +69,7 @@ async def open_pool(
         await pool.wait(timeout=wait_seconds)
     except Exception as err:
         await pool.close()
-        raise ConnectionError(
-            f"cannot connect to {redact(url)} within {wait_seconds:.0f} s"
-        ) from err
+        raise ConnectionError(f"cannot connect to {redact(url)} within {wait_seconds:g} s") from err
     return pool
 
 

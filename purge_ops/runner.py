@@ -72,7 +72,7 @@ async def run_worker(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        pool = await open_pool(url)
+        pool = await open_pool(url, wait_seconds=config.database_wait_ms / 1000)
         try:
             named = lazy_pools(config.databases)
             registry = build_registry(config, pool, named)

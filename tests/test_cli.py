@@ -1,19 +1,18 @@
-"""The command line as a user runs it: `dev --once` on embedded defaults, and a worker that
-stops cleanly on SIGTERM and SIGINT."""
+"""The command line as a user runs it: `dev --once` on embedded defaults, `dev` until Ctrl-C, and
+a worker that stops cleanly on SIGTERM and SIGINT. `dev` and `run` go through the real entry point
+(`python worker.py`) here; `dev --once` is `worker.main` in this process."""
 
 from __future__ import annotations
 
 import re
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from purge_dev.servers import TemporalDevServer, port_is_free
-from tests.support.procs import REPO, clean_env, start_worker, wait_for, worker_config
+from tests.support.procs import clean_env, run_main, start, start_worker, wait_for, worker_config
 
 
 def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path) -> None:
@@ -25,14 +24,7 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
         if taken:
             squatter.bind(("127.0.0.1", 7233))
             squatter.listen()
-        done = subprocess.run(
-            [sys.executable, "worker.py", "dev", "--once"],
-            cwd=REPO,
-            env=clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        done = run_main("dev", "--once")
     out = done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
     moved = re.search(r"Temporal port 7233 is taken .*; using port (\d+) instead", out)
@@ -92,14 +84,7 @@ def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
     import urllib.request
 
     log = tmp_path / "dev.log"
-    with log.open("wb") as out:
-        dev = subprocess.Popen(
-            [sys.executable, "worker.py", "dev"],
-            cwd=REPO,
-            env=clean_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    dev = start(["dev"], clean_env(), log)
     try:
         wait_for(lambda: "Ctrl-C stops" in log.read_text(), 120, "dev to come up")
         text = log.read_text()

@@ -1,30 +1,36 @@
 """Every bad configuration is refused with one line naming the file, the key and the bad value,
 before the worker connects to anything, so nothing is deleted; the good forms read as documented.
 
-The unit cases go through `load_config` on real files; the end-to-end cases run `worker.py` the
-way a deployment does, against the real PostgreSQL server, and check that no row went.
+The unit cases go through `load_config` on real files; the end-to-end cases run the command line
+(`worker.main`, in this process) the way a deployment does, against the real PostgreSQL server,
+and check that no row went.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
-import subprocess
-import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
 
 from purge_config.errors import ConfigError
-from purge_config.file import PurgeConfig, config_path, load_config
+from purge_config.file import PurgeConfig, config_path, load_config, parse_config
 from purge_config.names import TableName
 from purge_config.settings import Guards, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
+from purge_dev.servers import TemporalDevServer
+from purge_ops import runner
 from tests.support import apptargets
-from tests.support.rows import HOUR, idempotency_rows, keys
+from tests.support.passes import run_pass
+from tests.support.procs import Done, clean_env, run_main, use_env
+from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,6 +124,10 @@ BAD_FILES: dict[str, Bad] = {
     # Top-level values of the wrong type or shape.
     "database_url-int": Bad(toml(database_url=5), ": database_url", "got 5"),
     "database_url-empty": Bad(toml(database_url=""), ": database_url", "got ''"),
+    "database_wait-int": Bad(toml(database_wait=30), ": database_wait", "got 30"),
+    "database_wait-no-unit": Bad(toml(database_wait="30"), ": database_wait", "'30'"),
+    "database_wait-zero": Bad(toml(database_wait="0s"), ": database_wait", "got '0s'"),
+    "database_wait-over-an-hour": Bad(toml(database_wait="61m"), ": database_wait", "'61m'"),
     "task_queue-list": Bad(toml(task_queue=[]), ": task_queue", "got []"),
     "task_queue-empty": Bad(toml(task_queue=""), ": task_queue", "got ''"),
     "task_queue-space": Bad(toml(task_queue="purge now"), ": task_queue", "'purge now'"),
@@ -419,6 +429,7 @@ def test_defaults_are_filled_in(tmp_path: Path) -> None:
     config = load(tmp_path, toml(targets=[IDEMPOTENCY, {"kind": "rate_limit"}, {"kind": "auth"}]))
 
     assert config.database_url is None
+    assert config.database_wait_ms == 30_000
     assert (config.task_queue, config.schedule.id) == ("purge", "purge-hourly")
     assert (config.schedule.cron, config.schedule.time_zone) == ("23 * * * *", "UTC")
     assert config.target_names == ["x_idempotency", "x_rate_limit", "x_auth"]
@@ -499,6 +510,15 @@ def test_max_age_is_read_as_the_sum_of_its_parts(tmp_path: Path, max_age: str, m
     assert config.targets[0].max_age_ms == ms
 
 
+@pytest.mark.parametrize(
+    ("database_wait", "ms"), [("1s", 1_000), ("2m30s", 150_000), ("1h", 3_600_000)]
+)
+def test_database_wait_is_read_as_a_duration(tmp_path: Path, database_wait: str, ms: int) -> None:
+    config = load(tmp_path, toml(database_wait=database_wait))
+
+    assert config.database_wait_ms == ms
+
+
 def test_max_age_defaults_to_zero(tmp_path: Path) -> None:
     config = load(tmp_path, toml(targets=[sessions()]))
 
@@ -575,37 +595,17 @@ def test_config_path_prefers_the_option_then_purge_config_then_purge_toml() -> N
     assert config_path(None, {"PURGE_CONFIG": ""}) == Path("purge.toml")
 
 
-# End to end: `python worker.py run --config F` as a deployment runs it.
+# End to end: `pg-purge run --config F` as a deployment runs it (`worker.main`, in this process:
+# tests/test_cli.py runs `run` through the real entry point).
 
 PREFIX = "pg-purge: config error: "
 
 
-def worker_env(**extra: str) -> dict[str, str]:
-    """This environment without the parent's purge and Temporal settings, plus `extra`."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("PURGE_CONFIG", "PURGE_DATABASE_URL") and not key.startswith("TEMPORAL_")
-    }
-    env.update(extra)
-    return env
+def run_worker_cli(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> Done:
+    return run_main("run", *args, cwd=cwd, env=env)
 
 
-def run_worker_cli(
-    *args: str, cwd: Path = REPO, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(REPO / "worker.py"), "run", *args],
-        cwd=cwd,
-        env=env or worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def refused_line(done: subprocess.CompletedProcess[str]) -> str:
+def refused_line(done: Done) -> str:
     """The one stderr line of a worker that refused its config; fails on anything else."""
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
@@ -645,7 +645,7 @@ def test_worker_refuses_a_bad_purge_database_url_over_a_good_file(
 ) -> None:
     idempotency_rows(db, {"old": 1_000})
     path = write(tmp_path, toml(database_url=schema_url, targets=[IDEMPOTENCY]))
-    env = worker_env(PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@db/app?sslmode=bogus&&&")
+    env = clean_env(PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@db/app?sslmode=bogus&&&")
 
     line = refused_line(run_worker_cli("--config", str(path), env=env))
 
@@ -665,7 +665,7 @@ def test_worker_reads_purge_config_when_no_option_is_given(tmp_path: Path) -> No
     path = write(tmp_path, toml(task_queu="purge"), "from-env.toml")
     write(tmp_path, toml(targets="x"))  # ./purge.toml, which PURGE_CONFIG must win over
 
-    line = refused_line(run_worker_cli(cwd=tmp_path, env=worker_env(PURGE_CONFIG=str(path))))
+    line = refused_line(run_worker_cli(cwd=tmp_path, env=clean_env(PURGE_CONFIG=str(path))))
 
     assert line.startswith(f"{path}: task_queu: unknown key"), line
 
@@ -765,19 +765,77 @@ def test_bad_guards_are_refused(tmp_path: Path, line: str, message: str) -> None
     assert message in str(refused.value)
 
 
-def test_the_readme_config_example_is_accepted() -> None:
-    """The README's example file, with its fictional factory swapped for a real one."""
-    import tomllib
-
-    from purge_config.file import parse_config
-    from tests.support.procs import REPO
-
+async def test_the_readme_config_example_is_accepted(
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema: str,
+    schema_url: str,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's example file, run: pointed at the test's servers (its database_url and
+    task_queue), its schema `app` being the test's, its fictional factory swapped for a real
+    one, a worker built from it (`run_worker`, as `pg-purge run` does) sweeps a pass of the
+    targets it names through Temporal, and each removes its expired rows and only those."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("```toml\ndatabase_url") + len("```toml\n")
-    example = readme[start : readme.index("```", start)]
-    example = example.replace("myapp.purge:targets", "tests.support.apptargets:targets")
-    config = parse_config(tomllib.loads(example), env={})
+    raw = tomllib.loads(readme[start : readme.index("```", start)])
+    assert raw["database_url"] == "postgresql://purge@db/app"
+    raw["database_url"], raw["task_queue"] = schema_url, task_queue
+    for entry in raw["targets"]:
+        if entry.get("table", "").startswith("app."):
+            entry["table"] = entry["table"].replace("app.", f"{schema}.", 1)
+        if entry.get("factory") == "myapp.purge:targets":
+            entry["factory"] = "tests.support.apptargets:targets"
+    config = parse_config(raw, env={})
     assert config.target_names == [
         "x_idempotency", "x_rate_limit", "x_auth", "sessions", "tmp_uploads",
     ]  # fmt: skip
     assert config.metrics == "0.0.0.0:9464"
+
+    # The tables it names, each with a row expired as of now and one live.
+    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
+    bucket_rows(db, {"full": (0.0, 4.0, 1.0, real_now - HOUR), "empty": (0.0, 4.0, 1e-9, real_now)})
+    auth_rows(db, {"f-old": real_now - HOUR, "f-new": real_now + HOUR}, {"l-old": real_now - HOUR})
+    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)")
+    db.execute(
+        "INSERT INTO sessions VALUES ('s-old', now() - interval '1 hour'),"
+        " ('s-new', now() + interval '1 hour')"
+    )
+    db.execute("CREATE TABLE tmp_uploads (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)")
+    db.execute(
+        "INSERT INTO tmp_uploads VALUES ('u-old', %s), ('u-new', %s)",
+        (real_now - HOUR, real_now + HOUR),
+    )
+
+    use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
+    apptargets.start_app(pool)  # the application's own store, as the README's start() makes it
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address)
+    )
+    try:
+        passing = asyncio.create_task(
+            run_pass(client, config.task_queue, {"targets": config.target_names})
+        )
+        await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
+        assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
+        result = await passing
+    finally:
+        stop.set()
+        await worker
+        apptargets.stop_app()
+
+    assert {s["name"]: s["removed"] for s in result["swept"]} == {
+        "x_idempotency": 1, "x_rate_limit": 1, "x_auth": 2, "sessions": 1, "tmp_uploads": 1,
+    }  # fmt: skip
+    assert result["failed"] == []
+    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(db, "x_rate_limit") == {"empty"}
+    assert keys(db, "x_auth_failures") == {"f-new"}
+    assert keys(db, "x_auth_lockouts") == set()
+    assert keys(db, f'"{schema}".sessions') == {"s-new"}
+    assert keys(db, "tmp_uploads") == {"u-new"}

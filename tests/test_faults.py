@@ -25,7 +25,7 @@ from psycopg import sql
 from temporalio.client import Client
 
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
-from tests.support.faults import Fleet, Tally, TallyReport, worker_env
+from tests.support.faults import Fleet, Tally, TallyReport
 from tests.support.oracle import (
     TABLES,
     TARGET_NAMES,
@@ -35,7 +35,7 @@ from tests.support.oracle import (
     tables_of,
     targets_toml,
 )
-from tests.support.procs import worker_config
+from tests.support.procs import clean_env, worker_config
 from tests.support.servers import running_postgres, running_temporal
 from tests.support.watch import Fault, PassWatch, Probe, Run, assert_ledger, watching
 
@@ -171,7 +171,7 @@ async def test_worker_sigkilled_at_random_points_of_passes(
     gone, then up to 30 ms more), sometimes as it starts, between targets or in a retry."""
     create_tables(db, builtins=False)
     config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
-    fleet = fleets(config, worker_env(temporal_server.address))
+    fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
     progress = probes(schema_url)
     kills = 0
     for _ in range(10):
@@ -220,7 +220,7 @@ async def test_postgres_restarted_in_the_middle_of_targets(
     with psycopg.connect(url, autocommit=True) as db:
         create_tables(db)
     config = worker_config(tmp_path / "purge.toml", url, task_queue, targets_toml(**SWEEP))
-    fleet = fleets(config, worker_env(temporal_server.address), metrics=True)
+    fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), metrics=True)
     progress = probes(url)
     worker = fleet.start()
     stops = hits = 0
@@ -268,7 +268,7 @@ async def test_temporal_server_restarted_mid_pass(
     and the pass completes from its persisted history."""
     create_tables(db, builtins=False)
     config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
-    fleet = fleets(config, worker_env(own_temporal.address))
+    fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=own_temporal.address))
     progress = probes(schema_url)
     client = await Client.connect(own_temporal.address)
     worker = fleet.start()
@@ -336,7 +336,7 @@ async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
     config = worker_config(
         tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP, **bounds)
     )
-    fleet = fleets(config, worker_env(temporal_server.address), metrics=True)
+    fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), metrics=True)
     locks = probes(schema_url)
     fleet.start()
     oracle = fill(db, ROWS, rng)

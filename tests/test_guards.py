@@ -19,6 +19,7 @@ from activities.targets import TargetRegistry
 from purge_config.settings import Guards
 from tests.conftest import RunWorker
 from tests.support.activity import activity_env
+from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 
@@ -63,10 +64,9 @@ async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
     assert failure.message.endswith("nothing was deleted")
     assert len(keys(db, "x_idempotency")) == 10
     assert [(s.name, s.removed) for s in report.swept] == [("x_auth", 1)]
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
     started = [
         e.activity_task_started_event_attributes.attempt
-        for e in history.events
+        for e in await events(client, workflow_id)
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert started == [1, 1]  # refused on its first attempt: never retried

@@ -1,6 +1,9 @@
 """What an operator runs after the first pass works: the schedule (ours and the `temporal` CLI's),
-`sweep`, `report`, `replay` and the metrics endpoint, each through `python worker.py` against the
-real dev server and PostgreSQL."""
+`sweep`, `report`, `replay` and the metrics endpoint, against the real dev server and PostgreSQL.
+
+Each command has a test that runs it as a user does, `python worker.py ...` (`cli_process`); the
+others call the same `worker.main` in this process (`cli`), which saves starting an interpreter.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,6 @@ import asyncio
 import re
 import shlex
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Sequence
@@ -28,26 +30,35 @@ from activities.targets import TargetRegistry
 from purge_dev.servers import TemporalDevServer, free_ports, venv_executable
 from purge_ops.runner import new_worker
 from tests.conftest import RunWorker
+from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from tests.support.passes import run_pass
-from tests.support.procs import REPO, clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.procs import (
+    REPO,
+    Done,
+    clean_env,
+    run_main,
+    run_process,
+    start,
+    start_worker,
+    stop,
+    wait_for,
+    worker_config,
+)
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 
 BUILTINS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 
 
-def cli(
-    temporal: TemporalDevServer, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
+def cli(temporal: TemporalDevServer, *args: str) -> Done:
+    """`pg-purge ARGS` against the test's Temporal server, in this process (`worker.main`); from
+    an async test, in a thread: `await asyncio.to_thread(cli, ...)`."""
+    return run_main(*args, env=clean_env(TEMPORAL_ADDRESS=temporal.address))
+
+
+def cli_process(temporal: TemporalDevServer, *args: str) -> Done:
     """`python worker.py ARGS` as a user runs it, against the test's Temporal server."""
-    return subprocess.run(
-        [sys.executable, "worker.py", *args],
-        cwd=REPO,
-        env=clean_env(TEMPORAL_ADDRESS=temporal.address),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_process(*args, env=clean_env(TEMPORAL_ADDRESS=temporal.address))
 
 
 def config_file(
@@ -76,7 +87,7 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
 ) -> None:
     config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
 
-    done = cli(temporal_server, "schedule", "--config", str(config))
+    done = cli_process(temporal_server, "schedule", "--config", str(config))
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"created schedule {schedule_id}: cron '23 * * * *' in UTC")
@@ -118,11 +129,12 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
     schedule_id: str,
 ) -> None:
     config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
-    assert cli(temporal_server, "schedule", "--config", str(config)).returncode == 0
+    created = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
+    assert created.returncode == 0, created.stderr
     handle = client.get_schedule_handle(schedule_id)
     await handle.pause(note="paused by the on-call")
 
-    again = cli(temporal_server, "schedule", "--config", str(config))
+    again = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
     assert again.stdout.startswith(f"unchanged schedule {schedule_id} (PAUSED)"), again.stdout
 
     config_file(
@@ -131,7 +143,7 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
         task_queue,
         f'[schedule]\nid = "{schedule_id}"\ncron = "47 3 * * *"\ntime_zone = "Europe/Paris"\n',
     )
-    changed = cli(temporal_server, "schedule", "--config", str(config))
+    changed = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
     assert changed.returncode == 0, changed.stderr
     assert changed.stdout.startswith(f"updated schedule {schedule_id} (PAUSED): cron '47 3 * * *'")
 
@@ -289,24 +301,31 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
             return 3
 
     config = config_file(tmp_path, schema_url, task_queue)
+    log = tmp_path / "sweep.log"
     async with run_worker([Slow()]):
         first = await client.start_workflow(
             "Purge", {"targets": ["slow"]}, id=f"purge-hourly-{uuid.uuid4()}", task_queue=task_queue
         )
         while not runs:
             await asyncio.sleep(0.05)
-        sweeping = asyncio.create_task(
-            asyncio.to_thread(cli, temporal_server, "sweep", "--config", str(config))
-        )
-        await asyncio.sleep(3)  # time for the sweep command to find the pass and wait on it
-        assert not sweeping.done()
-        release.set()
-        done = await sweeping
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+        sweeping = start(["sweep", "--config", str(config)], env, log)
+        try:
+            # It finds the pass and says it waits on it; it is still there, waiting.
+            await asyncio.to_thread(
+                wait_for, lambda: "waiting for it" in log.read_text(), 60, "sweep to find the pass"
+            )
+            assert sweeping.poll() is None
+            release.set()
+            status = await asyncio.to_thread(sweeping.wait, 60)
+        finally:
+            stop(sweeping)
 
-    assert done.returncode == 0, done.stderr
-    assert f"a pass is already running on task queue {task_queue!r}: {first.id}" in done.stdout
-    assert "waiting for it instead of starting a second" in done.stdout
-    assert re.search(r"^slow\s+3\s", done.stdout, re.MULTILINE)
+    out = log.read_text()
+    assert status == 0, out
+    assert f"a pass is already running on task queue {task_queue!r}: {first.id}" in out
+    assert "waiting for it instead of starting a second" in out
+    assert re.search(r"^slow\s+3\s", out, re.MULTILINE)  # the result of the pass it waited on
     assert len(runs) == 1
     passes = [w async for w in client.list_workflows(f'TaskQueue = "{task_queue}"')]
     assert [w.id for w in passes] == [first.id]
@@ -422,18 +441,16 @@ async def test_replay_checks_recent_passes_and_history_files(
         )  # fmt: skip
         await handle.result()
     old = tmp_path / "old.json"
-    old.write_text((await handle.fetch_history()).to_json())
+    old.write_text((await history(client, handle.id)).to_json())
     shipped = sorted((REPO / "tests" / "histories").glob("*.json"))
 
-    files = await asyncio.to_thread(
-        cli, temporal_server, "replay", str(old), *(str(p) for p in shipped)
-    )
+    files = cli_process(temporal_server, "replay", str(old), *(str(p) for p in shipped))
     assert files.returncode == 1
     assert "FAILED   old: " in files.stdout
     assert f"{len(shipped)} of {len(shipped) + 1} histories replay" in files.stdout
 
 
-async def test_commands_connect_through_a_temporal_toml_profile(
+def test_commands_connect_through_a_temporal_toml_profile(
     tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
 ) -> None:
     """Temporal's environment configuration is honoured: a profile in a temporal.toml chosen with
@@ -445,15 +462,10 @@ async def test_commands_connect_through_a_temporal_toml_profile(
     config = config_file(tmp_path, schema_url, task_queue)
     env = clean_env(TEMPORAL_CONFIG_FILE=str(profiles), TEMPORAL_PROFILE="staging")
 
-    done = subprocess.run(
-        [sys.executable, "worker.py", "report", "--config", str(config)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    unreachable = subprocess.run(
-        [sys.executable, "worker.py", "report", "--config", str(config)],
-        cwd=REPO, env={**env, "TEMPORAL_PROFILE": "nowhere"}, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    done = run_process("report", "--config", str(config), env=env)
+    unreachable = run_main(
+        "report", "--config", str(config), env={**env, "TEMPORAL_PROFILE": "nowhere"}
+    )
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"no passes on task queue {task_queue!r} yet"

@@ -7,29 +7,32 @@ millisecond, one microsecond or one ulp either side) and anywhere their column c
 
 Hypothesis runs every example of a test inside one pytest call, so function-scoped fixtures are
 made once per test: the schema (and its connection) is shared by the examples, and each example
-empties the tables it uses before writing its rows. The target runs on a pool and event loop made
-for that example, outside pytest-asyncio's loop.
+empties the tables it uses (DELETE: a TRUNCATE costs more than the rest of an example) before
+writing its rows. The tests are async, on pytest-asyncio's
+session loop, and every example of a test sweeps through the same pool (one per session time
+zone): a new loop and pool per example cost more than the sweep itself.
 
 `HYPOTHESIS_PROFILE=ci` runs ten times the examples.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_targets as kinds
+from activities.errors import BadPurgeTarget
 from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.targets import CountingTarget
 from purge_config.file import parse_config
@@ -108,16 +111,36 @@ def bucket_full(bucket: Bucket, now_ms: int) -> bool:
     return float(tokens) + gained >= float(capacity)
 
 
-def expiring_expired(value: Instant, column_type: str, max_age_ms: int, now_ms: int) -> bool:
-    """`column + max_age <= now`; a NULL column makes that unknown, which is not expired."""
+def expiring_expired(
+    value: Instant, column_type: str, max_age_ms: int, now_ms: int, unit: str = "ms"
+) -> bool:
+    """`column + max_age <= now`, the column read in its unit; a NULL column makes that
+    unknown, which is not expired."""
     if value is None or value == "infinity":
         return False
     if value == "-infinity":
         return True
     assert isinstance(value, int)
-    if column_type in ("bigint", "integer"):
+    if column_type in ("bigint", "integer") and unit == "s":
+        return value * 1000 + max_age_ms <= now_ms
+    if column_type in ("bigint", "integer") and unit == "ms":
         return value + max_age_ms <= now_ms
-    return value + max_age_ms * 1000 <= now_ms * 1000  # microseconds: a timestamp's resolution
+    # Microseconds: the unit us, and a timestamp's resolution.
+    return value + max_age_ms * 1000 <= now_ms * 1000
+
+
+#: The plausible epoch instants in each unit (1973 to the year 5138); "never expires"
+#: sentinels (the largest and smallest integers) do not count.
+PLAUSIBLE = {"s": (10**8, 10**11), "ms": (10**11, 10**14), "us": (10**14, 10**17)}
+SENTINELS = {BIGINT_MIN, BIGINT_MAX, INTEGER_MIN, INTEGER_MAX}
+
+
+def wrong_unit(values: list[Instant], unit: str = "ms") -> bool:
+    """The design's refusal: most of an epoch column's values are not plausible instants in
+    its unit (read here from every row: these tables are never analyzed)."""
+    low, high = PLAUSIBLE[unit]
+    seen = [v for v in values if isinstance(v, int) and v not in SENTINELS]
+    return bool(seen) and 2 * sum(not low <= v <= high for v in seen) > len(seen)
 
 
 # Strategies.
@@ -253,6 +276,9 @@ AGES = st.one_of(
 )
 
 
+EXPIRING_TYPES = ["bigint", "integer", "timestamptz", "timestamp"]
+
+
 @dataclass(frozen=True)
 class ExpiringCase:
     """One `expiring` table and the pass that sweeps it."""
@@ -265,13 +291,15 @@ class ExpiringCase:
     time_zone: str
     """The sweep's session TimeZone: a timestamp is read as UTC whatever it is."""
     values: list[Instant]
-    """Epoch ms for bigint and integer, epoch µs for timestamptz and timestamp."""
+    """Epoch instants in `unit` for bigint and integer, epoch µs for timestamptz and timestamp."""
+    unit: str = "ms"
+    """An integer column's unit (the target's `unit` key)."""
 
 
 @st.composite
 def expiring_cases(draw: st.DrawFn) -> ExpiringCase:
     """A column type, a clock and an age, and column values around `now - max_age`."""
-    column_type = draw(st.sampled_from(["bigint", "integer", "timestamptz", "timestamp"]))
+    column_type = draw(st.sampled_from(EXPIRING_TYPES))
     if column_type == "integer" and draw(st.booleans()):
         # An integer of ms ends in January 1970: aim the age there so rows fall on both sides.
         cutoff_ms = draw(st.integers(INTEGER_MIN, INTEGER_MAX))
@@ -282,10 +310,14 @@ def expiring_cases(draw: st.DrawFn) -> ExpiringCase:
     max_age, max_age_ms = draw(spelled(age))
     cutoff_ms = now_ms - max_age_ms
     specials: list[Instant] = [None]
-    if column_type == "bigint":
-        value = near(cutoff_ms, BIGINT_MIN, BIGINT_MAX)
-    elif column_type == "integer":
-        value = near(cutoff_ms, INTEGER_MIN, INTEGER_MAX)
+    unit = "ms"
+    if column_type in ("bigint", "integer"):
+        # An integer column of seconds, ms or µs; rows around the cutoff in that unit.
+        unit = draw(st.sampled_from(["ms", "s", "us"] if column_type == "bigint" else ["ms", "s"]))
+        lo, hi = (BIGINT_MIN, BIGINT_MAX) if column_type == "bigint" else (INTEGER_MIN, INTEGER_MAX)
+        center = {"ms": cutoff_ms, "s": cutoff_ms // 1000, "us": cutoff_ms * 1000}[unit]
+        scale = {"ms": 1, "s": 1, "us": 1000}[unit]
+        value = near(max(lo, min(hi, center)), lo, hi, unit=scale)
     else:
         # A microsecond either side, and half a millisecond: cutoff + 0.5 ms stays, - 0.5 ms goes.
         value = near(cutoff_ms * 1000, MIN_US, MAX_US, unit=1000)
@@ -297,33 +329,79 @@ def expiring_cases(draw: st.DrawFn) -> ExpiringCase:
     zone = draw(
         st.sampled_from(["UTC", "Asia/Kathmandu", "America/St_Johns", "Pacific/Kiritimati"])
     )
-    return ExpiringCase(column_type, now_ms, max_age, max_age_ms, zone, values)
+    return ExpiringCase(column_type, now_ms, max_age, max_age_ms, zone, values, unit)
 
 
 # Running a target.
 
 
-def sweep(
-    url: str, build: Callable[[AsyncConnectionPool[Any]], CountingTarget], now_ms: int
+Pools = Callable[[str], Awaitable[AsyncConnectionPool[Any]]]
+
+
+@pytest.fixture
+async def pools() -> AsyncIterator[Pools]:
+    """`await pools(url)`: one open pool per connection string, shared by a test's examples and
+    closed after its last."""
+    opened: dict[str, AsyncConnectionPool[Any]] = {}
+
+    async def pool_for(url: str) -> AsyncConnectionPool[Any]:
+        if url not in opened:
+            opened[url] = await open_pool(url, max_size=1)
+        return opened[url]
+
+    try:
+        yield pool_for
+    finally:
+        for pool in opened.values():
+            await pool.close()
+
+
+@pytest.fixture(autouse=True)
+def never_analyzed(db: psycopg.Connection[Any]) -> None:
+    """No autovacuum on the built-in tables: an ANALYZE between examples would leave one
+    example's statistics for the next, and the unit check reads them when they exist. Each
+    example's check then reads its own rows, as the oracle `wrong_unit` does."""
+    for table in ("x_idempotency", "x_auth_failures", "x_auth_lockouts", "x_rate_limit"):
+        db.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+
+
+@pytest.fixture
+def expiring_tables(db: psycopg.Connection[Any]) -> dict[str, str]:
+    """An `expiring` table per column type, made once for all of a test's examples (each
+    example empties the one it uses): column type -> table name."""
+    tables = {column_type: f"expiring_{column_type}" for column_type in EXPIRING_TYPES}
+    for column_type, table in tables.items():
+        db.execute(
+            f"CREATE TABLE {table} (key text PRIMARY KEY, expires_at {column_type})"
+            " WITH (autovacuum_enabled = off)"
+        )
+    return tables
+
+
+async def sweep(
+    pool: AsyncConnectionPool[Any],
+    build: Callable[[AsyncConnectionPool[Any]], CountingTarget],
+    now_ms: int,
 ) -> tuple[int, int]:
     """`count_expired(now_ms)`, then `purge_expired(now_ms)`, of the target `build` makes.
 
-    The pool is opened on a loop made for this call: a pool belongs to the loop it opened on.
     If counting deleted anything, the purge after it would remove fewer rows than expected.
     """
+    target = build(pool)
+    return await target.count_expired(now_ms), await target.purge_expired(now_ms)
 
-    async def count_then_purge() -> tuple[int, int]:
-        pool = await open_pool(url, max_size=1)
-        try:
-            target = build(pool)
-            return await target.count_expired(now_ms), await target.purge_expired(now_ms)
-        finally:
-            await pool.close()
 
-    # With a loop factory the runner leaves the thread's current event loop alone, which
-    # pytest-asyncio's async tests after this one still use.
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(count_then_purge())
+async def refused(
+    pool: AsyncConnectionPool[Any],
+    build: Callable[[AsyncConnectionPool[Any]], CountingTarget],
+    now_ms: int,
+) -> None:
+    """The target refuses both the count and the purge as BadPurgeTarget."""
+    target = build(pool)
+    with pytest.raises(BadPurgeTarget, match="do not look like epoch"):
+        await target.count_expired(now_ms)
+    with pytest.raises(BadPurgeTarget, match="do not look like epoch"):
+        await target.purge_expired(now_ms)
 
 
 def with_time_zone(url: str, zone: str) -> str:
@@ -345,17 +423,21 @@ def as_timestamp(value: Instant, column_type: str) -> object:
 
 @examples(2)
 @given(case=clock_and_expiries())
-def test_idempotency_deletes_exactly_the_expired_keys(
-    db: psycopg.Connection[Any], schema_url: str, case: tuple[int, list[list[int]]]
+async def test_idempotency_deletes_exactly_the_expired_keys(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools, case: tuple[int, list[list[int]]]
 ) -> None:
     """x_idempotency loses exactly its rows with `expires_at_ms <= now_ms`; count agrees."""
     now_ms, (instants,) = case
-    db.execute("TRUNCATE x_idempotency")
+    db.execute("DELETE FROM x_idempotency")
     rows = {f"k{i}": at for i, at in enumerate(instants)}
     idempotency_rows(db, rows)
     expired = {key for key, at in rows.items() if past_expires_at(at, now_ms)}
+    if wrong_unit(list(rows.values())):
+        await refused(await pools(schema_url), kinds.idempotency, now_ms)
+        assert keys(db, "x_idempotency") == rows.keys()  # nothing deleted
+        return
 
-    counted, removed = sweep(schema_url, kinds.idempotency, now_ms)
+    counted, removed = await sweep(await pools(schema_url), kinds.idempotency, now_ms)
 
     assert keys(db, "x_idempotency") == rows.keys() - expired
     assert (counted, removed) == (len(expired), len(expired))
@@ -363,21 +445,28 @@ def test_idempotency_deletes_exactly_the_expired_keys(
 
 @examples(2)
 @given(case=clock_and_expiries(tables=2, lo=BIGINT_MIN + 1000))  # auth_rows writes at = exp - 1s
-def test_auth_deletes_expired_failures_and_lockouts_and_sums_them(
-    db: psycopg.Connection[Any], schema_url: str, case: tuple[int, list[list[int]]]
+async def test_auth_deletes_expired_failures_and_lockouts_and_sums_them(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools, case: tuple[int, list[list[int]]]
 ) -> None:
     """x_auth_failures loses its rows with `expires_at_ms <= now_ms`, x_auth_lockouts those with
     `until_ms <= now_ms`; the count and the removed total are the sum over both."""
     now_ms, (failure_instants, lockout_instants) = case
-    db.execute("TRUNCATE x_auth_failures, x_auth_lockouts")
+    db.execute("DELETE FROM x_auth_failures")
+    db.execute("DELETE FROM x_auth_lockouts")
     failures = {f"f{i}": at for i, at in enumerate(failure_instants)}
     lockouts = {f"l{i}": at for i, at in enumerate(lockout_instants)}
     auth_rows(db, failures, lockouts)
     expired_failures = {k for k, at in failures.items() if past_expires_at(at, now_ms)}
     expired_lockouts = {k for k, at in lockouts.items() if past_until(at, now_ms)}
     total = len(expired_failures) + len(expired_lockouts)
+    if wrong_unit(list(failures.values())) or wrong_unit(list(lockouts.values())):
+        await refused(await pools(schema_url), kinds.auth, now_ms)
+        # Neither table loses a row: both are checked before the first delete.
+        assert keys(db, "x_auth_failures") == failures.keys()
+        assert keys(db, "x_auth_lockouts") == lockouts.keys()
+        return
 
-    counted, removed = sweep(schema_url, kinds.auth, now_ms)
+    counted, removed = await sweep(await pools(schema_url), kinds.auth, now_ms)
 
     assert keys(db, "x_auth_failures") == failures.keys() - expired_failures
     assert keys(db, "x_auth_lockouts") == lockouts.keys() - expired_lockouts
@@ -386,18 +475,22 @@ def test_auth_deletes_expired_failures_and_lockouts_and_sums_them(
 
 @examples(4)
 @given(case=clock_and_buckets())
-def test_rate_limit_deletes_exactly_the_buckets_full_at_now(
-    db: psycopg.Connection[Any], schema_url: str, case: tuple[int, list[Bucket]]
+async def test_rate_limit_deletes_exactly_the_buckets_full_at_now(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools, case: tuple[int, list[Bucket]]
 ) -> None:
     """x_rate_limit loses exactly the buckets with
     `tokens + (now_ms - last_ms) * refill_per_ms >= capacity` in float8; count agrees."""
     now_ms, buckets = case
-    db.execute("TRUNCATE x_rate_limit")
+    db.execute("DELETE FROM x_rate_limit")
     rows = {f"b{i}": bucket for i, bucket in enumerate(buckets)}
     bucket_rows(db, rows)
     full = {key for key, bucket in rows.items() if bucket_full(bucket, now_ms)}
+    if wrong_unit([bucket[3] for bucket in buckets]):  # last_ms
+        await refused(await pools(schema_url), kinds.rate_limit, now_ms)
+        assert keys(db, "x_rate_limit") == rows.keys()
+        return
 
-    counted, removed = sweep(schema_url, kinds.rate_limit, now_ms)
+    counted, removed = await sweep(await pools(schema_url), kinds.rate_limit, now_ms)
 
     assert keys(db, "x_rate_limit") == rows.keys() - full
     assert (counted, removed) == (len(full), len(full))
@@ -405,42 +498,53 @@ def test_rate_limit_deletes_exactly_the_buckets_full_at_now(
 
 @examples(6)
 @given(case=expiring_cases())
-def test_expiring_deletes_exactly_the_rows_past_max_age(
-    db: psycopg.Connection[Any], schema_url: str, case: ExpiringCase
+async def test_expiring_deletes_exactly_the_rows_past_max_age(
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    pools: Pools,
+    expiring_tables: dict[str, str],
+    case: ExpiringCase,
 ) -> None:
     """An `expiring` table (bigint or integer ms, timestamptz, timestamp as UTC) configured with
     a max_age string loses exactly the rows with `column + max_age <= now`; count agrees."""
-    db.execute(f"CREATE TABLE expiring (key text PRIMARY KEY, expires_at {case.column_type})")
-    try:
-        rows = {f"r{i}": value for i, value in enumerate(case.values)}
-        with db.cursor() as cur:
-            cur.executemany(
-                f"INSERT INTO expiring VALUES (%s, %s::{case.column_type})",
-                [(key, as_timestamp(value, case.column_type)) for key, value in rows.items()],
-            )
-        expired = {
-            key
-            for key, value in rows.items()
-            if expiring_expired(value, case.column_type, case.max_age_ms, case.now_ms)
-        }
-        entry = {
-            "kind": "expiring",
-            "name": "expiring",
-            "table": "expiring",
-            "column": "expires_at",
-            "max_age": case.max_age,
-        }
-        (spec,) = parse_config({"targets": [entry]}, env={}).targets
+    table = expiring_tables[case.column_type]
+    db.execute(f"DELETE FROM {table}")
+    rows = {f"r{i}": value for i, value in enumerate(case.values)}
+    with db.cursor() as cur:
+        cur.executemany(
+            f"INSERT INTO {table} VALUES (%s, %s::{case.column_type})",
+            [(key, as_timestamp(value, case.column_type)) for key, value in rows.items()],
+        )
+    expired = {
+        key
+        for key, value in rows.items()
+        if expiring_expired(value, case.column_type, case.max_age_ms, case.now_ms, case.unit)
+    }
+    entry = {
+        "kind": "expiring",
+        "name": "expiring",
+        "table": table,
+        "column": "expires_at",
+        "max_age": case.max_age,
+    }
+    if case.column_type in ("bigint", "integer"):
+        entry["unit"] = case.unit
+    (spec,) = parse_config({"targets": [entry]}, env={}).targets
 
-        def build(pool: AsyncConnectionPool[Any]) -> CountingTarget:
-            return kinds.expiring(pool, spec.name, spec.tables[0], spec.column, spec.max_age_ms)
+    def build(pool: AsyncConnectionPool[Any]) -> CountingTarget:
+        return kinds.expiring(
+            pool, spec.name, spec.tables[0], spec.column, spec.max_age_ms, unit=spec.unit
+        )
 
-        counted, removed = sweep(with_time_zone(schema_url, case.time_zone), build, case.now_ms)
+    pool = await pools(with_time_zone(schema_url, case.time_zone))
+    if case.column_type in ("bigint", "integer") and wrong_unit(case.values, case.unit):
+        await refused(pool, build, case.now_ms)
+        assert keys(db, table) == rows.keys()
+        return
+    counted, removed = await sweep(pool, build, case.now_ms)
 
-        assert keys(db, "expiring") == rows.keys() - expired
-        assert (counted, removed) == (len(expired), len(expired))
-    finally:
-        db.execute("DROP TABLE expiring")
+    assert keys(db, table) == rows.keys() - expired
+    assert (counted, removed) == (len(expired), len(expired))
 
 
 @examples(10)

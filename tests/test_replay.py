@@ -7,27 +7,145 @@ add new histories (`python -m tests.histories.record --prefix v2`) beside the ol
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowHistory
+from temporalio.converter import DataConverter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from tests.support.history import kinds
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from workflows.purge import PurgeWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
+CONVERTER = DataConverter.default.payload_converter
 
 
 def load(path: Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
 
 
-def test_the_shipped_shapes_are_all_here() -> None:
-    """The three shapes the contract names, at least: a pass, a duplicate, a failed target."""
-    names = {path.stem.split("-", 1)[1] for path in HISTORIES}
-    assert {"pass", "duplicate", "failed-target"} <= names
+@dataclass(frozen=True)
+class Shape:
+    """What a committed history holds, read from its events."""
+
+    request: dict[str, Any]
+    """The pass's input."""
+    events: list[str]
+    """Event type names, oldest first."""
+    scheduled: list[str]
+    """The target of each ActivityTaskScheduled, in order."""
+    activity_failures: list[str]
+    """The error type of each ActivityTaskFailed."""
+    result: dict[str, Any] | None
+    """The report, if the pass completed."""
+    failure: str | None
+    """The error type the pass failed with, if it failed."""
+
+
+def shape_of(path: Path) -> Shape:
+    events = list(load(path).events)
+    [request] = CONVERTER.from_payloads(
+        events[0].workflow_execution_started_event_attributes.input.payloads
+    )
+    scheduled, activity_failures = [], []
+    result, failure = None, None
+    for e in events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            attrs = e.activity_task_scheduled_event_attributes
+            [step] = CONVERTER.from_payloads(attrs.input.payloads)
+            scheduled.append(step["name"])
+        elif e.HasField("activity_task_failed_event_attributes"):
+            cause = e.activity_task_failed_event_attributes.failure
+            activity_failures.append(cause.application_failure_info.type)
+        elif e.HasField("workflow_execution_completed_event_attributes"):
+            attrs = e.workflow_execution_completed_event_attributes
+            [result] = CONVERTER.from_payloads(attrs.result.payloads)
+        elif e.HasField("workflow_execution_failed_event_attributes"):
+            failure = (
+                e.workflow_execution_failed_event_attributes.failure.application_failure_info.type
+            )
+    return Shape(request, kinds(events), scheduled, activity_failures, result, failure)
+
+
+def is_pass(shape: Shape) -> None:
+    """A completed pass that removed rows: one activity per target, in order."""
+    assert shape.failure is None
+    assert shape.result is not None
+    assert not shape.request.get("dry_run")
+    assert shape.scheduled == shape.request["targets"] != []
+    assert shape.result["removed"] > 0
+    assert [s["name"] for s in shape.result["swept"]] == shape.request["targets"]
+
+
+def is_dry_run(shape: Shape) -> None:
+    """A completed dry run: asked for one, reported as one, one activity per target."""
+    assert shape.request["dry_run"] is True
+    assert shape.failure is None
+    assert shape.result is not None
+    assert shape.result["dry_run"] is True
+    assert shape.scheduled == shape.request["targets"] != []
+    assert all(s["dry_run"] for s in shape.result["swept"])
+
+
+def is_duplicate(shape: Shape) -> None:
+    """A pass refused for a repeated target before any activity."""
+    names = shape.request["targets"]
+    assert len(set(names)) < len(names)
+    assert "ACTIVITY_TASK_SCHEDULED" not in shape.events
+    assert shape.failure == "DuplicatePurgeTarget"
+
+
+def is_failed_target(shape: Shape) -> None:
+    """A pass with a failed activity: the others still swept, the pass failed for it."""
+    assert shape.scheduled == shape.request["targets"]
+    assert shape.activity_failures != []
+    assert (
+        shape.events.count("ACTIVITY_TASK_COMPLETED")
+        == len(shape.scheduled) - len(shape.activity_failures)
+        > 0
+    )
+    assert shape.failure == "PurgeTargetsFailed"
+
+
+def is_empty(shape: Shape) -> None:
+    """A pass of no targets: nothing scheduled, an empty report."""
+    assert shape.request["targets"] == []
+    assert shape.scheduled == []
+    assert shape.result is not None
+    assert (shape.result["swept"], shape.result["removed"]) == ([], 0)
+
+
+SHAPES: dict[str, Callable[[Shape], None]] = {
+    "pass": is_pass,
+    "dry-run": is_dry_run,
+    "duplicate": is_duplicate,
+    "failed-target": is_failed_target,
+    "empty": is_empty,
+}
+
+
+async def test_the_shipped_shapes_are_all_here() -> None:
+    """Every shape the contract names is committed, each history is the shape its name says
+    (`<prefix>-<shape>.json`), and each replays against the current code."""
+    by_shape: dict[str, list[Path]] = {}
+    for path in HISTORIES:
+        by_shape.setdefault(path.stem.split("-", 1)[1], []).append(path)
+    assert set(by_shape) == set(SHAPES), "a history of no known shape, or a shape not committed"
+    for shape, paths in by_shape.items():
+        for path in paths:
+            try:
+                SHAPES[shape](shape_of(path))
+            except AssertionError as err:
+                raise AssertionError(f"{path.name} is not a {shape} history: {err}") from err
+            await Replayer(workflows=[PurgeWorkflow]).replay_workflow(
+                load(path), raise_on_replay_failure=True
+            )
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])

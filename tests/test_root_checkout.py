@@ -28,7 +28,7 @@ from purge_dev.servers import (
     runs_as,
     shared_install_copy,
 )
-from tests.support.procs import REPO, clean_env
+from tests.support.procs import REPO, clean_env, run_process
 
 CODE = ("worker.py", "workflows", "activities", "purge_config", "purge_ops", "purge_dev")
 
@@ -83,10 +83,7 @@ def test_dev_once_as_root_from_a_checkout_only_root_may_enter() -> None:
         assert subprocess.run([bindir / "initdb", "--version"], check=False).returncode == 0
         assert not runs_as(bindir / "initdb", PG_SYSTEM_USER)
 
-        done = subprocess.run(
-            [sys.executable, "worker.py", "dev", "--once"],
-            cwd=app, env=env, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
+        done = run_process("dev", "--once", env=env, checkout=app, timeout=180)
         assert done.returncode == 0, done.stderr[-2000:]
         assert "Traceback" not in done.stderr
         totals = re.search(r"^total\s+(\d+)\s*$", done.stdout, re.M)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -28,8 +26,9 @@ from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import open_pool
 from tests.conftest import RunWorker
 from tests.support.direct_caller import DirectCaller
+from tests.support.history import history
 from tests.support.passes import failed_pass, run_pass
-from tests.support.procs import REPO, clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
 ALL_KINDS = ["x_idempotency", "x_rate_limit", "x_auth", "sessions"]
@@ -115,10 +114,9 @@ async def test_a_role_without_delete_fails_that_target_saying_what_it_needs(
 SECRET = "hunter2-purge-s3cret"
 
 
-async def test_the_database_password_appears_in_no_log_input_result_error_or_history(
+def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
     schema_url: str,
     task_queue: str,
     db: psycopg.Connection[Any],
@@ -126,20 +124,27 @@ async def test_the_database_password_appears_in_no_log_input_result_error_or_his
 ) -> None:
     """A worker and every command run with a password-bearing URL (trust authentication
     ignores the password; the point is where the string goes). Everything a person or a
-    system could read afterwards is searched for it."""
+    system could read afterwards is searched for it.
+
+    The worker is a process of its own (its log is what an operator reads); the commands run
+    in this process (`worker.main`), from this synchronous test's main thread, since `run`
+    installs signal handlers."""
     seed_every_kind(db, real_now)
     parts = conninfo_to_dict(schema_url)
     secret_url = (
         f"postgresql://{parts['user']}:{SECRET}@{parts['host']}:{parts['port']}/{parts['dbname']}"
         f"?options={parts['options'].replace(' ', '%20').replace('=', '%3D')}"
     )
-    config = worker_config(
-        tmp_path / "purge.toml",
-        "postgresql://placeholder@localhost/none",
-        task_queue,
+    targets = (
         '[[targets]]\nkind = "idempotency"\n[[targets]]\nkind = "auth"\n'
         '[[targets]]\nkind = "expiring"\nname = "gone"\ntable = "no_such_table"\n'
-        'column = "expires_at"\n',
+        'column = "expires_at"\n'
+    )
+    placeholder = "postgresql://placeholder@localhost/none"
+    config = worker_config(tmp_path / "purge.toml", placeholder, task_queue, targets)
+    # The unreachable database is given up on after database_wait, not the default 30 s.
+    impatient = worker_config(
+        tmp_path / "impatient.toml", placeholder, task_queue, f'database_wait = "1s"\n{targets}'
     )
     [metrics_port] = free_ports(1)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, PURGE_DATABASE_URL=secret_url)
@@ -150,41 +155,46 @@ async def test_the_database_password_appears_in_no_log_input_result_error_or_his
         wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker")
 
         def command(*args: str, extra_env: dict[str, str] | None = None) -> str:
-            done = subprocess.run(
-                [sys.executable, "worker.py", *args],
-                cwd=REPO, env={**env, **(extra_env or {})}, capture_output=True, text=True,
-                timeout=120,
-            )  # fmt: skip
+            done = run_main(*args, env={**env, **(extra_env or {})})
             return done.stdout + done.stderr
 
-        texts["sweep"] = await asyncio.to_thread(command, "sweep", "--config", str(config))
-        texts["report"] = await asyncio.to_thread(command, "report", "--config", str(config))
-        texts["bad url"] = await asyncio.to_thread(
-            command, "run", "--config", str(config),
+        texts["sweep"] = command("sweep", "--config", str(config))
+        texts["report"] = command("report", "--config", str(config))
+        texts["bad url"] = command(
+            "run", "--config", str(config),
             extra_env={"PURGE_DATABASE_URL": f"host=db password={SECRET} sslrootcert=file:///x"
                        " bogus"},
         )  # fmt: skip
-        texts["unreachable"] = await asyncio.to_thread(
-            command, "run", "--config", str(config),
+        texts["unreachable"] = command(
+            "run", "--config", str(impatient),
             extra_env={"PURGE_DATABASE_URL": f"postgresql://app:{SECRET}@127.0.0.1:1/app"},
         )  # fmt: skip
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as page:
             texts["metrics"] = page.read().decode()
-        async for execution in client.list_workflows(f'TaskQueue = "{task_queue}"'):
-            history = await client.get_workflow_handle(execution.id).fetch_history()
-            texts[f"history {execution.id}"] = history.to_json()
+        texts.update(asyncio.run(histories(temporal_server.address, task_queue)))
     finally:
         stop(worker)
     texts["worker log"] = log.read_text()
 
     assert "FAILED BadPurgeTarget" in texts["sweep"]  # the failing target's error is in there
     assert "x_idempotency" in texts["report"]
-    assert "cannot connect to postgresql://app:***@127.0.0.1:1/app" in texts["unreachable"]
+    assert (
+        "cannot connect to postgresql://app:***@127.0.0.1:1/app within 1 s" in texts["unreachable"]
+    )
     assert "config error" in texts["bad url"]
     assert f"postgresql://postgres:***@{parts['host']}" in texts["worker log"]
     assert any(name.startswith("history") for name in texts)
     leaks = [name for name, text in texts.items() if SECRET in text]
     assert leaks == []
+
+
+async def histories(temporal_address: str, task_queue: str) -> dict[str, str]:
+    """Every history of `task_queue`'s passes, as JSON, by workflow id."""
+    client = await Client.connect(temporal_address)
+    return {
+        f"history {execution.id}": (await history(client, execution.id)).to_json()
+        async for execution in client.list_workflows(f'TaskQueue = "{task_queue}"')
+    }
 
 
 # -- bad steps sent to the activity directly -------------------------------------------------

@@ -1,22 +1,36 @@
 """A worker killed with SIGKILL in the middle of a pass: another worker finishes it from the
-history, the targets completed before the kill are not run again, and every table ends right."""
+history, the targets completed before the kill are not run again, and every table ends right.
+
+The server notices a dead worker only by timeouts: the running activity's missed heartbeats (the
+workflow's 15 s) and, for the next workflow task, the dead worker's sticky queue (10 s). The test
+shortens both for its own pass once the worker is dead, through Temporal's own operator APIs
+(UpdateActivityOptions, ResetStickyTaskQueue), instead of waiting them out: the retry still
+comes from the server timing out the killed attempt, on a real process killed mid-target.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from temporalio.api.enums.v1 import EventType
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.field_mask_pb2 import FieldMask
+from temporalio.api.activity.v1 import ActivityOptions
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.workflowservice.v1 import (
+    ResetStickyTaskQueueRequest,
+    UpdateActivityOptionsRequest,
+)
 from temporalio.client import Client
 
 from purge_dev.servers import TemporalDevServer
-from tests.support.history import target_runs
-from tests.support.procs import clean_env, start_worker, stop, wait_for, worker_config
+from tests.support.history import events, target_runs
+from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
 TARGETS = """
@@ -40,6 +54,34 @@ name = "sessions"
 table = "sessions"
 column = "expires_at_ms"
 """
+
+
+#: The heartbeat timeout the killed attempt gets: its last heartbeat is at most 3 s old
+#: (activities.sweep.HEARTBEAT_EVERY_S), so the server times it out within this of being told.
+#: The retry on the new worker keeps it too, and heartbeats as it starts.
+NOTICED_AFTER = Duration(seconds=2)
+
+
+async def notice_the_dead_worker_sooner(client: Client, workflow_id: str) -> None:
+    """What the server would find out by itself 15 s (heartbeat) and 10 s (sticky queue) after
+    the kill, told now: the pass's running activity gets a heartbeat timeout of 2 s, and its next
+    workflow task goes to the task queue rather than the dead worker's sticky queue. Neither
+    writes to the history."""
+    execution = WorkflowExecution(workflow_id=workflow_id)
+    described = await client.get_workflow_handle(workflow_id).describe()
+    [running] = described.raw_description.pending_activities
+    await client.workflow_service.update_activity_options(
+        UpdateActivityOptionsRequest(
+            namespace=client.namespace,
+            execution=execution,
+            id=running.activity_id,
+            activity_options=ActivityOptions(heartbeat_timeout=NOTICED_AFTER),
+            update_mask=FieldMask(paths=["heartbeat_timeout"]),
+        )
+    )
+    await client.workflow_service.reset_sticky_task_queue(
+        ResetStickyTaskQueueRequest(namespace=client.namespace, execution=execution)
+    )
 
 
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
@@ -81,6 +123,7 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
 
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
+        await notice_the_dead_worker_sooner(client, workflow_id)
         second = start_worker(config, env, tmp_path / "second.log")
         result = await handle.result()
     finally:
@@ -91,10 +134,9 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     assert [s["name"] for s in result["swept"]] == [
         "x_idempotency", "x_auth", "gate", "x_rate_limit", "sessions",
     ]  # fmt: skip
-    history = (await handle.fetch_history()).events
-    host = socket.gethostname()
-    first_id, second_id = f"{first.pid}@{host}", f"{second.pid}@{host}"
-    runs = target_runs(client, list(history))
+    history = await events(client, workflow_id)
+    first_id, second_id = identity(first), identity(second)
+    runs = target_runs(client, history)
     assert all(run.completions == 1 for run in runs.values())
     assert {name: (run.identity, run.attempt) for name, run in runs.items()} == {
         "x_idempotency": (first_id, 1),
@@ -105,6 +147,15 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     }
     scheduled = [e for e in history if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     assert len(scheduled) == 5
+    # The killed attempt ended by its heartbeat timeout: the server noticed the dead worker.
+    [retried] = [
+        e.activity_task_started_event_attributes
+        for e in history
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.attempt == 2
+    ]
+    timeout = retried.last_failure.timeout_failure_info.timeout_type
+    assert timeout == TimeoutType.TIMEOUT_TYPE_HEARTBEAT, retried.last_failure
     assert len(list(gate_dir.glob("run-*"))) == 2  # one hung attempt, one that finished
     assert keys(db, "x_idempotency") == {"new"}
     assert keys(db, "x_auth_failures") == {"f-new"}

@@ -197,9 +197,9 @@ def unlock_tables() -> sql.SQL:
 
 def column_statistics() -> sql.SQL:
     """The planner's view of `%(column)s` of `%(rel)s`: histogram bounds, most common values
-    and their frequencies, as numbers; no row when the table was never analyzed."""
+    and their frequencies, as exact numbers; no row when the table was never analyzed."""
     return sql.SQL(
-        "SELECT s.histogram_bounds::text::float8[], s.most_common_vals::text::float8[],"
+        "SELECT s.histogram_bounds::text::numeric[], s.most_common_vals::text::numeric[],"
         " s.most_common_freqs"
         " FROM pg_stats s"
         " JOIN pg_class c ON c.relname = s.tablename"
@@ -211,7 +211,7 @@ def column_statistics() -> sql.SQL:
 
 def column_sample(table: TableName, column: str, rows: int) -> sql.Composed:
     """A few values of the column, as the first pages hold them: bounded, never a scan."""
-    return sql.SQL("SELECT {col}::float8 FROM {t} WHERE {col} IS NOT NULL LIMIT {n}").format(
+    return sql.SQL("SELECT {col} FROM {t} WHERE {col} IS NOT NULL LIMIT {n}").format(
         col=sql.Identifier(column), t=ident(table), n=sql.Literal(rows)
     )
 

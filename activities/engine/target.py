@@ -90,6 +90,12 @@ class SqlTarget:
                 counted = await open_ledger(conn, ledger, self.settings)
             if counted is not None:
                 progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
+        if len(self.rules) > 1:
+            # Every table's columns checked (their unit above all) before the first table's
+            # delete: a target refused for its second table must not have swept its first.
+            for rule in self.rules[progress.table :]:
+                async with self._connection(rule) as conn:
+                    await self._bind(conn, rule, now_ms)
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
         deadline = time.monotonic() + budget / 1000
         ledger_params = ledger.params() if stats.ledger and ledger else None

@@ -18,10 +18,14 @@ from activities.engine.statements import column_sample, column_statistics
 from activities.errors import BadPurgeTarget
 from purge_config.names import TableName
 
-#: Milliseconds per stored unit.
-UNIT_MS = {"s": 1000.0, "ms": 1.0, "us": 0.001, "ns": 0.000001}
-#: Below this many milliseconds an instant is before 1973; above, after the year 5138.
-EARLIEST_MS, LATEST_MS = 1e11, 1e14
+#: The plausible instants in each unit, as exact integers: from 1e11 ms (1973) to 1e14 ms (the
+#: year 5138). Below, an instant is in 1973 or before; above, after the year 5000.
+WINDOW = {
+    "s": (10**8, 10**11),
+    "ms": (10**11, 10**14),
+    "us": (10**14, 10**17),
+    "ns": (10**17, 10**20),
+}
 #: The largest integers: "never expires" sentinels, which say nothing about the unit.
 SENTINELS = frozenset({2**63 - 1, 2**31 - 1, -(2**63), -(2**31)})
 #: How many rows are read when the planner has no statistics of the column.
@@ -36,11 +40,11 @@ async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, 
     total = sum(w for _, w in values)
     if not total:
         return
-    factor = UNIT_MS[unit]
-    outside = sum(w for v, w in values if not EARLIEST_MS <= v * factor <= LATEST_MS)
+    low, high = WINDOW[unit]
+    outside = sum(w for v, w in values if not low <= v <= high)
     if outside / total <= 0.5:
         return
-    typical = statistics.median(v for v, _ in values)
+    typical = statistics.median_low(v for v, _ in values)
     looks = _looks_like(typical)
     fix = (
         f'set unit = "{looks}" on this target (kind expiring)'
@@ -49,7 +53,7 @@ async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, 
     )
     raise BadPurgeTarget(
         f"table {table} column {column}: its values do not look like epoch {_NAMES[unit]} "
-        f"(e.g. {typical:.0f}, which reads as {_reads_as(typical * factor)}); they look like "
+        f"(e.g. {typical}, which reads as {_reads_as(typical, unit)}); they look like "
         f"epoch {_NAMES.get(looks, 'values in another unit')}. Nothing was deleted; {fix}"
     )
 
@@ -57,22 +61,22 @@ async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, 
 _NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
 
 
-def _looks_like(value: float) -> str:
-    for unit, factor in UNIT_MS.items():
-        if EARLIEST_MS <= abs(value) * factor <= LATEST_MS:
+def _looks_like(value: int) -> str:
+    for unit, (low, high) in WINDOW.items():
+        if low <= abs(value) <= high:
             return unit
     return "?"
 
 
-def _reads_as(ms: float) -> str:
-    if ms < EARLIEST_MS:
+def _reads_as(value: int, unit: str) -> str:
+    if value < WINDOW[unit][0]:
         return "a time before 1973"
     return "a time after the year 5000"
 
 
 async def _sample(
     conn: AsyncConnection[Any], table: TableName, column: str
-) -> list[tuple[float, float]]:
+) -> list[tuple[int, float]]:
     """(value, weight) pairs: the planner's histogram bounds and most common values with their
     share of the rows, or, without statistics, a few rows read as they come."""
     rel = ident(table).as_string(conn)
@@ -81,9 +85,9 @@ async def _sample(
     if row is not None:
         bounds, common, freqs = row[0] or [], row[1] or [], row[2] or []
         rest = max(0.0, 1.0 - sum(freqs))
-        pairs = [(float(v), float(f)) for v, f in zip(common, freqs, strict=False)]
-        pairs += [(float(v), rest / len(bounds)) for v in bounds]
+        pairs = [(int(v), float(f)) for v, f in zip(common, freqs, strict=False)]
+        pairs += [(int(v), rest / len(bounds)) for v in bounds]
         if pairs:
             return pairs
     cur = await conn.execute(column_sample(table, column, SAMPLE_ROWS))
-    return [(float(r[0]), 1.0) for r in await cur.fetchall()]
+    return [(int(r[0]), 1.0) for r in await cur.fetchall()]

@@ -21,6 +21,7 @@ from activities.targets import TargetRegistry
 from purge_dev.dev import epoch_ms_now
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
+from tests.support.history import history
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +81,7 @@ async def record(prefix: str) -> None:
                     with contextlib.suppress(WorkflowFailureError):
                         await handle.result()
                     out = HERE / f"{prefix}-{scenario}.json"
-                    out.write_text((await handle.fetch_history()).to_json(), encoding="utf-8")
+                    out.write_text((await history(client, handle.id)).to_json(), encoding="utf-8")
                     print(f"wrote {out.relative_to(HERE.parent.parent)}")
         finally:
             await pool.close()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections import Counter
@@ -15,9 +14,7 @@ from pathlib import Path
 import pytest
 
 from purge_dev.servers import free_ports
-from tests.support.procs import clean_env, start_worker, stop
-
-HOST = socket.gethostname()
+from tests.support.procs import identity, start_worker, stop
 
 
 @dataclass
@@ -130,13 +127,3 @@ class Fleet:
             tails.append(f"--- worker {n} ({identity(proc)}, exit {proc.returncode}) ---")
             tails += text[-lines:]
         return "\n".join(tails)
-
-
-def identity(proc: subprocess.Popen[bytes]) -> str:
-    """The identity a worker process gives Temporal: the SDK's default, pid@host."""
-    return f"{proc.pid}@{HOST}"
-
-
-def worker_env(temporal_address: str) -> dict[str, str]:
-    """The environment of a worker process that talks to `temporal_address`."""
-    return clean_env(TEMPORAL_ADDRESS=temporal_address)

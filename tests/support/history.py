@@ -1,4 +1,4 @@
-"""Reading a workflow's event history in tests."""
+"""Reading a workflow's event history in tests: `history` fetches it, the rest read it."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHistory
+
+
+async def history(client: Client, workflow_id: str) -> WorkflowHistory:
+    """A workflow's history (of its latest run): the one place the tests read one. Its
+    `to_json()` is what `temporal workflow show -o json` writes and `replay` reads."""
+    return await client.get_workflow_handle(workflow_id).fetch_history()
 
 
 async def events(client: Client, workflow_id: str) -> list[Any]:
     """The events of a workflow's history, oldest first."""
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return list(history.events)
+    return list((await history(client, workflow_id)).events)
 
 
 def kinds(history: list[Any]) -> list[str]:

@@ -24,6 +24,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
 from purge_ops.connect import APPLICATION_NAME
+from tests.support.history import events
 from tests.support.oracle import TARGET_NAMES, Oracle, add_canary
 
 #: How long one wait of a fault test may take before it is called a hang: a killed attempt costs
@@ -117,11 +118,11 @@ class PassWatch:
         """One look at the server, then the canaries due; False while it cannot be reached."""
         async with self._lock:
             try:
-                history = (await self.handle.fetch_history()).events
+                history = await events(self.client, self.handle.id)
                 described = await self.handle.describe()
             except RPCError:
                 return False
-            self._read(list(history), described.raw_description.pending_activities)
+            self._read(history, described.raw_description.pending_activities)
             self.closed = self.closed or described.status != WorkflowExecutionStatus.RUNNING
             for name in self.completed.keys() - self._canaried:
                 # Not yet written while PostgreSQL is down: the next look tries again.
@@ -329,7 +330,7 @@ async def assert_ledger(watch: PassWatch, result: dict[str, Any]) -> dict[str, R
     completion (and, see the canaries, was not run again)."""
     assert [s["name"] for s in result["swept"]] == TARGET_NAMES
     assert not result.get("failed")
-    runs = ledger(watch.client, list((await watch.handle.fetch_history()).events))
+    runs = ledger(watch.client, await events(watch.client, watch.handle.id))
     assert sorted(runs) == sorted(TARGET_NAMES)
     for name, run in runs.items():
         assert (run.scheduled, run.started, run.completed) == (1, 1, 1), (name, run)
