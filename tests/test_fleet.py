@@ -201,19 +201,18 @@ async def test_targets_over_three_databases_remove_exactly_their_rows_one_down_f
     task_queue: str,
     pool: AsyncConnectionPool[Any],
     databases: dict[str, str],
-    real_now: int,
 ) -> None:
     """On the time-skipping server, so the down database's retries take seconds, not minutes."""
+    # The time-skipping server's clock runs ahead of the machine's by all it skipped so far:
+    # rows are written around its clock, the live one far enough ahead to outlast the retries.
+    now = int((await time_skipping.get_current_time()).timestamp() * 1000)
     for i, url in enumerate(databases.values()):
         with psycopg.connect(url, autocommit=True) as conn:
             for n in range(i + 2):
                 conn.execute(
-                    "INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"old{n}", real_now - HOUR)
+                    "INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"old{n}", now - HOUR)
                 )
-            # Far ahead: the time-skipping server's clock runs ahead of the machine's.
-            conn.execute(
-                "INSERT INTO x_idempotency VALUES ('new', null, %s)", (real_now + 365 * 24 * HOUR,)
-            )
+            conn.execute("INSERT INTO x_idempotency VALUES ('new', null, %s)", (now + 24 * HOUR,))
     down = {**databases, "gone": make_conninfo(databases["shard0"], port=1, host="127.0.0.1")}
     raw = {
         "database_url": "postgresql://unused@127.0.0.1/unused",

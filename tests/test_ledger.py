@@ -242,9 +242,9 @@ async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
 async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
 ) -> None:
-    """One expired row is held locked for 300 ms by another session: the one batch that meets
-    it reports at least that long, every other batch less, and p95 is the nearest-rank 95th
-    percentile of exactly the durations the batches reported."""
+    """One expired row is held locked for half a second by another session: the one batch that
+    meets it reports a long wait, every other batch a short one, and p95 is the nearest-rank
+    95th percentile of exactly the durations the batches reported."""
     fill(db, 40_000)
     # The oldest expired row: the index-ordered sweep meets it in its first batch.
     db.execute(
@@ -261,14 +261,16 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
         sweep = asyncio.ensure_future(
             env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
         )
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.5)
         holder.execute("COMMIT")
         result: PurgeSweep = await sweep
 
     durations = [b["batch_ms"] for b in beats if not b.get("clean_exit")]
     assert len(durations) == result.batches >= 20
-    slow = [ms for ms in durations if ms >= 250]
-    assert len(slow) == 1, durations  # the batch that waited for the lock, and only it
+    # The batch that waited for the lock (most of the half second: the sweep's catalog reads
+    # come first), and only it; every other batch aims at 1 ms.
+    slow = [ms for ms in durations if ms >= 200]
+    assert len(slow) == 1, durations
     ordered = sorted(durations)
     assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
-    assert result.p95_batch_ms < 250  # one slow batch in 20+ is above the 95th percentile
+    assert result.p95_batch_ms < 200  # one slow batch in 20+ is above the 95th percentile

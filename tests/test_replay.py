@@ -121,7 +121,33 @@ def is_empty(shape: Shape) -> None:
     assert (shape.result["swept"], shape.result["removed"]) == ([], 0)
 
 
+def is_concurrent(shape: Shape) -> None:
+    """A pass with limits: the concurrent-pass patch's marker, activities overlapping (a second
+    scheduled before the first completed), every target swept, reported in input order."""
+    assert shape.request["max_concurrent"] > 1
+    assert "MARKER_RECORDED" in shape.events
+    first_done = shape.events.index("ACTIVITY_TASK_COMPLETED")
+    assert shape.events[:first_done].count("ACTIVITY_TASK_SCHEDULED") >= 2
+    assert shape.result is not None
+    assert [s["name"] for s in shape.result["swept"]] == shape.request["targets"]
+    assert all(s["status"] == "ok" for s in shape.result["swept"])
+
+
+def is_out_of_budget(shape: Shape) -> None:
+    """A pass whose budget its first target spent: the others reported skipped, unscheduled,
+    and the pass completed."""
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.result is not None
+    statuses = [s["status"] for s in shape.result["swept"]]
+    assert statuses[0] == "ok"
+    assert statuses[1:] == ["skipped"] * (len(statuses) - 1) != []
+    assert shape.scheduled == shape.request["targets"][:1]
+    assert shape.failure is None
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "concurrent": is_concurrent,
+    "out-of-budget": is_out_of_budget,
     "pass": is_pass,
     "dry-run": is_dry_run,
     "duplicate": is_duplicate,
