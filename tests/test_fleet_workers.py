@@ -1,0 +1,138 @@
+"""Two worker processes on one task queue share a pass, and the SIGKILL of either loses
+nothing: Temporal is the distribution, the ledger keeps every count exact."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client
+
+from purge_config import parse_config
+from purge_dev.servers import TemporalDevServer
+from tests.support.history import events
+from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
+from tests.support.rows import HOUR
+
+pytestmark = pytest.mark.slow
+
+TABLES = [f"events_{i}" for i in range(8)]
+ROWS = 1_000  # 500 expired rows whose deletes take 2 ms each: a second a table
+
+
+def targets_toml() -> str:
+    return "\n".join(
+        f'[[targets]]\nkind = "expiring"\nname = "{t}"\ntable = "{t}"\ncolumn = "at"\n'
+        for t in TABLES
+    )
+
+
+async def sweeping_on(handle: Any, worker: str) -> list[str]:
+    """The activities `worker` is running now (history records a start only at its end: the
+    server's pending activities say who runs what)."""
+    description = await handle.describe()
+    return [
+        pending.activity_id
+        for pending in description.raw_description.pending_activities
+        if pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        and pending.last_worker_identity == worker
+    ]
+
+
+def fill(db: psycopg.Connection[Any], now: int) -> None:
+    for table in TABLES:
+        db.execute(f"DELETE FROM {table}")
+        db.execute(
+            f"INSERT INTO {table} SELECT 'k' || i, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
+            " FROM generate_series(1, %s) i",
+            (now - HOUR, now + 24 * HOUR, ROWS),
+        )
+
+
+def started_by(history: list[Any]) -> set[str]:
+    return {
+        e.activity_task_started_event_attributes.identity
+        for e in history
+        if e.HasField("activity_task_started_event_attributes")
+    }
+
+
+async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    real_now: int,
+) -> None:
+    """Eight targets, eight at once: more than one worker's pollers take, so both workers
+    sweep (the history names both). Then a second pass, one worker SIGKILLed while it sweeps:
+    its target is retried on the other, and every count is exact."""
+    db.execute(
+        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
+    )
+    for table in TABLES:
+        db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
+        db.execute(f"CREATE INDEX ON {table} (at)")
+        db.execute(
+            f"CREATE TRIGGER slow BEFORE DELETE ON {table} FOR EACH ROW"
+            " EXECUTE FUNCTION slow_delete()"
+        )
+    limits = {"max_concurrent": 8, "max_per_database": 8}
+    toml = "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n" + targets_toml()
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, toml)
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    request = parse_config(
+        {"database_url": schema_url, "pass": limits,
+         "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
+                     for t in TABLES]},
+        env={},
+    ).pass_input()  # fmt: skip
+    workers = [start_worker(config, env, tmp_path / f"worker-{n}.log") for n in range(2)]
+    try:
+        for n in range(2):
+            log = tmp_path / f"worker-{n}.log"
+            wait_for(lambda log=log: "worker on task queue" in log.read_text(), 60, "a worker")
+        fill(db, real_now)
+        shared = f"purge-shared-{uuid.uuid4()}"
+        first = await client.execute_workflow(
+            "Purge", request, id=shared, task_queue=task_queue, result_type=dict
+        )
+        assert started_by(await events(client, shared)) == {identity(w) for w in workers}
+
+        fill(db, real_now)
+        killed = f"purge-killed-{uuid.uuid4()}"
+        handle = await client.start_workflow("Purge", request, id=killed, task_queue=task_queue)
+        victim = identity(workers[1])
+        sweeping: list[str] = []
+        for _ in range(600):
+            sweeping = await sweeping_on(handle, victim)
+            if sweeping:
+                break
+            await asyncio.sleep(0.05)
+        assert sweeping, f"{victim} never swept a target of the pass"
+        workers[1].send_signal(signal.SIGKILL)
+        workers[1].wait(10)
+        second = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        for proc in workers:
+            stop(proc)
+
+    for result in (first, second):
+        assert [s["name"] for s in result["swept"]] == TABLES
+        assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(
+            TABLES, ROWS // 2
+        )
+        assert not any(s["lower_bound"] for s in result["swept"])
+    for table in TABLES:
+        assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == (ROWS // 2,), table
+    # The killed worker's targets were finished by the other.
+    assert started_by(await events(client, killed)) == {identity(workers[0])}
