@@ -234,7 +234,9 @@ class PurgeSweep:
     """`ok`; `skipped` (the pass's budget was spent before it started); `busy` (another sweep
     held one of its tables). Neither of the last two is a failure."""
     reason: str = ""
-    """Why it was skipped or busy."""
+    """Why it was skipped or busy, or why pacing left a backlog."""
+    paused_s: float = 0.0
+    """How long pacing (max_replica_lag, max_wal_rate) held the sweep between batches."""
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,8 @@ class SweepStats:
     """Why the sweep stopped at a table another sweep held (empty when it did not)."""
     reason: str = ""
     """Why pacing ended the sweep before its end, leaving a backlog (empty when it did not)."""
+    paused_s: float = 0.0
+    """How long pacing (replica lag, WAL rate) held the sweep between batches."""
 
     @property
     def dead_share(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -142,6 +143,7 @@ class PurgeActivities:
         age = stats.oldest_expired_age_ms
         sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
         sweep.dead_tuple_share = stats.dead_share
+        sweep.paused_s = round(stats.paused_s, 3)
         sweep.analyzed = stats.analyzed
         if not stats.ledger:
             activity.logger.warning(
@@ -186,6 +188,10 @@ def _record_gauges(name: str, sweep: PurgeSweep) -> None:
     _meter().create_gauge(
         "purge_backlog_rows", "expired rows left after the last sweep", "rows"
     ).set(sweep.backlog, labels)
+    if sweep.paused_s:
+        _meter().create_counter(
+            "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
+        ).add(math.ceil(sweep.paused_s), labels)
     if sweep.oldest_expired_age_s is not None:
         _meter().create_gauge_float(
             "purge_oldest_expired_age_seconds",

@@ -69,6 +69,7 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
 
     assert stats.removed == expired
     assert written > 512 * 1024  # enough WAL that the cap must act for about 2 s
+    assert stats.paused_s > 1.0
     last_batch = written / max(stats.batches, 1)
     assert (written - last_batch) / took <= 256 * 1024 * 1.2, (written, took)
 

@@ -45,6 +45,8 @@ class TableSweep:
     reason: str = ""
     """Why it stopped early when pacing spent the budget (empty otherwise)."""
     warnings: list[str] = field(default_factory=list)
+    paused_s: float = 0.0
+    """How long pacing held it between batches."""
 
 
 class BatchSweeper:
@@ -79,6 +81,7 @@ class BatchSweeper:
         else:
             await self._walk(pred, result)
         result.warnings, result.reason = self.pacer.warnings, self.pacer.reason
+        result.paused_s = self.pacer.paused_s
         return result
 
     async def _out_of_time(self) -> bool:

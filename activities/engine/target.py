@@ -130,6 +130,7 @@ class SqlTarget:
                 stats.advice.append(plan.advice)
             stats.advice += [w for w in table.warnings if w not in stats.advice]
             stats.reason = stats.reason or table.reason
+            stats.paused_s += table.paused_s
             if not table.complete:
                 break  # out of time: the tables after this one wait for the next pass
         stats.removed = progress.removed
