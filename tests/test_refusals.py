@@ -205,3 +205,23 @@ def test_unit_and_the_refusal_flag_are_checked_in_the_config() -> None:
         parse_config({"targets": [{"kind": "idempotency", "unit": "s"}]}, env={})
     with pytest.raises(ConfigError, match="refuse_unindexed_children: must be true or false"):
         parse_config({"sweep": {"refuse_unindexed_children": "yes"}}, env={})
+
+
+async def test_a_walk_of_a_referenced_table_keeps_the_child_tables_indexes(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """A range walk switches index scans off for its own batches, but not when a foreign key
+    references the table: the cascades its deletes run on the child must use the child's
+    index (without it, each deleted row reads the whole child table)."""
+    parent_and_child(db, now_ms, indexed=True)
+    db.execute("VACUUM ANALYZE parent")  # half expired: the walk, not the index
+
+    stats = await parent(pool).sweep(now_ms)
+
+    assert (stats.strategy, stats.removed) == ("range", 5)
+    db.execute("SELECT pg_stat_clear_snapshot()")
+    [scans] = db.execute(
+        "SELECT idx_scan FROM pg_stat_user_indexes WHERE relname = 'child'"
+        " AND indexrelname <> 'child_pkey'"
+    ).fetchone() or [0]
+    assert scans >= 5  # one lookup per cascaded delete, through the index

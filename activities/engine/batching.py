@@ -104,7 +104,9 @@ class BatchSweeper:
             lo = self.progress.page
             hi = min(lo + pages, result.plan.pages)
             params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
-            _, ms = await self._batch(result, statement, params, walk=True, page=hi)
+            _, ms = await self._batch(
+                result, statement, params, walk=not result.plan.referenced, page=hi
+            )
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
     async def _by_index(self, pred: Predicate, result: TableSweep) -> None:

@@ -45,6 +45,9 @@ class TablePlan:
     """An index that serves the expiry column, if any."""
     advice: str = ""
     """A warning for the operator, e.g. the index to create; empty when all is well."""
+    referenced: bool = False
+    """Whether a foreign key references the table: its deletes then run the child tables'
+    referential queries, which must keep their indexes (a walk may not switch them off)."""
 
     @property
     def share(self) -> float | None:
@@ -81,12 +84,15 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
 
     share = None if not rows else min(1.0, expired / rows)
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
+    cur = await conn.execute(statements.is_referenced(), {"rel": relation})
+    referenced = await cur.fetchone()
     plan = TablePlan(
         strategy="index" if use_index else "range",
         pages=int(pages),
         rows=rows,
         expired=expired,
         index=index,
+        referenced=bool(referenced and referenced[0]),
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 
