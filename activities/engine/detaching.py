@@ -1,0 +1,309 @@
+"""Taking a table's wholly expired partitions out of it: detached, counted, then dropped or
+moved to `detached_schema`.
+
+A partition is detached with `DETACH PARTITION ... CONCURRENTLY`, which takes only SHARE UPDATE
+EXCLUSIVE on the table (writers go on) and runs as two transactions of its own, outside any
+transaction block. Its rows are then counted and it is dropped (or moved) in one transaction
+that also adds the count to the ledger (`purge_progress`), so the count is exact and recorded
+once, whatever dies. Before the detach starts, a mark in the ledger names the partition: a
+retry after a death between the detach's two phases finds it half-detached and completes it
+(`FINALIZE`), and after a death between the detach and the drop finds it standalone and drops
+it, counted once.
+
+PostgreSQL refuses `CONCURRENTLY` while the table has a DEFAULT partition: then the detach is
+plain (ACCESS EXCLUSIVE on the table, for as long as the count takes), in the same transaction
+as the count, the drop and the ledger, under the same short lock_timeout, tried a few times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+
+from activities.engine.partitions import Child, Layout
+from activities.engine.rules import ident
+from activities.engine.statements import (
+    count_rows,
+    detach,
+    drop_table,
+    ledger_add,
+    local_bounds,
+    move_table,
+    name_taken,
+    partition_mark,
+    partition_marked_done,
+    partition_marks,
+    partition_unmark,
+    relation_state,
+    schema_ready,
+    session_bounds,
+    session_reset,
+)
+from activities.errors import BadPurgeTarget
+from activities.progress import OnBatch, Progress
+from purge_config.names import TableName
+from purge_config.settings import PartitionPolicy, SweepSettings
+
+#: A plain detach (a DEFAULT partition forbids CONCURRENTLY) waits at most lock_timeout for
+#: its ACCESS EXCLUSIVE lock; it is tried this many times, this far apart, before the attempt
+#: fails and Temporal retries it.
+PLAIN_TRIES = 3
+PLAIN_PAUSE_S = 0.5
+
+
+@dataclass
+class Removal:
+    """What taking partitions out of one table did in this attempt."""
+
+    names: list[str] = field(default_factory=list)
+    rows: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Said in the report: a plain detach, a detach finalized that this pass did not start."""
+    complete: bool = True
+    """False when the time budget ended it before every expired partition was out."""
+
+
+def mark_key(target: str, oid: int, table: TableName) -> str:
+    """A partition's key in the ledger: the target's name, `#`, and the partition."""
+    return f"{target}#" + json.dumps({"oid": oid, "table": str(table)}, sort_keys=True)
+
+
+def marked(key: str) -> tuple[int, str]:
+    """(OID, table as it was named) of a mark."""
+    raw = json.loads(key.partition("#")[2])
+    return int(raw["oid"]), str(raw["table"])
+
+
+async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: PartitionPolicy) -> None:
+    """Refuse, before anything is detached, a role that could detach but not finish: DETACH
+    needs the table's owner, DROP and SET SCHEMA each partition's, a move CREATE on the schema
+    (and no table of the same name there)."""
+    verb = "drop" if policy.mode == "drop" else "detach"
+    missing = [(str(layout.table), layout.owner)] if not layout.owned else []
+    missing += [(str(c.table), c.owner) for c in layout.children if not c.owned]
+    if missing:
+        owners = sorted({owner for _, owner in missing})
+        tables = ", ".join(f"{table} (owner {owner})" for table, owner in missing)
+        grant = "; ".join(f"GRANT {owner} TO {layout.role}" for owner in owners)
+        raise BadPurgeTarget(
+            f"table {layout.table}: partitions = {verb!r} detaches and {verb}s whole partitions, "
+            f"which needs their owner, and role {layout.role} is not a member of the owner of "
+            f"{tables}; {grant} (or set partitions = 'delete'); nothing was detached"
+        )
+    if policy.mode != "detach":
+        return
+    schema = policy.detached_schema
+    cur = await conn.execute(schema_ready(), {"schema": _quoted(conn, schema)})
+    exists, may_create = await cur.fetchone() or (False, False)
+    if not exists:
+        raise BadPurgeTarget(
+            f"table {layout.table}: detached_schema {schema!r} does not exist; create it "
+            f"(CREATE SCHEMA {_quoted(conn, schema)}); nothing was detached"
+        )
+    if not may_create:
+        raise BadPurgeTarget(
+            f"table {layout.table}: moving detached partitions to schema {schema!r} needs CREATE "
+            f"on it: GRANT CREATE ON SCHEMA {_quoted(conn, schema)} TO {layout.role}; nothing was "
+            "detached"
+        )
+    for child in layout.expired:
+        if child.table.schema == schema:
+            continue
+        there = TableName(child.table.table, schema)
+        cur = await conn.execute(name_taken(), {"name": ident(there).as_string(conn)})
+        row = await cur.fetchone()
+        if row and row[0]:
+            raise BadPurgeTarget(
+                f"table {layout.table}: partition {child.table} cannot move to {there}: a table "
+                "of that name is already there; rename or drop it; nothing was detached"
+            )
+
+
+class PartitionRemover:
+    """Takes one table's wholly expired partitions out, on the connection that holds the
+    table's advisory lock (never inside a transaction between statements)."""
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any],
+        settings: SweepSettings,
+        policy: PartitionPolicy,
+        progress: Progress,
+        on_batch: OnBatch,
+        deadline: float,
+        target: str,
+        ledger: dict[str, object] | None,
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.policy = policy
+        self.progress = progress
+        self.on_batch = on_batch
+        self.deadline = deadline
+        self.target = target
+        self.ledger = ledger
+
+    async def recover(self, layout: Layout) -> Removal:
+        """Finish what an earlier attempt of this pass left under way (its marks), then every
+        detach left half-done on the table, whoever started it: none stays pending."""
+        done = Removal()
+        ours: set[int] = set()
+        for key, _, finished in await self._marks():
+            if finished:
+                continue
+            oid = marked(key)[0]
+            cur = await self.conn.execute(relation_state(), {"oid": oid})
+            row = await cur.fetchone()
+            if row is None:
+                await self._unmark(key)  # gone: it was never ours to finish
+                continue
+            table = TableName(row[1], row[0])
+            parent, pending = row[2], bool(row[3])
+            if parent is not None and not pending:
+                await self._unmark(key)  # its detach never started: judged again below
+                continue
+            if parent is not None:
+                await self._run_detach(layout.table, table, "FINALIZE")
+            ours.add(oid)
+            await self._finish(table, key, done)
+        for child in layout.pending:
+            if child.oid in ours:
+                continue
+            # Not started by this pass (another tool's, or ours without a ledger to say so): it
+            # is completed, never dropped, since nothing says its rows were meant to go.
+            await self._run_detach(layout.table, child.table, "FINALIZE")
+            done.notes.append(
+                f"{layout.table}: completed the interrupted detach of {child.table} (DETACH "
+                "PARTITION ... FINALIZE), which this pass had not started; it is now a table of "
+                "its own, left as it is"
+            )
+        return done
+
+    async def remove(self, layout: Layout) -> Removal:
+        """Detach every wholly expired partition (oldest first, by OID) and drop or move it."""
+        done = Removal()
+        if layout.has_default and layout.expired:
+            done.notes.append(
+                f"{layout.table} has a DEFAULT partition, so PostgreSQL refuses DETACH ... "
+                "CONCURRENTLY: its expired partitions were detached plainly, each holding ACCESS "
+                f"EXCLUSIVE on {layout.table} (waiting at most lock_timeout "
+                f"{self.settings.lock_timeout_ms} ms) while its rows were counted; move the "
+                "DEFAULT partition's rows into ranges and drop it to detach without blocking"
+            )
+        for child in layout.expired:
+            if time.monotonic() >= self.deadline:
+                done.complete = False
+                break
+            key = mark_key(self.target, child.oid, child.table)
+            if layout.has_default:
+                await self._plain(layout.table, child, key, done)
+                continue
+            if self.ledger is not None:
+                async with self.conn.transaction():
+                    await self.conn.execute(partition_mark(), {**self.ledger, "mark": key})
+            await self._run_detach(layout.table, child.table, "CONCURRENTLY")
+            await self._finish(child.table, key, done)
+        return done
+
+    async def _plain(self, parent: TableName, child: Child, key: str, done: Removal) -> None:
+        for attempt in range(1, PLAIN_TRIES + 1):
+            try:
+                await self._finish(child.table, key, done, detach_from=parent)
+                return
+            except errors.LockNotAvailable:
+                if attempt == PLAIN_TRIES:
+                    raise  # Temporal retries the target; nothing was detached
+                await asyncio.sleep(PLAIN_PAUSE_S * attempt)
+
+    async def _run_detach(self, parent: TableName, child: TableName, how: str) -> None:
+        """A concurrent detach or its FINALIZE: in autocommit, never in a transaction block,
+        under session timeouts that are reset before the connection is used for anything else.
+        """
+        await self.conn.execute(
+            session_bounds(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+        )
+        try:
+            await self.conn.execute(detach(parent, child, how))
+        finally:
+            if not self.conn.broken:  # a broken one leaves the pool with its session
+                await self.conn.execute(session_reset())
+
+    async def _finish(
+        self,
+        table: TableName,
+        key: str,
+        done: Removal,
+        detach_from: TableName | None = None,
+    ) -> None:
+        """Count, drop or move, and record in the ledger: one transaction, so the count is
+        added exactly once. With `detach_from`, the plain detach is its first statement."""
+        params: dict[str, object] = {**(self.ledger or {}), "mark": key}
+        total: int | None = None
+        async with self.conn.transaction():
+            # The count reads a whole partition: give it the sweep's time budget.
+            await self.conn.execute(
+                local_bounds(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)
+            )
+            if detach_from is not None:
+                await self.conn.execute(detach(detach_from, table, ""))
+            cur = await self.conn.execute(count_rows(table))
+            row = await cur.fetchone()
+            rows = int(row[0]) if row else 0
+            moved = table
+            if self.policy.mode == "drop":
+                await self.conn.execute(drop_table(table))
+            elif table.schema != self.policy.detached_schema:
+                await self.conn.execute(move_table(table, self.policy.detached_schema))
+                moved = TableName(table.table, self.policy.detached_schema)
+            if self.ledger is not None:
+                params["rows"] = rows
+                cur = await self.conn.execute(ledger_add(), params)
+                added = await cur.fetchone()
+                total = int(added[0]) if added else None
+                await self.conn.execute(partition_marked_done(), params)
+        done.names.append(str(table))
+        done.rows += rows
+        progress = self.progress
+        progress.removed = total if total is not None else progress.removed + rows
+        progress.partition_rows += rows
+        progress.partition_names.append(str(table))
+        progress.batch_removed = rows
+        progress.partition = str(moved) if self.policy.mode == "detach" else str(table)
+        self.on_batch(progress)
+        progress.partition = ""
+
+    async def _marks(self) -> list[tuple[str, int, int]]:
+        return await _marks(self.conn, self.ledger) if self.ledger is not None else []
+
+    async def _unmark(self, key: str) -> None:
+        if self.ledger is not None:
+            await self.conn.execute(partition_unmark(), {**self.ledger, "mark": key})
+
+
+async def marked_done(
+    conn: AsyncConnection[Any], ledger: dict[str, object]
+) -> tuple[list[str], int]:
+    """The partitions this pass took out of the target's tables, by every attempt, and their
+    rows: from the ledger's marks."""
+    names, rows = [], 0
+    for key, removed, finished in await _marks(conn, ledger):
+        if finished:
+            names.append(marked(key)[1])
+            rows += removed
+    return names, rows
+
+
+async def _marks(
+    conn: AsyncConnection[Any], ledger: dict[str, object]
+) -> list[tuple[str, int, int]]:
+    cur = await conn.execute(partition_marks(), ledger)
+    return [(str(k), int(r), int(b)) for k, r, b in await cur.fetchall()]
+
+
+def _quoted(conn: AsyncConnection[Any], schema: str) -> str:
+    return ident(TableName(schema)).as_string(conn)
