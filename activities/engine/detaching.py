@@ -20,23 +20,23 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, errors
 
-from activities.engine.partitions import Child, Layout
-from activities.engine.rules import ident
+from activities.engine.partitions import Layout
+from activities.engine.rules import Predicate, ident
 from activities.engine.statements import (
-    count_rows,
+    count_partition,
     detach,
     drop_table,
-    ledger_add,
     local_bounds,
     move_table,
     name_taken,
     partition_mark,
-    partition_marked_done,
     partition_marks,
     partition_unmark,
     relation_state,
@@ -77,6 +77,32 @@ def marked(key: str) -> tuple[int, str]:
     """(OID, table as it was named) of a mark."""
     raw = json.loads(key.partition("#")[2])
     return int(raw["oid"]), str(raw["table"])
+
+
+async def check_partitions(
+    conn: AsyncConnection[Any], pred: Predicate, layout: Layout | None, policy: PartitionPolicy
+) -> str:
+    """Before anything is detached: refuse a role that could not finish (see `check_rights`),
+    and say why `partitions = "drop"` (or detach) can take nothing out of this table, if it
+    cannot (returned as advice; empty when it can, or when the setting is `delete`)."""
+    if not policy.removes:
+        return ""
+    setting = f"partitions = {policy.mode!r}"
+    if pred.range_key is None:
+        return (
+            f"{pred.table}: {setting} has no effect: its rule is not a comparison of one column "
+            "with the cutoff (a rate-limit bucket expires when it is full again), so no "
+            "partition's bounds can say all its rows are expired; its rows are deleted in batches"
+        )
+    if layout is None:
+        return f"{pred.table}: {setting} has no effect: the table is not partitioned"
+    if not layout.judged:
+        return (
+            f"{pred.table}: {setting} has no effect: it is partitioned by {layout.key}, not by "
+            f"RANGE on {pred.range_key.column} alone; each partition is swept in batches"
+        )
+    await check_rights(conn, layout, policy)
+    return ""
 
 
 async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: PartitionPolicy) -> None:
@@ -152,42 +178,47 @@ class PartitionRemover:
         """Finish what an earlier attempt of this pass left under way (its marks), then every
         detach left half-done on the table, whoever started it: none stays pending."""
         done = Removal()
-        ours: set[int] = set()
-        for key, _, finished in await self._marks():
-            if finished:
-                continue
-            oid = marked(key)[0]
-            cur = await self.conn.execute(relation_state(), {"oid": oid})
-            row = await cur.fetchone()
-            if row is None:
-                await self._unmark(key)  # gone: it was never ours to finish
-                continue
-            table = TableName(row[1], row[0])
-            parent, pending = row[2], bool(row[3])
-            if parent is not None and not pending:
-                await self._unmark(key)  # its detach never started: judged again below
-                continue
-            if parent is not None:
-                await self._run_detach(layout.table, table, "FINALIZE")
-            ours.add(oid)
-            await self._finish(table, key, done)
-        for child in layout.pending:
-            if child.oid in ours:
-                continue
-            # Not started by this pass (another tool's, or ours without a ledger to say so): it
-            # is completed, never dropped, since nothing says its rows were meant to go.
-            await self._run_detach(layout.table, child.table, "FINALIZE")
-            done.notes.append(
-                f"{layout.table}: completed the interrupted detach of {child.table} (DETACH "
-                "PARTITION ... FINALIZE), which this pass had not started; it is now a table of "
-                "its own, left as it is"
-            )
+        ours: list[tuple[TableName, str]] = []
+        async with self._session():
+            for key, _, finished in await self._marks():
+                if finished:
+                    continue
+                cur = await self.conn.execute(relation_state(), {"oid": marked(key)[0]})
+                row = await cur.fetchone()
+                parent, pending = (row[2], bool(row[3])) if row else (None, False)
+                if row is None or (parent is not None and not pending):
+                    # Gone (never ours to finish), or its detach never started: the mark goes,
+                    # and the partition, if still expired, is judged again with the others.
+                    await self._unmark(key)
+                    continue
+                table = TableName(row[1], row[0])
+                if parent is not None:
+                    await self.conn.execute(detach(layout.table, table, "FINALIZE"))
+                ours.append((table, key))
+            mine = {t for t, _ in ours}
+            for child in layout.pending:
+                if child.table in mine:
+                    continue
+                # Not started by this pass (another tool's, or ours without a ledger to say
+                # so): completed, never dropped, since nothing says its rows were meant to go.
+                await self.conn.execute(detach(layout.table, child.table, "FINALIZE"))
+                done.notes.append(
+                    f"{layout.table}: completed the interrupted detach of {child.table} (DETACH "
+                    "PARTITION ... FINALIZE), which this pass had not started; it is now a table "
+                    "of its own, left as it is"
+                )
+        if ours:
+            await self._finish(ours, done)
         return done
 
     async def remove(self, layout: Layout) -> Removal:
-        """Detach every wholly expired partition (oldest first, by OID) and drop or move it."""
+        """Detach every wholly expired partition (oldest first, by OID), then drop or move them
+        all, counted, in one transaction."""
         done = Removal()
-        if layout.has_default and layout.expired:
+        chosen = [(c.table, mark_key(self.target, c.oid, c.table)) for c in layout.expired]
+        if not chosen:
+            return done
+        if layout.has_default:
             done.notes.append(
                 f"{layout.table} has a DEFAULT partition, so PostgreSQL refuses DETACH ... "
                 "CONCURRENTLY: its expired partitions were detached plainly, each holding ACCESS "
@@ -195,86 +226,97 @@ class PartitionRemover:
                 f"{self.settings.lock_timeout_ms} ms) while its rows were counted; move the "
                 "DEFAULT partition's rows into ranges and drop it to detach without blocking"
             )
-        for child in layout.expired:
-            if time.monotonic() >= self.deadline:
-                done.complete = False
-                break
-            key = mark_key(self.target, child.oid, child.table)
-            if layout.has_default:
-                await self._plain(layout.table, child, key, done)
-                continue
-            if self.ledger is not None:
-                async with self.conn.transaction():
+            for table, key in chosen:
+                if time.monotonic() >= self.deadline:
+                    done.complete = False
+                    break
+                await self._plain(layout.table, table, key, done)
+            return done
+        if self.ledger is not None:
+            # Every mark durable before the first detach, in one commit: a mark whose detach
+            # never started is simply dropped by the next attempt's recover().
+            async with self.conn.transaction():
+                for _, key in chosen:
                     await self.conn.execute(partition_mark(), {**self.ledger, "mark": key})
-            await self._run_detach(layout.table, child.table, "CONCURRENTLY")
-            await self._finish(child.table, key, done)
+        detached: list[tuple[TableName, str]] = []
+        try:
+            async with self._session():
+                for table, key in chosen:
+                    if time.monotonic() >= self.deadline:
+                        done.complete = False
+                        break
+                    await self.conn.execute(detach(layout.table, table, "CONCURRENTLY"))
+                    detached.append((table, key))
+        finally:
+            if detached and not self.conn.broken:
+                # Whatever stopped the detaches, those already out are dropped and counted now.
+                await self._finish(detached, done)
         return done
 
-    async def _plain(self, parent: TableName, child: Child, key: str, done: Removal) -> None:
+    async def _plain(self, parent: TableName, table: TableName, key: str, done: Removal) -> None:
         for attempt in range(1, PLAIN_TRIES + 1):
             try:
-                await self._finish(child.table, key, done, detach_from=parent)
+                await self._finish([(table, key)], done, detach_from=parent)
                 return
             except errors.LockNotAvailable:
                 if attempt == PLAIN_TRIES:
                     raise  # Temporal retries the target; nothing was detached
                 await asyncio.sleep(PLAIN_PAUSE_S * attempt)
 
-    async def _run_detach(self, parent: TableName, child: TableName, how: str) -> None:
-        """A concurrent detach or its FINALIZE: in autocommit, never in a transaction block,
-        under session timeouts that are reset before the connection is used for anything else.
-        """
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[None]:
+        """Lock and statement timeouts for this session, for the concurrent detaches and their
+        FINALIZE (which run outside any transaction block), reset before the connection is used
+        for anything else."""
         await self.conn.execute(
             session_bounds(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
         )
         try:
-            await self.conn.execute(detach(parent, child, how))
+            yield
         finally:
             if not self.conn.broken:  # a broken one leaves the pool with its session
                 await self.conn.execute(session_reset())
 
     async def _finish(
         self,
-        table: TableName,
-        key: str,
+        tables: list[tuple[TableName, str]],
         done: Removal,
         detach_from: TableName | None = None,
     ) -> None:
-        """Count, drop or move, and record in the ledger: one transaction, so the count is
-        added exactly once. With `detach_from`, the plain detach is its first statement."""
-        params: dict[str, object] = {**(self.ledger or {}), "mark": key}
-        total: int | None = None
-        async with self.conn.transaction():
-            # The count reads a whole partition: give it the sweep's time budget.
+        """Count, drop or move, and record in the ledger every one of `tables` (detached, with
+        their marks): one transaction, one round trip, so each count is added exactly once.
+        With `detach_from`, a plain detach comes first in the same transaction."""
+        ledger = self.ledger is not None
+        counted = []
+        async with self.conn.pipeline(), self.conn.transaction():
+            # The counts read whole partitions: give them the sweep's time budget.
             await self.conn.execute(
                 local_bounds(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)
             )
-            if detach_from is not None:
-                await self.conn.execute(detach(detach_from, table, ""))
-            cur = await self.conn.execute(count_rows(table))
+            for table, key in tables:
+                if detach_from is not None:
+                    await self.conn.execute(detach(detach_from, table, ""))
+                cur = await self.conn.execute(
+                    count_partition(table, ledger), {**(self.ledger or {}), "mark": key}
+                )
+                counted.append(cur)
+                if self.policy.mode == "drop":
+                    await self.conn.execute(drop_table(table))
+                elif table.schema != self.policy.detached_schema:
+                    await self.conn.execute(move_table(table, self.policy.detached_schema))
+        progress = self.progress
+        for (table, _), cur in zip(tables, counted, strict=True):
             row = await cur.fetchone()
             rows = int(row[0]) if row else 0
-            moved = table
-            if self.policy.mode == "drop":
-                await self.conn.execute(drop_table(table))
-            elif table.schema != self.policy.detached_schema:
-                await self.conn.execute(move_table(table, self.policy.detached_schema))
-                moved = TableName(table.table, self.policy.detached_schema)
-            if self.ledger is not None:
-                params["rows"] = rows
-                cur = await self.conn.execute(ledger_add(), params)
-                added = await cur.fetchone()
-                total = int(added[0]) if added else None
-                await self.conn.execute(partition_marked_done(), params)
-        done.names.append(str(table))
-        done.rows += rows
-        progress = self.progress
-        progress.removed = total if total is not None else progress.removed + rows
-        progress.partition_rows += rows
-        progress.partition_names.append(str(table))
-        progress.batch_removed = rows
-        progress.partition = str(moved) if self.policy.mode == "detach" else str(table)
-        self.on_batch(progress)
+            total = int(row[1]) if row and row[1] is not None else None
+            done.names.append(str(table))
+            done.rows += rows
+            progress.removed = total if total is not None else progress.removed + rows
+            progress.partition_rows += rows
+            progress.partition_names.append(str(table))
+            progress.batch_removed = rows
+            progress.partition = str(table)
+            self.on_batch(progress)
         progress.partition = ""
 
     async def _marks(self) -> list[tuple[str, int, int]]:

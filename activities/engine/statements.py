@@ -306,7 +306,7 @@ def detach(parent: TableName, child: TableName, how: str) -> sql.Composed:
 
 
 def count_rows(table: TableName) -> sql.Composed:
-    """Every row of a detached partition: what its drop or move removes from the table."""
+    """Every row of a partition: what its drop or move would remove (for a dry run)."""
     return sql.SQL("SELECT count(*) FROM {}").format(ident(table))
 
 
@@ -343,16 +343,28 @@ def name_taken() -> sql.SQL:
     return sql.SQL("SELECT to_regclass(%(name)s) IS NOT NULL")
 
 
-def ledger_add() -> sql.SQL:
-    """Add `%(rows)s` (a whole partition's) to the pass's count for the target, returning the
-    new total: in the same transaction as that partition's drop or move."""
+def count_partition(table: TableName, ledger: bool) -> sql.Composed:
+    """One row for a detached partition about to be dropped or moved, in that transaction:
+    its rows and (with `ledger`) the pass's total for the target once they are added, the
+    partition's mark `%(mark)s` set done with them (batches 1). Without the ledger the total
+    is NULL."""
+    if not ledger:
+        return sql.SQL("SELECT count(*), NULL::bigint FROM {}").format(ident(table))
     return sql.SQL(
-        "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
-        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
-        " %(rows)s, 0)"
-        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed + %(rows)s"
-        " RETURNING removed"
-    )
+        "WITH n AS (SELECT count(*) AS rows FROM {table}),"
+        " total AS (INSERT INTO purge_progress AS p"
+        " (workflow_id, run_id, target, now_ms, removed, batches)"
+        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+        " n.rows, 0 FROM n"
+        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
+        " + EXCLUDED.removed RETURNING removed),"
+        " mark AS (INSERT INTO purge_progress AS p"
+        " (workflow_id, run_id, target, now_ms, removed, batches)"
+        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
+        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
+        " batches = 1)"
+        " SELECT n.rows, (SELECT removed FROM total) FROM n"
+    ).format(table=ident(table))
 
 
 def partition_mark() -> sql.SQL:
@@ -364,16 +376,6 @@ def partition_mark() -> sql.SQL:
         "INSERT INTO purge_progress (workflow_id, run_id, target, now_ms, removed, batches)"
         " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, 0, 0)"
         " ON CONFLICT (workflow_id, run_id, target) DO NOTHING"
-    )
-
-
-def partition_marked_done() -> sql.SQL:
-    """The partition `%(mark)s` is gone from the table, with `%(rows)s` rows (batches 1: done):
-    in the same transaction as its drop or move and its count."""
-    return sql.SQL(
-        "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
-        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, %(rows)s, 1)"
-        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = %(rows)s, batches = 1"
     )
 
 

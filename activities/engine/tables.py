@@ -12,7 +12,7 @@ from typing import Any
 from psycopg import AsyncConnection, errors
 
 from activities.engine.batching import BatchSweeper, TableSweep, count_left
-from activities.engine.detaching import PartitionRemover, Removal
+from activities.engine.detaching import PartitionRemover, Removal, check_partitions
 from activities.engine.partitions import Layout, read_layout
 from activities.engine.planning import TablePlan, plan_table
 from activities.engine.rules import Predicate
@@ -58,11 +58,18 @@ class TableSweeper:
             conn, settings, policy, progress, on_batch, deadline, target, ledger
         )
 
-    async def sweep(self, pred: Predicate, plan: TablePlan) -> TableOutcome:
+    async def sweep(self, pred: Predicate, plan: TablePlan, check: bool) -> TableOutcome:
+        """With `check`, first what `check_partitions` says of this table (a target of one
+        table is checked here, once its lock is held, before anything is detached)."""
         outcome = TableOutcome(TableSweep(plan=plan))
         layout = await read_layout(self.conn, pred)
+        if check:
+            inert = await check_partitions(self.conn, pred, layout, self.policy)
+            if inert:
+                outcome.advice.append(inert)
+        gone: frozenset[int] = frozenset()
         if layout is not None and layout.judged and self.policy.removes:
-            layout = await self._remove(pred, layout, outcome)
+            layout, gone = await self._remove(pred, layout, outcome)
             if not outcome.removal.complete:
                 # Out of time with expired partitions still in: they wait for the next pass.
                 outcome.sweep.complete = False
@@ -70,7 +77,7 @@ class TableSweeper:
                 return outcome
         if layout is not None and layout.next_bound:
             outcome.advice.append(_ahead_warning(pred, layout))
-        leaves = layout.to_sweep() if layout is not None else []
+        leaves = layout.to_sweep(gone) if layout is not None else []
         if layout is None:
             await self._batches(pred, plan, outcome)
         elif leaves and not all(leaf.direct for leaf in leaves):
@@ -84,8 +91,11 @@ class TableSweeper:
             await self._leaves(pred, leaves, outcome)
         return outcome
 
-    async def _remove(self, pred: Predicate, layout: Layout, outcome: TableOutcome) -> Layout:
-        """Finish what an earlier attempt left, then take out every wholly expired partition."""
+    async def _remove(
+        self, pred: Predicate, layout: Layout, outcome: TableOutcome
+    ) -> tuple[Layout, frozenset[int]]:
+        """Finish what an earlier attempt left, then take out every wholly expired partition:
+        the layout, and the OIDs of the children now gone from it."""
         recovered = await self.remover.recover(layout)
         if recovered.names or recovered.notes or layout.pending:
             layout = await read_layout(self.conn, pred) or layout
@@ -97,8 +107,8 @@ class TableSweeper:
         outcome.advice += removal.notes
         if removal.names:
             outcome.strategies.append("partitions")
-            layout = await read_layout(self.conn, pred) or layout
-        return layout
+        gone = frozenset(c.oid for c in layout.children if str(c.table) in set(removal.names))
+        return layout, gone
 
     async def _leaves(self, pred: Predicate, leaves: list[Any], outcome: TableOutcome) -> None:
         """Each leaf on its own, by OID; a resumed attempt skips those an earlier one finished."""

@@ -12,8 +12,8 @@ import psycopg
 from psycopg import AsyncConnection, errors
 
 from activities.engine.batching import TableSweep
-from activities.engine.detaching import check_rights, marked_done
-from activities.engine.partitions import Layout, read_layout
+from activities.engine.detaching import check_partitions, marked_done
+from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.statements import (
@@ -103,7 +103,10 @@ class SqlTarget:
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
         deadline = time.monotonic() + budget / 1000
         ledger_params = ledger.params() if stats.ledger and ledger else None
-        await self._check_partitions(now_ms, stats)
+        # One table checks itself once locked; several are all checked before the first delete.
+        several = len(self.rules) > 1
+        if several:
+            await self._check_partitions(now_ms, stats)
         for index, rule in enumerate(self.rules):
             if index < progress.table:
                 continue  # finished by an earlier attempt
@@ -128,7 +131,7 @@ class SqlTarget:
                         self._name,
                         ledger_params,
                     )
-                    outcome = await sweeper.sweep(pred, plan)
+                    outcome = await sweeper.sweep(pred, plan, check=not several)
                     table = outcome.sweep
                     await self._after(conn, pred, plan, table, now_ms, stats)
                 finally:
@@ -155,9 +158,7 @@ class SqlTarget:
                 await self._bound(conn, self.settings.statement_timeout_ms)
                 pred = await rule.bind(conn, now_ms)
                 layout = await read_layout(conn, pred)
-                if layout is not None and layout.judged:
-                    await check_rights(conn, layout, self.partitions)
-            inert = _inert(pred, layout, self.partitions)
+                inert = await check_partitions(conn, pred, layout, self.partitions)
             if inert:
                 stats.advice.append(inert)
 
@@ -298,25 +299,6 @@ async def _unlock(conn: AsyncConnection[Any]) -> None:
     that broke mid-sweep lost its locks with its session (the pool discards it)."""
     with contextlib.suppress(psycopg.Error):
         await conn.execute(unlock_tables())
-
-
-def _inert(pred: Predicate, layout: Layout | None, policy: PartitionPolicy) -> str:
-    """Why `partitions = "drop"` (or detach) can take nothing out of this table, if it cannot."""
-    setting = f"partitions = {policy.mode!r}"
-    if pred.range_key is None:
-        return (
-            f"{pred.table}: {setting} has no effect: its rule is not a comparison of one column "
-            "with the cutoff (a rate-limit bucket expires when it is full again), so no "
-            "partition's bounds can say all its rows are expired; its rows are deleted in batches"
-        )
-    if layout is None:
-        return f"{pred.table}: {setting} has no effect: the table is not partitioned"
-    if not layout.judged:
-        return (
-            f"{pred.table}: {setting} has no effect: it is partitioned by {layout.key}, not by "
-            f"RANGE on {pred.range_key.column} alone; each partition is swept in batches"
-        )
-    return ""
 
 
 def _ignore(progress: Progress) -> None:
