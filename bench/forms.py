@@ -99,9 +99,13 @@ async def run_target(target: PurgeTarget, now_ms: int) -> FormRun:
     fresh workflow run id, so the ledger, where there is one, counts this run alone)."""
     activities = PurgeActivities(TargetRegistry([target]))
     beats: list[Mapping[str, Any]] = []
+    partitions_done = 0.0
 
     def on_heartbeat(*details: Any) -> None:
+        nonlocal partitions_done
         beats.extend(d for d in details if isinstance(d, Mapping))
+        if any(isinstance(d, Mapping) and d.get("partition") for d in details):
+            partitions_done = time.perf_counter()
 
     env = ActivityEnvironment()
     env.info = dataclasses.replace(env.info, workflow_run_id=str(uuid.uuid4()))
@@ -128,6 +132,9 @@ async def run_target(target: PurgeTarget, now_ms: int) -> FormRun:
         + getattr(sweep, "partitions_detached", 0),
         "partition_rows": getattr(sweep, "partition_rows", 0),
         "edge_removed": getattr(sweep, "edge_removed", None),
+        # From the start to the heartbeat of the last partition out: setup, every detach, the
+        # counts and the drops; the batches at the edge come after.
+        "partitions_done_ms": (partitions_done - started) * 1000 if partitions_done else None,
     }
     return FormRun(
         removed=sweep.removed,
@@ -161,4 +168,5 @@ LABELS: dict[str, str] = {
     **{name: label for name, (label, _) in FORMS.items()},
     "drop": "(b) this package, partitions = drop",
     "sweep": "(c) this package, partitions = delete",
+    "whole": "(d) partitions = drop, no edge",
 }
