@@ -135,16 +135,15 @@ async def partition_advice(
     if share <= LARGE_SHARE:
         return ""
     per_day = await _rows_per_day(conn, pred, left.live) if plan.index is not None else None
-    rate = f", about {per_day:,.0f} rows a day" if per_day else ""
-    each = f": about {per_day / 24:,.0f} rows each" if per_day else ""
+    rate = f", about {per_day:,.0f} rows a day ({per_day / 24:,.0f} an hour)" if per_day else ""
     return (
         f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table){rate}; "
-        f"partition it by RANGE on {key.column}, each partition one pass wide (an hour for "
-        f"the hourly schedule{each}), and set partitions = 'drop': an expired partition then "
-        "goes with one DROP instead of a DELETE of each of its rows, ~100x cheaper (measured "
-        "here for a million rows: 1.2 MB of WAL against 246 MB, 183 ms against 828 ms for 24 "
-        "partitions). Rows of the partition still straddling the cutoff at a pass are deleted one "
-        "by one, so partitions wider than the time between passes save little"
+        f"partition it by RANGE on {key.column}, each partition narrower than the time between "
+        "passes, and set partitions = 'drop': a partition wholly expired then goes with one DROP "
+        "instead of a DELETE of each row, ~100x cheaper (measured here for a million rows: 1.2 "
+        "MB of WAL against 246 MB). The partition straddling the cutoff at a pass is deleted "
+        "row by row: with partitions W wide and passes every P, about W/2P of the rows (hourly "
+        "partitions, daily passes: 2%; daily partitions, hourly passes: 98%, no gain)"
     )
 
 
