@@ -10,6 +10,10 @@ rest are live.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,12 +31,14 @@ from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy
+from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
 from tests.conftest import RunWorker
 from tests.support.activity import activity_env
 from tests.support.passes import run_pass
-from tests.support.rows import HOUR, PAST_NOW
+from tests.support.procs import clean_env, start_worker, stop, worker_config
+from tests.support.rows import HOUR, PAST_NOW, auth_rows
 
 NOW = PAST_NOW
 DAY = 24 * HOUR
@@ -314,9 +320,22 @@ async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_co
     assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
 
 
-async def _waiting_detach(db: psycopg.Connection[Any]) -> int:
+async def _detach_done(db: psycopg.Connection[Any]) -> None:
+    """Until no backend runs a DETACH any more."""
+    for _ in range(500):
+        row = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE%DETACH%'"
+            " AND state = 'active'"
+        ).fetchone()
+        if row == (0,):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the orphaned detach never ended")
+
+
+async def _waiting_detach(db: psycopg.Connection[Any], tries: int = 200) -> int:
     """The backend of the DETACH ... CONCURRENTLY waiting out an older snapshot."""
-    for _ in range(200):
+    for _ in range(tries):
         row = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'virtualxid'"
             " AND query LIKE '%DETACH PARTITION%CONCURRENTLY'"
@@ -499,3 +518,104 @@ async def test_a_pass_through_temporal_reports_the_partitions_in_its_result_and_
     text = report_table(PurgeReport.from_json(result))
     assert "partitions  their rows  edge rows" in text
     assert f"partitions: events: dropped {schema}.p_m6" in text
+
+
+PARTITIONED_TARGET = """
+[[targets]]
+kind = "expiring"
+name = "events"
+table = "events"
+column = "at_ms"
+max_age = "3d"
+partitions = "drop"
+"""
+
+
+@pytest.mark.slow
+async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_counted_once(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    pg_url: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A real worker process is SIGKILLed while its first DETACH ... CONCURRENTLY waits out an
+    older reader. Its backend, orphaned, completes the detach once the reader ends: the
+    partition is out of the table, not dropped, counted nowhere. A second worker retries the
+    target (after the heartbeat timeout), finds the partition by its ledger mark, drops it and
+    counts it, then the rest: exact, nothing pending, nothing left behind."""
+    total = make_events(db, now=real_now)
+    cutoff = real_now - MAX_AGE
+    expired = int(
+        db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (cutoff,)).fetchone()[0]
+    )  # type: ignore[index]
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, PARTITIONED_TARGET)
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    first = start_worker(config, env, tmp_path / "first.log")
+    second = None
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as reader:
+            reader.execute(f'SET search_path = "{schema}"')
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM events")
+            handle = await client.start_workflow(
+                "Purge", {"targets": ["events"]}, id=f"purge-{uuid.uuid4()}", task_queue=task_queue
+            )
+            await _waiting_detach(db, tries=3000)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+            reader.execute("ROLLBACK")
+        await _detach_done(db)
+        # What the dead worker left: the oldest partition out of the table, not dropped.
+        assert "p_m6" not in children(db)
+        assert db.execute("SELECT to_regclass('p_m6') IS NOT NULL").fetchone() == (True,)
+        second = start_worker(config, env, tmp_path / "second.log")
+        result = await handle.result()
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+    [swept] = result["swept"]
+    assert swept["removed"] == expired
+    assert swept["partitions_dropped"] == 3
+    assert swept["partition_rows"] == 3 * ROWS_PER_DAY
+    assert not swept["lower_bound"]
+    assert count(db) == total - expired
+    assert pending(db) == 0
+    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)  # dropped, not left
+
+
+async def test_a_target_of_two_tables_is_refused_before_its_first_table_loses_a_row(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    """x_auth sweeps failures, then lockouts: a partitioned lockouts table this role does not
+    own refuses the target before the failures table is touched."""
+    auth_rows(db, {"f-old": NOW - HOUR}, {})
+    db.execute("DROP TABLE x_auth_lockouts")
+    db.execute(
+        "CREATE TABLE x_auth_lockouts (key text, until_ms bigint NOT NULL)"
+        " PARTITION BY RANGE (until_ms)"
+    )
+    db.execute(
+        f"CREATE TABLE lockouts_old PARTITION OF x_auth_lockouts FOR VALUES FROM (0) TO ({NOW})"
+    )
+    db.execute("INSERT INTO x_auth_lockouts VALUES ('l-old', 1)")
+    db.execute(
+        f'GRANT SELECT, DELETE ON x_auth_failures, x_auth_lockouts, lockouts_old TO "{role}"'
+    )
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        with pytest.raises(ApplicationError) as refused:
+            await sweep(kinds.auth(pool, partitions=PartitionPolicy("drop")))
+    finally:
+        await pool.close()
+
+    assert refused.value.type == "BadPurgeTarget"
+    assert "x_auth_lockouts" in refused.value.message
+    assert count(db, "x_auth_failures") == 1
+    assert children(db, "x_auth_lockouts") == ["lockouts_old"]

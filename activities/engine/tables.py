@@ -12,9 +12,10 @@ from typing import Any
 from psycopg import AsyncConnection, errors
 
 from activities.engine.batching import BatchSweeper, TableSweep, count_left
-from activities.engine.detaching import PartitionRemover, Removal, check_partitions
+from activities.engine.detaching import PartitionRemover, Removal
 from activities.engine.partitions import Layout, read_layout
 from activities.engine.planning import TablePlan, plan_table
+from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate
 from activities.engine.statements import local_bounds
 from activities.progress import OnBatch, Progress

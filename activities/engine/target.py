@@ -12,9 +12,10 @@ import psycopg
 from psycopg import AsyncConnection, errors
 
 from activities.engine.batching import TableSweep
-from activities.engine.detaching import check_partitions, marked_done
+from activities.engine.detaching import marked_done
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table
+from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.statements import (
     count_expired,
