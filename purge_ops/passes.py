@@ -180,7 +180,13 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
     rows: list[list[object]] = []
     for sweep in sweeps:
         parts: list[object] = (
-            [partitions_text(sweep), sweep.partition_rows, sweep.edge_removed] if whole else []
+            [
+                partitions_text(sweep),
+                sweep.partition_rows or "",
+                sweep.edge_removed if sweep.partition_rows else "",
+            ]
+            if whole
+            else []
         )
         rows.append(
             [
