@@ -11,7 +11,7 @@ from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
 from purge_config.kinds import BUILTIN_KINDS
 from purge_config.names import TableName
-from purge_config.settings import Guards, SweepSettings
+from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 from purge_config.targets import TargetSpec
 
 # Each kind's default tables, from the one table of kinds (frozen, so shared defaults are safe).
@@ -26,9 +26,11 @@ def idempotency(
     table: TableName = IDEMPOTENCY_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    partitions: PartitionPolicy | None = None,
 ) -> SqlTarget:
     """Stored responses whose `expires_at_ms <= now_ms`."""
-    return SqlTarget(name, pool, [ExpiryRule(table, "expires_at_ms")], settings, guards)
+    rule = ExpiryRule(table, "expires_at_ms")
+    return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
 def rate_limit(
@@ -37,9 +39,11 @@ def rate_limit(
     table: TableName = RATE_LIMIT_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    partitions: PartitionPolicy | None = None,
 ) -> SqlTarget:
-    """Token buckets that are full again at `now_ms`, and only those."""
-    return SqlTarget(name, pool, [FullBucketRule(table)], settings, guards)
+    """Token buckets that are full again at `now_ms`, and only those. Its rule is not one
+    column's comparison, so `partitions` can take no partition out whole (the sweep says so)."""
+    return SqlTarget(name, pool, [FullBucketRule(table)], settings, guards, partitions)
 
 
 def auth(
@@ -49,10 +53,11 @@ def auth(
     lockouts: TableName = AUTH_LOCKOUTS_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    partitions: PartitionPolicy | None = None,
 ) -> SqlTarget:
     """Failed logins past `expires_at_ms` and lockouts past `until_ms`: one target, both tables."""
     rules: list[Rule] = [ExpiryRule(failures, "expires_at_ms"), ExpiryRule(lockouts, "until_ms")]
-    return SqlTarget(name, pool, rules, settings, guards)
+    return SqlTarget(name, pool, rules, settings, guards, partitions)
 
 
 def expiring(
@@ -63,31 +68,27 @@ def expiring(
     max_age_ms: int = 0,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    partitions: PartitionPolicy | None = None,
     unit: str = "ms",
 ) -> SqlTarget:
-    """Any table whose `column + max_age <= now`: epoch ms, timestamptz or timestamp (as UTC)."""
+    """Any table whose `column + max_age <= now`: epoch ms (or `unit`), timestamptz or
+    timestamp (as UTC)."""
     rule = ExpiryRule(table, column, max_age_ms, accepts=(*MS_TYPES, *INSTANT_TYPES), unit=unit)
-    return SqlTarget(name, pool, [rule], settings, guards)
+    return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
 def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
+    name, tables, bounds = spec.name, spec.tables, (spec.settings, spec.guards, spec.partitions)
     if spec.kind == "idempotency":
-        return idempotency(pool, spec.name, spec.tables[0], spec.settings, spec.guards)
+        return idempotency(pool, name, tables[0], *bounds)
     if spec.kind == "rate_limit":
-        return rate_limit(pool, spec.name, spec.tables[0], spec.settings, spec.guards)
+        return rate_limit(pool, name, tables[0], *bounds)
     if spec.kind == "auth":
-        return auth(pool, spec.name, spec.tables[0], spec.tables[1], spec.settings, spec.guards)
+        return auth(pool, name, tables[0], tables[1], *bounds)
     if spec.kind == "expiring":
         return expiring(
-            pool,
-            spec.name,
-            spec.tables[0],
-            spec.column,
-            spec.max_age_ms,
-            spec.settings,
-            spec.guards,
-            spec.unit,
+            pool, name, tables[0], spec.column, spec.max_age_ms, *bounds, unit=spec.unit
         )
     raise ValueError(f"no built-in kind {spec.kind!r}")
 

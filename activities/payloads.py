@@ -211,8 +211,9 @@ class PurgeSweep:
     seconds: float = 0.0
     """Wall time the sweep took on the worker (this attempt)."""
     strategy: str = ""
-    """How the built-in target deleted: `index`, `range` (or both, `index+range`); `custom` for
-    an application's own target."""
+    """How the built-in target deleted: `index`, `range` (or both, `index+range`), led by
+    `partitions` when whole partitions went (`partitions+index`); `custom` for an application's
+    own target; `count` for a dry run."""
     batches: int = 0
     p95_batch_ms: float = 0.0
     """The 95th percentile of the batches' durations: how long any lock was held, at most."""
@@ -237,6 +238,18 @@ class PurgeSweep:
     """Why it was skipped or busy, or why pacing left a backlog."""
     paused_s: float = 0.0
     """How long pacing (max_replica_lag, max_wal_rate) held the sweep between batches."""
+    partitions_dropped: int = 0
+    """Partitions of its tables dropped whole, their every possible row expired
+    (`partitions = "drop"`); in a dry run, that would be."""
+    partitions_detached: int = 0
+    """Partitions detached whole and kept in `detached_schema` (`partitions = "detach"`)."""
+    partition_rows: int = 0
+    """The rows those partitions held, counted after each detach: part of `removed`."""
+    edge_removed: int = 0
+    """The rest of `removed`: rows deleted in batches (the partition straddling the cutoff,
+    the DEFAULT one, a table that is not partitioned)."""
+    partition_names: list[str] = field(default_factory=list)
+    """The partitions dropped or detached, schema-qualified, as they were named in the table."""
 
 
 @dataclass(frozen=True)

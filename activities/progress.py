@@ -54,6 +54,16 @@ class Progress:
     """Set by an attempt that failed without dying, on its way out: its count is complete."""
     short: bool = False
     """Without the ledger: an earlier attempt died, so `removed` may be short of the truth."""
+    leaf: int = 0
+    """For a partitioned table, swept partition by partition: the OID of the partition being
+    swept (`page` is within it); 0 before the first."""
+    partition: str = ""
+    """Set only on the heartbeat sent when a partition has just left the table (dropped or
+    detached, its rows `batch_removed`): that heartbeat is not a batch."""
+    partition_rows: int = 0
+    """Rows of the partitions dropped or detached so far in this pass."""
+    partition_names: list[str] = field(default_factory=list)
+    """Those partitions, schema-qualified."""
 
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""
@@ -107,6 +117,17 @@ class SweepStats:
     """Why pacing ended the sweep before its end, leaving a backlog (empty when it did not)."""
     paused_s: float = 0.0
     """How long pacing (replica lag, WAL rate) held the sweep between batches."""
+    partitions: list[str] = field(default_factory=list)
+    """Partitions dropped or detached whole (in a dry run: that would be), schema-qualified."""
+    partition_rows: int = 0
+    """Their rows, counted after the detach and before the drop (in a dry run: now)."""
+    partition_action: str = ""
+    """`dropped` or `detached` when any partition left its table, else empty."""
+
+    @property
+    def edge_removed(self) -> int:
+        """Rows deleted in batches: every row removed that was not in a whole partition."""
+        return max(self.removed - self.partition_rows, 0)
 
     @property
     def dead_share(self) -> float:

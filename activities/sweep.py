@@ -15,7 +15,7 @@ from temporalio.common import MetricCounter, MetricMeter
 from activities.errors import BadPurgeTarget, DryRunUnsupported
 from activities.guards import check_clock, check_counts
 from activities.payloads import PurgeStep, PurgeSweep
-from activities.progress import LedgerKey, Progress
+from activities.progress import LedgerKey, Progress, SweepStats
 from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
@@ -46,6 +46,13 @@ class PurgeActivities:
         removed: object
         if isinstance(target, BatchedTarget) and not step.dry_run:
             removed = await self._sweep_tables(target, step, sweep)
+        elif isinstance(target, BatchedTarget):
+            async with _heartbeating(_Beat(step.name)):
+                stats = await target.preview(step.now_ms)
+            removed = stats.removed
+            sweep.strategy = "count"
+            _partition_fields(sweep, stats)
+            sweep.advice = " ".join(stats.advice)
         else:
             async with _heartbeating(_Beat(step.name)):
                 if step.dry_run:
@@ -53,8 +60,6 @@ class PurgeActivities:
                     removed = await target.count_expired(step.now_ms)
                 else:
                     removed = await target.purge_expired(step.now_ms)
-            if isinstance(target, BatchedTarget):
-                sweep.strategy = "count"
         if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
             raise BadPurgeTarget(
                 f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
@@ -78,6 +83,9 @@ class PurgeActivities:
                 "purge_batches": sweep.batches,
                 "purge_p95_batch_ms": sweep.p95_batch_ms,
                 "purge_backlog": sweep.backlog,
+                "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
+                "purge_partition_rows": sweep.partition_rows,
+                "purge_edge_removed": sweep.edge_removed,
             },
         )
         return sweep
@@ -155,11 +163,24 @@ class PurgeActivities:
                 else "exact unless a worker dies mid-sweep",
                 extra={"purge_target": step.name, "purge_lower_bound": sweep.lower_bound},
             )
+        _partition_fields(sweep, stats)
         sweep.advice = " ".join(stats.advice)
         for advice in stats.advice:
             activity.logger.warning(advice, extra={"purge_target": step.name})
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+def _partition_fields(sweep: PurgeSweep, stats: SweepStats) -> None:
+    """Whole partitions in the report: how many, which, their rows, and the rows deleted at the
+    edge (in batches) beside them."""
+    if stats.partition_action == "dropped":
+        sweep.partitions_dropped = len(stats.partitions)
+    elif stats.partition_action == "detached":
+        sweep.partitions_detached = len(stats.partitions)
+    sweep.partition_names = list(stats.partitions)
+    sweep.partition_rows = stats.partition_rows
+    sweep.edge_removed = max(stats.removed - stats.partition_rows, 0)
 
 
 def _meter() -> MetricMeter:
@@ -214,6 +235,12 @@ class _Beat:
         activity.heartbeat(progress.details())
         if progress.batch_removed:
             _rows_removed().add(progress.batch_removed, {"target": self.name})
+        if progress.partition:
+            _meter().create_counter(
+                "purge_partitions_removed",
+                "partitions dropped or detached whole by retention sweeps",
+                "partitions",
+            ).add(1, {"target": self.name})
 
     def between(self) -> None:
         if self.progress is None:

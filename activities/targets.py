@@ -51,6 +51,10 @@ class BatchedTarget(CountingTarget, Protocol):
         """(rows expired at `now_ms`, all rows), for the guards."""
         ...
 
+    async def preview(self, now_ms: int) -> SweepStats:
+        """What a sweep at `now_ms` would remove, removing nothing: for a dry run's report."""
+        ...
+
     async def sweep(
         self,
         now_ms: int,

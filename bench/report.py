@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.forms import FORMS
+from bench.forms import LABELS
 from bench.orchestration import OrchestrationResult
 from bench.stats import FormResult
 
@@ -39,6 +39,21 @@ def _ms(value: float | None) -> str:
 
 def _notes(result: FormResult) -> str:
     notes = result.notes
+    if result.case == "partitioned":
+        parts = []
+        if result.form != "delete":
+            parts = [f"strategy={notes.get('strategy')}", f"batches={notes.get('batches')}"]
+        if notes.get("partitions"):
+            parts.append(f"{notes['partitions']} partitions ({notes.get('partition_rows'):,} rows)")
+            done = notes.get("partitions_done_ms")
+            if isinstance(done, float):
+                parts.append(f"out by {done:.0f} ms")
+            parts.append(f"edge {notes.get('edge_removed'):,} rows")
+        share = notes.get("wal_share_of_delete")
+        if isinstance(share, float) and result.form != "delete":
+            parts.append(f"WAL {share:.2%} of (a)")
+        parts.append(f"pending {notes.get('pending', 0)}")
+        return " ".join(parts)
     if result.form == "ours":
         if not notes.get("per_batch_heartbeats"):
             return "no batch heartbeats: one DELETE per table"
@@ -60,7 +75,7 @@ def _row(result: FormResult) -> list[str]:
     return [
         result.case,
         f"{result.rows:,}/{result.expired:,}",
-        FORMS[result.form][0],
+        LABELS[result.form],
         f"{result.removed:,}",
         f"{result.left:,}",
         f"{result.seconds:.3f}",
@@ -183,6 +198,32 @@ def issue_targets(results: Sequence[FormResult]) -> list[str]:
     if pair is not None:
         small, large = pair
         check("scaling: ours largest vs smallest table", large.seconds / small.seconds, 3, "x")
+    for form in ("drop", "whole"):
+        drop = _find(results, "partitioned", form)
+        if drop is None:
+            continue
+        check(f"partitioned: {LABELS[form]} vs (a), time", drop.ratio, 0.05, "x")
+        share = drop.notes.get("wal_share_of_delete")
+        check(
+            f"partitioned: {LABELS[form]} vs (a), WAL",
+            100 * share if isinstance(share, float) else None,
+            1,
+            "%",
+        )
+        check(
+            f"partitioned: writer p99 during {LABELS[form]} ({drop.writer_ops} inserts)",
+            drop.writer_p99_ms,
+            10,
+            " ms",
+        )
+    if _find(results, "partitioned", "drop") is not None:
+        for r in (x for x in results if x.case == "partitioned"):
+            bad = r.renewed_lost + r.left + int(str(r.notes.get("pending", 0)))
+            lines.append(
+                f"{'met' if not bad else 'NOT met':7} partitioned: {LABELS[r.form]}: "
+                f"{r.renewed_lost} live rows lost, {r.left} expired left, "
+                f"{r.notes.get('pending', 0)} pending"
+            )
     lost = [r for r in results if r.form == "ours" and r.renewed_lost]
     lines.append(
         "met     ours lost no renewed row"

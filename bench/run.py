@@ -27,6 +27,7 @@ from activities.schema import reference_ddl
 from bench import report, server
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.orchestration import OrchestrationResult, run_orchestration
+from bench.partitioned import run_partitioned
 from bench.stats import FormResult
 from purge_config.dsn import redact
 from purge_dev.servers import EmbeddedPostgres
@@ -38,7 +39,9 @@ DEFAULT_ROWS = 2_000_000
 QUICK_ROWS = 200_000
 #: Which copy of the package is measured: the bench may run from an export of another commit.
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
-CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration")
+CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned")
+#: The partitioned case's table is this many times --rows (6,000,000 at the default).
+PARTITIONED_SCALE = 3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cases",
         nargs="+",
         metavar="CASE",
-        help=f"a subset, by name or number 1-5: {', '.join(CASE_ORDER)} (default all)",
+        help=f"a subset, by name or number 1-6: {', '.join(CASE_ORDER)} (default all)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument(
@@ -94,9 +97,10 @@ def _select(parser: argparse.ArgumentParser, raw: list[str] | None) -> list[str]
         return list(CASE_ORDER)
     chosen: set[str] = set()
     for word in (w for item in raw for w in item.split(",") if w):
-        name = CASE_ORDER[int(word) - 1] if word.isdigit() and 1 <= int(word) <= 5 else word
+        number = int(word) if word.isdigit() else 0
+        name = CASE_ORDER[number - 1] if 1 <= number <= len(CASE_ORDER) else word
         if name not in CASE_ORDER:
-            parser.error(f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-5")
+            parser.error(f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-6")
         chosen.add(name)
     return [name for name in CASE_ORDER if name in chosen]
 
@@ -164,6 +168,9 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
             for name in args.cases:
                 if name == "orchestration":
                     outcome.orchestration = await run_orchestration(bench, scratch)
+                elif name == "partitioned":
+                    rows = args.rows * PARTITIONED_SCALE
+                    outcome.results.extend(await run_partitioned(bench, rows))
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs

@@ -50,8 +50,19 @@ class WriterConfig:
     seed: int
 
 
+#: The `events` writer's ids start here, far above the table's own.
+EVENT_IDS = 10**12
+
+
 def _upsert(config: WriterConfig) -> sql.Composed:
     table = sql.Identifier(config.schema, config.table)
+    if config.kind == "events":
+        # An application logging events as they happen: a new row in today's partition, never
+        # a renewal; each must be there after the form.
+        return sql.SQL(
+            "INSERT INTO {t} (id, created_ms, user_id, body) VALUES (%(id)s, %(now_ms)s,"
+            " %(id)s %% 1000, 'written during the form')"
+        ).format(t=table)
     if config.kind == "idempotency":
         return sql.SQL(
             "INSERT INTO {t} AS t (key, response, expires_at_ms)"
@@ -107,7 +118,13 @@ class _Signals:
 
 def main() -> None:
     config = WriterConfig(**json.loads(sys.argv[1]))
-    data = Dataset(config.kind, config.rows, config.expired, config.layout)  # type: ignore[arg-type]
+    events = config.kind == "events"
+    data = Dataset(
+        "idempotency" if events else config.kind,  # type: ignore[arg-type]
+        config.rows,
+        config.expired,
+        config.layout,  # type: ignore[arg-type]
+    )
     rng = random.Random(config.seed)
     statement = _upsert(config)
     signals = _Signals()
@@ -129,11 +146,18 @@ def main() -> None:
         # `late` (measured from the slot) counts each of them, which the statement times alone
         # would hide (coordinated omission). Upserts due before `stop` are still sent.
         while due <= signals.stopped_at and not (interval == 0 and signals.stop.is_set()):
-            if data.expired and rng.random() < EXPIRED_SHARE:
+            if events:
+                key = str(EVENT_IDS + len(late) + errors)
+            elif data.expired and rng.random() < EXPIRED_SHARE:
                 key = data.key(data.expired_index(rng.randrange(data.expired)))
             else:
                 key = data.key(rng.randrange(data.rows))
-            params = {"key": key, "expires": config.now_ms + RENEW_MS, "now_ms": config.now_ms}
+            params = {
+                "key": key,
+                "id": int(key) if events else 0,
+                "expires": config.now_ms + RENEW_MS,
+                "now_ms": config.now_ms,
+            }
             started = time.perf_counter()
             try:
                 conn.execute(statement, params, prepare=True)

@@ -35,6 +35,28 @@ class SweepSettings:
     ownership; without them, one warning, never a failure)."""
 
 
+#: What `partitions` may say: rows deleted as before, or whole expired partitions dropped, or
+#: detached and kept.
+PARTITION_MODES = ("delete", "drop", "detach")
+
+
+@dataclass(frozen=True)
+class PartitionPolicy:
+    """What a sweep does with a range partition of its table whose every possible row is expired
+    (`partitions` and `detached_schema` of a target)."""
+
+    mode: str = "delete"
+    """`delete`: its rows are deleted in batches like any others; `drop`: it is detached, then
+    dropped; `detach`: it is detached and moved to `detached_schema`, kept as a plain table."""
+    detached_schema: str = ""
+    """Where `detach` moves a detached partition; empty for the other modes."""
+
+    @property
+    def removes(self) -> bool:
+        """Whether whole partitions leave the table (`drop` or `detach`)."""
+        return self.mode != "delete"
+
+
 @dataclass(frozen=True)
 class Guards:
     """Limits on one target's sweep, each refusing it before the first delete; None means off.

@@ -13,7 +13,7 @@ from purge_config.errors import ConfigError
 from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
-from purge_config.settings import Guards, SweepSettings
+from purge_config.settings import PARTITION_MODES, Guards, PartitionPolicy, SweepSettings
 from purge_config.values import (
     duration_text,
     no_unknown,
@@ -26,10 +26,17 @@ from purge_config.values import (
 #: A `python` target's factory: called when a step needs its targets (see activities.targets).
 Factory = Callable[[], Iterable[object]]
 
+#: What a built-in target does with its table's wholly expired range partitions.
+_PARTITION_KEYS = frozenset({"partitions", "detached_schema"})
 #: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
 _TARGET_KEYS: dict[str, frozenset[str]] = {
-    **{kind: spec.table_keys | {"name", "database"} for kind, spec in BUILTIN_KINDS.items()},
-    "expiring": frozenset({"name", "table", "column", "max_age", "database", "unit"}),
+    **{
+        kind: spec.table_keys | {"name", "database", *_PARTITION_KEYS}
+        for kind, spec in BUILTIN_KINDS.items()
+    },
+    "expiring": frozenset(
+        {"name", "table", "column", "max_age", "database", "unit", *_PARTITION_KEYS}
+    ),
     "python": frozenset({"factory", "names"}),
 }
 #: Guards a built-in target may carry (see purge_config.settings.Guards); all off unless set.
@@ -78,6 +85,8 @@ class TargetSpec:
     """max_rows, max_fraction, max_clock_jump: off unless set."""
     database: str = ""
     """The `[databases.NAME]` it sweeps; empty for the default database (`database_url`)."""
+    partitions: PartitionPolicy = field(default_factory=PartitionPolicy)
+    """`partitions` and `detached_schema`: what happens to a wholly expired range partition."""
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
@@ -148,6 +157,36 @@ def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
     )
 
 
+def _partitions(at: str, raw: Mapping[str, Any]) -> PartitionPolicy:
+    mode = raw.get("partitions", "delete")
+    if mode not in PARTITION_MODES:
+        raise ConfigError(
+            f"{at}: partitions: must be one of {', '.join(map(repr, PARTITION_MODES))}, "
+            f"got {mode!r}"
+        )
+    schema = raw.get("detached_schema")
+    if schema is None:
+        if mode == "detach":
+            raise ConfigError(
+                f"{at}: detached_schema: missing; partitions = 'detach' moves each detached "
+                "partition to this schema"
+            )
+        return PartitionPolicy(mode)
+    if not isinstance(schema, str) or not SQL_NAME.fullmatch(schema):
+        raise ConfigError(
+            f"{at}: detached_schema: not a schema name (letters, digits and _, starting with a "
+            f"letter or _, at most 63), got {schema!r}"
+        )
+    if mode != "detach":
+        # Said out loud: an operator who names an archive schema but leaves `drop` (or the
+        # default) would lose the partitions they meant to keep.
+        raise ConfigError(
+            f"{at}: detached_schema: only with partitions = 'detach' (partitions is {mode!r}: "
+            f"nothing would be kept in {schema!r}), got {schema!r}"
+        )
+    return PartitionPolicy(mode, schema)
+
+
 def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -> TargetSpec:
     at = f"{where}: [[targets]] #{index}"
     if not isinstance(raw, dict):
@@ -189,6 +228,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         )
     settings = sweep_settings(at, "", raw, defaults)
     guards = _guards(at, raw)
+    partitions = _partitions(at, raw)
     database = opt_str(at, "database", raw) or ""
     if database and not DATABASE_NAME.fullmatch(database):
         raise ConfigError(f"{at}: database: not a database name, got {database!r}")
@@ -202,6 +242,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             settings=settings,
             guards=guards,
             database=database,
+            partitions=partitions,
         )
 
     table = _table(at, "table", raw, None)
@@ -230,6 +271,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         settings=settings,
         guards=guards,
         database=database,
+        partitions=partitions,
     )
 
 

@@ -27,6 +27,7 @@ from purge_ops.render import (
     LOWER_BOUND_NOTE,
     human_duration,
     oldest_text,
+    partitions_text,
     removed_text,
     report_table,
     table,
@@ -163,19 +164,36 @@ def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> st
 
 
 def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
-    """Each target's newest sweep (passes newest first): what it left and what it cost."""
-    rows: list[list[object]] = []
+    """Each target's newest sweep (passes newest first): what it left and what it cost, and,
+    when any took whole partitions out, how many, their rows and the rows deleted at the edge.
+    """
+    sweeps = []
     for name in names:
         sweep = next(
             (w for s in passes if s.report for w in s.report.swept if w.name == name), None
         )
-        if sweep is None or sweep.dry_run:
-            continue
+        if sweep is not None and not sweep.dry_run:
+            sweeps.append(sweep)
+    if not sweeps:
+        return ""
+    whole = any(partitions_text(s) for s in sweeps)
+    rows: list[list[object]] = []
+    for sweep in sweeps:
+        parts: list[object] = (
+            [
+                partitions_text(sweep),
+                sweep.partition_rows or "",
+                sweep.edge_removed if sweep.partition_rows else "",
+            ]
+            if whole
+            else []
+        )
         rows.append(
             [
-                name,
+                sweep.name,
                 removed_text(sweep),
                 sweep.strategy,
+                *parts,
                 sweep.backlog,
                 oldest_text(sweep.oldest_expired_age_s) or "0",
                 f"{sweep.dead_tuple_share:.0%}",
@@ -183,13 +201,14 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
                 "lower bound" if sweep.lower_bound else "exact",
             ]
         )
-    if not rows:
-        return ""
     header = [
-        "target (last sweep)", "removed", "strategy", "backlog", "oldest expired", "dead",
-        "analyzed", "count",
+        "target (last sweep)", "removed", "strategy",
+        *(["partitions", "their rows", "edge rows"] if whole else []),
+        "backlog", "oldest expired", "dead", "analyzed", "count",
     ]  # fmt: skip
-    return table(header, rows, right={1, 3, 4, 5})
+    extra = 3 if whole else 0
+    right = {1, 3 + extra, 4 + extra, 5 + extra} | ({4, 5} if whole else set())
+    return table(header, rows, right=right)
 
 
 def passes_json(passes: Sequence[PassSummary]) -> str:

@@ -29,17 +29,26 @@ def table(
 def report_table(report: PurgeReport) -> str:
     """A pass's report: one row per target (how it swept, how long any batch held its locks,
     what is left and how old it is, the dead tuples it left), failures named, the total last,
-    then any advice. A count that may be short (a lost attempt, no ledger) reads `>=N`."""
+    then any advice. A count that may be short (a lost attempt, no ledger) reads `>=N`. When
+    any target took whole partitions out, three more columns say how many, their rows and the
+    rows deleted at the edge, and a note names them."""
     verb = "would remove" if report.dry_run else "removed"
+    whole = any(partitions_text(s) for s in report.swept)
     rows: list[list[object]] = []
     for s in report.swept:
         batched = bool(s.batches)
+        parts: list[object] = (
+            [partitions_text(s), s.partition_rows or "", s.edge_removed if s.partition_rows else ""]
+            if whole
+            else []
+        )
         rows.append(
             [
                 s.name,
                 removed_text(s),
                 f"{s.seconds:.3f}",
                 s.strategy,
+                *parts,
                 s.batches if batched else "",
                 f"{s.p95_batch_ms:.1f}" if batched else "",
                 s.backlog or "",
@@ -48,20 +57,67 @@ def report_table(report: PurgeReport) -> str:
                 _status(s),
             ]
         )
+    extra = 3 if whole else 0
     for f in report.failed:
-        rows.append([f.name, "-", "-", "", "", "", "", "", "", f"FAILED {f.type}: {f.message}"])
+        rows.append(
+            [
+                f.name,
+                "-",
+                "-",
+                "",
+                *[""] * extra,
+                "",
+                "",
+                "",
+                "",
+                "",
+                f"FAILED {f.type}: {f.message}",
+            ]
+        )
     total = f">={report.removed}" if any(s.lower_bound for s in report.swept) else report.removed
-    rows.append(["total", total, "", "", "", "", "", "", "", _failed(report)])
+    rows.append(["total", total, "", "", *[""] * extra, "", "", "", "", "", _failed(report)])
     head = f"purge pass as of {iso_ms(report.now_ms)}" + (" (dry run)" if report.dry_run else "")
     header = [
-        "target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "oldest expired",
-        "dead", "status",
+        "target", verb, "seconds", "strategy",
+        *(["partitions", "their rows", "edge rows"] if whole else []),
+        "batches", "p95 ms", "backlog", "oldest expired", "dead", "status",
     ]  # fmt: skip
+    right = {1, 2, *range(4 + extra, 9 + extra)}
+    if whole:
+        right |= {5, 6}
     notes = [f"{s.status}: {s.name}: {s.reason}" for s in report.swept if s.reason]
+    notes += [partitions_note(s, report.dry_run) for s in report.swept if partitions_text(s)]
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
-    return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6, 7, 8}), *notes])
+    return "\n".join([head, table(header, rows, right=right), *notes])
+
+
+def partitions_text(sweep: PurgeSweep) -> str:
+    """`10 dropped`, `2 detached`, or empty when no partition left whole."""
+    if sweep.partitions_dropped:
+        return f"{sweep.partitions_dropped} dropped"
+    if sweep.partitions_detached:
+        return f"{sweep.partitions_detached} detached"
+    return ""
+
+
+#: At most this many partition names in a note; the JSON report has them all.
+NAMES_SHOWN = 10
+
+
+def partitions_note(sweep: PurgeSweep, dry_run: bool) -> str:
+    """One line naming the partitions a target dropped or detached (or would)."""
+    action = "dropped" if sweep.partitions_dropped else "detached"
+    if dry_run:
+        action = "would drop" if action == "dropped" else "would detach"
+    names = sweep.partition_names[:NAMES_SHOWN]
+    more = len(sweep.partition_names) - len(names)
+    listed = ", ".join(names) + (f" and {more} more" if more > 0 else "")
+    return (
+        f"partitions: {sweep.name}: {action} {listed} ({sweep.partition_rows:,} rows); "
+        f"{sweep.edge_removed:,} rows {'would be ' if dry_run else ''}deleted at the edge"
+    )
 
 
 def _status(sweep: PurgeSweep) -> str:

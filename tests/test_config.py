@@ -23,7 +23,7 @@ from temporalio.client import Client
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config, parse_config
 from purge_config.names import TableName
-from purge_config.settings import Guards, SweepSettings
+from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
 from purge_dev.servers import TemporalDevServer
 from purge_ops import runner
@@ -305,6 +305,40 @@ BAD_FILES["idempotency-table-dash"] = Bad(
 BAD_FILES["auth-failures-three-parts"] = Bad(
     second({"kind": "auth", "failures_table": "a.b.c"}), f"{T2}: failures_table", "'a.b.c'"
 )
+
+# Whole partitions: `partitions` and `detached_schema`.
+BAD_FILES["partitions-unknown"] = Bad(
+    second(sessions(partitions="truncate")), f"{S2}: partitions", "'truncate'"
+)
+BAD_FILES["partitions-case"] = Bad(
+    second(sessions(partitions="Drop")), f"{S2}: partitions", "'Drop'"
+)
+BAD_FILES["partitions-bool"] = Bad(second(sessions(partitions=True)), f"{S2}: partitions", "True")
+BAD_FILES["partitions-detach-without-schema"] = Bad(
+    second(sessions(partitions="detach")), f"{S2}: detached_schema", "missing"
+)
+BAD_FILES["detached_schema-with-drop"] = Bad(
+    second(sessions(partitions="drop", detached_schema="archive")),
+    f"{S2}: detached_schema",
+    "only with partitions = 'detach'",
+)
+BAD_FILES["detached_schema-without-partitions"] = Bad(
+    second(sessions(detached_schema="archive")), f"{S2}: detached_schema", "'archive'"
+)
+BAD_FILES["detached_schema-int"] = Bad(
+    second(sessions(partitions="detach", detached_schema=5)), f"{S2}: detached_schema", "got 5"
+)
+BAD_FILES["python-partitions"] = Bad(
+    second({"kind": "python", "factory": "tests.support.apptargets:targets", "partitions": "drop"}),
+    f"{T2}: partitions",
+    "unknown key",
+)
+for label, ident in {**BAD_IDENTIFIERS, "dotted": "app.archive", "empty": ""}.items():
+    BAD_FILES[f"detached_schema-{label}"] = Bad(
+        second(sessions(partitions="detach", detached_schema=ident)),
+        f"{S2}: detached_schema",
+        repr(ident),
+    )
 
 BAD_MAX_AGES = {
     "no-unit": "30",
@@ -621,6 +655,7 @@ SECOND_TARGETS_E2E = {
     "unknown-kind": ({"kind": "idempotence"}, f"{T2}: kind"),
     "duplicate-name": (IDEMPOTENCY, f"{T2}: name"),
     "max_age-malformed": (sessions(max_age="1.5h"), f"{S2}: max_age"),
+    "detach-without-schema": (sessions(partitions="detach"), f"{S2}: detached_schema"),
 }
 
 
@@ -763,6 +798,29 @@ def test_bad_guards_are_refused(tmp_path: Path, line: str, message: str) -> None
         load_config(path, env={})
     assert str(refused.value).startswith(f"{path}: [[targets]] #1: ")
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["idempotency", "rate_limit", "auth"])
+def test_every_builtin_kind_takes_partitions(tmp_path: Path, kind: str) -> None:
+    config = load(tmp_path, toml(targets=[{"kind": kind, "partitions": "drop"}]))
+
+    assert config.targets[0].partitions == PartitionPolicy("drop")
+
+
+def test_partitions_default_to_delete_and_detach_keeps_its_schema(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        toml(
+            targets=[
+                sessions(),
+                sessions(name="audit", partitions="detach", detached_schema="Archive_1"),
+            ]
+        ),
+    )
+
+    plain, archived = config.targets
+    assert plain.partitions == PartitionPolicy("delete")
+    assert archived.partitions == PartitionPolicy("detach", "Archive_1")
 
 
 async def test_the_readme_config_example_is_accepted(

@@ -118,7 +118,9 @@ class BatchSweeper:
                 return
             found, ms = await self._batch(
                 result,
-                index_batch(pred, rows, ledger=self.ledger is not None),
+                index_batch(
+                    pred, rows, ledger=self.ledger is not None, partitioned=result.plan.partitioned
+                ),
                 {**pred.params, **(self.ledger or {})},
                 walk=False,
                 page=0,
@@ -190,17 +192,27 @@ class BatchSweeper:
         return int(row[0]), int(row[1]), total, ms
 
     async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
-        """Expired rows still there, counted through the index up to a cap (estimated if even
-        that takes too long)."""
-        query = count_expired(pred, cap=BACKLOG_COUNT_CAP)
-        try:
-            async with self.conn.transaction():
-                await self.conn.execute(local_bounds(False), (self.settings.lock_timeout_ms, 2_000))
-                cur = await self.conn.execute(query, pred.params)
-                row = await cur.fetchone()
-                return int(row[0]) if row else 0
-        except errors.QueryCanceled:
-            return max(int(result.plan.expired) - result.removed, 0)
+        return await count_left(self.conn, self.settings, pred, result.plan, result.removed)
+
+
+async def count_left(
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    pred: Predicate,
+    plan: TablePlan,
+    removed: int,
+) -> int:
+    """Expired rows still there, counted through the index up to a cap (estimated from the plan
+    and the rows `removed` since, if even that takes too long)."""
+    query = count_expired(pred, cap=BACKLOG_COUNT_CAP)
+    try:
+        async with conn.transaction():
+            await conn.execute(local_bounds(False), (settings.lock_timeout_ms, 2_000))
+            cur = await conn.execute(query, pred.params)
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+    except errors.QueryCanceled:
+        return max(int(plan.expired) - removed, 0)
 
 
 def _walk_backlog(result: TableSweep, walked: int, page: int) -> int:

@@ -36,7 +36,8 @@ class TablePlan:
     strategy: str
     """`index` or `range`."""
     pages: int
-    """Heap pages to walk (the largest leaf partition's, for a partitioned table)."""
+    """Heap pages to walk (the largest leaf partition's, for a partitioned table swept through
+    its parent: each range batch then covers those pages of every partition)."""
     rows: float | None
     """Live rows per the statistics, or None when the table was never analyzed."""
     expired: float
@@ -48,6 +49,8 @@ class TablePlan:
     referenced: bool = False
     """Whether a foreign key references the table: its deletes then run the child tables'
     referential queries, which must keep their indexes (a walk may not switch them off)."""
+    partitioned: bool = False
+    """The table is partitioned and swept through its parent (not partition by partition)."""
 
     @property
     def share(self) -> float | None:
@@ -72,12 +75,13 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         )
         SELECT coalesce(max(pg_relation_size(l.oid)), 0) / current_setting('block_size')::int,
                sum(greatest(c.reltuples, 0)),
-               bool_or(c.reltuples < 0)
+               bool_or(c.reltuples < 0),
+               (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel))
         FROM leaves l JOIN pg_class c ON c.oid = l.oid
         """,
         {"rel": relation},
     )
-    pages, reltuples, never_analyzed = await cur.fetchone() or (0, 0, True)
+    pages, reltuples, never_analyzed, partitioned = await cur.fetchone() or (0, 0, True, False)
     rows = None if never_analyzed else float(reltuples or 0)
     expired = await _estimated_rows(conn, pred)
     index = await _serving_index(conn, relation, pred.column) if pred.column else None
@@ -93,6 +97,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         expired=expired,
         index=index,
         referenced=bool(referenced and referenced[0]),
+        partitioned=bool(partitioned),
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 

@@ -47,6 +47,23 @@ def ident(table: TableName) -> sql.Identifier:
 
 
 @dataclass(frozen=True)
+class RangeKey:
+    """What a partition's bounds are compared with, for a rule whose whole predicate is
+    `column <= cutoff` (see `activities.engine.partitions`)."""
+
+    column: str
+    sql_type: str
+    """`bigint`, `integer`, `timestamptz` or `timestamp`: the type bounds are cast to."""
+    cutoff: object
+    """The greatest value that is expired at this pass's instant, as a value of that type."""
+    step: object
+    """The type's least step (1, or one microsecond): a partition `FROM (a) TO (b)` holds
+    values up to `b - step`, so it is wholly expired when `b - step <= cutoff`."""
+    now: object
+    """The pass's instant as a value of that type: partitions that begin after it are ahead."""
+
+
+@dataclass(frozen=True)
 class Predicate:
     """A rule bound to one table as it really is: the WHERE clause and its parameters."""
 
@@ -59,6 +76,10 @@ class Predicate:
     expired_at: sql.Composable = field(default_factory=lambda: sql.SQL("NULL::float8"))
     """The epoch-ms instant a row expired (or expires), computed from the row alone: how long
     the oldest expired row left behind has waited is `now_ms` minus its least value."""
+    range_key: RangeKey | None = None
+    """Set only when `where` is exactly `column <= cutoff`, so that a partition's bounds alone
+    can say every row it may hold is expired. A rule with any other condition (the full-bucket
+    arithmetic, a filter) leaves it None: its partitions are never dropped whole."""
     epoch_columns: tuple[tuple[str, str], ...] = ()
     """(column, unit) of each integer epoch column the rule compares: checked for a wrong unit
     before anything is deleted (activities.engine.units)."""
@@ -117,8 +138,17 @@ class ExpiryRule:
         )
         expired_at = sql.SQL("{} + {}").format(instant, sql.Literal(self.max_age_ms))
         epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
+        # The instant in the column's unit too: partitions ahead of it are judged in that unit.
+        now = _in_unit(now_ms, self.unit) if kind in MS_TYPES else now_ms
+        key = _range_key(self.column, kind, cutoff, now)
         return Predicate(
-            self.table, where, {"cutoff": cutoff}, self.column, expired_at, epoch_columns=epoch
+            self.table,
+            where,
+            {"cutoff": cutoff},
+            self.column,
+            expired_at,
+            key,
+            epoch_columns=epoch,
         )
 
 
@@ -162,6 +192,16 @@ class FullBucketRule:
             expired_at,
             epoch_columns=(("last_ms", "ms"),),
         )
+
+
+def _range_key(column: str, kind: str, cutoff: object, now_ms: int) -> RangeKey:
+    if isinstance(cutoff, datetime):
+        now = _EPOCH + timedelta(milliseconds=now_ms)
+        if cutoff.tzinfo is None:
+            now = now.replace(tzinfo=None)
+        sql_type = "timestamptz" if kind == "timestamp with time zone" else "timestamp"
+        return RangeKey(column, sql_type, cutoff, timedelta(microseconds=1), now)
+    return RangeKey(column, kind, cutoff, 1, now_ms)
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:

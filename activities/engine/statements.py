@@ -62,20 +62,31 @@ def _counted(found: sql.Composable, ledger: bool) -> sql.Composed:
     return (_LEDGER if ledger else _NO_LEDGER).format(found=found)
 
 
-def index_batch(pred: Predicate, limit: int, ledger: bool = False) -> sql.Composed:
+def index_batch(
+    pred: Predicate, limit: int, ledger: bool = False, partitioned: bool = False
+) -> sql.Composed:
     """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
     the row itself so that one renewed while this waited for its lock is kept. It returns how
     many rows it found, how many it deleted and (with `ledger`) the pass's total so far: fewer
-    found than `limit` means the last batch, without a final empty one to find that out."""
+    found than `limit` means the last batch, without a final empty one to find that out.
+
+    Through a `partitioned` table, a ctid names a row only together with its partition
+    (`tableoid`): the same ctid exists in every partition, so the pair is matched too."""
     assert pred.column is not None
+    pick, pair = sql.SQL("ctid"), sql.SQL("")
+    if partitioned:
+        pick = sql.SQL("tableoid, ctid")
+        pair = sql.SQL(" AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM found)")
     return sql.SQL(
         "WITH found AS MATERIALIZED ("
-        "SELECT ctid FROM {table} WHERE {where} ORDER BY {column} LIMIT {limit}"
+        "SELECT {pick} FROM {table} WHERE {where} ORDER BY {column} LIMIT {limit}"
         "), deleted AS ("
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)) AND {where}"
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)){pair} AND {where}"
         " RETURNING 1"
         "), counted AS (SELECT count(*) AS n FROM deleted){closing}"
     ).format(
+        pick=pick,
+        pair=pair,
         table=ident(pred.table),
         where=pred.where,
         column=sql.Identifier(pred.column),
@@ -151,6 +162,19 @@ def oldest_expired(pred: Predicate) -> sql.Composed:
     )
 
 
+def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
+    """One row: the days between the least and the greatest value of the rule's column (NULL on
+    an empty table), read from the ends of its index."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    span = (
+        sql.SQL("(max({c}) - min({c}))::float8 / 86400000")
+        if sql_type in ("bigint", "integer")
+        else sql.SQL("extract(epoch FROM max({c}) - min({c}))::float8 / 86400")
+    ).format(c=column)
+    return sql.SQL("SELECT {} FROM {}").format(span, ident(pred.table))
+
+
 def flush_statistics() -> sql.SQL:
     """Make this session's table statistics (the dead tuples its batches left) visible to the
     views once it goes idle (PostgreSQL 15+)."""
@@ -179,6 +203,200 @@ def may_analyze(server_version: int) -> sql.SQL:
 def analyze(pred: Predicate) -> sql.Composed:
     """Refresh the planner's statistics of the table after a sweep removed a large share."""
     return sql.SQL("ANALYZE {}").format(ident(pred.table))
+
+
+# Partitions: reading a partitioned table's layout, and taking wholly expired partitions out
+# of it (activities.engine.partitions, activities.engine.detaching).
+
+#: The column types a partition bound is cast to, by RangeKey.sql_type: only these names are
+#: ever put into a statement.
+_BOUND_TYPES = {t: sql.SQL(t) for t in ("bigint", "integer", "timestamptz", "timestamp")}
+
+
+def partition_key() -> sql.SQL:
+    """One row for a partitioned `%(rel)s`, none for a plain table: strategy (`r`, `l`, `h`),
+    number of key columns, the first key column's name (NULL for an expression), the key as
+    PostgreSQL prints it, the owner, whether this role is (a member of) the owner, and the
+    role itself."""
+    return sql.SQL(
+        "SELECT p.partstrat::text, p.partnatts, a.attname::text, pg_get_partkeydef(p.partrelid),"
+        " c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE'), current_user::text"
+        " FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid"
+        " LEFT JOIN pg_attribute a ON a.attrelid = p.partrelid AND p.partattrs[0] <> 0"
+        " AND a.attnum = p.partattrs[0]"
+        " WHERE p.partrelid = %(rel)s::regclass"
+    )
+
+
+def partition_children() -> sql.SQL:
+    """The partitions directly under `%(rel)s`: OID, schema, name, bound as printed, whether
+    half-detached, owner, and whether this role is (a member of) it."""
+    return sql.SQL(
+        "SELECT c.oid::bigint, n.nspname::text, c.relname::text,"
+        " pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,"
+        " c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')"
+        " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE i.inhparent = %(rel)s::regclass ORDER BY c.oid"
+    )
+
+
+def partition_tree() -> sql.SQL:
+    """Every partition under `%(rel)s`, at any depth: OID, its parent's OID, whether it is a
+    leaf, schema, name, and whether this role may SELECT and DELETE it by its own name."""
+    return sql.SQL(
+        "SELECT t.relid::oid::bigint, t.parentrelid::oid::bigint, t.isleaf, n.nspname::text,"
+        " c.relname::text,"
+        " has_table_privilege(t.relid, 'SELECT') AND has_table_privilege(t.relid, 'DELETE')"
+        " FROM pg_partition_tree(%(rel)s::regclass) t JOIN pg_class c ON c.oid = t.relid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.level > 0"
+    )
+
+
+def bounds_judged(sql_type: str) -> sql.Composed:
+    """For each (`%(lo)s`[i], `%(hi)s`[i]) bound pair (text, NULL for MINVALUE/MAXVALUE), in
+    order: wholly expired (`hi <= %(limit)s`, the cutoff plus one step), holding no expired row
+    (`lo > %(cutoff)s`), beginning after the instant (`lo > %(now)s`); compared in the column's
+    type, the texts read back in the session that printed them."""
+    t = _BOUND_TYPES[sql_type]
+    return sql.SQL(
+        "SELECT coalesce(b.hi::{t} <= %(limit)s, false), coalesce(b.lo::{t} > %(cutoff)s, false),"
+        " coalesce(b.lo::{t} > %(now)s, false)"
+        " FROM unnest(%(lo)s::text[], %(hi)s::text[]) WITH ORDINALITY AS b(lo, hi, n)"
+        " ORDER BY b.n"
+    ).format(t=t)
+
+
+def bound_after(sql_type: str) -> sql.Composed:
+    """One row: the greatest of the `%(hi)s` bounds, and the upper bound of a next partition
+    as wide as the one ending there (in months and days for a timestamp, so a monthly
+    partition is followed by a month)."""
+    t = _BOUND_TYPES[sql_type]
+    width = (
+        sql.SQL("b.hi::{t} - b.lo::{t}")
+        if sql_type in ("bigint", "integer")
+        else sql.SQL("age(b.hi::{t}, b.lo::{t})")
+    ).format(t=t)
+    return sql.SQL(
+        "SELECT b.hi::{t}::text, (b.hi::{t} + {width})::text"
+        " FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS b(lo, hi)"
+        " ORDER BY b.hi::{t} DESC LIMIT 1"
+    ).format(t=t, width=width)
+
+
+def session_bounds() -> sql.SQL:
+    """Lock and statement timeouts (ms) for this session, not a transaction: a `DETACH ...
+    CONCURRENTLY` runs outside any transaction block. Undone by `session_reset`."""
+    return sql.SQL(
+        "SELECT set_config('lock_timeout', %s::text, false),"
+        " set_config('statement_timeout', %s::text, false)"
+    )
+
+
+def session_reset() -> sql.SQL:
+    """The server's own timeouts again, before the connection goes back to the pool."""
+    return sql.SQL("RESET lock_timeout; RESET statement_timeout")
+
+
+def detach(parent: TableName, child: TableName, how: str) -> sql.Composed:
+    """`ALTER TABLE parent DETACH PARTITION child` and `how`: `CONCURRENTLY` (two transactions
+    of its own, SHARE UPDATE EXCLUSIVE on the parent), `FINALIZE` (completes one that was
+    interrupted between them), or `` (plain, ACCESS EXCLUSIVE, inside a transaction)."""
+    suffix = {"CONCURRENTLY": " CONCURRENTLY", "FINALIZE": " FINALIZE", "": ""}[how]
+    return sql.SQL("ALTER TABLE {} DETACH PARTITION {}" + suffix).format(
+        ident(parent), ident(child)
+    )
+
+
+def count_rows(table: TableName) -> sql.Composed:
+    """Every row of a partition: what its drop or move would remove (for a dry run)."""
+    return sql.SQL("SELECT count(*) FROM {}").format(ident(table))
+
+
+def drop_table(table: TableName) -> sql.Composed:
+    return sql.SQL("DROP TABLE {}").format(ident(table))
+
+
+def move_table(table: TableName, schema: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(ident(table), sql.Identifier(schema))
+
+
+def relation_state() -> sql.SQL:
+    """One row for the relation of OID `%(oid)s`, none if it is gone: schema, name, the OID of
+    the table it is a partition of (NULL when standalone), and whether half-detached."""
+    return sql.SQL(
+        "SELECT n.nspname::text, c.relname::text, i.inhparent::bigint, i.inhdetachpending"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_inherits i ON i.inhrelid = c.oid WHERE c.oid = %(oid)s::bigint::oid"
+    )
+
+
+def schema_ready() -> sql.SQL:
+    """One row: whether schema `%(schema)s` (a quoted name) exists, and whether this role may
+    create in it (what moving a table there needs)."""
+    return sql.SQL(
+        "SELECT s.oid IS NOT NULL,"
+        " CASE WHEN s.oid IS NULL THEN false ELSE has_schema_privilege(s.oid, 'CREATE') END"
+        " FROM (SELECT to_regnamespace(%(schema)s)::oid AS oid) s"
+    )
+
+
+def name_taken() -> sql.SQL:
+    """Whether a relation `%(name)s` (quoted, schema-qualified) exists."""
+    return sql.SQL("SELECT to_regclass(%(name)s) IS NOT NULL")
+
+
+def count_partition(table: TableName, ledger: bool) -> sql.Composed:
+    """One row for a detached partition about to be dropped or moved, in that transaction:
+    its rows and (with `ledger`) the pass's total for the target once they are added, the
+    partition's mark `%(mark)s` set done with them (batches 1). Without the ledger the total
+    is NULL."""
+    if not ledger:
+        return sql.SQL("SELECT count(*), NULL::bigint FROM {}").format(ident(table))
+    return sql.SQL(
+        "WITH n AS (SELECT count(*) AS rows FROM {table}),"
+        " total AS (INSERT INTO purge_progress AS p"
+        " (workflow_id, run_id, target, now_ms, removed, batches)"
+        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+        " n.rows, 0 FROM n"
+        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
+        " + EXCLUDED.removed RETURNING removed),"
+        " mark AS (INSERT INTO purge_progress AS p"
+        " (workflow_id, run_id, target, now_ms, removed, batches)"
+        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
+        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
+        " batches = 1)"
+        " SELECT n.rows, (SELECT removed FROM total) FROM n"
+    ).format(table=ident(table))
+
+
+def partition_mark() -> sql.SQL:
+    """Note in the ledger, before a concurrent detach starts, the partition `%(mark)s` this
+    pass is taking out (removed 0, batches 0: under way), so that a retry after a death between
+    the detach and the drop finds it. The mark's key is the target's name, `#`, and the
+    partition (a target name has no `#`, so no target's own count is ever read as one)."""
+    return sql.SQL(
+        "INSERT INTO purge_progress (workflow_id, run_id, target, now_ms, removed, batches)"
+        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, 0, 0)"
+        " ON CONFLICT (workflow_id, run_id, target) DO NOTHING"
+    )
+
+
+def partition_unmark() -> sql.SQL:
+    """Forget the mark `%(mark)s`: that partition's detach never started, or it is not ours."""
+    return sql.SQL(
+        "DELETE FROM purge_progress WHERE workflow_id = %(ledger_workflow)s"
+        " AND run_id = %(ledger_run)s AND target = %(mark)s"
+    )
+
+
+def partition_marks() -> sql.SQL:
+    """This pass's partition marks for the target: (key, rows, 1 when done, 0 when under way)."""
+    return sql.SQL(
+        "SELECT target, removed, batches FROM purge_progress"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND starts_with(target, %(ledger_target)s || '#') ORDER BY target"
+    )
 
 
 #: The first key of every advisory lock this package takes ('purg'); the second is the table's

@@ -12,21 +12,32 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from activities.engine.batching import BatchSweeper, TableSweep
+from activities.engine.batching import TableSweep
+from activities.engine.detaching import marked_done
+from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
+from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.statements import (
     count_expired,
     count_expired_and_all,
+    count_rows,
     local_bounds,
     lock_table,
     unlock_tables,
 )
+from activities.engine.tables import TableSweeper
 from activities.engine.units import check_unit
-from activities.engine.upkeep import analyze_after, leftover, open_ledger, vacuum_advice
+from activities.engine.upkeep import (
+    analyze_after,
+    leftover,
+    open_ledger,
+    partition_advice,
+    vacuum_advice,
+)
 from activities.errors import BadPurgeTarget
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
-from purge_config.settings import Guards, SweepSettings
+from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 
 
 class ConnectionSource(Protocol):
@@ -45,12 +56,14 @@ class SqlTarget:
         rules: list[Rule],
         settings: SweepSettings | None = None,
         guards: Guards | None = None,
+        partitions: PartitionPolicy | None = None,
     ) -> None:
         self._name = name
         self._pool = pool
         self.rules = rules
         self.settings = settings or SweepSettings()
         self.guards = guards or Guards()
+        self.partitions = partitions or PartitionPolicy()
 
     @property
     def name(self) -> str:
@@ -90,20 +103,20 @@ class SqlTarget:
                 counted = await open_ledger(conn, ledger, self.settings)
             if counted is not None:
                 progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
-        if len(self.rules) > 1:
-            # Every table's columns checked (their unit above all) before the first table's
-            # delete: a target refused for its second table must not have swept its first.
-            for rule in self.rules[progress.table :]:
-                async with self._connection(rule) as conn:
-                    await self._bind(conn, rule, now_ms)
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
         deadline = time.monotonic() + budget / 1000
         ledger_params = ledger.params() if stats.ledger and ledger else None
+        # One table checks itself once locked; several are all checked before the first delete:
+        # a target refused for its second table (a column in the wrong unit, rights its
+        # partitions need) must not have swept its first.
+        several = len(self.rules) > 1
+        if several:
+            await self._check_tables(now_ms, stats, self.rules[progress.table :])
         for index, rule in enumerate(self.rules):
             if index < progress.table:
                 continue  # finished by an earlier attempt
             if index > progress.table:
-                progress.table, progress.page = index, 0
+                progress.table, progress.page, progress.leaf = index, 0, 0
             async with self._connection(rule) as conn:
                 pred, plan = await self._prepare(conn, rule, now_ms)
                 if not await self._lock(conn, pred):
@@ -113,28 +126,65 @@ class SqlTarget:
                     )
                     break
                 try:
-                    if progress.page and plan.strategy != "range":
-                        progress.page = 0
-                    sweeper = BatchSweeper(
-                        conn, self.settings, progress, on_batch or _ignore, deadline, ledger_params
+                    sweeper = TableSweeper(
+                        conn,
+                        self.settings,
+                        self.partitions,
+                        progress,
+                        on_batch or _ignore,
+                        deadline,
+                        self._name,
+                        ledger_params,
                     )
-                    table = await sweeper.sweep(pred, plan)
+                    outcome = await sweeper.sweep(pred, plan, check=not several)
+                    table = outcome.sweep
                     await self._after(conn, pred, plan, table, now_ms, stats)
                 finally:
                     await _unlock(conn)
-            stats.strategies.append(plan.strategy)
+            stats.strategies += outcome.strategies
             stats.batch_ms += table.batch_ms
             stats.batches += len(table.batch_ms)
             stats.backlog += table.backlog
-            if plan.advice:
-                stats.advice.append(plan.advice)
+            stats.advice += outcome.advice
             stats.advice += [w for w in table.warnings if w not in stats.advice]
             stats.reason = stats.reason or table.reason
             stats.paused_s += table.paused_s
             if not table.complete:
                 break  # out of time: the tables after this one wait for the next pass
         stats.removed = progress.removed
+        await self._partitions_gone(progress, stats, ledger_params)
         return stats
+
+    async def _check_tables(self, now_ms: int, stats: SweepStats, rules: list[Rule]) -> None:
+        """Before anything is deleted: each table's epoch columns in their unit; and with
+        `partitions` set to drop or detach, refuse a role that could not finish what it starts
+        (BadPurgeTarget), and say where the setting can do nothing (a plain table, another key,
+        a rule that is not one column's comparison)."""
+        for rule in rules:
+            async with self._connection(rule) as conn, conn.transaction():
+                await self._bound(conn, self.settings.statement_timeout_ms)
+                pred = await self._bind(conn, rule, now_ms)
+                if not self.partitions.removes:
+                    continue
+                layout = await read_layout(conn, pred)
+                inert = await check_partitions(conn, pred, layout, self.partitions)
+            if inert:
+                stats.advice.append(inert)
+
+    async def _partitions_gone(
+        self, progress: Progress, stats: SweepStats, ledger: dict[str, object] | None
+    ) -> None:
+        """The partitions this pass took out, by every attempt: from the ledger's marks when
+        there is one (exact), else from the heartbeats this attempt resumed from."""
+        if not self.partitions.removes:
+            return
+        names, rows = progress.partition_names, progress.partition_rows
+        if ledger is not None:
+            async with self._pool.connection() as conn:
+                names, rows = await marked_done(conn, ledger)
+        stats.partitions, stats.partition_rows = list(names), rows
+        if names:
+            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
 
     async def _after(
         self,
@@ -160,9 +210,12 @@ class SqlTarget:
             stats.analyzed = stats.analyzed or analyzed
             if warning:
                 stats.advice.append(warning)
-        advice = vacuum_advice(pred, table.removed, left)
-        if advice:
-            stats.advice.append(advice)
+        for advice in (
+            vacuum_advice(pred, table.removed, left),
+            await partition_advice(conn, pred, plan, table.removed, left),
+        ):
+            if advice:
+                stats.advice.append(advice)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
@@ -184,6 +237,29 @@ class SqlTarget:
                     expired += int(row[0])
                     everything += int(row[1]) if total else 0
         return expired, everything
+
+    async def preview(self, now_ms: int) -> SweepStats:
+        """What a sweep at `now_ms` would remove, changing nothing: every expired row (those of
+        whole partitions included), and the partitions that would leave whole, with their rows.
+        """
+        stats = SweepStats()
+        await self._check_tables(now_ms, stats, self.rules)
+        for rule in self.rules:
+            async with self._connection(rule) as conn, conn.transaction():
+                await self._bound(conn, self.settings.time_budget_ms)
+                pred = await self._bind(conn, rule, now_ms)
+                cur = await conn.execute(count_expired(pred), pred.params)
+                row = await cur.fetchone()
+                stats.removed += int(row[0]) if row else 0
+                layout = await read_layout(conn, pred) if self.partitions.removes else None
+                for child in layout.expired if layout is not None and layout.judged else []:
+                    cur = await conn.execute(count_rows(child.table))
+                    row = await cur.fetchone()
+                    stats.partitions.append(str(child.table))
+                    stats.partition_rows += int(row[0]) if row else 0
+        if stats.partitions:
+            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
+        return stats
 
     async def _prepare(
         self, conn: AsyncConnection[Any], rule: Rule, now_ms: int

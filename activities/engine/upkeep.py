@@ -20,6 +20,7 @@ from activities.engine.statements import (
     may_analyze,
     oldest_expired,
     table_tuples,
+    value_span_days,
 )
 from activities.progress import LedgerKey
 from purge_config.settings import SweepSettings
@@ -113,6 +114,52 @@ def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
         f"(autovacuum_vacuum_scale_factor = {factor}, autovacuum_analyze_scale_factor = "
         f"{factor})"
     )
+
+
+#: A plain table whose pass removed at least this many rows, and more than LARGE_SHARE of it, is
+#: told it wants partitions: below it a batched delete costs a fraction of a second a pass.
+PARTITION_ADVICE_ROWS = 100_000
+
+
+async def partition_advice(
+    conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan, removed: int, left: Leftover
+) -> str:
+    """One pass's evidence that a plain table wants RANGE partitions on its expiry column: the
+    pass removed a large share of it (more than LARGE_SHARE, PARTITION_ADVICE_ROWS rows or more).
+    The rows a day, read from the span of the rows left (through the index), size the advice."""
+    key = pred.range_key
+    before = removed + left.live
+    if key is None or plan.partitioned or removed < PARTITION_ADVICE_ROWS or not before:
+        return ""
+    share = removed / before
+    if share <= LARGE_SHARE:
+        return ""
+    per_day = await _rows_per_day(conn, pred, left.live) if plan.index is not None else None
+    rate = f", about {per_day:,.0f} rows a day ({per_day / 24:,.0f} an hour)" if per_day else ""
+    return (
+        f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table){rate}; "
+        f"partition it by RANGE on {key.column}, each partition narrower than the time between "
+        "passes, and set partitions = 'drop': a partition wholly expired then goes with one DROP "
+        "instead of a DELETE of each row, ~100x cheaper (measured here for a million rows: 1.2 "
+        "MB of WAL against 246 MB). The partition straddling the cutoff at a pass is deleted "
+        "row by row: with partitions W wide and passes every P, about W/2P of the rows (hourly "
+        "partitions, daily passes: 2%; daily partitions, hourly passes: 98%, no gain)"
+    )
+
+
+async def _rows_per_day(conn: AsyncConnection[Any], pred: Predicate, live: int) -> float | None:
+    """`live` rows over the days their values span: the rate rows arrive at, if the table
+    keeps a steady retention."""
+    assert pred.range_key is not None
+    try:
+        async with conn.transaction():
+            await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+            cur = await conn.execute(value_span_days(pred, pred.range_key.sql_type))
+            row = await cur.fetchone()
+    except (errors.QueryCanceled, errors.DataError):
+        return None
+    days = float(row[0]) if row and row[0] is not None else 0.0
+    return live / days if days > 0 else None
 
 
 async def analyze_after(

@@ -1,0 +1,272 @@
+"""Taking a table's wholly expired partitions out of it: detached, counted, then dropped or
+moved to `detached_schema`.
+
+A partition is detached with `DETACH PARTITION ... CONCURRENTLY`, which takes only SHARE UPDATE
+EXCLUSIVE on the table (writers go on) and runs as two transactions of its own, outside any
+transaction block. Its rows are then counted and it is dropped (or moved) in one transaction
+that also adds the count to the ledger (`purge_progress`), so the count is exact and recorded
+once, whatever dies. Before the detach starts, a mark in the ledger names the partition: a
+retry after a death between the detach's two phases finds it half-detached and completes it
+(`FINALIZE`), and after a death between the detach and the drop finds it standalone and drops
+it, counted once.
+
+PostgreSQL refuses `CONCURRENTLY` while the table has a DEFAULT partition: then the detach is
+plain (ACCESS EXCLUSIVE on the table, for as long as the count takes), in the same transaction
+as the count, the drop and the ledger, under the same short lock_timeout, tried a few times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+
+from activities.engine.partitions import Layout
+from activities.engine.statements import (
+    count_partition,
+    detach,
+    drop_table,
+    local_bounds,
+    move_table,
+    partition_mark,
+    partition_marks,
+    partition_unmark,
+    relation_state,
+    session_bounds,
+    session_reset,
+)
+from activities.progress import OnBatch, Progress
+from purge_config.names import TableName
+from purge_config.settings import PartitionPolicy, SweepSettings
+
+#: A plain detach (a DEFAULT partition forbids CONCURRENTLY) waits at most lock_timeout for
+#: its ACCESS EXCLUSIVE lock; it is tried this many times, this far apart, before the attempt
+#: fails and Temporal retries it.
+PLAIN_TRIES = 3
+PLAIN_PAUSE_S = 0.5
+
+
+@dataclass
+class Removal:
+    """What taking partitions out of one table did in this attempt."""
+
+    names: list[str] = field(default_factory=list)
+    rows: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Said in the report: a plain detach, a detach finalized that this pass did not start."""
+    complete: bool = True
+    """False when the time budget ended it before every expired partition was out."""
+
+
+def mark_key(target: str, oid: int, table: TableName) -> str:
+    """A partition's key in the ledger: the target's name, `#`, and the partition."""
+    return f"{target}#" + json.dumps({"oid": oid, "table": str(table)}, sort_keys=True)
+
+
+def marked(key: str) -> tuple[int, str]:
+    """(OID, table as it was named) of a mark."""
+    raw = json.loads(key.partition("#")[2])
+    return int(raw["oid"]), str(raw["table"])
+
+
+class PartitionRemover:
+    """Takes one table's wholly expired partitions out, on the connection that holds the
+    table's advisory lock (never inside a transaction between statements)."""
+
+    def __init__(
+        self,
+        conn: AsyncConnection[Any],
+        settings: SweepSettings,
+        policy: PartitionPolicy,
+        progress: Progress,
+        on_batch: OnBatch,
+        deadline: float,
+        target: str,
+        ledger: dict[str, object] | None,
+    ) -> None:
+        self.conn = conn
+        self.settings = settings
+        self.policy = policy
+        self.progress = progress
+        self.on_batch = on_batch
+        self.deadline = deadline
+        self.target = target
+        self.ledger = ledger
+
+    async def recover(self, layout: Layout) -> Removal:
+        """Finish what an earlier attempt of this pass left under way (its marks), then every
+        detach left half-done on the table, whoever started it: none stays pending."""
+        done = Removal()
+        ours: list[tuple[TableName, str]] = []
+        async with self._session():
+            for key, _, finished in await self._marks():
+                if finished:
+                    continue
+                cur = await self.conn.execute(relation_state(), {"oid": marked(key)[0]})
+                row = await cur.fetchone()
+                parent, pending = (row[2], bool(row[3])) if row else (None, False)
+                if row is None or (parent is not None and not pending):
+                    # Gone (never ours to finish), or its detach never started: the mark goes,
+                    # and the partition, if still expired, is judged again with the others.
+                    await self._unmark(key)
+                    continue
+                table = TableName(row[1], row[0])
+                if parent is not None:
+                    await self.conn.execute(detach(layout.table, table, "FINALIZE"))
+                ours.append((table, key))
+            mine = {t for t, _ in ours}
+            for child in layout.pending:
+                if child.table in mine:
+                    continue
+                # Not started by this pass (another tool's, or ours without a ledger to say
+                # so): completed, never dropped, since nothing says its rows were meant to go.
+                await self.conn.execute(detach(layout.table, child.table, "FINALIZE"))
+                done.notes.append(
+                    f"{layout.table}: completed the interrupted detach of {child.table} (DETACH "
+                    "PARTITION ... FINALIZE), which this pass had not started; it is now a table "
+                    "of its own, left as it is"
+                )
+        if ours:
+            await self._finish(ours, done)
+        return done
+
+    async def remove(self, layout: Layout) -> Removal:
+        """Detach every wholly expired partition (oldest first, by OID), then drop or move them
+        all, counted, in one transaction."""
+        done = Removal()
+        chosen = [(c.table, mark_key(self.target, c.oid, c.table)) for c in layout.expired]
+        if not chosen:
+            return done
+        if layout.has_default:
+            done.notes.append(
+                f"{layout.table} has a DEFAULT partition, so PostgreSQL refuses DETACH ... "
+                "CONCURRENTLY: its expired partitions were detached plainly, each holding ACCESS "
+                f"EXCLUSIVE on {layout.table} (waiting at most lock_timeout "
+                f"{self.settings.lock_timeout_ms} ms) while its rows were counted; move the "
+                "DEFAULT partition's rows into ranges and drop it to detach without blocking"
+            )
+            for table, key in chosen:
+                if time.monotonic() >= self.deadline:
+                    done.complete = False
+                    break
+                await self._plain(layout.table, table, key, done)
+            return done
+        if self.ledger is not None:
+            # Every mark durable before the first detach, in one commit: a mark whose detach
+            # never started is simply dropped by the next attempt's recover().
+            async with self.conn.transaction():
+                for _, key in chosen:
+                    await self.conn.execute(partition_mark(), {**self.ledger, "mark": key})
+        detached: list[tuple[TableName, str]] = []
+        try:
+            async with self._session():
+                for table, key in chosen:
+                    if time.monotonic() >= self.deadline:
+                        done.complete = False
+                        break
+                    await self.conn.execute(detach(layout.table, table, "CONCURRENTLY"))
+                    detached.append((table, key))
+        finally:
+            if detached and not self.conn.broken:
+                # Whatever stopped the detaches, those already out are dropped and counted now.
+                await self._finish(detached, done)
+        return done
+
+    async def _plain(self, parent: TableName, table: TableName, key: str, done: Removal) -> None:
+        for attempt in range(1, PLAIN_TRIES + 1):
+            try:
+                await self._finish([(table, key)], done, detach_from=parent)
+                return
+            except errors.LockNotAvailable:
+                if attempt == PLAIN_TRIES:
+                    raise  # Temporal retries the target; nothing was detached
+                await asyncio.sleep(PLAIN_PAUSE_S * attempt)
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[None]:
+        """Lock and statement timeouts for this session, for the concurrent detaches and their
+        FINALIZE (which run outside any transaction block), reset before the connection is used
+        for anything else."""
+        await self.conn.execute(
+            session_bounds(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+        )
+        try:
+            yield
+        finally:
+            if not self.conn.broken:  # a broken one leaves the pool with its session
+                await self.conn.execute(session_reset())
+
+    async def _finish(
+        self,
+        tables: list[tuple[TableName, str]],
+        done: Removal,
+        detach_from: TableName | None = None,
+    ) -> None:
+        """Count, drop or move, and record in the ledger every one of `tables` (detached, with
+        their marks): one transaction, one round trip, so each count is added exactly once.
+        With `detach_from`, a plain detach comes first in the same transaction."""
+        ledger = self.ledger is not None
+        counted = []
+        async with self.conn.pipeline(), self.conn.transaction():
+            # The counts read whole partitions: give them the sweep's time budget.
+            await self.conn.execute(
+                local_bounds(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)
+            )
+            for table, key in tables:
+                if detach_from is not None:
+                    await self.conn.execute(detach(detach_from, table, ""))
+                cur = await self.conn.execute(
+                    count_partition(table, ledger), {**(self.ledger or {}), "mark": key}
+                )
+                counted.append(cur)
+                if self.policy.mode == "drop":
+                    await self.conn.execute(drop_table(table))
+                elif table.schema != self.policy.detached_schema:
+                    await self.conn.execute(move_table(table, self.policy.detached_schema))
+        progress = self.progress
+        for (table, _), cur in zip(tables, counted, strict=True):
+            row = await cur.fetchone()
+            rows = int(row[0]) if row else 0
+            total = int(row[1]) if row and row[1] is not None else None
+            done.names.append(str(table))
+            done.rows += rows
+            progress.removed = total if total is not None else progress.removed + rows
+            progress.partition_rows += rows
+            progress.partition_names.append(str(table))
+            progress.batch_removed = rows
+            progress.partition = str(table)
+            self.on_batch(progress)
+        progress.partition = ""
+
+    async def _marks(self) -> list[tuple[str, int, int]]:
+        return await _marks(self.conn, self.ledger) if self.ledger is not None else []
+
+    async def _unmark(self, key: str) -> None:
+        if self.ledger is not None:
+            await self.conn.execute(partition_unmark(), {**self.ledger, "mark": key})
+
+
+async def marked_done(
+    conn: AsyncConnection[Any], ledger: dict[str, object]
+) -> tuple[list[str], int]:
+    """The partitions this pass took out of the target's tables, by every attempt, and their
+    rows: from the ledger's marks."""
+    names, rows = [], 0
+    for key, removed, finished in await _marks(conn, ledger):
+        if finished:
+            names.append(marked(key)[1])
+            rows += removed
+    return names, rows
+
+
+async def _marks(
+    conn: AsyncConnection[Any], ledger: dict[str, object]
+) -> list[tuple[str, int, int]]:
+    cur = await conn.execute(partition_marks(), ledger)
+    return [(str(k), int(r), int(b)) for k, r, b in await cur.fetchall()]

@@ -1,0 +1,238 @@
+"""A partitioned table as one pass sees it, from the catalog: which partitions can hold only
+expired rows (judged from their bounds, never their rows), which can hold none, and which leaves
+the batched delete still sweeps, each on its own.
+
+A range partition `FROM (a) TO (b)` holds values `a <= v < b`, so at most `b - step` (one unit
+of an integer column, one microsecond of a timestamp). With the rule `column <= cutoff` it is
+wholly expired when `b - step <= cutoff`, i.e. `b <= cutoff + step`; it can hold no expired row
+when `a > cutoff`. Only a table partitioned by RANGE on the rule's own column, alone, is judged so;
+a DEFAULT partition, a MAXVALUE upper bound, a LIST or HASH key, or a key on another column never
+qualifies. A sub-partitioned partition qualifies or not as a whole, by its own bounds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+
+from activities.engine.rules import Predicate, RangeKey, ident
+from activities.engine.statements import (
+    bound_after,
+    bounds_judged,
+    partition_children,
+    partition_key,
+    partition_tree,
+)
+from purge_config.names import TableName
+
+_RANGE = re.compile(r"FOR VALUES FROM \((?P<lo>.*)\) TO \((?P<hi>.*)\)", re.DOTALL)
+_LITERAL = re.compile(r"'((?:[^']|'')*)'", re.DOTALL)
+#: Fewer partitions than this beginning after the pass's instant, and inserts are near the end
+#: of the table's ranges: warn, naming the bound to create.
+AHEAD_WANTED = 2
+
+
+@dataclass(frozen=True)
+class Child:
+    """A partition directly under the swept table."""
+
+    oid: int
+    table: TableName
+    bound: str
+    """As PostgreSQL prints it: `FOR VALUES FROM ('100') TO ('200')`, `DEFAULT`."""
+    pending: bool
+    """Left half-detached by an interrupted `DETACH ... CONCURRENTLY`."""
+    owner: str
+    owned: bool
+    """This role is its owner or a member of the owning role."""
+    expired: bool = False
+    """Every value its bounds allow is expired at this pass's cutoff."""
+    unexpired: bool = False
+    """No value its bounds allow is expired: its lower bound is after the cutoff."""
+    ahead: bool = False
+    """It begins after the pass's instant."""
+    unbounded_above: bool = False
+    """Its upper bound is MAXVALUE: inserts past every other range still land somewhere."""
+
+    @property
+    def is_default(self) -> bool:
+        return self.bound == "DEFAULT"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """A partition that holds rows (not itself partitioned)."""
+
+    oid: int
+    table: TableName
+    top: int
+    """The OID of the swept table's child it lies under (itself, one level down)."""
+    direct: bool
+    """This role may SELECT and DELETE it by its own name (privileges on the parent do not
+    reach a partition named directly)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A partitioned table: its key, its children judged by their bounds, and its leaves."""
+
+    table: TableName
+    key: str
+    """As PostgreSQL prints it: `RANGE (created_ms)`."""
+    owner: str
+    owned: bool
+    role: str
+    """The role this sweep runs as (`current_user`)."""
+    judged: bool
+    """RANGE on the rule's own column alone, for a rule that is exactly `column <= cutoff`:
+    the children's bounds say which are wholly expired."""
+    children: tuple[Child, ...]
+    leaves: tuple[Leaf, ...]
+    next_bound: str = ""
+    """When fewer than two partitions begin after the pass's instant: the bound of the next one
+    to create, `FROM ('x') TO ('y')`."""
+
+    @property
+    def expired(self) -> list[Child]:
+        """Children whose every possible row is expired, and not already half-detached."""
+        return [c for c in self.children if c.expired and not c.pending]
+
+    @property
+    def pending(self) -> list[Child]:
+        return [c for c in self.children if c.pending]
+
+    @property
+    def has_default(self) -> bool:
+        return any(c.is_default for c in self.children)
+
+    def to_sweep(self, skip: frozenset[int] = frozenset()) -> list[Leaf]:
+        """The leaves a batched delete must sweep, by OID: not under a child in `skip`, a
+        half-detached one, or one that can hold no expired row."""
+        out = {c.oid for c in self.children if c.pending or c.unexpired} | skip
+        return sorted((leaf for leaf in self.leaves if leaf.top not in out), key=lambda x: x.oid)
+
+
+async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | None:
+    """The table's partitions as of now, judged against `pred`; None for a plain table."""
+    rel = {"rel": ident(pred.table).as_string(conn)}
+    cur = await conn.execute(partition_key(), rel)
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    strategy, columns, column, key, owner, owned, role = row
+    key_ = pred.range_key
+    judged = key_ is not None and strategy == "r" and columns == 1 and column == key_.column
+    cur = await conn.execute(partition_children(), rel)
+    children = [
+        Child(int(oid), TableName(name, schema), bound or "", pending, owner_, owned_)
+        for oid, schema, name, bound, pending, owner_, owned_ in await cur.fetchall()
+    ]
+    next_bound = ""
+    if judged and key_ is not None and children:
+        children = await _judge(conn, key_, children)
+        next_bound = await _next_bound(conn, key_, children)
+    cur = await conn.execute(partition_tree(), rel)
+    tree = await cur.fetchall()
+    parents = {int(oid): int(parent) for oid, parent, *_ in tree}
+    tops = {c.oid for c in children}
+    leaves = []
+    for oid, _, isleaf, schema, name, direct in tree:
+        if not isleaf:
+            continue
+        top = int(oid)
+        while top not in tops and top in parents:
+            top = parents[top]
+        leaves.append(Leaf(int(oid), TableName(name, schema), top, bool(direct)))
+    return Layout(
+        table=pred.table,
+        key=str(key),
+        owner=str(owner),
+        owned=bool(owned),
+        role=str(role),
+        judged=judged,
+        children=tuple(children),
+        leaves=tuple(leaves),
+        next_bound=next_bound,
+    )
+
+
+def range_bounds(bound: str) -> tuple[str | None, str | None] | None:
+    """(lower, upper) literal texts of a one-column range bound, None for MINVALUE/MAXVALUE;
+    None for anything else (DEFAULT, LIST, HASH, several columns)."""
+    match = _RANGE.fullmatch(bound)
+    if match is None:
+        return None
+    out: list[str | None] = []
+    for side in (match["lo"], match["hi"]):
+        if side in ("MINVALUE", "MAXVALUE"):
+            out.append(None)
+            continue
+        literal = _LITERAL.fullmatch(side)
+        if literal is None:
+            return None
+        out.append(literal.group(1).replace("''", "'"))
+    return out[0], out[1]
+
+
+async def _judge(conn: AsyncConnection[Any], key: RangeKey, children: list[Child]) -> list[Child]:
+    """Each child's bounds against the cutoff and the instant, compared by PostgreSQL in the
+    column's own type (a bound is printed, and read back, in this session's settings)."""
+    parsed = [range_bounds(c.bound) for c in children]
+    lows = [p[0] if p else None for p in parsed]
+    highs = [p[1] if p else None for p in parsed]
+    params = {
+        "lo": lows,
+        "hi": highs,
+        "limit": _plus(key.cutoff, key.step),
+        "cutoff": key.cutoff,
+        "now": key.now,
+    }
+    cur = await conn.execute(bounds_judged(key.sql_type), params)
+    judged = await cur.fetchall()
+    out = []
+    for child, bounds, (expired, unexpired, ahead) in zip(children, parsed, judged, strict=True):
+        if bounds is None:
+            out.append(child)  # DEFAULT: never judged by its bounds, always swept
+            continue
+        out.append(
+            replace(
+                child,
+                expired=bool(expired),
+                unexpired=bool(unexpired),
+                ahead=bool(ahead),
+                unbounded_above=bounds[1] is None,
+            )
+        )
+    return out
+
+
+async def _next_bound(conn: AsyncConnection[Any], key: RangeKey, children: list[Child]) -> str:
+    """The bound of the partition to create when fewer than AHEAD_WANTED begin after now: from
+    the greatest upper bound, as wide as the partition ending there. Empty when enough lie
+    ahead, or a MAXVALUE partition takes every later row anyway."""
+    current = [c for c in children if not c.pending]
+    if sum(c.ahead for c in current) >= AHEAD_WANTED or any(c.unbounded_above for c in current):
+        return ""
+    pairs = [range_bounds(c.bound) for c in current]
+    finite = [p for p in pairs if p is not None and p[0] is not None and p[1] is not None]
+    if not finite:
+        return ""
+    try:
+        cur = await conn.execute(
+            bound_after(key.sql_type),
+            {"lo": [p[0] for p in finite], "hi": [p[1] for p in finite]},
+        )
+        row = await cur.fetchone()
+    except errors.DataError:
+        return ""  # the next range would overflow the type: nothing sensible to name
+    if row is None:
+        return ""
+    return f"FROM ('{row[0]}') TO ('{row[1]}')"
+
+
+def _plus(value: object, step: object) -> object:
+    # int + int, or datetime + timedelta: the least value that is not expired.
+    return value + step  # type: ignore[operator]

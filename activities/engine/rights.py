@@ -1,0 +1,91 @@
+"""Who may take partitions out, and where taking them out can do nothing: checked before
+anything is detached, so a role that could detach but not finish is refused with the grant it
+lacks, never left halfway."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from activities.engine.partitions import Layout
+from activities.engine.rules import Predicate, ident
+from activities.engine.statements import name_taken, schema_ready
+from activities.errors import BadPurgeTarget
+from purge_config.names import TableName
+from purge_config.settings import PartitionPolicy
+
+
+async def check_partitions(
+    conn: AsyncConnection[Any], pred: Predicate, layout: Layout | None, policy: PartitionPolicy
+) -> str:
+    """Before anything is detached: refuse a role that could not finish (see `check_rights`),
+    and say why `partitions = "drop"` (or detach) can take nothing out of this table, if it
+    cannot (returned as advice; empty when it can, or when the setting is `delete`)."""
+    if not policy.removes:
+        return ""
+    setting = f"partitions = {policy.mode!r}"
+    if pred.range_key is None:
+        return (
+            f"{pred.table}: {setting} has no effect: its rule is not a comparison of one column "
+            "with the cutoff (a rate-limit bucket expires when it is full again), so no "
+            "partition's bounds can say all its rows are expired; its rows are deleted in batches"
+        )
+    if layout is None:
+        return f"{pred.table}: {setting} has no effect: the table is not partitioned"
+    if not layout.judged:
+        return (
+            f"{pred.table}: {setting} has no effect: it is partitioned by {layout.key}, not by "
+            f"RANGE on {pred.range_key.column} alone; each partition is swept in batches"
+        )
+    await check_rights(conn, layout, policy)
+    return ""
+
+
+async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: PartitionPolicy) -> None:
+    """Refuse, before anything is detached, a role that could detach but not finish: DETACH
+    needs the table's owner, DROP and SET SCHEMA each partition's, a move CREATE on the schema
+    (and no table of the same name there)."""
+    verb = "drop" if policy.mode == "drop" else "detach"
+    missing = [(str(layout.table), layout.owner)] if not layout.owned else []
+    missing += [(str(c.table), c.owner) for c in layout.children if not c.owned]
+    if missing:
+        owners = sorted({owner for _, owner in missing})
+        tables = ", ".join(f"{table} (owner {owner})" for table, owner in missing)
+        grant = "; ".join(f"GRANT {owner} TO {layout.role}" for owner in owners)
+        raise BadPurgeTarget(
+            f"table {layout.table}: partitions = {verb!r} detaches and {verb}s whole partitions, "
+            f"which needs their owner, and role {layout.role} is not a member of the owner of "
+            f"{tables}; {grant} (or set partitions = 'delete'); nothing was detached"
+        )
+    if policy.mode != "detach":
+        return
+    schema = policy.detached_schema
+    cur = await conn.execute(schema_ready(), {"schema": _quoted(conn, schema)})
+    exists, may_create = await cur.fetchone() or (False, False)
+    if not exists:
+        raise BadPurgeTarget(
+            f"table {layout.table}: detached_schema {schema!r} does not exist; create it "
+            f"(CREATE SCHEMA {_quoted(conn, schema)}); nothing was detached"
+        )
+    if not may_create:
+        raise BadPurgeTarget(
+            f"table {layout.table}: moving detached partitions to schema {schema!r} needs CREATE "
+            f"on it: GRANT CREATE ON SCHEMA {_quoted(conn, schema)} TO {layout.role}; nothing was "
+            "detached"
+        )
+    for child in layout.expired:
+        if child.table.schema == schema:
+            continue
+        there = TableName(child.table.table, schema)
+        cur = await conn.execute(name_taken(), {"name": ident(there).as_string(conn)})
+        row = await cur.fetchone()
+        if row and row[0]:
+            raise BadPurgeTarget(
+                f"table {layout.table}: partition {child.table} cannot move to {there}: a table "
+                "of that name is already there; rename or drop it; nothing was detached"
+            )
+
+
+def _quoted(conn: AsyncConnection[Any], schema: str) -> str:
+    return ident(TableName(schema)).as_string(conn)

@@ -1,0 +1,308 @@
+"""Case 6, `partitioned`: a table partitioned by day on an epoch-ms column, with 10 days and a
+half expired, swept three ways while a writer inserts into today's partition.
+
+The table has `3 x --rows` rows (6,000,000 at the default) in 30 daily partitions, as an
+application would index it (primary key on `(id, created_ms)`, `created_ms`, `(user_id,
+created_ms)`). The target is `expiring` on `created_ms` with `max_age = 19d`; the partitions'
+bounds are placed from the cutoff (`now - 19 days`) so that 10 partitions end before it and the
+eleventh holds it in its middle: half of that one's rows are expired.
+
+Forms: (a) one DELETE; (b) the activity with `partitions = "drop"`; (c) the activity with
+`partitions = "delete"`; (d) `partitions = "drop"` at an instant half a day earlier, its cutoff
+one millisecond before a partition bound, so that 10 whole partitions are expired and no row at
+the edge: the partition mechanism alone (its ratios are still taken against (a), which removes
+5% more rows). After each: expired rows left, live rows lost (the table's own and the writer's),
+and partitions left half-detached.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
+
+from activities import builtin_targets as kinds
+from bench.cases import Bench, _lsn, _wal_since
+from bench.forms import run_target
+from bench.stats import FormResult, FormRun, median_of, summarize
+from bench.writer import EVENT_IDS, WriterConfig, running_writer
+from purge_config.names import TableName
+from purge_config.settings import PartitionPolicy
+from purge_ops.connect import open_pool
+
+log = logging.getLogger("bench")
+
+DAY_MS = 86_400_000
+PARTITIONS = 30
+MAX_AGE_MS = 19 * DAY_MS
+#: The cutoff lies this many days after the first partition begins: 10 whole days expired, and
+#: half of the eleventh.
+EXPIRED_DAYS = 10.5
+FORMS = ("delete", "drop", "sweep", "whole")
+
+
+@dataclass(frozen=True)
+class Events:
+    """The dataset: `rows` rows spread evenly over PARTITIONS daily partitions."""
+
+    rows: int
+    now_ms: int
+
+    @property
+    def per_day(self) -> int:
+        return self.rows // PARTITIONS
+
+    @property
+    def cutoff(self) -> int:
+        """The greatest expired `created_ms`: `now - max_age`."""
+        return self.now_ms - MAX_AGE_MS
+
+    @property
+    def start(self) -> int:
+        return self.cutoff - int(EXPIRED_DAYS * DAY_MS)
+
+    @property
+    def step(self) -> int:
+        """Between two rows' `created_ms` (ms): a day's rows, evenly."""
+        return DAY_MS // self.per_day
+
+    @property
+    def expired(self) -> int:
+        """Rows at or before the cutoff: row j is at start + j * step."""
+        return (self.cutoff - self.start) // self.step + 1
+
+    def now_for(self, form: str) -> int:
+        """The pass's instant of `form`: (d) sweeps half a day earlier, its cutoff just before
+        the bound where the eleventh partition begins."""
+        if form != "whole":
+            return self.now_ms
+        return self.start + 10 * DAY_MS - 1 + MAX_AGE_MS
+
+    def expired_for(self, form: str) -> int:
+        return 10 * self.per_day if form == "whole" else self.expired
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.per_day * PARTITIONS:,} rows, {PARTITIONS} daily partitions, "
+            f"{self.expired:,} expired (10.5 days)"
+        )
+
+
+async def build(conn: AsyncConnection[Any], schema: str, name: str, data: Events) -> None:
+    """The partitioned copy: loaded first, indexed after (as a restore would), vacuumed,
+    prewarmed."""
+    table = sql.Identifier(schema, name)
+    await conn.execute(
+        sql.SQL(
+            "CREATE TABLE {} (id bigint NOT NULL, created_ms bigint NOT NULL, user_id bigint,"
+            " body text) PARTITION BY RANGE (created_ms)"
+        ).format(table)
+    )
+    for n in range(PARTITIONS):
+        lo = data.start + n * DAY_MS
+        await conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})"
+                " WITH (autovacuum_enabled = false)"
+            ).format(
+                sql.Identifier(schema, f"{name}_d{n:02}"),
+                table,
+                sql.Literal(lo),
+                sql.Literal(lo + DAY_MS),
+            )
+        )
+    await conn.execute(
+        sql.SQL(
+            "INSERT INTO {} SELECT i, {} + i * {}, mod(i, 1000), md5(i::text)"
+            " FROM generate_series(0::bigint, {}) i"
+        ).format(table, sql.Literal(data.start), sql.Literal(data.step), sql.Literal(data.rows - 1))
+    )
+    await conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id, created_ms)").format(table))
+    await conn.execute(sql.SQL("CREATE INDEX ON {} (created_ms)").format(table))
+    await conn.execute(sql.SQL("CREATE INDEX ON {} (user_id, created_ms)").format(table))
+    await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
+    await conn.execute(
+        sql.SQL(
+            "SELECT pg_prewarm(t.relid) FROM pg_partition_tree({rel}::regclass) t WHERE t.isleaf"
+            " UNION ALL SELECT pg_prewarm(i.indexrelid) FROM pg_index i"
+            " JOIN pg_partition_tree({rel}::regclass) t ON t.relid = i.indrelid WHERE t.isleaf"
+        ).format(rel=sql.Literal(f'"{schema}"."{name}"'))
+    )
+
+
+async def run_partitioned(bench: Bench, rows: int) -> list[FormResult]:
+    """Every form `bench.repeat` times, each on a fresh copy, alternating their order."""
+    data = Events(rows=rows, now_ms=bench.now_ms)
+    # The package's pool with the bench schema first on the path: the sweep then keeps its
+    # ledger (purge_progress, in the reference DDL), as a deployment would.
+    pool = await open_pool(make_conninfo(bench.url, options=f"-c search_path={bench.schema}"))
+    runs: dict[str, list[FormResult]] = {form: [] for form in FORMS}
+    try:
+        await _warm_up(bench, pool, data)
+        for repeat in range(bench.repeat):
+            order = FORMS if repeat % 2 == 0 else tuple(reversed(FORMS))
+            for form in order:
+                runs[form].append(await _measure(bench, pool, data, form))
+    finally:
+        await pool.close()
+    bench.all_runs.extend(r for form in FORMS for r in runs[form])
+    measured = [median_of(runs[form]) for form in FORMS]
+    base = measured[0]
+    for result in measured:
+        result.ratio = result.seconds / base.seconds if base.seconds > 0 else None
+        result.notes["wal_share_of_delete"] = (
+            result.wal_bytes / base.wal_bytes if base.wal_bytes > 0 else None
+        )
+    return measured
+
+
+async def _warm_up(bench: Bench, pool: Any, data: Events) -> None:
+    """One sweep of a small copy first, unmeasured: whichever form runs first would otherwise
+    pay for the pool's first connections and psycopg's first statements (~200 ms here)."""
+    small = Events(rows=PARTITIONS * 10, now_ms=data.now_ms)
+    await build(bench.conn, bench.schema, "events_warm_up", small)
+    try:
+        await _form(bench.conn, pool, bench.schema, "events_warm_up", small, "drop")
+    finally:
+        await bench.conn.execute(
+            sql.SQL("DROP TABLE {}").format(sql.Identifier(bench.schema, "events_warm_up"))
+        )
+
+
+async def _measure(bench: Bench, pool: Any, data: Events, form: str) -> FormResult:
+    conn = bench.conn
+    name = f"events_{form}"
+    started = time.perf_counter()
+    await build(conn, bench.schema, name, data)
+    try:
+        if bench.checkpoint:
+            await conn.execute("CHECKPOINT")
+        log.info("partitioned: copy %s ready in %.1f s", name, time.perf_counter() - started)
+        config = WriterConfig(
+            url=bench.url,
+            schema=bench.schema,
+            table=name,
+            kind="events",
+            rows=data.rows,
+            expired=data.expired,
+            layout="ordered",
+            now_ms=data.now_ms,
+            rate=bench.writer_rate,
+            seed=bench.seed,
+        )
+        async with running_writer(config) as writer:
+            lsn = await _lsn(conn)
+            await writer.go()
+            try:
+                run = await _form(conn, pool, bench.schema, name, data, form)
+            finally:
+                writer_run = await writer.stop()
+            wal_total = await _wal_since(conn, lsn)
+        cutoff = data.now_for(form) - MAX_AGE_MS
+        left, live, pending = await _after(conn, bench.schema, name, cutoff)
+        written = {int(key) for key in writer_run.renewed}
+        present = await _present(conn, bench.schema, name, sorted(written))
+        # The table's own live rows, and every row the writer inserted, must all be there.
+        expired = data.expired_for(form)
+        lost = (data.rows - expired + len(written) - live) + (len(written) - present)
+        run.notes["pending"] = pending
+    finally:
+        await conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(bench.schema, name)))
+        await _drop_detached(conn, bench.schema, name)
+    result = summarize(
+        "partitioned",
+        data.label,
+        form,
+        data.rows,
+        expired,
+        run,
+        writer_run,
+        left=left,
+        lost=lost,
+        wal_total=wal_total,
+    )
+    log.info(
+        "partitioned: %s removed %d in %.3f s (WAL %.1f MB, writer p99 %.1f ms, lost %d, "
+        "pending %d)",
+        form,
+        result.removed,
+        result.seconds,
+        result.wal_bytes / 1e6,
+        result.writer_p99_ms or 0.0,
+        lost,
+        pending,
+    )
+    return result
+
+
+async def _form(
+    conn: AsyncConnection[Any], pool: Any, schema: str, name: str, data: Events, form: str
+) -> FormRun:
+    if form == "delete":
+        statement = sql.SQL("DELETE FROM {} WHERE created_ms <= %s").format(
+            sql.Identifier(schema, name)
+        )
+        started = time.perf_counter()
+        cur = await conn.execute(statement, (data.cutoff,))
+        seconds = time.perf_counter() - started
+        return FormRun(max(cur.rowcount, 0), seconds, [seconds * 1000])
+    mode = "delete" if form == "sweep" else "drop"
+    target = kinds.expiring(
+        pool,
+        f"bench_{name}_{uuid.uuid4().hex[:6]}",
+        TableName(name, schema),
+        "created_ms",
+        MAX_AGE_MS,
+        partitions=PartitionPolicy(mode),
+    )
+    return await run_target(target, data.now_for(form))
+
+
+async def _after(
+    conn: AsyncConnection[Any], schema: str, name: str, cutoff: int
+) -> tuple[int, int, int]:
+    """(expired rows left, live rows, partitions left half-detached)."""
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT count(*) FILTER (WHERE created_ms <= %s),"
+            " count(*) FILTER (WHERE created_ms > %s) FROM {}"
+        ).format(sql.Identifier(schema, name)),
+        (cutoff, cutoff),
+    )
+    row = await cur.fetchone()
+    cur = await conn.execute(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass AND inhdetachpending",
+        (f'"{schema}"."{name}"',),
+    )
+    pending = await cur.fetchone()
+    assert row is not None
+    assert pending is not None
+    return int(row[0]), int(row[1]), int(pending[0])
+
+
+async def _present(conn: AsyncConnection[Any], schema: str, name: str, ids: list[int]) -> int:
+    cur = await conn.execute(
+        sql.SQL("SELECT count(*) FROM {} WHERE id = ANY(%s) AND id >= %s").format(
+            sql.Identifier(schema, name)
+        ),
+        (ids, EVENT_IDS),
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _drop_detached(conn: AsyncConnection[Any], schema: str, name: str) -> None:
+    """Partitions a form left behind as tables of their own (none, unless it failed)."""
+    cur = await conn.execute(
+        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname LIKE %s AND c.relkind IN ('r', 'p')",
+        (schema, f"{name}_d%"),
+    )
+    for (rel,) in await cur.fetchall():
+        await conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, rel)))

@@ -1,0 +1,621 @@
+"""Partitioned tables: wholly expired range partitions leave whole (dropped, or detached and
+kept), the rest is deleted in batches partition by partition, and every count stays exact.
+
+Attempts are the real activity in Temporal's activity environment against real PostgreSQL. The
+table is partitioned by day on an epoch-ms column, judged with max_age 3 days at a frozen clock:
+three partitions are wholly expired, one straddles the cutoff (one of its rows is expired), the
+rest are live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities import builtin_targets as kinds
+from activities.engine.detaching import mark_key
+from activities.engine.target import SqlTarget
+from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.sweep import PurgeActivities
+from activities.targets import TargetRegistry
+from purge_config.names import TableName
+from purge_config.settings import Guards, PartitionPolicy
+from purge_dev.servers import TemporalDevServer
+from purge_ops.connect import open_pool
+from purge_ops.render import report_table
+from tests.conftest import RunWorker
+from tests.support.activity import activity_env
+from tests.support.passes import run_pass
+from tests.support.procs import clean_env, start_worker, stop, worker_config
+from tests.support.rows import HOUR, PAST_NOW, auth_rows
+
+NOW = PAST_NOW
+DAY = 24 * HOUR
+DAY0 = NOW // DAY * DAY
+MAX_AGE = 3 * DAY
+ROWS_PER_DAY = 10
+#: Partitions p_m6 .. p_p1 by day k from DAY0, -6 <= k <= 1: with the cutoff NOW - 3 days,
+#: p_m6, p_m5 and p_m4 end by it, p_m3 holds it.
+DAYS = range(-6, 2)
+EXPIRED_PARTS = ["p_m6", "p_m5", "p_m4"]
+EXPIRED_ROWS = 3 * ROWS_PER_DAY + 1  # and the first row of p_m3, at DAY0 - 3 days
+
+
+def part_name(day: int) -> str:
+    return f"p_{'m' if day < 0 else 'p'}{abs(day)}"
+
+
+def make_events(
+    db: psycopg.Connection[Any], default: bool = False, days: range = DAYS, now: int = NOW
+) -> int:
+    """The events table, its daily partitions and rows (around `now`); returns its rows."""
+    day0 = now // DAY * DAY
+    db.execute(
+        "CREATE TABLE events (id bigint NOT NULL, at_ms bigint NOT NULL, body text,"
+        " PRIMARY KEY (id, at_ms)) PARTITION BY RANGE (at_ms)"
+    )
+    db.execute("CREATE INDEX ON events (at_ms)")
+    for day in days:
+        lo, hi = day0 + day * DAY, day0 + (day + 1) * DAY
+        db.execute(
+            f"CREATE TABLE {part_name(day)} PARTITION OF events FOR VALUES FROM ({lo}) TO ({hi})"
+        )
+    if default:
+        db.execute("CREATE TABLE p_default PARTITION OF events DEFAULT")
+    db.execute(
+        "INSERT INTO events SELECT d * 100 + j, %s + d * %s + j * %s, 'e'"
+        " FROM generate_series(%s::bigint, %s) d, generate_series(0::bigint, %s) j",
+        (day0, DAY, DAY // ROWS_PER_DAY, days.start, days.stop - 1, ROWS_PER_DAY - 1),
+    )
+    db.execute("ANALYZE events")
+    return len(days) * ROWS_PER_DAY
+
+
+def events(
+    pool: AsyncConnectionPool[Any], mode: str = "drop", schema: str = "", **kw: Any
+) -> SqlTarget:
+    return kinds.expiring(
+        pool,
+        "events",
+        TableName("events"),
+        "at_ms",
+        MAX_AGE,
+        partitions=PartitionPolicy(mode, schema),
+        **kw,
+    )
+
+
+def children(db: psycopg.Connection[Any], table: str = "events") -> list[str]:
+    rows = db.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = %s::regclass ORDER BY 1",
+        (table,),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def count(db: psycopg.Connection[Any], table: str = "events") -> int:
+    row = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def expired_left(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (NOW - MAX_AGE,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def pending(db: psycopg.Connection[Any]) -> int:
+    row = db.execute("SELECT count(*) FROM pg_inherits WHERE inhdetachpending").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def sweep(target: SqlTarget, dry_run: bool = False, **info: Any) -> PurgeSweep:
+    result: PurgeSweep = await activity_env(**info).run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name=target.name, now_ms=NOW, dry_run=dry_run),
+    )
+    return result
+
+
+async def test_drop_takes_wholly_expired_partitions_out_and_deletes_only_at_the_edge(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    total = make_events(db)
+
+    result = await sweep(events(pool))
+
+    assert result.removed == EXPIRED_ROWS
+    assert (result.partitions_dropped, result.partitions_detached) == (3, 0)
+    assert result.partition_names == [f"{schema}.{p}" for p in EXPIRED_PARTS]
+    assert (result.partition_rows, result.edge_removed) == (30, 1)
+    assert result.strategy.startswith("partitions+")
+    assert not result.lower_bound
+    assert count(db) == total - EXPIRED_ROWS
+    assert expired_left(db) == 0
+    assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
+    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)  # dropped, not kept
+    assert pending(db) == 0
+
+
+async def test_detach_keeps_each_partition_with_its_rows_in_detached_schema(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    total = make_events(db)
+    archive = f"{schema}_archive"
+    db.execute(f'CREATE SCHEMA "{archive}"')
+    try:
+        result = await sweep(events(pool, "detach", archive))
+
+        assert (result.partitions_dropped, result.partitions_detached) == (0, 3)
+        assert result.removed == EXPIRED_ROWS
+        assert count(db) == total - EXPIRED_ROWS
+        for name in EXPIRED_PARTS:
+            assert count(db, f'"{archive}".{name}') == ROWS_PER_DAY
+            assert db.execute("SELECT to_regclass(%s)", (name,)).fetchone() == (None,)
+        assert db.execute(
+            "SELECT relispartition FROM pg_class WHERE oid = %s::regclass", (f'"{archive}".p_m6',)
+        ).fetchone() == (False,)
+    finally:
+        db.execute(f'DROP SCHEMA "{archive}" CASCADE')
+
+
+async def test_dry_run_names_the_partitions_counts_their_rows_and_changes_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    total = make_events(db)
+    before = children(db)
+
+    result = await sweep(events(pool), dry_run=True)
+
+    assert result.removed == EXPIRED_ROWS
+    assert result.partitions_dropped == 3
+    assert result.partition_names == [f"{schema}.{p}" for p in EXPIRED_PARTS]
+    assert (result.partition_rows, result.edge_removed) == (30, 1)
+    assert (count(db), children(db)) == (total, before)
+    report = PurgeReport(swept=[result], removed=result.removed, now_ms=NOW, dry_run=True)
+    text = report_table(report)
+    assert f"partitions: events: would drop {schema}.p_m6, {schema}.p_m5, {schema}.p_m4" in text
+    assert "1 rows would be deleted at the edge" in text
+
+
+async def test_delete_mode_sweeps_every_partition_in_batches_and_leaves_them_all(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    total = make_events(db)
+    before = children(db)
+
+    result = await sweep(events(pool, "delete"))
+
+    assert result.removed == EXPIRED_ROWS
+    assert (result.partitions_dropped, result.partition_rows) == (0, 0)
+    assert "partitions" not in result.strategy
+    assert (count(db), children(db)) == (total - EXPIRED_ROWS, before)
+
+
+async def test_a_role_without_ownership_fails_once_naming_the_grant_and_detaches_nothing(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    total = make_events(db)
+    tables = ", ".join(["events", *(part_name(d) for d in DAYS)])
+    db.execute(f'GRANT SELECT, DELETE ON {tables} TO "{role}"')
+    db.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON purge_progress TO "{role}"')
+    before = children(db)
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        with pytest.raises(ApplicationError) as refused:
+            await sweep(events(pool))
+    finally:
+        await pool.close()
+
+    assert refused.value.type == "BadPurgeTarget"
+    assert refused.value.non_retryable
+    owner = db.execute("SELECT current_user").fetchone()
+    assert owner is not None
+    assert f"GRANT {owner[0]} TO {role}" in refused.value.message
+    assert "nothing was detached" in refused.value.message
+    assert (count(db), children(db)) == (total, before)
+
+
+async def test_delete_mode_works_with_select_and_delete_on_the_parent_alone(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    """Privileges on a partitioned table do not reach its partitions by name: the sweep then
+    goes through the parent, and says which grant would let it sweep partition by partition."""
+    total = make_events(db)
+    db.execute(f'GRANT SELECT, DELETE ON events TO "{role}"')
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        result = await sweep(events(pool, "delete"))
+    finally:
+        await pool.close()
+
+    assert result.removed == EXPIRED_ROWS
+    assert count(db) == total - EXPIRED_ROWS
+    assert "GRANT SELECT, DELETE on each partition" in result.advice
+
+
+async def test_guards_count_partition_rows_and_refuse_before_the_first_detach(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    total = make_events(db)
+    before = children(db)
+
+    with pytest.raises(ApplicationError) as refused:
+        await sweep(events(pool, guards=Guards(max_rows=EXPIRED_ROWS - 1)))
+
+    assert refused.value.type == "PurgeGuardRefused"
+    assert f"would remove {EXPIRED_ROWS} rows" in refused.value.message
+    assert (count(db), children(db)) == (total, before)
+
+
+async def test_a_default_partition_makes_the_detach_plain_and_the_report_says_so(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    total = make_events(db, default=True)
+    db.execute("INSERT INTO events VALUES (1, %s, 'old, in DEFAULT'), (2, %s, 'new')", (0, NOW * 2))
+
+    result = await sweep(events(pool))
+
+    assert result.partitions_dropped == 3
+    assert result.removed == EXPIRED_ROWS + 1  # the DEFAULT partition's old row, at the edge
+    assert "has a DEFAULT partition" in result.advice
+    assert "without blocking" in result.advice
+    assert count(db) == total + 2 - EXPIRED_ROWS - 1
+    assert pending(db) == 0
+
+
+async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_counted_once(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
+) -> None:
+    """Attempt 1's connection is cut while its DETACH ... CONCURRENTLY waits between its two
+    phases (an older snapshot still reads the table): the partition is left half-detached.
+    Attempt 2 of the same pass completes it (FINALIZE), drops it and the rest, and counts each
+    partition's rows exactly once."""
+    total = make_events(db)
+    target = events(pool)
+    run_id = "run-interrupted"
+    beats: list[dict[str, Any]] = []
+    first = activity_env(workflow_run_id=run_id)
+    first.on_heartbeat = lambda *d: beats.append(d[0])
+    with psycopg.connect(pg_url, autocommit=True) as reader:
+        reader.execute(f'SET search_path = "{schema}"')
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM events")  # a snapshot the detach must wait out
+        attempt = asyncio.ensure_future(
+            first.run(
+                PurgeActivities(TargetRegistry([target])).purge_target,
+                PurgeStep(name="events", now_ms=NOW),
+            )
+        )
+        backend = await _waiting_detach(db)
+        db.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        with pytest.raises(psycopg.OperationalError):
+            await attempt
+        reader.execute("ROLLBACK")
+    half = db.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhdetachpending"
+    ).fetchall()
+    assert half == [("p_m6",)]  # the oldest goes first
+
+    last = next((b for b in reversed(beats) if "batch_ms" in b), {})
+    result = await sweep(target, workflow_run_id=run_id, attempt=2, heartbeat_details=[last])
+
+    assert pending(db) == 0
+    assert result.removed == EXPIRED_ROWS
+    assert result.partitions_dropped == 3
+    assert result.partition_rows == 30
+    assert count(db) == total - EXPIRED_ROWS
+    assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
+
+
+async def _detach_done(db: psycopg.Connection[Any]) -> None:
+    """Until no backend runs a DETACH any more."""
+    for _ in range(500):
+        row = db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE%DETACH%'"
+            " AND state = 'active'"
+        ).fetchone()
+        if row == (0,):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the orphaned detach never ended")
+
+
+async def _waiting_detach(db: psycopg.Connection[Any], tries: int = 200) -> int:
+    """The backend of the DETACH ... CONCURRENTLY waiting out an older snapshot."""
+    for _ in range(tries):
+        row = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event = 'virtualxid'"
+            " AND query LIKE '%DETACH PARTITION%CONCURRENTLY'"
+        ).fetchone()
+        if row:
+            return int(row[0])
+        await asyncio.sleep(0.02)
+    raise AssertionError("the detach never waited")
+
+
+async def test_a_death_between_the_detach_and_the_drop_is_finished_by_the_retry(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    """What attempt 1 did before it died, done by hand: the ledger's mark, then the whole
+    concurrent detach. Attempt 2 finds the partition standalone by its mark, counts it once
+    and drops it."""
+    total = make_events(db)
+    run_id = "run-died-after-detach"
+    oid = db.execute("SELECT 'p_m6'::regclass::oid::bigint").fetchone()
+    assert oid is not None
+    mark = mark_key("events", int(oid[0]), TableName("p_m6", schema))
+    db.execute(
+        "INSERT INTO purge_progress VALUES ('test-workflow-id', %s, %s, %s, 0, 0)",
+        (run_id, mark, NOW),
+    )
+    db.execute("ALTER TABLE events DETACH PARTITION p_m6 CONCURRENTLY")
+
+    result = await sweep(events(pool), workflow_id="test-workflow-id", workflow_run_id=run_id)
+
+    assert result.removed == EXPIRED_ROWS
+    assert result.partition_names == [f"{schema}.{p}" for p in EXPIRED_PARTS]
+    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)
+    assert count(db) == total - EXPIRED_ROWS
+
+
+async def test_a_detach_this_pass_did_not_start_is_completed_and_left_as_a_table(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
+) -> None:
+    """Someone else's interrupted detach (of a live partition, even) is finalized, so no
+    partition stays pending, but never dropped: nothing says its rows were meant to go."""
+    make_events(db)
+    with psycopg.connect(pg_url, autocommit=True) as holder:
+        holder.execute(f'SET search_path = "{schema}"')
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE p_p1 IN ACCESS SHARE MODE")
+        db.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            db.execute("ALTER TABLE events DETACH PARTITION p_p1 CONCURRENTLY")
+        db.execute("RESET lock_timeout")
+        holder.execute("ROLLBACK")
+    assert pending(db) == 1
+
+    result = await sweep(events(pool))
+
+    assert pending(db) == 0
+    assert count(db, "p_p1") == ROWS_PER_DAY
+    assert "completed the interrupted detach of" in result.advice
+    assert result.partitions_dropped == 3
+
+
+@pytest.mark.parametrize(
+    ("key", "bounds"),
+    [
+        ("LIST (region)", ["FOR VALUES IN ('eu')", "FOR VALUES IN ('us')", "DEFAULT"]),
+        ("HASH (id)", [f"FOR VALUES WITH (modulus 3, remainder {n})" for n in range(3)]),
+        ("RANGE (id)", ["FOR VALUES FROM (MINVALUE) TO (100)",
+                        "FOR VALUES FROM (100) TO (MAXVALUE)"]),
+    ],
+    ids=["list", "hash", "range-on-another-column"],
+)  # fmt: skip
+async def test_a_table_partitioned_otherwise_is_swept_partition_by_partition(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], key: str, bounds: list[str]
+) -> None:
+    """No partition can be judged by the expiry column's bounds: each is swept in batches, on
+    its own (its own ctid ranges), and the report says `drop` had nothing to take."""
+    db.execute(f"CREATE TABLE events (id bigint, region text, at_ms bigint) PARTITION BY {key}")
+    for n, bound in enumerate(bounds):
+        db.execute(f"CREATE TABLE part_{n} PARTITION OF events {bound}")
+    db.execute(
+        "INSERT INTO events SELECT i, CASE WHEN i %% 2 = 0 THEN 'eu' ELSE 'us' END,"
+        " CASE WHEN i %% 3 = 0 THEN %s ELSE %s END FROM generate_series(1::bigint, 300) i",
+        (NOW - MAX_AGE - HOUR, NOW),
+    )
+    db.execute("ANALYZE events")
+
+    result = await sweep(events(pool))
+
+    assert result.removed == 100
+    assert result.partitions_dropped == 0
+    assert expired_left(db) == 0
+    assert count(db) == 200
+    assert f"partitioned by {key}, not by RANGE on at_ms alone" in result.advice
+
+
+async def test_rate_limit_partitions_never_leave_whole_and_the_report_says_why(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    db.execute("DROP TABLE x_rate_limit")
+    db.execute(
+        "CREATE TABLE x_rate_limit (key text, tokens float8, capacity float8,"
+        " refill_per_ms float8, last_ms bigint) PARTITION BY RANGE (last_ms)"
+    )
+    db.execute(f"CREATE TABLE rl_old PARTITION OF x_rate_limit FOR VALUES FROM (0) TO ({NOW})")
+    db.execute(
+        "INSERT INTO x_rate_limit VALUES ('full', 4, 4, 1, %s), ('empty', 0, 4, 1e-12, %s)",
+        (NOW - HOUR, NOW - HOUR),
+    )
+    target = kinds.rate_limit(pool, partitions=PartitionPolicy("drop"))
+
+    result = await sweep(target)
+
+    assert (result.removed, result.partitions_dropped) == (1, 0)
+    assert count(db, "rl_old") == 1  # the bucket that is not full again stays
+    assert "a rate-limit bucket expires when it is full again" in result.advice
+
+
+async def test_fewer_than_two_partitions_ahead_warns_naming_the_bound_to_create(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    make_events(db, days=range(-6, 1))  # the last partition holds NOW: none begins after it
+
+    result = await sweep(events(pool, "delete"))
+
+    assert "only 0 partitions begin after this pass's instant" in result.advice
+    bound = f"FOR VALUES FROM ('{DAY0 + DAY}') TO ('{DAY0 + 2 * DAY}')"
+    assert f"CREATE TABLE ... PARTITION OF events {bound}" in result.advice
+
+
+async def test_enough_partitions_ahead_warn_of_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    make_events(db, days=range(-6, 3))
+
+    result = await sweep(events(pool))
+
+    assert "begin after" not in result.advice
+
+
+async def test_a_plain_table_losing_a_large_share_is_told_to_partition(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("activities.engine.upkeep.PARTITION_ADVICE_ROWS", 100)
+    db.execute("CREATE TABLE audit (id bigint, at_ms bigint NOT NULL)")
+    db.execute("CREATE INDEX ON audit (at_ms)")
+    # 400 rows over 4 days of retention (100 a day), the oldest 300 of them expired.
+    db.execute(
+        "INSERT INTO audit SELECT i, %s + i * %s FROM generate_series(0::bigint, 399) i",
+        (NOW - MAX_AGE - 3 * DAY, DAY // 100),
+    )
+    db.execute("ANALYZE audit")  # the live rows the share is taken of, as the views know them
+    target = kinds.expiring(pool, "audit", TableName("audit"), "at_ms", MAX_AGE)
+
+    result = await sweep(target)
+
+    assert result.removed == 301
+    assert "audit: this pass removed 301 rows (75% of the table)" in result.advice
+    assert "about 101 rows a day" in result.advice  # 99 rows left, over 0.98 of a day
+    assert "partition it by RANGE on at_ms" in result.advice
+    assert "partitions = 'drop'" in result.advice
+
+
+async def test_a_pass_through_temporal_reports_the_partitions_in_its_result_and_report(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema: str,
+    real_now: int,
+) -> None:
+    total = make_events(db, now=real_now)
+    async with run_worker([events(pool)]):
+        result = await run_pass(client, task_queue, {"targets": ["events"]})
+
+    [swept] = result["swept"]
+    assert swept["partitions_dropped"] == 3
+    assert swept["partition_rows"] == 30
+    assert swept["removed"] == swept["partition_rows"] + swept["edge_removed"]
+    assert count(db) == total - swept["removed"]
+    text = report_table(PurgeReport.from_json(result))
+    assert "partitions  their rows  edge rows" in text
+    assert f"partitions: events: dropped {schema}.p_m6" in text
+
+
+PARTITIONED_TARGET = """
+[[targets]]
+kind = "expiring"
+name = "events"
+table = "events"
+column = "at_ms"
+max_age = "3d"
+partitions = "drop"
+"""
+
+
+@pytest.mark.slow
+async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_counted_once(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema_url: str,
+    pg_url: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A real worker process is SIGKILLed while its first DETACH ... CONCURRENTLY waits out an
+    older reader. Its backend, orphaned, completes the detach once the reader ends: the
+    partition is out of the table, not dropped, counted nowhere. A second worker retries the
+    target (after the heartbeat timeout), finds the partition by its ledger mark, drops it and
+    counts it, then the rest: exact, nothing pending, nothing left behind."""
+    total = make_events(db, now=real_now)
+    cutoff = real_now - MAX_AGE
+    expired = int(
+        db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (cutoff,)).fetchone()[0]
+    )  # type: ignore[index]
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, PARTITIONED_TARGET)
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    first = start_worker(config, env, tmp_path / "first.log")
+    second = None
+    try:
+        with psycopg.connect(pg_url, autocommit=True) as reader:
+            reader.execute(f'SET search_path = "{schema}"')
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM events")
+            handle = await client.start_workflow(
+                "Purge", {"targets": ["events"]}, id=f"purge-{uuid.uuid4()}", task_queue=task_queue
+            )
+            await _waiting_detach(db, tries=3000)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+            reader.execute("ROLLBACK")
+        await _detach_done(db)
+        # What the dead worker left: the oldest partition out of the table, not dropped.
+        assert "p_m6" not in children(db)
+        assert db.execute("SELECT to_regclass('p_m6') IS NOT NULL").fetchone() == (True,)
+        second = start_worker(config, env, tmp_path / "second.log")
+        result = await handle.result()
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+    [swept] = result["swept"]
+    assert swept["removed"] == expired
+    assert swept["partitions_dropped"] == 3
+    assert swept["partition_rows"] == 3 * ROWS_PER_DAY
+    assert not swept["lower_bound"]
+    assert count(db) == total - expired
+    assert pending(db) == 0
+    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)  # dropped, not left
+
+
+async def test_a_target_of_two_tables_is_refused_before_its_first_table_loses_a_row(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    """x_auth sweeps failures, then lockouts: a partitioned lockouts table this role does not
+    own refuses the target before the failures table is touched."""
+    auth_rows(db, {"f-old": NOW - HOUR}, {})
+    db.execute("DROP TABLE x_auth_lockouts")
+    db.execute(
+        "CREATE TABLE x_auth_lockouts (key text, until_ms bigint NOT NULL)"
+        " PARTITION BY RANGE (until_ms)"
+    )
+    db.execute(
+        f"CREATE TABLE lockouts_old PARTITION OF x_auth_lockouts FOR VALUES FROM (0) TO ({NOW})"
+    )
+    db.execute("INSERT INTO x_auth_lockouts VALUES ('l-old', 1)")
+    db.execute(
+        f'GRANT SELECT, DELETE ON x_auth_failures, x_auth_lockouts, lockouts_old TO "{role}"'
+    )
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        with pytest.raises(ApplicationError) as refused:
+            await sweep(kinds.auth(pool, partitions=PartitionPolicy("drop")))
+    finally:
+        await pool.close()
+
+    assert refused.value.type == "BadPurgeTarget"
+    assert "x_auth_lockouts" in refused.value.message
+    assert count(db, "x_auth_failures") == 1
+    assert children(db, "x_auth_lockouts") == ["lockouts_old"]
