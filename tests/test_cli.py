@@ -44,7 +44,10 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
         "total": 8,
     }
     assert "why it stayed" in out
-    assert "holds 0.50 of 4 tokens" in out  # the half-empty bucket stayed, and says why
+    # The half-empty bucket stayed, and says why. It was emptied 30 s before the demo rows were
+    # written and refills a token a minute: half a token, plus what the seconds between
+    # writing the rows and the pass's instant added on a busy machine.
+    assert re.search(r"holds 0\.(5\d|6\d) of 4 tokens", out), out
     assert "Traceback" not in done.stderr
     pg_port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", out).group(1))  # type: ignore[union-attr]
     assert port_is_free(pg_port)
