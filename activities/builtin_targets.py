@@ -9,6 +9,7 @@ from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBuc
 from activities.engine.target import ConnectionSource, SqlTarget
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
+from purge_config.filters import RowFilter
 from purge_config.kinds import BUILTIN_KINDS
 from purge_config.names import TableName
 from purge_config.settings import Guards, SweepSettings
@@ -26,9 +27,11 @@ def idempotency(
     table: TableName = IDEMPOTENCY_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
-    """Stored responses whose `expires_at_ms <= now_ms`."""
-    return SqlTarget(name, pool, [ExpiryRule(table, "expires_at_ms")], settings, guards)
+    """Stored responses whose `expires_at_ms <= now_ms` (moved to `archive` if given)."""
+    rule = ExpiryRule(table, "expires_at_ms", archive=archive)
+    return SqlTarget(name, pool, [rule], settings, guards)
 
 
 def rate_limit(
@@ -37,9 +40,10 @@ def rate_limit(
     table: TableName = RATE_LIMIT_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
     """Token buckets that are full again at `now_ms`, and only those."""
-    return SqlTarget(name, pool, [FullBucketRule(table)], settings, guards)
+    return SqlTarget(name, pool, [FullBucketRule(table, archive)], settings, guards)
 
 
 def auth(
@@ -49,9 +53,14 @@ def auth(
     lockouts: TableName = AUTH_LOCKOUTS_TABLE,
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
+    failures_archive: TableName | None = None,
+    lockouts_archive: TableName | None = None,
 ) -> SqlTarget:
     """Failed logins past `expires_at_ms` and lockouts past `until_ms`: one target, both tables."""
-    rules: list[Rule] = [ExpiryRule(failures, "expires_at_ms"), ExpiryRule(lockouts, "until_ms")]
+    rules: list[Rule] = [
+        ExpiryRule(failures, "expires_at_ms", archive=failures_archive),
+        ExpiryRule(lockouts, "until_ms", archive=lockouts_archive),
+    ]
     return SqlTarget(name, pool, rules, settings, guards)
 
 
@@ -64,20 +73,42 @@ def expiring(
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
     unit: str = "ms",
+    row_filter: RowFilter | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
-    """Any table whose `column + max_age <= now`: epoch ms, timestamptz or timestamp (as UTC)."""
-    rule = ExpiryRule(table, column, max_age_ms, accepts=(*MS_TYPES, *INSTANT_TYPES), unit=unit)
+    """Any table whose `column + max_age <= now`: epoch ms, timestamptz or timestamp (as UTC);
+    only its rows that match `row_filter`, if given; moved to `archive`, if given."""
+    rule = ExpiryRule(
+        table,
+        column,
+        max_age_ms,
+        accepts=(*MS_TYPES, *INSTANT_TYPES),
+        unit=unit,
+        row_filter=row_filter,
+        archive=archive,
+    )
     return SqlTarget(name, pool, [rule], settings, guards)
 
 
 def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
+    # One archive per table, or none: a spec made without archives (in code) has none.
+    archives = spec.archives or (None,) * len(spec.tables)
     if spec.kind == "idempotency":
-        return idempotency(pool, spec.name, spec.tables[0], spec.settings, spec.guards)
+        return idempotency(pool, spec.name, spec.tables[0], spec.settings, spec.guards, archives[0])
     if spec.kind == "rate_limit":
-        return rate_limit(pool, spec.name, spec.tables[0], spec.settings, spec.guards)
+        return rate_limit(pool, spec.name, spec.tables[0], spec.settings, spec.guards, archives[0])
     if spec.kind == "auth":
-        return auth(pool, spec.name, spec.tables[0], spec.tables[1], spec.settings, spec.guards)
+        return auth(
+            pool,
+            spec.name,
+            spec.tables[0],
+            spec.tables[1],
+            spec.settings,
+            spec.guards,
+            archives[0],
+            archives[1],
+        )
     if spec.kind == "expiring":
         return expiring(
             pool,
@@ -88,6 +119,8 @@ def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
             spec.settings,
             spec.guards,
             spec.unit,
+            spec.row_filter,
+            archives[0],
         )
     raise ValueError(f"no built-in kind {spec.kind!r}")
 

@@ -235,6 +235,9 @@ class PurgeSweep:
     held one of its tables). Neither of the last two is a failure."""
     reason: str = ""
     """Why it was skipped or busy."""
+    archived: int = 0
+    """Rows moved into the target's archive tables, each in the same transaction as its
+    delete: `removed` itself when every table of the target has an archive; 0 in a dry run."""
 
 
 @dataclass(frozen=True)

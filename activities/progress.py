@@ -50,6 +50,8 @@ class Progress:
     """The last batch's duration."""
     batch_removed: int = 0
     """The last batch's deleted rows."""
+    archived: int = 0
+    """Rows this pass's batches moved into archive tables (every one of them also removed)."""
     clean_exit: bool = False
     """Set by an attempt that failed without dying, on its way out: its count is complete."""
     short: bool = False
@@ -105,6 +107,8 @@ class SweepStats:
     """Why the sweep stopped at a table another sweep held (empty when it did not)."""
     reason: str = ""
     """Why pacing ended the sweep before its end, leaving a backlog (empty when it did not)."""
+    archived: int = 0
+    """Rows moved into archive tables: `removed` itself when every table has an archive."""
 
     @property
     def dead_share(self) -> float:

@@ -77,6 +77,7 @@ class PurgeActivities:
                 "purge_batches": sweep.batches,
                 "purge_p95_batch_ms": sweep.p95_batch_ms,
                 "purge_backlog": sweep.backlog,
+                "purge_archived": sweep.archived,
             },
         )
         return sweep
@@ -136,6 +137,7 @@ class PurgeActivities:
         elif stats.reason:
             sweep.reason = stats.reason  # a backlog left because pacing spent the budget
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+        sweep.archived = stats.archived
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         sweep.lower_bound = not stats.ledger and resumed.short

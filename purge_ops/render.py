@@ -57,11 +57,21 @@ def report_table(report: PurgeReport) -> str:
         "target", verb, "seconds", "strategy", "batches", "p95 ms", "backlog", "oldest expired",
         "dead", "status",
     ]  # fmt: skip
+    right = {1, 2, 4, 5, 6, 7, 8}
+    if any(s.archived for s in report.swept):
+        # Only when something moved: a pass without archives reads as it always did.
+        archived = [s.archived for s in report.swept] + [""] * len(report.failed)
+        for row, count in zip(
+            rows, [*archived, sum(s.archived for s in report.swept)], strict=True
+        ):
+            row.insert(2, count)
+        header.insert(2, "archived")
+        right = {1, 2, 3, 5, 6, 7, 8, 9}
     notes = [f"{s.status}: {s.name}: {s.reason}" for s in report.swept if s.reason]
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
-    return "\n".join([head, table(header, rows, right={1, 2, 4, 5, 6, 7, 8}), *notes])
+    return "\n".join([head, table(header, rows, right=right), *notes])
 
 
 def _status(sweep: PurgeSweep) -> str:

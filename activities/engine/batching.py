@@ -71,6 +71,8 @@ class BatchSweeper:
     async def sweep(self, pred: Predicate, plan: TablePlan) -> TableSweep:
         """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
         result = TableSweep(plan=plan)
+        # Each batch of a table with an archive inserted there exactly the rows it deleted.
+        self.archiving = pred.archive is not None
         self.progress.strategy = plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.deadline)
         await self.pacer.start()
@@ -113,7 +115,7 @@ class BatchSweeper:
                 return
             found, ms = await self._batch(
                 result,
-                index_batch(pred, rows, ledger=self.ledger is not None),
+                index_batch(pred, rows, ledger=self.ledger is not None, order=result.plan.order),
                 {**pred.params, **(self.ledger or {})},
                 walk=False,
                 page=0,
@@ -131,6 +133,7 @@ class BatchSweeper:
         # The ledger's total counts every committed batch of every attempt of this pass.
         progress.removed = total if total is not None else progress.removed + removed
         progress.batch_removed = removed
+        progress.archived += removed if self.archiving else 0
         progress.batches += 1
         progress.page = page
         progress.batch_ms = ms

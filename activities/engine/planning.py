@@ -18,6 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine import statements
+from activities.engine.filter_plan import filtered_advice, filtered_index
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
 
@@ -45,6 +46,9 @@ class TablePlan:
     """An index that serves the expiry column, if any."""
     advice: str = ""
     """A warning for the operator, e.g. the index to create; empty when all is well."""
+    order: tuple[str, ...] = ()
+    """For a filtered rule's index (`(state, finished_at)`): its keys up to the expiry column,
+    the order index batches read in; empty for the expiry column's own order."""
 
     @property
     def share(self) -> float | None:
@@ -78,6 +82,10 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     rows = None if never_analyzed else float(reltuples or 0)
     expired = await _estimated_rows(conn, pred)
     index = await _serving_index(conn, relation, pred.column) if pred.column else None
+    order: tuple[str, ...] = ()
+    if pred.row_filter is not None and pred.column is not None:
+        # A filter wants an index that serves it too (activities.engine.filter_plan).
+        index, order = await filtered_index(conn, relation, pred, index, expired)
 
     share = None if not rows else min(1.0, expired / rows)
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
@@ -87,6 +95,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         rows=rows,
         expired=expired,
         index=index,
+        order=order,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 
@@ -137,6 +146,8 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     whole_scan = plan.strategy == "range" or (row is not None and _scans_whole(_plan(row)))
     if not whole_scan:
         return ""
+    if pred.row_filter is not None:
+        return filtered_advice(conn, pred, plan.expired, plan.rows or 0)
     create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
         ident(pred.table), sql.Identifier(pred.column)
     )
