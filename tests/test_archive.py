@@ -82,7 +82,8 @@ COLUMNS = "id, actor, body, amount, created_at, size"
 
 
 def rows_of(db: psycopg.Connection[Any], table: str) -> list[tuple[Any, ...]]:
-    """Every row's common columns, as text (byte for byte what the server holds), by id."""
+    """Every row's common columns, as text (byte for byte what the server holds), in the
+    order of the ids' text (as `sorted` orders these tuples)."""
     return [
         tuple(row)
         for row in db.execute(
