@@ -124,8 +124,8 @@ def cases(draw: st.DrawFn) -> tuple[int, str, list[Target], list[Row]]:
         flag=st.none() | st.booleans(),
         n=st.none() | st.integers(0, 3),
         at=at,
-        # Any text jsonb holds (it has no NUL).
-        body=st.text(st.characters(exclude_characters="\x00"), max_size=8),
+        # Any text jsonb holds: UTF-8 (no lone surrogates), no NUL.
+        body=st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8),
     )
     return now_ms, draw(st.sampled_from(TABLES)), targets, draw(st.lists(row, max_size=30))
 

@@ -205,8 +205,8 @@ async def test_guards_count_with_the_filter(
 
 def fill_jobs(db: psycopg.Connection[Any], rows: int, pad: int = 0) -> None:
     """`rows` jobs cycling through the four states, one finished every 6 minutes back from
-    NOW (20,000 rows reach 83 days back: with a 60d age, 5,600 are old enough, a quarter of
-    them of each state); `pad` bytes in the queue column make the table large."""
+    NOW (20,000 rows reach 83 days back: with a 60d age 5,600 are old enough, with 80d 800, a
+    quarter of them of each state); `pad` bytes in the queue column make each row wider."""
     db.execute(
         "INSERT INTO jobs (key, state, queue, priority, urgent, finished_at)"
         " SELECT 'j' || i, (enum_range(NULL::job_state))[1 + i %% 4],"
@@ -226,15 +226,16 @@ async def plan_of(pool: AsyncConnectionPool[Any], target: SqlTarget) -> Any:
 async def test_index_batches_walk_the_composite_index_that_serves_the_filter(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
-    """With (state, finished_at), a filter on state (one value or several) is swept by index,
-    the batches ordered by the index's keys; without it, the table is walked."""
+    """With (state, finished_at), a filter on state (one value or several) selecting fewer
+    rows than the table has pages is swept by index, the batches ordered by the index's keys;
+    without that index, the table is walked."""
     make_jobs(db)
-    fill_jobs(db, 20_000)
+    fill_jobs(db, 20_000, pad=200)  # about 700 pages; 800 rows past 80d, 200 of each state
     db.execute("CREATE INDEX jobs_finished ON jobs (finished_at)")
     done, failed = targets(
         pool,
-        entry("jobs_done", "60d", 'match = { state = ["completed", "cancelled"] }')
-        + entry("jobs_failed", "60d", "match = { state = 'failed' }"),
+        entry("jobs_done", "80d", 'match = { state = ["completed", "cancelled"] }')
+        + entry("jobs_failed", "80d", "match = { state = 'failed' }"),
     )
     # On the expiry column alone, each batch would step over every old row of the other states.
     assert (await plan_of(pool, failed)).strategy == "range"
@@ -251,7 +252,7 @@ async def test_index_batches_walk_the_composite_index_that_serves_the_filter(
     assert [s.removed for s in swept] == expected
     assert all(n > 0 for n in expected)
     left = db.execute(
-        "SELECT count(*) FROM jobs WHERE state <> 'new' AND finished_at <= %s", (NOW - 60 * DAY,)
+        "SELECT count(*) FROM jobs WHERE state <> 'new' AND finished_at <= %s", (NOW - 80 * DAY,)
     ).fetchone()
     assert left == (0,)
 
@@ -260,7 +261,7 @@ async def test_a_partial_index_on_the_expiry_column_serves_the_filter_it_implies
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
     make_jobs(db)
-    fill_jobs(db, 20_000)
+    fill_jobs(db, 20_000, pad=200)
     db.execute(
         "CREATE INDEX jobs_done_finished ON jobs (finished_at)"
         " WHERE state IN ('completed', 'cancelled')"
@@ -269,8 +270,8 @@ async def test_a_partial_index_on_the_expiry_column_serves_the_filter_it_implies
     db.execute("ANALYZE jobs")
     done, failed = targets(
         pool,
-        entry("jobs_done", "60d", 'match = { state = ["completed", "cancelled"] }')
-        + entry("jobs_failed", "60d", "match = { state = 'failed' }"),
+        entry("jobs_done", "80d", 'match = { state = ["completed", "cancelled"] }')
+        + entry("jobs_failed", "80d", "match = { state = 'failed' }"),
     )
 
     plan = await plan_of(pool, done)
@@ -283,6 +284,27 @@ async def test_a_partial_index_on_the_expiry_column_serves_the_filter_it_implies
     assert swept.removed > 0
     # The partial index of another state serves no filter it does not imply.
     assert (await plan_of(pool, failed)).index is None
+
+
+async def test_a_serving_index_is_walked_past_when_the_filter_selects_many_rows_a_page(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Index batches visit a page for each row they delete; a walk reads each page once. With
+    more selected rows than pages, the table is walked even though an index serves."""
+    make_jobs(db)
+    fill_jobs(db, 20_000)  # about 150 pages; 1,400 failed rows past 60d
+    db.execute("CREATE INDEX ON jobs (state, finished_at)")
+    db.execute("ANALYZE jobs")
+    [failed] = targets(pool, entry("jobs_failed", "60d", "match = { state = 'failed' }"))
+
+    plan = await plan_of(pool, failed)
+    swept = await failed.sweep(NOW)
+
+    assert plan.index is not None
+    assert plan.expired > plan.pages
+    assert (plan.strategy, swept.strategy) == ("range", "range")
+    assert swept.removed == 1_400
+    assert plan.advice == ""  # an index that serves: nothing to create
 
 
 async def test_the_plan_check_advises_the_index_that_serves_the_filter(

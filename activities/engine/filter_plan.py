@@ -8,6 +8,10 @@ index's order then reads the matching expired rows and stops, e.g. `(state, fini
 when the planner can use it for the filter, which it decides from the parameters' values.
 An index on the expiry column alone steps over every expired row that does not match, on every
 batch: it serves only when nearly every expired row matches.
+
+Even an index that serves pays only for a few rows per page: a filter's rows share their heap
+pages with the rows it leaves, so index batches visit a page for each row they delete (in index
+order, a page again and again) where a range walk reads each page once for all of its rows.
 """
 
 from __future__ import annotations
@@ -26,6 +30,18 @@ from activities.engine.rules import Predicate, ident
 STEP_OVER_SHARE = 0.1
 #: Rows a partial index's check asks the planner to read in the index's order.
 _PROBE_ROWS = 1000
+#: The most selected rows per heap page for which index batches beat a walk. Measured here
+#: (2 cores, PostgreSQL 18, rows of about 100 bytes, a third of them in the filtered state):
+#: about 8-10 us a row deleted through the index, about 15 us a page walked. With one state of
+#: three, half of it expired (about 10 selected rows a page), index batches took 13x one DELETE
+#: of the same rows (bench/README.md, "Filters and archives").
+INDEX_ROWS_PER_PAGE = 1.0
+
+
+def index_pays(expired: float, pages: int) -> bool:
+    """Whether index batches beat a walk for a filtered rule: at most about one selected row
+    per heap page."""
+    return expired <= INDEX_ROWS_PER_PAGE * max(pages, 1)
 
 
 @dataclass(frozen=True)

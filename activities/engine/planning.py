@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine import statements
-from activities.engine.filter_plan import filtered_advice, filtered_index
+from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
 
@@ -89,6 +89,9 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
 
     share = None if not rows else min(1.0, expired / rows)
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
+    if use_index and pred.row_filter is not None:
+        # A filter's rows are spread among rows it leaves: the index pays only when sparse.
+        use_index = index_pays(expired, int(pages))
     plan = TablePlan(
         strategy="index" if use_index else "range",
         pages=int(pages),
