@@ -31,16 +31,16 @@ STEP_OVER_SHARE = 0.1
 #: Rows a partial index's check asks the planner to read in the index's order.
 _PROBE_ROWS = 1000
 #: The most selected rows per heap page for which index batches beat a walk. Measured here
-#: (2 cores, PostgreSQL 18, rows of about 100 bytes, a third of them in the filtered state):
-#: about 8-10 us a row deleted through the index, about 15 us a page walked. With one state of
-#: three, half of it expired (about 10 selected rows a page), index batches took 13x one DELETE
-#: of the same rows (bench/README.md, "Filters and archives").
-INDEX_ROWS_PER_PAGE = 1.0
+#: (2M rows of about 100 bytes, 2 cores, PostgreSQL 18 with full-page writes), against one
+#: DELETE of the same rows: at 0.2 rows a page the index took 1.2-1.4x and a walk 2x; at 0.6,
+#: the index 1.4x and a walk 1.1x; at 10 (one state of three, half expired) the index 13x and a
+#: walk 0.93x (bench/README.md, "Filters and archives").
+INDEX_ROWS_PER_PAGE = 0.5
 
 
 def index_pays(expired: float, pages: int) -> bool:
     """Whether index batches beat a walk for a filtered rule: at most about one selected row
-    per heap page."""
+    in two heap pages."""
     return expired <= INDEX_ROWS_PER_PAGE * max(pages, 1)
 
 
