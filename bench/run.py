@@ -25,6 +25,8 @@ from psycopg import AsyncConnection, sql
 import activities
 from activities.schema import reference_ddl
 from bench import report, server
+from bench.archive import CASES as ARCHIVE_CASES
+from bench.archive import archive_targets, run_archive_case
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.stats import FormResult
@@ -38,7 +40,7 @@ DEFAULT_ROWS = 2_000_000
 QUICK_ROWS = 200_000
 #: Which copy of the package is measured: the bench may run from an export of another commit.
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
-CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration")
+CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration", *ARCHIVE_CASES)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cases",
         nargs="+",
         metavar="CASE",
-        help=f"a subset, by name or number 1-5: {', '.join(CASE_ORDER)} (default all)",
+        help=f"a subset, by name or number 1-{len(CASE_ORDER)}: {', '.join(CASE_ORDER)}"
+        " (default all)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument(
@@ -94,9 +97,12 @@ def _select(parser: argparse.ArgumentParser, raw: list[str] | None) -> list[str]
         return list(CASE_ORDER)
     chosen: set[str] = set()
     for word in (w for item in raw for w in item.split(",") if w):
-        name = CASE_ORDER[int(word) - 1] if word.isdigit() and 1 <= int(word) <= 5 else word
+        number = word.isdigit() and 1 <= int(word) <= len(CASE_ORDER)
+        name = CASE_ORDER[int(word) - 1] if number else word
         if name not in CASE_ORDER:
-            parser.error(f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-5")
+            parser.error(
+                f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-{len(CASE_ORDER)}"
+            )
         chosen.add(name)
     return [name for name in CASE_ORDER if name in chosen]
 
@@ -164,6 +170,8 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
             for name in args.cases:
                 if name == "orchestration":
                     outcome.orchestration = await run_orchestration(bench, scratch)
+                elif name in ARCHIVE_CASES:
+                    outcome.results.extend(await run_archive_case(bench, name, args.rows))
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
@@ -227,6 +235,7 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
     if results:
         out += ["issue targets (ratios and latencies from this run):"]
         out += ["  " + line for line in report.issue_targets(results)]
+        out += ["  " + line for line in archive_targets(results)]
     sys.stdout.write("\n".join(out) + "\n")
 
 
