@@ -208,6 +208,13 @@ def archive_targets(results: Sequence[FormResult]) -> list[str]:
             check("archive: archive-and-delete vs plain DELETE", r.ratio, 2.5, "x")
             check("archive: ours p99 batch", r.p99_ms, 25, " ms")
             check("archive: writer p99 during ours", r.writer_p99_ms, 10, " ms")
-        elif r.case == "filtered":
-            check("filtered: one state of three vs its DELETE", r.ratio, 2.0, "x")
+        elif r.case == "filtered" and r.expired * 20 > r.rows:
+            check("filtered: one state of three, half expired, vs its DELETE", r.ratio, 2.0, "x")
+        elif r.case == "filtered" and r.ratio is not None:
+            # The sparse set shows the index at work; its DELETE takes tens of ms, so fixed
+            # costs rule its ratio, as in case 2: reported, with no target of the issue's.
+            lines.append(
+                f"info    filtered: {r.expired:,} rows by index: {r.seconds * 1000:.0f} ms,"
+                f" {r.ratio:.2f}x its DELETE"
+            )
     return lines
