@@ -101,10 +101,8 @@ def _values(at: str, key: str, value: object) -> tuple[MatchValue, ...]:
         raise ConfigError(f"{at}: {key}: an empty list matches no row; give at least one value")
     for item in values:
         _value(at, key, item)
-    # bool is an int to Python: tell them apart, so [1, true] is two types, as it is to a column.
-    kinds = {bool if isinstance(v, bool) else datetime if isinstance(v, datetime) else type(v)
-             for v in values}  # fmt: skip
-    if len(kinds) > 1:
+    # By type(), not isinstance(): [1, true] is two types, as it is to any column.
+    if len({type(v) for v in values}) > 1:
         raise ConfigError(f"{at}: {key}: values of one column must be of one type, got {value!r}")
     return tuple(values)
 
