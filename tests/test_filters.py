@@ -310,16 +310,17 @@ async def test_a_serving_index_is_walked_past_when_the_filter_selects_many_rows_
 async def test_the_plan_check_advises_the_index_that_serves_the_filter(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
-    """A large table (over 8 MB) whose filtered rule selects a small share and no index serves
-    both the filter and the age: the advice names the composite index and the partial one."""
+    """A large table (over 8 MB) whose filtered rule selects a small share, sparse enough for
+    index batches to pay, and no index serves both the filter and the age: the advice names the
+    composite index and the partial one."""
     make_jobs(db)
-    fill_jobs(db, 40_000, pad=200)
+    fill_jobs(db, 40_000, pad=200)  # about 1,300 pages; 400 failed rows past 160d
     db.execute("CREATE INDEX ON jobs (finished_at)")
     db.execute("ANALYZE jobs")
     [target] = targets(
         pool,
         entry(
-            "jobs_failed", "150d", 'match = { state = "failed" }', 'match_null = ["processed_at"]'
+            "jobs_failed", "160d", 'match = { state = "failed" }', 'match_null = ["processed_at"]'
         ),
     )
 
@@ -332,6 +333,12 @@ async def test_the_plan_check_advises_the_index_that_serves_the_filter(
         ' AND "processed_at" IS NULL'
     ) in plan.advice
     assert "match the filter" in plan.advice
+
+    # Over twice the rows selected (more than half a row a page): no index would be used.
+    [dense] = targets(pool, entry("jobs_dense", "140d", 'match = { state = "failed" }'))
+    plan = await plan_of(pool, dense)
+    assert plan.expired > plan.pages / 2
+    assert (plan.strategy, plan.advice) == ("range", "")
 
 
 async def test_a_filter_given_in_code_works_the_same(

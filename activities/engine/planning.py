@@ -150,6 +150,9 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     if not whole_scan:
         return ""
     if pred.row_filter is not None:
+        # Only an index that would be used: past half a row a page the table is walked anyway.
+        if not index_pays(plan.expired, plan.pages):
+            return ""
         return filtered_advice(conn, pred, plan.expired, plan.rows or 0)
     create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
         ident(pred.table), sql.Identifier(pred.column)
