@@ -9,6 +9,7 @@ from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBuc
 from activities.engine.target import ConnectionSource, SqlTarget
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
+from purge_config.filters import RowFilter
 from purge_config.kinds import BUILTIN_KINDS
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
@@ -27,9 +28,10 @@ def idempotency(
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
     partitions: PartitionPolicy | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
-    """Stored responses whose `expires_at_ms <= now_ms`."""
-    rule = ExpiryRule(table, "expires_at_ms")
+    """Stored responses whose `expires_at_ms <= now_ms` (moved to `archive` if given)."""
+    rule = ExpiryRule(table, "expires_at_ms", archive=archive)
     return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
@@ -40,10 +42,11 @@ def rate_limit(
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
     partitions: PartitionPolicy | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
     """Token buckets that are full again at `now_ms`, and only those. Its rule is not one
     column's comparison, so `partitions` can take no partition out whole (the sweep says so)."""
-    return SqlTarget(name, pool, [FullBucketRule(table)], settings, guards, partitions)
+    return SqlTarget(name, pool, [FullBucketRule(table, archive)], settings, guards, partitions)
 
 
 def auth(
@@ -54,9 +57,14 @@ def auth(
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
     partitions: PartitionPolicy | None = None,
+    failures_archive: TableName | None = None,
+    lockouts_archive: TableName | None = None,
 ) -> SqlTarget:
     """Failed logins past `expires_at_ms` and lockouts past `until_ms`: one target, both tables."""
-    rules: list[Rule] = [ExpiryRule(failures, "expires_at_ms"), ExpiryRule(lockouts, "until_ms")]
+    rules: list[Rule] = [
+        ExpiryRule(failures, "expires_at_ms", archive=failures_archive),
+        ExpiryRule(lockouts, "until_ms", archive=lockouts_archive),
+    ]
     return SqlTarget(name, pool, rules, settings, guards, partitions)
 
 
@@ -70,25 +78,46 @@ def expiring(
     guards: Guards | None = None,
     partitions: PartitionPolicy | None = None,
     unit: str = "ms",
+    row_filter: RowFilter | None = None,
+    archive: TableName | None = None,
 ) -> SqlTarget:
     """Any table whose `column + max_age <= now`: epoch ms (or `unit`), timestamptz or
-    timestamp (as UTC)."""
-    rule = ExpiryRule(table, column, max_age_ms, accepts=(*MS_TYPES, *INSTANT_TYPES), unit=unit)
+    timestamp (as UTC); only its rows that match `row_filter`, if given; moved to `archive`, if
+    given."""
+    rule = ExpiryRule(
+        table,
+        column,
+        max_age_ms,
+        accepts=(*MS_TYPES, *INSTANT_TYPES),
+        unit=unit,
+        row_filter=row_filter,
+        archive=archive,
+    )
     return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
 def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
     name, tables, bounds = spec.name, spec.tables, (spec.settings, spec.guards, spec.partitions)
+    # One archive per table, or none: a spec made without archives (in code) has none.
+    archives = spec.archives or (None,) * len(spec.tables)
     if spec.kind == "idempotency":
-        return idempotency(pool, name, tables[0], *bounds)
+        return idempotency(pool, name, tables[0], *bounds, archives[0])
     if spec.kind == "rate_limit":
-        return rate_limit(pool, name, tables[0], *bounds)
+        return rate_limit(pool, name, tables[0], *bounds, archives[0])
     if spec.kind == "auth":
-        return auth(pool, name, tables[0], tables[1], *bounds)
+        return auth(pool, name, tables[0], tables[1], *bounds, archives[0], archives[1])
     if spec.kind == "expiring":
         return expiring(
-            pool, name, tables[0], spec.column, spec.max_age_ms, *bounds, unit=spec.unit
+            pool,
+            name,
+            tables[0],
+            spec.column,
+            spec.max_age_ms,
+            *bounds,
+            unit=spec.unit,
+            row_filter=spec.row_filter,
+            archive=archives[0],
         )
     raise ValueError(f"no built-in kind {spec.kind!r}")
 

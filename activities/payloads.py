@@ -250,6 +250,9 @@ class PurgeSweep:
     the DEFAULT one, a table that is not partitioned)."""
     partition_names: list[str] = field(default_factory=list)
     """The partitions dropped or detached, schema-qualified, as they were named in the table."""
+    archived: int = 0
+    """Rows moved into the target's archive tables, each in the same transaction as its
+    delete: `removed` itself when every table of the target has an archive; 0 in a dry run."""
 
 
 @dataclass(frozen=True)

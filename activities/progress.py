@@ -50,6 +50,8 @@ class Progress:
     """The last batch's duration."""
     batch_removed: int = 0
     """The last batch's deleted rows."""
+    archived: int = 0
+    """Rows this pass's batches moved into archive tables (every one of them also removed)."""
     clean_exit: bool = False
     """Set by an attempt that failed without dying, on its way out: its count is complete."""
     short: bool = False
@@ -128,6 +130,9 @@ class SweepStats:
     def edge_removed(self) -> int:
         """Rows deleted in batches: every row removed that was not in a whole partition."""
         return max(self.removed - self.partition_rows, 0)
+
+    archived: int = 0
+    """Rows moved into archive tables: `removed` itself when every table has an archive."""
 
     @property
     def dead_share(self) -> float:

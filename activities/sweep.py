@@ -86,6 +86,7 @@ class PurgeActivities:
                 "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
                 "purge_partition_rows": sweep.partition_rows,
                 "purge_edge_removed": sweep.edge_removed,
+                "purge_archived": sweep.archived,
             },
         )
         return sweep
@@ -145,6 +146,7 @@ class PurgeActivities:
         elif stats.reason:
             sweep.reason = stats.reason  # a backlog left because pacing spent the budget
         sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+        sweep.archived = stats.archived
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         sweep.lower_bound = not stats.ledger and resumed.short

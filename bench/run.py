@@ -25,6 +25,8 @@ from psycopg import AsyncConnection, sql
 import activities
 from activities.schema import reference_ddl
 from bench import report, server
+from bench.archive import CASES as ARCHIVE_CASES
+from bench.archive import archive_targets, run_archive_case
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import run_partitioned
@@ -39,7 +41,10 @@ DEFAULT_ROWS = 2_000_000
 QUICK_ROWS = 200_000
 #: Which copy of the package is measured: the bench may run from an export of another commit.
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
-CASE_ORDER = ("interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned")
+CASE_ORDER = (
+    "interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned",
+    *ARCHIVE_CASES,
+)  # fmt: skip
 #: The partitioned case's table is this many times --rows (6,000,000 at the default).
 PARTITIONED_SCALE = 3
 
@@ -58,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cases",
         nargs="+",
         metavar="CASE",
-        help=f"a subset, by name or number 1-6: {', '.join(CASE_ORDER)} (default all)",
+        help=f"a subset, by name or number 1-{len(CASE_ORDER)}: {', '.join(CASE_ORDER)}"
+        " (default all)",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument(
@@ -97,10 +103,12 @@ def _select(parser: argparse.ArgumentParser, raw: list[str] | None) -> list[str]
         return list(CASE_ORDER)
     chosen: set[str] = set()
     for word in (w for item in raw for w in item.split(",") if w):
-        number = int(word) if word.isdigit() else 0
-        name = CASE_ORDER[number - 1] if 1 <= number <= len(CASE_ORDER) else word
+        number = word.isdigit() and 1 <= int(word) <= len(CASE_ORDER)
+        name = CASE_ORDER[int(word) - 1] if number else word
         if name not in CASE_ORDER:
-            parser.error(f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-6")
+            parser.error(
+                f"no case {word!r}; choose from {', '.join(CASE_ORDER)} or 1-{len(CASE_ORDER)}"
+            )
         chosen.add(name)
     return [name for name in CASE_ORDER if name in chosen]
 
@@ -171,6 +179,8 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
                 elif name == "partitioned":
                     rows = args.rows * PARTITIONED_SCALE
                     outcome.results.extend(await run_partitioned(bench, rows))
+                elif name in ARCHIVE_CASES:
+                    outcome.results.extend(await run_archive_case(bench, name, args.rows))
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
@@ -234,6 +244,7 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
     if results:
         out += ["issue targets (ratios and latencies from this run):"]
         out += ["  " + line for line in report.issue_targets(results)]
+        out += ["  " + line for line in archive_targets(results)]
     sys.stdout.write("\n".join(out) + "\n")
 
 

@@ -24,6 +24,12 @@ class BuiltinKind:
         return frozenset(key for key, _ in self.tables)
 
     @property
+    def archive_keys(self) -> tuple[str, ...]:
+        """The key naming each table's archive, in the order of `tables`: `table` takes
+        `archive_table`, `failures_table` takes `failures_archive_table`."""
+        return tuple(key.removesuffix("table") + "archive_table" for key, _ in self.tables)
+
+    @property
     def default_tables(self) -> tuple[TableName, ...]:
         return tuple(TableName(table) for _, table in self.tables)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from purge_config.errors import ConfigError
+from purge_config.filters import FILTER_KEYS, RowFilter, archive_table, parse_filter
 from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
@@ -38,6 +39,13 @@ _TARGET_KEYS: dict[str, frozenset[str]] = {
         {"name", "table", "column", "max_age", "database", "unit", *_PARTITION_KEYS}
     ),
     "python": frozenset({"factory", "names"}),
+}
+#: Keys that narrow or archive what a kind deletes (purge_config.filters): an archive for each
+#: table of a built-in kind, and row filters and an archive for an `expiring` target.
+_ROW_KEYS: dict[str, frozenset[str]] = {
+    **{kind: frozenset(spec.archive_keys) for kind, spec in BUILTIN_KINDS.items()},
+    "expiring": FILTER_KEYS | {"archive_table"},
+    "python": frozenset(),
 }
 #: Guards a built-in target may carry (see purge_config.settings.Guards); all off unless set.
 _GUARD_KEYS = frozenset({"max_rows", "max_fraction", "max_clock_jump"})
@@ -87,6 +95,10 @@ class TargetSpec:
     """The `[databases.NAME]` it sweeps; empty for the default database (`database_url`)."""
     partitions: PartitionPolicy = field(default_factory=PartitionPolicy)
     """`partitions` and `detached_schema`: what happens to a wholly expired range partition."""
+    row_filter: RowFilter | None = None
+    """For `expiring`: `match`, `match_null`, `match_not_null`; None when it has none."""
+    archives: tuple[TableName | None, ...] = ()
+    """Each table's archive (in the order of `tables`), where its rows move; None for none."""
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
@@ -206,7 +218,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         if kind != "python"
         else frozenset()
     )
-    no_unknown(at, "", raw, _TARGET_KEYS[kind] | sweep_keys | {"kind"})
+    no_unknown(at, "", raw, _TARGET_KEYS[kind] | _ROW_KEYS[kind] | sweep_keys | {"kind"})
 
     if kind == "python":
         path = req_str(at, "factory", raw)
@@ -235,6 +247,10 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     builtin = BUILTIN_KINDS.get(kind)
     if builtin is not None:
         tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
+        archives = tuple(
+            archive_table(at, key, raw, table)
+            for key, table in zip(builtin.archive_keys, tables, strict=True)
+        )
         return TargetSpec(
             kind=kind,
             name=name,
@@ -243,6 +259,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             guards=guards,
             database=database,
             partitions=partitions,
+            archives=_copied(at, partitions, archives),
         )
 
     table = _table(at, "table", raw, None)
@@ -272,7 +289,21 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         guards=guards,
         database=database,
         partitions=partitions,
+        row_filter=parse_filter(at, raw, column),
+        archives=_copied(at, partitions, (archive_table(at, "archive_table", raw, table),)),
     )
+
+
+def _copied(
+    at: str, partitions: PartitionPolicy, archives: tuple[TableName | None, ...]
+) -> tuple[TableName | None, ...]:
+    """`archives`, unless partitions would leave whole without their rows' copy."""
+    if partitions.removes and any(archives):
+        raise ConfigError(
+            f"{at}: partitions: {partitions.mode!r} takes partitions out without copying their "
+            "rows to the archive table; with an archive, keep partitions = 'delete'"
+        )
+    return archives
 
 
 def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> TableName:

@@ -85,6 +85,15 @@ def report_table(report: PurgeReport) -> str:
     right = {1, 2, *range(4 + extra, 9 + extra)}
     if whole:
         right |= {5, 6}
+    if any(s.archived for s in report.swept):
+        # Only when something moved: a pass without archives reads as it always did.
+        archived = [s.archived for s in report.swept] + [""] * len(report.failed)
+        for row, count in zip(
+            rows, [*archived, sum(s.archived for s in report.swept)], strict=True
+        ):
+            row.insert(2, count)
+        header.insert(2, "archived")
+        right = {2} | {c + 1 if c >= 2 else c for c in right}
     notes = [f"{s.status}: {s.name}: {s.reason}" for s in report.swept if s.reason]
     notes += [partitions_note(s, report.dry_run) for s in report.swept if partitions_text(s)]
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]

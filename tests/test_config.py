@@ -897,3 +897,16 @@ async def test_the_readme_config_example_is_accepted(
     assert keys(db, "x_auth_lockouts") == set()
     assert keys(db, f'"{schema}".sessions') == {"s-new"}
     assert keys(db, "tmp_uploads") == {"u-new"}
+
+
+def test_an_archive_refuses_partitions_that_would_leave_without_their_copy(
+    tmp_path: Path,
+) -> None:
+    path = write(
+        tmp_path,
+        toml(targets=[sessions(archive_table="archive.sessions", partitions="drop")]),
+    )
+
+    assert_one_clear_line(
+        refusal(path), path, "partitions", "'drop' takes partitions out without copying"
+    )

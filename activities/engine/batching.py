@@ -73,6 +73,8 @@ class BatchSweeper:
     async def sweep(self, pred: Predicate, plan: TablePlan) -> TableSweep:
         """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
         result = TableSweep(plan=plan)
+        # Each batch of a table with an archive inserted there exactly the rows it deleted.
+        self.archiving = pred.archive is not None
         self.progress.strategy = plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.deadline)
         await self.pacer.start()
@@ -119,7 +121,11 @@ class BatchSweeper:
             found, ms = await self._batch(
                 result,
                 index_batch(
-                    pred, rows, ledger=self.ledger is not None, partitioned=result.plan.partitioned
+                    pred,
+                    rows,
+                    ledger=self.ledger is not None,
+                    order=result.plan.order,
+                    partitioned=result.plan.partitioned,
                 ),
                 {**pred.params, **(self.ledger or {})},
                 walk=False,
@@ -138,6 +144,7 @@ class BatchSweeper:
         # The ledger's total counts every committed batch of every attempt of this pass.
         progress.removed = total if total is not None else progress.removed + removed
         progress.batch_removed = removed
+        progress.archived += removed if self.archiving else 0
         progress.batches += 1
         progress.page = page
         progress.batch_ms = ms

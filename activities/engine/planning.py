@@ -18,6 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine import statements
+from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
 
@@ -51,6 +52,9 @@ class TablePlan:
     referential queries, which must keep their indexes (a walk may not switch them off)."""
     partitioned: bool = False
     """The table is partitioned and swept through its parent (not partition by partition)."""
+    order: tuple[str, ...] = ()
+    """For a filtered rule's index (`(state, finished_at)`): its keys up to the expiry column,
+    the order index batches read in; empty for the expiry column's own order."""
 
     @property
     def share(self) -> float | None:
@@ -85,11 +89,18 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     rows = None if never_analyzed else float(reltuples or 0)
     expired = await _estimated_rows(conn, pred)
     index = await _serving_index(conn, relation, pred.column) if pred.column else None
+    order: tuple[str, ...] = ()
+    if pred.row_filter is not None and pred.column is not None:
+        # A filter wants an index that serves it too (activities.engine.filter_plan).
+        index, order = await filtered_index(conn, relation, pred, index, expired)
 
     share = None if not rows else min(1.0, expired / rows)
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
     cur = await conn.execute(statements.is_referenced(), {"rel": relation})
     referenced = await cur.fetchone()
+    if use_index and pred.row_filter is not None:
+        # A filter's rows are spread among rows it leaves: the index pays only when sparse.
+        use_index = index_pays(expired, int(pages))
     plan = TablePlan(
         strategy="index" if use_index else "range",
         pages=int(pages),
@@ -98,6 +109,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         index=index,
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
+        order=order,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 
@@ -148,6 +160,11 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     whole_scan = plan.strategy == "range" or (row is not None and _scans_whole(_plan(row)))
     if not whole_scan:
         return ""
+    if pred.row_filter is not None:
+        # Only an index that would be used: past half a row a page the table is walked anyway.
+        if not index_pays(plan.expired, plan.pages):
+            return ""
+        return filtered_advice(conn, pred, plan.expired, plan.rows or 0)
     create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
         ident(pred.table), sql.Identifier(pred.column)
     )

@@ -12,7 +12,10 @@ from typing import Any, Protocol
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine.archive import Archive, bind_archive
+from activities.engine.filters import BoundFilter, bind_filter
 from activities.errors import BadPurgeTarget
+from purge_config.filters import RowFilter
 from purge_config.names import TableName
 
 #: Column types an epoch-millisecond rule accepts.
@@ -83,6 +86,11 @@ class Predicate:
     epoch_columns: tuple[tuple[str, str], ...] = ()
     """(column, unit) of each integer epoch column the rule compares: checked for a wrong unit
     before anything is deleted (activities.engine.units)."""
+    row_filter: BoundFilter | None = None
+    """The target's row filter, already AND-ed into `where`; planning reads it to find an
+    index that serves the filter too."""
+    archive: Archive | None = None
+    """Where each batch inserts the rows it deletes, in the same statement; None: deleted."""
 
 
 class Rule(Protocol):
@@ -90,6 +98,11 @@ class Rule(Protocol):
 
     @property
     def table(self) -> TableName: ...
+
+    @property
+    def archive(self) -> TableName | None:
+        """Where the table's deleted rows move to, or None."""
+        ...
 
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         """Check the table against the catalog and build its WHERE clause for `now_ms`."""
@@ -106,6 +119,10 @@ class ExpiryRule:
     max_age_ms: int = 0
     accepts: tuple[str, ...] = MS_TYPES
     unit: str = "ms"
+    row_filter: RowFilter | None = None
+    """Only rows that also match this (`match`, `match_null`, `match_not_null`) expire."""
+    archive: TableName | None = None
+    """Rows move here rather than being only deleted."""
 
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         types = await column_types(conn, self.table)
@@ -138,17 +155,30 @@ class ExpiryRule:
         )
         expired_at = sql.SQL("{} + {}").format(instant, sql.Literal(self.max_age_ms))
         epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
+        params: dict[str, object] = {"cutoff": cutoff}
+        bound = None
+        if self.row_filter is not None:
+            bound = await bind_filter(
+                conn, self.table, ident(self.table), types, self.row_filter, where
+            )
+            where = sql.SQL("{} AND {}").format(where, bound.where)
+            params.update(bound.params)
         # The instant in the column's unit too: partitions ahead of it are judged in that unit.
+        # A filter or an archive means a partition's bounds cannot say all its rows may go
+        # (or go without their copy): then no partition leaves whole.
         now = _in_unit(now_ms, self.unit) if kind in MS_TYPES else now_ms
-        key = _range_key(self.column, kind, cutoff, now)
+        whole = self.row_filter is None and self.archive is None
+        key = _range_key(self.column, kind, cutoff, now) if whole else None
         return Predicate(
             self.table,
             where,
-            {"cutoff": cutoff},
+            params,
             self.column,
             expired_at,
             key,
             epoch_columns=epoch,
+            row_filter=bound,
+            archive=await _archive(conn, self.table, self.archive),
         )
 
 
@@ -160,6 +190,8 @@ class FullBucketRule:
     """
 
     table: TableName
+    archive: TableName | None = None
+    """Buckets move here rather than being only deleted."""
 
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         types = await column_types(conn, self.table)
@@ -191,6 +223,7 @@ class FullBucketRule:
             None,
             expired_at,
             epoch_columns=(("last_ms", "ms"),),
+            archive=await _archive(conn, self.table, self.archive),
         )
 
 
@@ -202,6 +235,15 @@ def _range_key(column: str, kind: str, cutoff: object, now_ms: int) -> RangeKey:
         sql_type = "timestamptz" if kind == "timestamp with time zone" else "timestamp"
         return RangeKey(column, sql_type, cutoff, timedelta(microseconds=1), now)
     return RangeKey(column, kind, cutoff, 1, now_ms)
+
+
+async def _archive(
+    conn: AsyncConnection[Any], table: TableName, archive: TableName | None
+) -> Archive | None:
+    """The rule's archive checked against its table, or None when it has none."""
+    if archive is None:
+        return None
+    return await bind_archive(conn, table, ident(table), archive, ident(archive))
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:

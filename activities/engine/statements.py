@@ -62,13 +62,42 @@ def _counted(found: sql.Composable, ledger: bool) -> sql.Composed:
     return (_LEDGER if ledger else _NO_LEDGER).format(found=found)
 
 
+def _returning(pred: Predicate) -> sql.Composable:
+    """What a batch's DELETE returns: the whole row when it moves to an archive."""
+    if pred.archive is None:
+        return sql.SQL("1")
+    return sql.SQL(", ").join(sql.Identifier(column) for column in pred.archive.columns)
+
+
+def _archived(pred: Predicate) -> sql.Composable:
+    """With an archive, the CTE that inserts exactly the rows the batch's DELETE returned, in
+    the same statement: each row is in one of the two tables whenever anything stops."""
+    if pred.archive is None:
+        return sql.SQL("")
+    columns = sql.SQL(", ").join(sql.Identifier(column) for column in pred.archive.columns)
+    return sql.SQL(
+        ", archived AS ("
+        "INSERT INTO {archive} ({columns}){overriding} SELECT {columns} FROM deleted)"
+    ).format(
+        archive=ident(pred.archive.table),
+        columns=columns,
+        overriding=sql.SQL(" OVERRIDING SYSTEM VALUE" if pred.archive.overriding else ""),
+    )
+
+
 def index_batch(
-    pred: Predicate, limit: int, ledger: bool = False, partitioned: bool = False
+    pred: Predicate,
+    limit: int,
+    ledger: bool = False,
+    order: tuple[str, ...] = (),
+    partitioned: bool = False,
 ) -> sql.Composed:
     """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
     the row itself so that one renewed while this waited for its lock is kept. It returns how
     many rows it found, how many it deleted and (with `ledger`) the pass's total so far: fewer
     found than `limit` means the last batch, without a final empty one to find that out.
+    `order` is the serving index's key columns up to the expiry column (default: that column
+    alone), so the read walks the index in its own order.
 
     Through a `partitioned` table, a ctid names a row only together with its partition
     (`tableoid`): the same ctid exists in every partition, so the pair is matched too."""
@@ -79,18 +108,20 @@ def index_batch(
         pair = sql.SQL(" AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM found)")
     return sql.SQL(
         "WITH found AS MATERIALIZED ("
-        "SELECT {pick} FROM {table} WHERE {where} ORDER BY {column} LIMIT {limit}"
+        "SELECT {pick} FROM {table} WHERE {where} ORDER BY {order} LIMIT {limit}"
         "), deleted AS ("
         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)){pair} AND {where}"
-        " RETURNING 1"
-        "), counted AS (SELECT count(*) AS n FROM deleted){closing}"
+        " RETURNING {returning}"
+        "){archived}, counted AS (SELECT count(*) AS n FROM deleted){closing}"
     ).format(
         pick=pick,
         pair=pair,
         table=ident(pred.table),
         where=pred.where,
-        column=sql.Identifier(pred.column),
+        order=sql.SQL(", ").join(sql.Identifier(c) for c in order or (pred.column,)),
         limit=sql.Literal(limit),
+        returning=_returning(pred),
+        archived=_archived(pred),
         closing=_counted(sql.SQL("(SELECT count(*) FROM found)"), ledger),
     )
 
@@ -101,11 +132,13 @@ def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
     return sql.SQL(
         "WITH deleted AS ("
         "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
-        " RETURNING 1"
-        "), counted AS (SELECT count(*) AS n FROM deleted){closing}"
+        " RETURNING {returning}"
+        "){archived}, counted AS (SELECT count(*) AS n FROM deleted){closing}"
     ).format(
         table=ident(pred.table),
         where=pred.where,
+        returning=_returning(pred),
+        archived=_archived(pred),
         closing=_counted(sql.SQL("(SELECT n FROM counted)"), ledger),
     )
 

@@ -1,0 +1,137 @@
+"""The archive a table's rows move to: checked against the catalog before anything moves.
+
+The archive table is the user's: the sweep never creates or alters it. Each batch moves its rows
+in one statement (`DELETE ... RETURNING` feeding an `INSERT` into the archive, see
+`activities.engine.statements`), so a row is in exactly one of the two tables at any instant.
+That only holds if every insert can succeed, so the shapes are compared first: every column of
+the source must be in the archive with the same type, any other archive column must fill itself
+(nullable, a default, identity or generated), and the role must be allowed to insert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, errors, sql
+
+from activities.errors import BadPurgeTarget
+from purge_config.names import TableName
+
+
+@dataclass(frozen=True)
+class Archive:
+    """Where a table's deleted rows are inserted, and how."""
+
+    table: TableName
+    columns: tuple[str, ...]
+    """The source's columns copied, in the source's order (an archive column that is generated
+    computes its own value and is left out)."""
+    overriding: bool
+    """Whether the insert needs OVERRIDING SYSTEM VALUE: a copied column is an identity column
+    GENERATED ALWAYS in the archive, which would otherwise refuse the row's own value."""
+
+
+@dataclass(frozen=True)
+class _Column:
+    type: str
+    not_null: bool
+    has_default: bool
+    identity: str
+    generated: str
+
+
+async def bind_archive(
+    conn: AsyncConnection[Any],
+    source: TableName,
+    source_rel: sql.Identifier,
+    archive: TableName,
+    archive_rel: sql.Identifier,
+) -> Archive:
+    """The archive of `source`, checked; BadPurgeTarget naming what does not fit."""
+    names = {"src": source_rel.as_string(conn), "arc": archive_rel.as_string(conn)}
+    try:
+        cur = await conn.execute(
+            "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
+            " has_table_privilege(a.oid, 'INSERT'), current_user::text"
+            " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
+            " LEFT JOIN pg_class a ON a.oid = r.oid",
+            names,
+        )
+    except errors.InsufficientPrivilege as err:
+        # A schema this role may not use: to_regclass() raises rather than saying NULL.
+        raise BadPurgeTarget(
+            f"archive {archive} of {source}: {str(err).strip()}; the worker's role needs "
+            f"USAGE on schema {archive.schema} and INSERT on {archive}; nothing was deleted"
+        ) from err
+    row = await cur.fetchone()
+    assert row is not None
+    source_oid, archive_oid, relkind, may_insert, role = row
+    if archive_oid is None:
+        raise BadPurgeTarget(
+            f"archive table {archive} of {source} does not exist (looked for "
+            f"{names['arc']}); the sweep never creates it: create it, e.g. "
+            f"CREATE TABLE {names['arc']} (LIKE {names['src']}); nothing was deleted"
+        )
+    if relkind not in ("r", "p"):
+        raise BadPurgeTarget(f"archive {archive} of {source} is not a table (relkind {relkind!r})")
+    if archive_oid == source_oid:
+        raise BadPurgeTarget(f"archive {archive} of {source} is the table itself")
+    if not may_insert:
+        raise BadPurgeTarget(
+            f"the worker's role {role} may not insert into archive {archive} of {source}: "
+            f"GRANT INSERT ON {names['arc']} TO {sql.Identifier(role).as_string(conn)}; "
+            "nothing was deleted"
+        )
+    cur = await conn.execute(
+        "SELECT attrelid = %(src)s::oid, attname, format_type(atttypid, atttypmod),"
+        " attnotnull, atthasdef, attidentity::text, attgenerated::text"
+        " FROM pg_attribute WHERE attrelid IN (%(src)s::oid, %(arc)s::oid)"
+        " AND attnum > 0 AND NOT attisdropped ORDER BY attrelid = %(src)s::oid DESC, attnum",
+        {"src": source_oid, "arc": archive_oid},
+    )
+    theirs: dict[str, _Column] = {}
+    ours: dict[str, _Column] = {}
+    for is_source, name, kind, not_null, has_default, identity, generated in await cur.fetchall():
+        (ours if is_source else theirs)[str(name)] = _Column(
+            str(kind), bool(not_null), bool(has_default), str(identity), str(generated)
+        )
+    return _fit(source, archive, ours, theirs)
+
+
+def _fit(
+    source: TableName, archive: TableName, ours: dict[str, _Column], theirs: dict[str, _Column]
+) -> Archive:
+    columns: list[str] = []
+    overriding = False
+    for name, column in ours.items():
+        kept = theirs.get(name)
+        if kept is None:
+            raise BadPurgeTarget(
+                f"archive {archive} has no column {name!r} ({column.type}) of {source}: every "
+                "column of a moved row must have a place; nothing was deleted"
+            )
+        if kept.type != column.type:
+            raise BadPurgeTarget(
+                f"column {name!r} is {column.type} in {source} but {kept.type} in archive "
+                f"{archive}: the types must be the same; nothing was deleted"
+            )
+        if kept.generated:
+            if not column.generated:
+                raise BadPurgeTarget(
+                    f"column {name!r} of archive {archive} is generated, so it cannot keep the "
+                    f"value {source}.{name} holds; nothing was deleted"
+                )
+            continue  # generated on both sides: the archive computes it from the same row
+        columns.append(name)
+        overriding = overriding or kept.identity == "a"
+    if not columns:
+        raise BadPurgeTarget(f"archive {archive} of {source} would take none of its columns")
+    for name, column in theirs.items():
+        fills_itself = column.has_default or column.identity or column.generated
+        if name not in ours and column.not_null and not fills_itself:
+            raise BadPurgeTarget(
+                f"column {name!r} of archive {archive} is NOT NULL with no default, and "
+                f"{source} has no such column to fill it; nothing was deleted"
+            )
+    return Archive(archive, tuple(columns), overriding)

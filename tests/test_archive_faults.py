@@ -1,0 +1,307 @@
+"""Archive before delete under faults: the worker SIGKILLed and PostgreSQL crashed (immediate
+shutdown) in the middle of an archiving sweep, several times a pass. After the pass, the source
+and its archive together hold every original row exactly once, each column as it was, the
+archive exactly the expired ones; the count (from the ledger) is exact and equals what moved.
+
+Each batch's DELETE feeds its INSERT in one statement, so whatever dies, a row is in one table
+or the other, never both and never neither: these tests kill at random instants of a sweep of
+1 ms batches and check every row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from temporalio.client import Client
+
+from activities.schema import reference_ddl
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
+from tests.support.faults import Fleet
+from tests.support.procs import clean_env, worker_config
+from tests.support.servers import running_postgres
+
+pytestmark = pytest.mark.slow
+
+ROWS = 100_000
+HOUR = 3_600_000
+#: A target has 5 attempts: at most three faults a pass leave one spare. A kill costs the 15 s
+#: heartbeat timeout before the retry, a crash only the retry's backoff.
+KILLS_PER_PASS = 2
+CRASHES_PER_PASS = 3
+#: How long a pass may take: each killed attempt waits out the 15 s heartbeat timeout and a
+#: retry backoff of up to 18 s.
+PASS_TIMEOUT = 300.0
+
+
+def target_toml(archive: str) -> str:
+    return f"""
+[sweep]
+batch_target = "1ms"
+
+[[targets]]
+kind = "expiring"
+name = "audit"
+table = "audit_log"
+column = "created_at"
+max_age = "1h"
+archive_table = "{archive}.audit_log"
+"""
+
+
+def create(db: psycopg.Connection[Any], archive: str) -> None:
+    """audit_log (identity, json, a live/expired mix to come) and its archive, whose id is an
+    identity GENERATED ALWAYS too (the sweep keeps each row's own) and which adds a column."""
+    db.execute(
+        "CREATE TABLE audit_log (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+        " actor text NOT NULL, body jsonb, created_at bigint NOT NULL)"
+    )
+    db.execute("CREATE INDEX ON audit_log (created_at)")
+    db.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(archive)))
+    db.execute(
+        sql.SQL(
+            "CREATE TABLE {}.audit_log (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " actor text NOT NULL, body jsonb, created_at bigint NOT NULL,"
+            " archived_at timestamptz NOT NULL DEFAULT now())"
+        ).format(sql.Identifier(archive))
+    )
+
+
+def fill(db: psycopg.Connection[Any], archive: str, rng: random.Random) -> int:
+    """Empty both tables and fill audit_log: a random share of rows (10% to 60%, so both the
+    index and the range walk are met) hours past the 1h age, the rest minutes old; a copy of
+    every row is kept in `audit_original`. How many are expired."""
+    now_ms = int(time.time() * 1000)
+    share = rng.uniform(0.1, 0.6)
+    db.execute("DROP TABLE IF EXISTS audit_original")
+    db.execute("TRUNCATE audit_log")
+    db.execute(sql.SQL("TRUNCATE {}.audit_log").format(sql.Identifier(archive)))
+    db.execute(
+        "INSERT INTO audit_log (actor, body, created_at)"
+        " SELECT 'user' || i, jsonb_build_object('i', i, 'note', md5(i::text)),"
+        " CASE WHEN random() < %s THEN %s - 6 * %s - (random() * 1e8)::bigint"
+        " ELSE %s - (random() * 6e5)::bigint END FROM generate_series(1, %s) i",
+        (share, now_ms, HOUR, now_ms, ROWS),
+    )
+    db.execute("CREATE TABLE audit_original AS SELECT * FROM audit_log")
+    db.execute("VACUUM ANALYZE audit_log")
+    row = db.execute(
+        "SELECT count(*) FROM audit_log WHERE created_at <= %s", (now_ms - 2 * HOUR,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def check(db: psycopg.Connection[Any], archive: str, expired: int) -> None:
+    """Source and archive hold every original row exactly once, as it was; the archive holds
+    the expired ones."""
+    moved = sql.SQL("SELECT id, actor, body::text, created_at FROM {}.audit_log").format(
+        sql.Identifier(archive)
+    )
+    both = sql.SQL(
+        "(SELECT id, actor, body::text, created_at FROM audit_log UNION ALL {moved})"
+    ).format(moved=moved)
+    original = sql.SQL("(SELECT id, actor, body::text, created_at FROM audit_original)")
+    # Multisets equal: nothing in one that is not in the other, duplicates counted.
+    difference = sql.SQL(
+        "SELECT (SELECT count(*) FROM ({a} EXCEPT ALL {b}) x),"
+        " (SELECT count(*) FROM ({b} EXCEPT ALL {a}) y)"
+    ).format(a=original, b=both)
+    assert db.execute(difference).fetchone() == (0, 0), "a row lost, doubled or changed"
+    counts = db.execute(
+        sql.SQL("SELECT count(*), count(DISTINCT id) FROM {}.audit_log").format(
+            sql.Identifier(archive)
+        )
+    ).fetchone()
+    assert counts == (expired, expired)
+
+
+class Watch:
+    """A connection of the test's own counting archived rows, reconnecting after a crash."""
+
+    def __init__(self, url: str, archive: str) -> None:
+        self.url, self.archive = url, archive
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def archived(self) -> int | None:
+        try:
+            if self.conn is None:
+                self.conn = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, connect_timeout=2
+                )
+            cur = await self.conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.audit_log").format(sql.Identifier(self.archive))
+            )
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+        except psycopg.OperationalError:
+            await self.close()
+            return None
+
+    async def until(self, rows: int, done: asyncio.Future[Any]) -> bool:
+        """Wait until the archive holds `rows`; False if the pass ended first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PASS_TIMEOUT
+        while not done.done():
+            seen = await self.archived()
+            if seen is not None and seen >= rows:
+                return True
+            assert loop.time() < deadline, f"hang: {seen} of {rows} archived"
+            await asyncio.sleep(0.003)
+        return False
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+            self.conn = None
+
+
+@pytest.fixture
+def rng() -> random.Random:
+    """PURGE_FAULT_SEED replays a run's choices (not the timing they meet)."""
+    seed = int(os.environ.get("PURGE_FAULT_SEED") or random.randrange(2**32))
+    print(f"PURGE_FAULT_SEED={seed}")
+    return random.Random(seed)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[Callable[[Path, dict[str, str]], Fleet]]:
+    made: list[Fleet] = []
+
+    def make(config: Path, env: dict[str, str]) -> Fleet:
+        made.append(Fleet(config, env, tmp_path / f"workers-{len(made)}"))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for each in made:
+            each.close()
+            print(each.logs())
+
+
+async def run_pass(
+    client: Client,
+    task_queue: str,
+    fault: Callable[[], Any],
+    faults: int,
+    watch: Watch,
+    expired: int,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """A pass of `audit`, with `fault` injected at `faults` random points of its sweep: each
+    once a random share of the expired rows has moved, then up to 30 ms later."""
+    handle = await client.start_workflow(
+        "Purge", {"targets": ["audit"]}, id=f"purge-archive-{uuid.uuid4()}", task_queue=task_queue
+    )
+    result = asyncio.ensure_future(handle.result())
+    try:
+        points = sorted(rng.uniform(0.05, 0.9) for _ in range(faults))
+        for point in points:
+            if not await watch.until(int(expired * point), result):
+                break
+            await asyncio.sleep(rng.uniform(0, 0.03))
+            await fault()
+        out: dict[str, Any] = await asyncio.wait_for(result, PASS_TIMEOUT)
+        return out
+    finally:
+        if not result.done():
+            result.cancel()
+            await handle.terminate("the test ended")
+
+
+async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    schema: str,
+    schema_url: str,
+    db: psycopg.Connection[Any],
+    fleet: Callable[[Path, dict[str, str]], Fleet],
+    rng: random.Random,
+) -> None:
+    archive = f"{schema}_archive"
+    create(db, archive)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, target_toml(archive))
+    workers = fleet(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
+    watch = Watch(schema_url, archive)
+    kills = 0
+
+    async def kill() -> None:
+        nonlocal kills
+        workers.kill()
+        kills += 1
+        workers.start()
+
+    try:
+        for _ in range(2):
+            expired = fill(db, archive, rng)
+            if not workers.alive:
+                workers.start()
+            result = await run_pass(client, task_queue, kill, KILLS_PER_PASS, watch, expired, rng)
+            [swept] = result["swept"]
+            assert (swept["removed"], swept["archived"]) == (expired, expired), swept
+            check(db, archive, expired)
+    finally:
+        await watch.close()
+        db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(archive)))
+    assert kills >= 3
+
+
+@pytest.fixture(scope="module")
+def own_postgres() -> Iterator[EmbeddedPostgres]:
+    """A server of this module's own to crash and start again (its port and data stay)."""
+    with running_postgres("purge-archive-pg-") as server:
+        yield server
+
+
+async def test_postgres_crashed_mid_archive_leaves_every_row_once(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    own_postgres: EmbeddedPostgres,
+    fleet: Callable[[Path, dict[str, str]], Fleet],
+    rng: random.Random,
+) -> None:
+    """Immediate shutdown (a crash: no checkpoint, recovery from WAL on start) at random points
+    of the sweep, started again 0.1-1.5 s later; one worker rides through them all."""
+    url = own_postgres.url()
+    archive = "archive"
+    with psycopg.connect(url, autocommit=True) as db:
+        db.execute(reference_ddl())  # purge_progress: the count stays exact through crashes
+        create(db, archive)
+        expired = fill(db, archive, rng)
+    config = worker_config(tmp_path / "purge.toml", url, task_queue, target_toml(archive))
+    workers = fleet(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
+    worker = workers.start()
+    watch = Watch(url, archive)
+    crashes = 0
+
+    async def crash() -> None:
+        nonlocal crashes
+        await asyncio.to_thread(own_postgres.stop, immediate=True)
+        crashes += 1
+        await asyncio.sleep(rng.uniform(0.1, 1.5))
+        await asyncio.to_thread(own_postgres.start)
+
+    try:
+        result = await run_pass(client, task_queue, crash, CRASHES_PER_PASS, watch, expired, rng)
+    finally:
+        await watch.close()
+    [swept] = result["swept"]
+    assert (swept["removed"], swept["archived"]) == (expired, expired), swept
+    with psycopg.connect(url, autocommit=True) as db:
+        check(db, archive, expired)
+    assert crashes >= 2
+    assert worker.poll() is None, "the worker did not ride through the crashes"
