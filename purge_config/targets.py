@@ -289,9 +289,22 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         guards=guards,
         database=database,
         partitions=partitions,
-        row_filter=parse_filter(at, raw, column),
+        row_filter=_filtered(at, partitions, parse_filter(at, raw, column)),
         archives=_copied(at, partitions, (archive_table(at, "archive_table", raw, table),)),
     )
+
+
+def _filtered(
+    at: str, partitions: PartitionPolicy, row_filter: RowFilter | None
+) -> RowFilter | None:
+    """`row_filter`, unless partitions would leave whole with rows it keeps."""
+    if partitions.removes and row_filter is not None:
+        raise ConfigError(
+            f"{at}: partitions: {partitions.mode!r} takes a partition out whole, judged by its "
+            "bounds alone, with every row the filter (match, match_null, match_not_null) keeps; "
+            "with a filter, keep partitions = 'delete'"
+        )
+    return row_filter
 
 
 def _copied(

@@ -149,6 +149,16 @@ BAD_FILTERS: dict[str, tuple[str, str, str]] = {
         f"{AT}: match_null",
         "'finished_at' is the target's column",
     ),
+    "match-with-partitions-drop": (
+        'match = { state = "failed" }\npartitions = "drop"',
+        f"{AT}: partitions",
+        "'drop' takes a partition out whole",
+    ),
+    "match_null-with-partitions-detach": (
+        'match_null = ["processed_at"]\npartitions = "detach"\ndetached_schema = "old"',
+        f"{AT}: partitions",
+        "'detach' takes a partition out whole",
+    ),
     "archive-not-a-name": ('archive_table = "arc.audit log"', f"{AT}: archive_table", "'arc."),
     "archive-three-parts": ('archive_table = "a.b.c"', f"{AT}: archive_table", "'a.b.c'"),
     "archive-empty": ('archive_table = ""', f"{AT}: archive_table", "got ''"),

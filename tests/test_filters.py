@@ -20,7 +20,11 @@ from activities.errors import BadPurgeTarget
 from purge_config import parse_config
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
+from purge_config.settings import PartitionPolicy
 from tests.support.rows import HOUR, PAST_NOW, keys
+from tests.test_partitions import MAX_AGE as EVENTS_MAX_AGE
+from tests.test_partitions import NOW as EVENTS_NOW
+from tests.test_partitions import make_events
 
 NOW = PAST_NOW
 DAY = 24 * HOUR
@@ -357,3 +361,33 @@ async def test_a_filter_given_in_code_works_the_same(
 
     assert await target.purge_expired(NOW) == 1
     assert "new-90d" not in keys(db, "jobs")
+
+
+async def test_partitions_never_leave_whole_under_a_filter_and_the_advice_says_why(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """A partition's bounds say nothing of a filter: a target built in code with
+    `partitions = "drop"` and a filter (a config refuses the pair) drops no partition, deletes
+    only the rows its filter selects, in batches, and its advice names the filter."""
+    total = make_events(db)
+    db.execute("UPDATE events SET body = 'keep' WHERE mod(id, 2) = 0")
+    kept = {r[0] for r in db.execute("SELECT id FROM events WHERE body = 'keep'")}
+    partitions = {r[0] for r in db.execute("SELECT relid FROM pg_partition_tree('events')")}
+    target = kinds.expiring(
+        pool,
+        "events",
+        TableName("events"),
+        "at_ms",
+        EVENTS_MAX_AGE,
+        partitions=PartitionPolicy("drop"),
+        row_filter=RowFilter(match=(("body", ("e",)),)),
+    )
+
+    stats = await target.sweep(EVENTS_NOW)
+
+    left = {r[0] for r in db.execute("SELECT id FROM events")}
+    assert kept <= left
+    assert stats.removed == total - len(left) > 0
+    assert stats.partitions == []
+    assert {r[0] for r in db.execute("SELECT relid FROM pg_partition_tree('events')")} == partitions
+    assert any("has no effect: the target has a row filter" in a for a in stats.advice)

@@ -25,6 +25,17 @@ async def check_partitions(
     if not policy.removes:
         return ""
     setting = f"partitions = {policy.mode!r}"
+    if pred.row_filter is not None or pred.archive is not None:
+        # A target built in code (a config refuses both): rules.py gives such a rule no key.
+        reason = (
+            "a row filter, which no partition's bounds can answer for"
+            if pred.row_filter is not None
+            else "an archive table, and a partition leaving whole would skip the copy"
+        )
+        return (
+            f"{pred.table}: {setting} has no effect: the target has {reason}; its rows are "
+            "deleted in batches"
+        )
     if pred.range_key is None:
         return (
             f"{pred.table}: {setting} has no effect: its rule is not a comparison of one column "
