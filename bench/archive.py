@@ -1,4 +1,4 @@
-"""Cases 6 and 7: archive before delete, and a filtered sweep with the index it advises.
+"""Cases 7 and 8: archive before delete, and a filtered sweep with the index it advises.
 
 - `archive`: x_idempotency, half expired and interleaved (case 1's data); (a) one plain DELETE
   of the expired rows against (b) this package moving them into an archive table (`archive_table`
@@ -193,7 +193,7 @@ async def _measure(bench: Bench, case: Case, data: Dataset, template: str, form:
 
 
 def archive_targets(results: Sequence[FormResult]) -> list[str]:
-    """The issue's targets for cases 6 and 7, with this run's figures."""
+    """The issue's targets for cases 7 and 8, with this run's figures."""
     lines: list[str] = []
 
     def check(what: str, value: float | None, limit: float, unit: str) -> None:
