@@ -183,8 +183,12 @@ class BatchSweeper:
     ) -> tuple[int, int, int | None, float]:
         """(rows found, rows deleted, the ledger's total or None, ms)."""
         started = time.perf_counter()
-        # Pipelined: BEGIN, the bounds, the DELETE and COMMIT in one round trip.
-        async with self.conn.pipeline(), self.conn.transaction():
+        # One round trip: the bounds and the DELETE pipelined up to one Sync, which makes them
+        # one implicit transaction (committed at the Sync, rolled back whole if either fails;
+        # the bounds, local to it, hold for the DELETE). Not conn.transaction(): psycopg waits
+        # for the BEGIN's and the COMMIT's replies even in a pipeline, 4 round trips a batch
+        # (measured on this machine: 0.69 ms against 0.21 ms per empty batch).
+        async with self.conn.pipeline():
             await self.conn.execute(
                 local_bounds(walk),
                 (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),

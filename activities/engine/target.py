@@ -290,7 +290,9 @@ class SqlTarget:
         """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""
         rel = {"rel": ident(pred.table).as_string(conn)}
         try:
-            async with conn.transaction():
+            # One round trip: pipelined up to one Sync, the bound and the lock are one implicit
+            # transaction. The lock is the session's: it outlives that transaction.
+            async with conn.pipeline():
                 await conn.execute(
                     local_bounds(),
                     (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),

@@ -47,11 +47,12 @@ async def open_ledger(
     if not row or not row[0]:
         return None
     params = {**key.params(), "keep_ms": LEDGER_KEEP_MS}
-    async with conn.transaction():
+    # One round trip: pipelined up to one Sync, the three are one implicit transaction.
+    async with conn.pipeline():
         await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))
         await conn.execute(ledger_expire(), params)
         cur = await conn.execute(ledger_entry(), params)
-        entry = await cur.fetchone()
+    entry = await cur.fetchone()
     return int(entry[0]) if entry else 0
 
 
@@ -91,7 +92,8 @@ async def leftover(
 async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int]:
     rel = {"rel": ident(pred.table).as_string(conn)}
     if conn.info.server_version >= 150000:
-        # Our own batches' dead tuples reach the views when this session goes idle.
+        # Our own batches' dead tuples reach the views when this session goes idle: after
+        # this round trip, not in a pipeline with the read.
         await conn.execute(flush_statistics())
     cur = await conn.execute(table_tuples(), rel)
     row = await cur.fetchone()
