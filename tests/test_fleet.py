@@ -161,6 +161,29 @@ async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_delet
     assert (done.status, done.removed) == ("ok", 1)
 
 
+async def test_an_empty_table_is_swept_without_waiting_for_its_lock(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """A table without a page has nothing to delete: its sweep neither takes the table's lock
+    nor waits for another sweep's, so a fleet's empty tables cost no lock round trips."""
+    patient = SweepSettings(busy_wait_ms=3_000)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
+    step = PurgeStep(name="x_idempotency", now_ms=NOW)
+    with psycopg.connect(schema_url, autocommit=True) as other:
+        hold_table_lock(other, "x_idempotency")
+        started = time.monotonic()
+        empty: PurgeSweep = await activity_env().run(activities.purge_target, step)
+        waited = time.monotonic() - started
+        # One expired row, and the table is no longer empty: the same sweep waits and is busy.
+        db.execute("INSERT INTO x_idempotency VALUES ('old', null, %s)", (NOW - HOUR,))
+        busy: PurgeSweep = await activity_env().run(activities.purge_target, step)
+
+    assert (empty.status, empty.removed, empty.batches) == ("ok", 0, 0)
+    assert waited < 2  # not the 3 s busy_wait
+    assert busy.status == "busy"
+    assert keys(db, "x_idempotency") == {"old"}
+
+
 async def test_a_sweep_releases_its_table_lock_when_it_ends(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
