@@ -196,8 +196,11 @@ def oldest_expired(pred: Predicate) -> sql.Composed:
 
 
 def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
-    """One row: the days between the least and the greatest value of the rule's column (NULL on
-    an empty table), read from the ends of its index."""
+    """One row: the days between the least and the greatest value of the rule's column among
+    the rows not expired, those past `%(cutoff)s` (NULL when there are none), read from the
+    ends of its index. Not over every row: right after a sweep the least value would be found
+    by walking the index from its start over an entry for every row the sweep deleted (1.1 s
+    after a million, measured in bench case 1); the bound starts the scan past them."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
     span = (
@@ -205,7 +208,9 @@ def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
         if sql_type in ("bigint", "integer")
         else sql.SQL("extract(epoch FROM max({c}) - min({c}))::float8 / 86400")
     ).format(c=column)
-    return sql.SQL("SELECT {} FROM {}").format(span, ident(pred.table))
+    return sql.SQL("SELECT {} FROM {} WHERE {} > %(cutoff)s").format(
+        span, ident(pred.table), column
+    )
 
 
 def flush_statistics() -> sql.SQL:

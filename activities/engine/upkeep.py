@@ -152,13 +152,15 @@ async def partition_advice(
 
 
 async def _rows_per_day(conn: AsyncConnection[Any], pred: Predicate, live: int) -> float | None:
-    """`live` rows over the days their values span: the rate rows arrive at, if the table
-    keeps a steady retention."""
+    """`live` rows over the days their values span (those not expired: the live rows): the
+    rate rows arrive at, if the table keeps a steady retention."""
     assert pred.range_key is not None
     try:
         async with conn.transaction():
             await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
-            cur = await conn.execute(value_span_days(pred, pred.range_key.sql_type))
+            cur = await conn.execute(
+                value_span_days(pred, pred.range_key.sql_type), {"cutoff": pred.range_key.cutoff}
+            )
             row = await cur.fetchone()
     except (errors.QueryCanceled, errors.DataError):
         return None
