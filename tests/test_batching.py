@@ -91,6 +91,34 @@ async def test_batches_are_resized_towards_their_target_duration(
     assert fast.batches > 4 * slow.batches
 
 
+async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_batch(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Rows in expiry order (a fixed TTL's table) lie together, so the first index batch takes
+    as many as fill a bounded number of heap pages: 3,000 expired of 100,000 go in one batch.
+    The same rows in no order get the small first batch (each may be on a page of its own)."""
+
+    def fill(order: str) -> None:
+        db.execute("TRUNCATE x_idempotency")
+        db.execute(
+            "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+            " SELECT 'k' || i, '{}', %s + i * 100 FROM generate_series(0, 99_999) i"
+            f" ORDER BY {order}",
+            (NOW - 3_000 * 100 + 1,),  # k0..k2999 expired
+        )
+        analyze(db, "x_idempotency")
+
+    fill("i")
+    ordered = await kinds.idempotency(pool).sweep(NOW)
+    fill("random()")
+    scattered = await kinds.idempotency(pool).sweep(NOW)
+
+    assert ordered.strategy == scattered.strategy == "index"
+    assert ordered.removed == scattered.removed == 3_000
+    assert ordered.batches == 1  # from 500 rows it would have taken 3 (500, 2,000, the rest)
+    assert scattered.batches >= 2
+
+
 def run_activity(
     pool: AsyncConnectionPool[Any],
     settings: SweepSettings,

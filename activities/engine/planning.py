@@ -55,6 +55,16 @@ class TablePlan:
     order: tuple[str, ...] = ()
     """For a filtered rule's index (`(state, finished_at)`): its keys up to the expiry column,
     the order index batches read in; empty for the expiry column's own order."""
+    correlation: float | None = None
+    """For an index sweep: ANALYZE's correlation between the expiry column's order and the
+    heap's (+-1: rows in expiry order, as a fixed TTL leaves them), None when not known."""
+
+    @property
+    def rows_per_page(self) -> float | None:
+        """Rows a heap page holds, per the statistics; None when unknown."""
+        if not self.rows or not self.pages:
+            return None
+        return self.rows / self.pages
 
     @property
     def share(self) -> float | None:
@@ -101,6 +111,13 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     if use_index and pred.row_filter is not None:
         # A filter's rows are spread among rows it leaves: the index pays only when sparse.
         use_index = index_pays(expired, int(pages))
+    correlation = None
+    if use_index and pred.column is not None and not order:
+        cur = await conn.execute(
+            statements.column_correlation(), {"rel": relation, "column": pred.column}
+        )
+        found = await cur.fetchone()
+        correlation = float(found[0]) if found and found[0] is not None else None
     plan = TablePlan(
         strategy="index" if use_index else "range",
         pages=int(pages),
@@ -110,6 +127,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
         order=order,
+        correlation=correlation,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 

@@ -454,6 +454,19 @@ def unlock_tables() -> sql.SQL:
     return sql.SQL("SELECT pg_advisory_unlock_all()")
 
 
+def column_correlation() -> sql.SQL:
+    """ANALYZE's correlation between the order of `%(column)s` and the heap's order in
+    `%(rel)s` (the planner's own figure for an index scan's page reads); no row when the table
+    was never analyzed."""
+    return sql.SQL(
+        "SELECT s.correlation FROM pg_stats s"
+        " JOIN pg_class c ON c.relname = s.tablename"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = s.schemaname"
+        " WHERE c.oid = %(rel)s::regclass AND s.attname = %(column)s"
+        " ORDER BY s.inherited DESC LIMIT 1"
+    )
+
+
 def column_statistics() -> sql.SQL:
     """The planner's view of `%(column)s` of `%(rel)s`: histogram bounds, most common values
     and their frequencies, as exact numbers; no row when the table was never analyzed."""
