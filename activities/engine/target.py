@@ -206,7 +206,7 @@ class SqlTarget:
         stats: SweepStats,
     ) -> None:
         """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
-        left = await leftover(conn, pred, plan, now_ms, table.complete)
+        left = await leftover(conn, pred, now_ms, table.complete)
         stats.live_rows += left.live
         stats.dead_rows += left.dead
         if left.oldest_age_ms is None or stats.oldest_expired_age_ms is None:

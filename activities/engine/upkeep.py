@@ -67,15 +67,16 @@ class Leftover:
 
 
 async def leftover(
-    conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan, now_ms: int, complete: bool
+    conn: AsyncConnection[Any], pred: Predicate, now_ms: int, complete: bool
 ) -> Leftover:
-    """What the sweep left in the table. The oldest expired row is looked for through the
-    index after an index sweep, or by a read of the table only when the sweep ran out of time
-    (a finished sweep left none as of `now_ms`). Not through the index after a finished range
-    walk: the walk left a dead index entry for each row it deleted, and the read would visit
-    every one (a third of a second or more for a million rows) to find none."""
+    """What the sweep left in the table. The oldest expired row is looked for only when the
+    sweep ran out of time: a finished sweep left none as of `now_ms` (a walk read every page;
+    an index sweep's last batch found fewer expired rows than it asked for, so none was left
+    behind it). After a finished sweep the read would also be the costliest of all: through
+    the index from its start, over a dead entry for every row the sweep deleted (a third of a
+    second or more for a million rows), to find none."""
     age: int | None = 0
-    if not complete or (plan.index is not None and plan.strategy == "index"):
+    if not complete:
         try:
             async with conn.transaction():
                 await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
