@@ -77,28 +77,33 @@ class TablePlan:
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     """Estimate, choose a strategy, and check the chosen batch statement's plan."""
     relation = ident(pred.table).as_string(conn)
-    # The leaves hold the rows: a partitioned table's partitions, or a plain table itself
-    # (pg_partition_tree() returns nothing for a table outside any partition tree).
-    cur = await conn.execute(
-        """
-        WITH rel AS (SELECT %(rel)s::regclass AS oid),
-        leaves AS (
-            SELECT t.relid AS oid FROM rel, pg_partition_tree(rel.oid) t WHERE t.isleaf
-            UNION
-            SELECT rel.oid FROM rel JOIN pg_class c ON c.oid = rel.oid WHERE c.relkind <> 'p'
+    rel = {"rel": relation}
+    # The catalog reads do not depend on one another: one pipelined round trip, not five.
+    async with conn.pipeline():
+        sizes = await conn.execute(statements.table_size(), rel)
+        estimate = await conn.execute(_estimate_query(pred), pred.params)
+        serving = (
+            await conn.execute(statements.serving_index(), {**rel, "column": pred.column})
+            if pred.column
+            else None
         )
-        SELECT coalesce(max(pg_relation_size(l.oid)), 0) / current_setting('block_size')::int,
-               sum(greatest(c.reltuples, 0)),
-               bool_or(c.reltuples < 0),
-               (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel))
-        FROM leaves l JOIN pg_class c ON c.oid = l.oid
-        """,
-        {"rel": relation},
-    )
-    pages, reltuples, never_analyzed, partitioned = await cur.fetchone() or (0, 0, True, False)
+        referencing = await conn.execute(statements.is_referenced(), rel)
+        # Wanted only for an index sweep (its first batch's size), not yet chosen: read
+        # anyway, as the same round trip carries it.
+        correlating = (
+            await conn.execute(statements.column_correlation(), {**rel, "column": pred.column})
+            if pred.column and pred.row_filter is None
+            else None
+        )
+    pages, reltuples, never_analyzed, partitioned = await sizes.fetchone() or (0, 0, True, False)
     rows = None if never_analyzed else float(reltuples or 0)
-    expired = await _estimated_rows(conn, pred)
-    index = await _serving_index(conn, relation, pred.column) if pred.column else None
+    explained = await estimate.fetchone()
+    expired = float(_plan(explained)["Plan Rows"]) if explained else 0.0
+    found = await serving.fetchone() if serving is not None else None
+    index = str(found[0]) if found else None
+    referenced = await referencing.fetchone()
+    found = await correlating.fetchone() if correlating is not None else None
+    correlation = float(found[0]) if found and found[0] is not None else None
     order: tuple[str, ...] = ()
     if pred.row_filter is not None and pred.column is not None:
         # A filter wants an index that serves it too (activities.engine.filter_plan).
@@ -106,18 +111,9 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
 
     share = None if not rows else min(1.0, expired / rows)
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
-    cur = await conn.execute(statements.is_referenced(), {"rel": relation})
-    referenced = await cur.fetchone()
     if use_index and pred.row_filter is not None:
         # A filter's rows are spread among rows it leaves: the index pays only when sparse.
         use_index = index_pays(expired, int(pages))
-    correlation = None
-    if use_index and pred.column is not None and not order:
-        cur = await conn.execute(
-            statements.column_correlation(), {"rel": relation, "column": pred.column}
-        )
-        found = await cur.fetchone()
-        correlation = float(found[0]) if found and found[0] is not None else None
     plan = TablePlan(
         strategy="index" if use_index else "range",
         pages=int(pages),
@@ -132,33 +128,11 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     return replace(plan, advice=await _advice(conn, pred, plan))
 
 
-async def _estimated_rows(conn: AsyncConnection[Any], pred: Predicate) -> float:
-    query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
+def _estimate_query(pred: Predicate) -> sql.Composed:
+    """The planner's estimate of the expired rows (its top node's `Plan Rows`)."""
+    return sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
         ident(pred.table), pred.where
     )
-    cur = await conn.execute(query, pred.params)
-    row = await cur.fetchone()
-    return float(_plan(row)["Plan Rows"]) if row else 0.0
-
-
-async def _serving_index(conn: AsyncConnection[Any], relation: str, column: str) -> str | None:
-    """A valid, whole-table btree index whose first key is `column`."""
-    cur = await conn.execute(
-        """
-        SELECT i.indexrelid::regclass::text
-        FROM pg_index i
-        JOIN pg_class ic ON ic.oid = i.indexrelid
-        JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'
-        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-        WHERE i.indrelid = %s::regclass AND i.indisvalid AND i.indpred IS NULL
-          AND a.attname = %s
-        ORDER BY i.indnatts
-        LIMIT 1
-        """,
-        (relation, column),
-    )
-    row = await cur.fetchone()
-    return str(row[0]) if row else None
 
 
 async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) -> str:

@@ -531,6 +531,39 @@ def wal_position() -> sql.SQL:
     return sql.SQL("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
 
 
+def table_size() -> sql.SQL:
+    """One row for `%(rel)s`: the heap pages of its largest leaf (exact, from the file size),
+    the live rows its leaves hold per the statistics, whether any leaf was never analyzed,
+    and whether the table is partitioned. The leaves hold the rows: a partitioned table's
+    partitions, or a plain table itself (pg_partition_tree() returns nothing for a table
+    outside any partition tree)."""
+    return sql.SQL(
+        "WITH rel AS (SELECT %(rel)s::regclass AS oid),"
+        " leaves AS ("
+        "SELECT t.relid AS oid FROM rel, pg_partition_tree(rel.oid) t WHERE t.isleaf"
+        " UNION"
+        " SELECT rel.oid FROM rel JOIN pg_class c ON c.oid = rel.oid WHERE c.relkind <> 'p')"
+        " SELECT coalesce(max(pg_relation_size(l.oid)), 0) / current_setting('block_size')::int,"
+        " sum(greatest(c.reltuples, 0)), bool_or(c.reltuples < 0),"
+        " (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel))"
+        " FROM leaves l JOIN pg_class c ON c.oid = l.oid"
+    )
+
+
+def serving_index() -> sql.SQL:
+    """A valid, whole-table btree index of `%(rel)s` whose first key is `%(column)s`: its
+    name, the one with fewest columns; no row when there is none."""
+    return sql.SQL(
+        "SELECT i.indexrelid::regclass::text FROM pg_index i"
+        " JOIN pg_class ic ON ic.oid = i.indexrelid"
+        " JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+        " WHERE i.indrelid = %(rel)s::regclass AND i.indisvalid AND i.indpred IS NULL"
+        " AND a.attname = %(column)s"
+        " ORDER BY i.indnatts LIMIT 1"
+    )
+
+
 def is_referenced() -> sql.SQL:
     """Whether any foreign key references `%(rel)s`."""
     return sql.SQL(
