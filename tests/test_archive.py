@@ -207,6 +207,30 @@ async def test_an_archive_that_does_not_fit_fails_the_target_before_anything_mov
     assert rows_of(db, "audit_log") == before
 
 
+async def test_a_row_the_archive_already_holds_fails_the_target_at_once_moving_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
+) -> None:
+    """An archive's unique key already taken by a row being archived (one archived before, and
+    its key written again since) fails every attempt alike: BadPurgeTarget, non-retryable,
+    naming both tables, and no row leaves either."""
+    make_audit(db, arc)
+    fill_audit(db, 100, expired_every=2)
+    db.execute(
+        f"INSERT INTO {arc}.audit_log ({COLUMNS}) OVERRIDING SYSTEM VALUE"
+        " SELECT id, actor, body, amount, created_at, size FROM audit_log WHERE id = 2"
+    )
+    before, archived = rows_of(db, "audit_log"), rows_of(db, f"{arc}.audit_log")
+
+    with pytest.raises(BadPurgeTarget) as refused:
+        await audit(pool, arc).purge_expired(NOW)
+
+    assert refused.value.non_retryable
+    assert f"archive {arc}.audit_log already holds" in str(refused.value)
+    assert "(id)=(2)" not in str(refused.value)  # a key's value may be a secret
+    assert rows_of(db, "audit_log") == before
+    assert rows_of(db, f"{arc}.audit_log") == archived
+
+
 async def test_an_archive_column_generated_there_but_not_here_is_refused(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
 ) -> None:

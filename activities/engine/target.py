@@ -321,6 +321,17 @@ class SqlTarget:
             except (errors.UndefinedTable, errors.UndefinedColumn) as err:
                 # The table changed between the catalog check and a statement.
                 raise BadPurgeTarget(f"table {rule.table}: {_first_line(err)}") from err
+            except errors.UniqueViolation as err:
+                if rule.archive is None:
+                    raise
+                # Only the archive's INSERT can raise it; every retry would meet the same row.
+                # Not the server's DETAIL: it shows the key's value (a session token, say),
+                # which must stay out of the history and the logs.
+                raise BadPurgeTarget(
+                    f"table {rule.table}: archive {rule.archive} already holds a row with the "
+                    f"key of one being archived ({_first_line(err)}); a key archived before and "
+                    "written again since? nothing moved"
+                ) from err
             except errors.InsufficientPrivilege as err:
                 raise BadPurgeTarget(
                     f"table {rule.table}: {_first_line(err)}; the worker's role needs "
