@@ -143,6 +143,37 @@ def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
     )
 
 
+def range_delete(pred: Predicate) -> sql.Composed:
+    """The range batch without an archive: every expired row in pages [lo, hi), checked on the
+    row itself, counted by its command tag. Not `range_batch`'s RETURNING and count in one
+    statement: projecting every deleted row made the DELETE cost 1.75x (a million rows of 2M,
+    PostgreSQL 18, measured here: 400 ms plain, 700 ms through the CTE). The ledger's
+    `ledger_add` follows in the same transaction."""
+    return sql.SQL(
+        "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
+    ).format(table=ident(pred.table), where=pred.where)
+
+
+def ledger_add() -> sql.SQL:
+    """Add one batch's count (`%(n)s`, above 0) to its pass's `purge_progress` row, in the
+    batch's own transaction: one row, the pass's total so far."""
+    return sql.SQL(
+        "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
+        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+        " %(n)s, 1)"
+        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
+        " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
+        " RETURNING removed"
+    )
+
+
+def pipeline_flush() -> sql.SQL:
+    """A statement of no cost whose result, fetched, flushes a pipeline up to it without a
+    Sync: the statements before it have run and their command tags are read, and their
+    implicit transaction is still open."""
+    return sql.SQL("SELECT 1")
+
+
 def ledger_entry() -> sql.SQL:
     """The pass's total so far for one target: what a resumed attempt starts counting from."""
     return sql.SQL(
