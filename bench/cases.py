@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 from psycopg_pool import AsyncConnectionPool
 
 from bench import data as tables
 from bench.data import Dataset
-from bench.forms import FORMS, FormContext, Table
+from bench.forms import FORMS, FormContext, Table, TemporalPass
 from bench.stats import FormResult, median_of, summarize
 from bench.writer import WriterConfig, running_writer
 
@@ -37,13 +38,15 @@ def build_cases(rows: int) -> dict[str, Case]:
             "interleaved",
             "idempotency, half expired, interleaved with live rows",
             (Dataset("idempotency", rows, rows // 2, "interleaved"),),
-            ("delete", "ours", "key_in"),
+            # Without the ledger too: what its upsert costs each batch, side by side.
+            ("delete", "ours", "ours_no_ledger", "key_in"),
         ),
         "clustered": Case(
             "clustered",
             "idempotency, 1% expired, in expiry order, expiry index",
             (Dataset("idempotency", rows, small, "ordered"),),
-            ("delete", "ours", "key_in"),
+            # Cold too: the first batch must keep to the batch target with nothing cached.
+            ("delete", "ours", "key_in", "delete_cold", "ours_cold"),
         ),
         "rate_limit": Case(
             "rate_limit",
@@ -73,13 +76,25 @@ class Bench:
     conn: AsyncConnection[Any]
     """Autocommit; builds tables, runs the plain-SQL forms and the after-checks."""
     pool: AsyncConnectionPool[Any]
-    """The package's own pool (purge_ops.connect.open_pool), for our sweep."""
+    """The package's own pool (purge_ops.connect.open_pool), for our sweep; its search_path
+    finds the bench schema's `purge_progress`, so each batch counts in the ledger, as a user's
+    sweeps do."""
     writer_rate: float
     checkpoint: bool
     prewarm: bool
     repeat: int = 1
     """Each form runs this many times, each on a fresh copy; the report shows the median."""
     seed: int = 1
+    pool_no_ledger: AsyncConnectionPool[Any] | None = None
+    """The same without the bench schema on its search_path: no ledger to be found."""
+    temporal: TemporalPass | None = None
+    """For the `ours_temporal` form: a client, a worker's task queue and the pass's input."""
+    evict: bool = False
+    """Every form starts with none of its copy in shared_buffers (pg_buffercache), the OS
+    cache as the copy left it: not prewarmed, the same for every form."""
+    data_dir: Path | None = None
+    """The embedded server's data directory (None with --url): its postmaster's pid, for CPU
+    figures, and its files, to drop a table from the OS cache."""
     all_runs: list[FormResult] = field(default_factory=list)
     """Every run of every form, repeats included, for the JSON."""
 
@@ -105,8 +120,9 @@ async def run_case(bench: Bench, case: Case) -> list[FormResult]:
             await tables.drop_table(bench.conn, bench.schema, template)
         bench.all_runs.extend(r for form in case.forms for r in runs[form])
         measured = [median_of(runs[form]) for form in case.forms]
-        base = next((r for r in measured if r.form == "delete"), None)
+        bases = {r.form: r for r in measured if r.form in ("delete", "delete_cold")}
         for result in measured:
+            base = bases.get("delete_cold" if result.form.endswith("_cold") else "delete")
             if base is not None and base.seconds > 0:
                 result.ratio = result.seconds / base.seconds
         results.extend(measured)
@@ -120,12 +136,22 @@ async def measure_form(
     copy = f"{case.name}_{data.rows}_{form}"
     label, run_form = FORMS[form]
     started = time.perf_counter()
-    await tables.make_copy(bench.conn, bench.schema, template, copy, data, prewarm=bench.prewarm)
+    cold = form.endswith("_cold")
+    await tables.make_copy(
+        bench.conn, bench.schema, template, copy, data, prewarm=bench.prewarm and not cold
+    )
     try:
+        # The ledger as a user's database holds it: empty of this run's passes.
+        await bench.conn.execute(
+            sql.SQL("TRUNCATE {}").format(sql.Identifier(bench.schema, "purge_progress"))
+        )
         if bench.checkpoint:
             # Every form starts right after a checkpoint, so each pays the same full-page
             # images for the first change to every page it touches, as a real sweep would.
             await bench.conn.execute("CHECKPOINT")
+        if cold or bench.evict:
+            # Cold: from the OS cache too (its files), where the server's files are ours.
+            await tables.make_cold(bench.conn, bench.schema, copy, bench.data_dir if cold else None)
         log.info("%s: copy %s ready in %.1f s", case.name, copy, time.perf_counter() - started)
         config = WriterConfig(
             url=bench.url,
@@ -144,7 +170,7 @@ async def measure_form(
             await writer.go()
             try:
                 run = await run_form(
-                    FormContext(bench.conn, bench.pool),
+                    FormContext(bench.conn, bench.pool, bench.pool_no_ledger, bench.temporal),
                     Table(bench.schema, copy, data, bench.now_ms),
                 )
             finally:

@@ -6,7 +6,9 @@ order, VACUUM ANALYZE, prewarm, CHECKPOINT), so the forms differ in nothing but 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from psycopg import AsyncConnection, sql
@@ -39,6 +41,10 @@ class Dataset:
     rows: int
     expired: int
     layout: Layout
+    live_after_ms: int = 1
+    """Interleaved idempotency rows that live expire this long after now_ms or later. A pass
+    through Temporal judges by the workflow's clock, minutes after now_ms: a day's gap keeps
+    its expired rows exactly those the other forms delete."""
 
     @property
     def stride(self) -> int:
@@ -105,8 +111,12 @@ class Dataset:
             else:
                 expires = sql.SQL(
                     "CASE WHEN {expired} THEN %(now_ms)s - 1 - mod(i * 7919, {spread})"
-                    " ELSE %(now_ms)s + 1 + mod(i * 7919, {spread}) END"
-                ).format(expired=self._is_expired(), spread=sql.Literal(_SPREAD_MS))
+                    " ELSE %(now_ms)s + {live_after} + mod(i * 7919, {spread}) END"
+                ).format(
+                    expired=self._is_expired(),
+                    spread=sql.Literal(_SPREAD_MS),
+                    live_after=sql.Literal(self.live_after_ms),
+                )
             # A small stored response, about the size real idempotency rows carry.
             values = sql.SQL(
                 "{prefix} || i, jsonb_build_object('status', 200, 'body', md5(i::text)), {expires}"
@@ -228,3 +238,39 @@ async def count_missing(conn: AsyncConnection[Any], schema: str, name: str, keys
     )
     row = await cur.fetchone()
     return int(row[0]) if row else 0
+
+
+async def make_cold(
+    conn: AsyncConnection[Any], schema: str, name: str, data_dir: Path | None
+) -> bool:
+    """Drop a table and its indexes from shared_buffers (pg_buffercache_evict_relation,
+    PostgreSQL 18) and, on the embedded server, from the OS page cache too (posix_fadvise
+    DONTNEED on their files, which the checkpoint before has written): its next reads come
+    from the disk. Only this table's files are dropped, so nothing else on a shared machine is
+    touched. Returns whether the OS cache was dropped too."""
+    rel = sql.Literal(f'"{schema}"."{name}"')
+    cur = await conn.execute(
+        sql.SQL(
+            "SELECT c.oid::regclass::text, pg_relation_filepath(c.oid) FROM pg_class c"
+            " WHERE c.oid = {rel}::regclass"
+            " OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = {rel}::regclass)"
+        ).format(rel=rel)
+    )
+    relations = await cur.fetchall()
+    for relation, _ in relations:
+        await conn.execute("SELECT pg_buffercache_evict_relation(%s::regclass)", (str(relation),))
+    if data_dir is None or not hasattr(os, "posix_fadvise"):
+        return False
+    for _, filepath in relations:
+        base = data_dir / str(filepath)
+        # Every segment (16384, 16384.1, ...) and fork (16384_fsm, 16384_vm) of the relation,
+        # and not 163841.
+        for path in base.parent.glob(base.name + "*"):
+            if path.name != base.name and path.name[len(base.name)] not in "._":
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return True

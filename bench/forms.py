@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.payloads import PurgeStep, PurgeSweep
@@ -44,6 +45,21 @@ class FormContext:
 
     conn: AsyncConnection[Any]
     pool: AsyncConnectionPool[Any]
+    """Its search_path finds the bench schema's `purge_progress`: sweeps count in the ledger."""
+    pool_no_ledger: AsyncConnectionPool[Any] | None = None
+    """Its search_path finds no `purge_progress`: sweeps count from heartbeats."""
+    temporal: TemporalPass | None = None
+    """Where a pass through Temporal goes (the `ours_temporal` form)."""
+
+
+@dataclass(frozen=True)
+class TemporalPass:
+    """A client of a Temporal dev server, a worker built from a config polling `task_queue`,
+    and the workflow input of a pass over the one target the bench's copy is."""
+
+    client: Client
+    task_queue: str
+    request: dict[str, Any]
 
 
 FormFn = Callable[[FormContext, Table], Awaitable[FormRun]]
@@ -82,16 +98,20 @@ async def key_in_loop(ctx: FormContext, table: Table) -> FormRun:
     )
 
 
-async def ours(ctx: FormContext, table: Table) -> FormRun:
-    """(b) This package's sweep through the real activity, as a worker would run it.
+async def ours(ctx: FormContext, table: Table, ledger: bool = True) -> FormRun:
+    """(b) This package's sweep through the real activity, as a worker would run it, counting
+    in the `purge_progress` ledger (or, `ledger=False`, with no ledger table to be found).
 
     Per-statement times come from the activity's heartbeats: once sweeps are batched, each batch
     heartbeats one dict with "batch_ms". Before that, the only heartbeat is the target's name and
     the whole sweep counts as one statement.
     """
     name = f"bench_{table.name}"
-    target = table.data.target(ctx.pool, name, TableName(table.name, table.schema))
-    return await run_target(target, table.now_ms)
+    pool = ctx.pool if ledger or ctx.pool_no_ledger is None else ctx.pool_no_ledger
+    target = table.data.target(pool, name, TableName(table.name, table.schema))
+    run = await run_target(target, table.now_ms)
+    run.notes["ledger"] = ledger
+    return run
 
 
 async def run_target(target: PurgeTarget, now_ms: int) -> FormRun:
@@ -127,6 +147,8 @@ async def run_target(target: PurgeTarget, now_ms: int) -> FormRun:
         "per_batch_heartbeats": bool(batch_ms),
         # Catalog checks, planning, EXPLAIN, round trips: the sweep's cost outside its batches.
         "outside_batches_ms": seconds * 1000 - sum(batch_ms) if batch_ms else None,
+        # Does the first batch keep to the batch target (15 ms), on a cold cache too?
+        "first_batch_ms": batch_ms[0] if batch_ms else None,
         "advice": getattr(sweep, "advice", None) or None,
         "partitions": getattr(sweep, "partitions_dropped", 0)
         + getattr(sweep, "partitions_detached", 0),
@@ -156,14 +178,60 @@ def _batch_times(beats: list[Mapping[str, Any]]) -> list[float]:
     return list(times.values())
 
 
-#: Report order, and the names `--forms`-like options and the JSON use.
+async def ours_temporal(ctx: FormContext, table: Table) -> FormRun:
+    """(b) This package as a user meets it: a `Purge` pass started by a client and its result
+    awaited, run by a worker built from a config (the target is the copy this form runs on).
+    The time is the client's, from start to result. Batch times stay on the worker (its
+    heartbeats go to the server): the result's batches and p95 are reported, read with defaults
+    so that an engine without them still runs."""
+    assert ctx.temporal is not None, "the ours_temporal form needs a Temporal dev server"
+    started = time.perf_counter()
+    report = await ctx.temporal.client.execute_workflow(
+        "Purge",
+        ctx.temporal.request,
+        id=f"bench-{table.name}-{uuid.uuid4().hex[:8]}",
+        task_queue=ctx.temporal.task_queue,
+    )
+    seconds = time.perf_counter() - started
+    [sweep] = report["swept"]
+    if sweep.get("status", "ok") != "ok":
+        raise RuntimeError(f"the pass reported {sweep}")
+    activity_seconds = float(sweep.get("seconds") or 0.0)
+    notes: dict[str, object] = {
+        "strategy": sweep.get("strategy"),
+        "batches": sweep.get("batches"),
+        "p95_batch_ms": sweep.get("p95_batch_ms"),
+        "backlog": sweep.get("backlog"),
+        "activity_seconds": activity_seconds,
+        # The pass's time outside the activity: Temporal's round trips, the workflow's tasks.
+        "temporal_ms": 1000 * (seconds - activity_seconds),
+        "lower_bound": sweep.get("lower_bound"),
+        "advice": sweep.get("advice") or None,
+    }
+    return FormRun(
+        removed=int(sweep["removed"]), seconds=seconds, statement_ms=[seconds * 1000], notes=notes
+    )
+
+
+async def ours_no_ledger(ctx: FormContext, table: Table) -> FormRun:
+    """(b) without a `purge_progress` table: what the ledger's upsert costs each batch."""
+    return await ours(ctx, table, ledger=False)
+
+
+#: Report order, and the names `--forms`-like options and the JSON use. A form ending in
+#: `_cold` runs on a copy dropped from shared_buffers and from the OS page cache first (see
+#: `data.make_cold`), and its ratio is taken against `delete_cold`.
 FORMS: dict[str, tuple[str, FormFn]] = {
     "delete": ("(a) single DELETE", single_delete),
     "ours": ("(b) this package", ours),
+    "ours_no_ledger": ("(b) this package, no ledger", ours_no_ledger),
+    "ours_temporal": ("(b) this package, through Temporal", ours_temporal),
     "key_in": ("(c) key IN loop", key_in_loop),
+    "delete_cold": ("(a) single DELETE, cold", single_delete),
+    "ours_cold": ("(b) this package, cold", ours),
 }
 
-#: Every form's label in the report: the three above, and the partitioned case's own.
+#: Every form's label in the report: the ones above, and the partitioned case's own.
 LABELS: dict[str, str] = {
     **{name: label for name, (label, _) in FORMS.items()},
     "drop": "(b) this package, partitions = drop",

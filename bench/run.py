@@ -21,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 import activities
 from activities.schema import reference_ddl
 from bench import report, server
 from bench.archive import CASES as ARCHIVE_CASES
 from bench.archive import archive_targets, run_archive_case
+from bench.backlog import run_backlog
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
+from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import run_partitioned
 from bench.stats import FormResult
@@ -43,7 +47,7 @@ QUICK_ROWS = 200_000
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
 CASE_ORDER = (
     "interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned",
-    *ARCHIVE_CASES,
+    *ARCHIVE_CASES, "backlog", "fleet",
 )  # fmt: skip
 #: The partitioned case's table is this many times --rows (6,000,000 at the default).
 PARTITIONED_SCALE = 3
@@ -123,9 +127,12 @@ class Outcome:
     runs: list[FormResult] = field(default_factory=list)
     """Every run, repeats included."""
     orchestration: OrchestrationResult | None = None
+    fleet: FleetResult | None = None
 
 
-async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded: bool) -> Outcome:
+async def run_bench(
+    url: str, args: argparse.Namespace, scratch: Path, data_dir: Path | None
+) -> Outcome:
     # SIGTERM ends the run as Ctrl-C does: by cancelling, so every `finally` below still runs.
     task = asyncio.current_task()
     assert task is not None
@@ -139,6 +146,7 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
         await conn.execute(sql.SQL("SET search_path = {}").format(sql.Identifier(schema)))
         await conn.execute(reference_ddl())
         await conn.execute("RESET search_path")
+        embedded = data_dir is not None
         prewarm = await server.enable_prewarm(conn, embedded=embedded)
         checkpoint = await can_checkpoint(conn)
         if not checkpoint:
@@ -159,8 +167,16 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
                 "checkpoint_before_each_form": checkpoint,
             }
         )
-        pool = await open_pool(url)
+        # The bench schema on the pool's search_path, so the sweep finds the purge_progress
+        # table made there (as a user's worker finds theirs); and a pool that finds none.
+        pool = await open_pool(make_conninfo(url, options=f"-c search_path={schema}"))
+        pool_no_ledger = await open_pool(url)
         try:
+            if not await _ledger_absent(pool_no_ledger):
+                log.warning(
+                    "a purge_progress table is on the default search_path: the no-ledger"
+                    " form counts in it"
+                )
             bench = Bench(
                 url=url,
                 schema=schema,
@@ -171,6 +187,8 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
                 checkpoint=checkpoint,
                 prewarm=prewarm,
                 repeat=args.repeat,
+                data_dir=data_dir,
+                pool_no_ledger=pool_no_ledger,
             )
             cases = build_cases(args.rows)
             for name in args.cases:
@@ -181,17 +199,31 @@ async def run_bench(url: str, args: argparse.Namespace, scratch: Path, embedded:
                     outcome.results.extend(await run_partitioned(bench, rows))
                 elif name in ARCHIVE_CASES:
                     outcome.results.extend(await run_archive_case(bench, name, args.rows))
+                elif name == "backlog":
+                    outcome.results.extend(
+                        await run_backlog(bench, scratch, args.rows, args.fsync == "on")
+                    )
+                elif name == "fleet":
+                    outcome.fleet = await run_fleet(bench, scratch, args.rows, args.fsync == "on")
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
         finally:
             await pool.close()
+            await pool_no_ledger.close()
         return outcome
     finally:
         await _drop_schema(conn, schema)
         await conn.close()
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+async def _ledger_absent(pool: AsyncConnectionPool[Any]) -> bool:
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT to_regclass('purge_progress') IS NULL")
+        row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -239,8 +271,29 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
         if scaling:
             out += [scaling, ""]
     if orchestration is not None:
-        out += ["orchestration: one Purge pass through a Temporal dev server", ""]
-        out += [report.orchestration_table(orchestration), ""]
+        out += [
+            f"orchestration: Purge passes over {orchestration.targets} empty targets in "
+            f"{orchestration.databases} databases, through a Temporal dev server, and the "
+            "same sweeps called directly",
+            "",
+            report.orchestration_table(orchestration),
+            "",
+            report.orchestration_history_table(orchestration),
+            "",
+            *report.orchestration_targets(orchestration),
+            "",
+        ]
+    if outcome.fleet is not None:
+        fleet = outcome.fleet
+        out += [
+            f"fleet: {fleet.databases} databases, each {fleet.rows:,} rows with {fleet.expired:,}"
+            f" expired (interleaved), shared_buffers {fleet.shared_buffers}, through Temporal",
+            "",
+            fleet_table(fleet),
+            "",
+            *fleet_targets(fleet),
+            "",
+        ]
     if results:
         out += ["issue targets (ratios and latencies from this run):"]
         out += ["  " + line for line in report.issue_targets(results)]
@@ -282,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             log.info("starting the embedded PostgreSQL in %s", scratch)
             postgres.start()
             url = postgres.url()
-        outcome = asyncio.run(run_bench(url, args, scratch, embedded=postgres is not None))
+        data_dir = postgres.data_dir if postgres is not None else None
+        outcome = asyncio.run(run_bench(url, args, scratch, data_dir))
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.warning("interrupted; servers stopped, nothing reported")
         return 130
@@ -296,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     print_report(outcome, elapsed)
     if args.json:
         report.write_json(
-            args.json, outcome.environment, outcome.results, outcome.runs, outcome.orchestration
+            args.json,
+            outcome.environment,
+            outcome.results,
+            outcome.runs,
+            outcome.orchestration,
+            outcome.fleet,
         )
         log.info("wrote %s", args.json)
     return 0

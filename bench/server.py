@@ -85,6 +85,8 @@ async def enable_prewarm(conn: AsyncConnection[Any], *, embedded: bool) -> bool:
     """pg_prewarm, created on our own server, only used if already there on someone else's."""
     if embedded:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
+        # For the cold forms: pg_buffercache_evict_relation() (PostgreSQL 18).
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
         return True
     cur = await conn.execute("SELECT to_regproc('pg_prewarm') IS NOT NULL")
     row = await cur.fetchone()

