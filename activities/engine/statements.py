@@ -41,18 +41,28 @@ def local_bounds(walk: bool = False) -> sql.Composed:
     return sql.Composed(parts)
 
 
+#: The ledger's upsert, in two pieces around the row it adds: each batch's count accumulates in
+#: its pass's row, which returns the pass's total. Shared by the upsert inside a batch's own
+#: statement (`_LEDGER`) and the one after a plain DELETE (`ledger_add`).
+_LEDGER_INTO = (
+    "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
+)
+_LEDGER_ACCUMULATE = (
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
+    " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
+    " RETURNING removed"
+)
+
 #: The ledger's upsert, added to a batch when the target's database has `purge_progress`: the
 #: batch's count becomes durable in the same transaction as its DELETE. Its parameters name the
 #: pass (`ledger_workflow`, `ledger_run`, `ledger_now`) and the target (`ledger_target`).
 _LEDGER = sql.SQL(
     ", ledger AS ("
-    "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
-    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
+    + _LEDGER_INTO
+    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
     " FROM counted WHERE n > 0"
-    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
-    " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
-    " RETURNING removed)"
-    " SELECT {found}, (SELECT n FROM counted), (SELECT removed FROM ledger)"
+    + _LEDGER_ACCUMULATE
+    + ") SELECT {found}, (SELECT n FROM counted), (SELECT removed FROM ledger)"
 )
 _NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
 
@@ -158,12 +168,9 @@ def ledger_add() -> sql.SQL:
     """Add one batch's count (`%(n)s`, above 0) to its pass's `purge_progress` row, in the
     batch's own transaction: one row, the pass's total so far."""
     return sql.SQL(
-        "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
-        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
-        " %(n)s, 1)"
-        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
-        " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
-        " RETURNING removed"
+        _LEDGER_INTO
+        + " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+        " %(n)s, 1)" + _LEDGER_ACCUMULATE
     )
 
 
