@@ -136,6 +136,15 @@ def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
     )
 
 
+def patient_sweep(
+    pool: AsyncConnectionPool[Any], busy_wait_ms: int
+) -> tuple[PurgeActivities, PurgeStep]:
+    """The activities for x_idempotency waiting `busy_wait_ms` for a held table, and its step."""
+    patient = SweepSettings(busy_wait_ms=busy_wait_ms)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
+    return activities, PurgeStep(name="x_idempotency", now_ms=NOW)
+
+
 async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_deleted(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
 ) -> None:
@@ -143,9 +152,7 @@ async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_delet
         "INSERT INTO x_idempotency VALUES ('old', null, %s), ('new', null, %s)",
         (NOW - HOUR, NOW + HOUR),
     )
-    patient = SweepSettings(busy_wait_ms=300)
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
-    step = PurgeStep(name="x_idempotency", now_ms=NOW)
+    activities, step = patient_sweep(pool, busy_wait_ms=300)
     with psycopg.connect(schema_url, autocommit=True) as other:
         hold_table_lock(other, "x_idempotency")
         started = time.monotonic()
@@ -166,9 +173,7 @@ async def test_an_empty_table_is_swept_without_waiting_for_its_lock(
 ) -> None:
     """A table without a page has nothing to delete: its sweep neither takes the table's lock
     nor waits for another sweep's, so a fleet's empty tables cost no lock round trips."""
-    patient = SweepSettings(busy_wait_ms=1_500)
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
-    step = PurgeStep(name="x_idempotency", now_ms=NOW)
+    activities, step = patient_sweep(pool, busy_wait_ms=1_500)
     with psycopg.connect(schema_url, autocommit=True) as other:
         hold_table_lock(other, "x_idempotency")
         started = time.monotonic()
