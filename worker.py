@@ -85,7 +85,7 @@ if (_clash := foreign_top_level()) is not None:
 
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config
-from purge_config.names import TARGET_NAME
+from purge_config.names import STEP_NAME
 from purge_ops import logs
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import passes_json, passes_table, recent_passes, replay, sweep
@@ -170,7 +170,7 @@ def _config_option(command: argparse.ArgumentParser) -> None:
 
 
 def _target_name(text: str) -> str:
-    if not TARGET_NAME.fullmatch(text):
+    if not STEP_NAME.fullmatch(text):
         raise argparse.ArgumentTypeError(f"not a target name: {text!r}")
     return text
 

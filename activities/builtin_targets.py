@@ -7,6 +7,7 @@ from typing import cast
 
 from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBucketRule, Rule
 from activities.engine.target import ConnectionSource, SqlTarget
+from activities.patterns import PatternTargets
 from activities.targets import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
 from purge_config.filters import RowFilter
@@ -133,8 +134,16 @@ def build_registry(
     fixed = [
         build_target(spec, pools[spec.database] if spec.database else pool)
         for spec in config.targets
-        if spec.kind != "python"
+        if spec.kind != "python" and spec.pattern is None
     ]
     # A factory's targets are checked against the PurgeTarget protocol when it is called.
     factories = [cast(TargetFactory, spec.factory) for spec in config.targets if spec.factory]
-    return TargetRegistry(fixed, factories)
+    patterns = PatternTargets(
+        [
+            (spec, pools[spec.database] if spec.database else pool)
+            for spec in config.targets
+            if spec.pattern is not None
+        ],
+        build_target,
+    )
+    return TargetRegistry(fixed, factories, patterns)

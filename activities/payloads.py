@@ -14,11 +14,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.errors import BadPurgeInput
-from purge_config.fleet import DATABASE_NAME
-from purge_config.names import TARGET_NAME
+from purge_config.fleet import DATABASE_NAME, MAX_TARGETS_PER_PASS
+from purge_config.names import STEP_NAME
 
-#: More names than any real deployment sweeps in one pass; a longer list is a mistake or an attack.
-MAX_TARGETS_PER_PASS = 500
+#: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
+#: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
+#: spreads its targets over child workflows (`workflows.chunk`).
+INLINE_TARGETS = 500
+#: Targets one child workflow sweeps, and how many of them one run of it sweeps before it
+#: continues as new: each run's history stays near 1,200 events, far inside Temporal's
+#: warning at 10,240, and a child's input near 30 KB.
+DEFAULT_CHILD_SIZE = 1000
+DEFAULT_RUN_SIZE = 250
 
 #: The instants a pass may run at. A `now_ms` outside them is almost surely seconds or microseconds
 #: sent where milliseconds belong, and at microseconds every row on every table looks expired.
@@ -73,6 +80,18 @@ class PurgeInput:
     max_per_database: int | None = None
     budget_ms: int | None = None
     databases: dict[str, str] = field(default_factory=dict)
+    patterns: list[str] = field(default_factory=list)
+    """The names in `targets` that are table patterns, each expanded into its matches."""
+    child_size: int | None = None
+    """Targets per child workflow of a large pass (default DEFAULT_CHILD_SIZE)."""
+    run_size: int | None = None
+    """Targets a child's run sweeps before it continues as new (default DEFAULT_RUN_SIZE)."""
+
+    @property
+    def spread(self) -> bool:
+        """Whether this pass spreads its targets over child workflows: it has a pattern, or
+        more targets than a pass of the first rounds could have."""
+        return bool(self.patterns) or len(self.targets) > INLINE_TARGETS
 
     @property
     def limited(self) -> bool:
@@ -103,26 +122,46 @@ class PurgeInput:
             raise BadPurgeInput(f"input 'targets' must be a list of names, got {_show(targets)}")
         if len(targets) > MAX_TARGETS_PER_PASS:
             raise BadPurgeInput(
-                f"input 'targets' has {len(targets)} names, at most {MAX_TARGETS_PER_PASS} allowed"
+                f"input 'targets' has {len(targets)} names, at most {MAX_TARGETS_PER_PASS} "
+                'allowed; name tables by a pattern (table = "tenant_*.sessions") instead'
             )
         for name in targets:
-            if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
+            if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
                 raise BadPurgeInput(
                     f"input 'targets' holds {_show(name)}, not a target name "
-                    f"(letters, digits, _ . : @ -, at most 100)"
+                    f"(letters, digits, _ . : @ -, at most 228)"
                 )
+        patterns = raw.get("patterns", [])
+        if not isinstance(patterns, list) or not set(patterns) <= set(targets):
+            raise BadPurgeInput(
+                f"input 'patterns' must list names of 'targets', got {_show(patterns)}"
+            )
         return cls(
             targets=list(targets),
             dry_run=_dry_run(raw, "input"),
             max_concurrent=_count(raw, "max_concurrent", 1, 1000),
             max_per_database=_count(raw, "max_per_database", 1, 1000),
             budget_ms=_count(raw, "budget_ms", 1, MAX_BUDGET_MS),
-            databases=_databases(raw),
+            databases=_databases(raw, len(targets)),
+            patterns=list(dict.fromkeys(patterns)),
+            child_size=_count(raw, "child_size", 1, 2000),
+            run_size=_count(raw, "run_size", 1, 1000),
         )
 
 
 #: The keys a workflow input may have.
-INPUT_KEYS = ("targets", "dry_run", "max_concurrent", "max_per_database", "budget_ms", "databases")
+INPUT_KEYS = (
+    "targets",
+    "dry_run",
+    "max_concurrent",
+    "max_per_database",
+    "budget_ms",
+    "databases",
+    "database_ranges",
+    "patterns",
+    "child_size",
+    "run_size",
+)
 #: A pass's budget is at most a day: any longer is a unit mistake.
 MAX_BUDGET_MS = 86_400_000
 
@@ -138,7 +177,7 @@ def _count(raw: dict[Any, Any], key: str, low: int, high: int) -> int | None:
     return value
 
 
-def _databases(raw: dict[Any, Any]) -> dict[str, str]:
+def _databases(raw: dict[Any, Any], count: int) -> dict[str, str]:
     value = raw.get("databases", {})
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and DATABASE_NAME.fullmatch(v)
@@ -147,7 +186,27 @@ def _databases(raw: dict[Any, Any]) -> dict[str, str]:
         raise BadPurgeInput(
             f"input 'databases' must map target names to database names, got {_show(value)}"
         )
-    return dict(value)
+    found = dict(value)
+    ranges = raw.get("database_ranges", [])
+    bad = BadPurgeInput(
+        "input 'database_ranges' must be a list of [database, start, stop] over the "
+        f"positions of 'targets', got {_show(ranges)}"
+    )
+    if not isinstance(ranges, list):
+        raise bad
+    targets = raw["targets"]
+    for entry in ranges:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and DATABASE_NAME.fullmatch(entry[0])
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in entry[1:])
+            and 0 <= entry[1] < entry[2] <= count
+        ):
+            raise bad
+        found.update(dict.fromkeys(targets[entry[1] : entry[2]], entry[0]))
+    return found
 
 
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
@@ -190,7 +249,7 @@ class PurgeStep:
             )
         _known_keys(raw, "step", ("name", "now_ms", "dry_run", "budget_ms"))
         name = raw.get("name")
-        if not isinstance(name, str) or not TARGET_NAME.fullmatch(name):
+        if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
             raise BadPurgeInput(f"step 'name' is not a target name, got {_show(name)}")
         return cls(
             name=name,
@@ -233,7 +292,8 @@ class PurgeSweep:
     """Whether `analyze_after` ran ANALYZE on a table this sweep removed a large share of."""
     status: str = "ok"
     """`ok`; `skipped` (the pass's budget was spent before it started); `busy` (another sweep
-    held one of its tables). Neither of the last two is a failure."""
+    held one of its tables); `gone` (a pattern's match dropped before its sweep). None of the
+    last three is a failure."""
     reason: str = ""
     """Why it was skipped or busy, or why pacing left a backlog."""
     paused_s: float = 0.0
@@ -266,6 +326,41 @@ class FailedTarget:
 
 
 @dataclass
+class PatternLine:
+    """One pattern target in a report: how its matches fared, as one line."""
+
+    name: str
+    tables: int = 0
+    removed: int = 0
+    failed: int = 0
+    busy: int = 0
+    gone: int = 0
+    """Tables matched, then dropped before their sweep: reported, not failed."""
+    skipped: int = 0
+    largest_backlog: int = 0
+
+    def add(self, outcome: PurgeSweep | FailedTarget) -> None:
+        self.tables += 1
+        if isinstance(outcome, FailedTarget):
+            self.failed += 1
+            return
+        self.removed += outcome.removed
+        self.busy += outcome.status == "busy"
+        self.gone += outcome.status == "gone"
+        self.skipped += outcome.status == "skipped"
+        self.largest_backlog = max(self.largest_backlog, outcome.backlog)
+
+    def merge(self, other: PatternLine) -> None:
+        self.tables += other.tables
+        self.removed += other.removed
+        self.failed += other.failed
+        self.busy += other.busy
+        self.gone += other.gone
+        self.skipped += other.skipped
+        self.largest_backlog = max(self.largest_backlog, other.largest_backlog)
+
+
+@dataclass
 class PurgeReport:
     """The workflow's result: `{"swept": [{"name": ..., "removed": n}], "removed": total}`."""
 
@@ -276,7 +371,23 @@ class PurgeReport:
     """The instant every target measured expiry against."""
     dry_run: bool = False
     failed: list[FailedTarget] = field(default_factory=list)
-    """Targets that failed; the workflow then fails with `PurgeTargetsFailed` carrying this."""
+    """Targets that failed; the workflow then fails with `PurgeTargetsFailed` carrying this.
+    In a compact report, the first FAILED_CAP of them (see `failed_total`)."""
+    compact: bool = False
+    """True for a pass spread over child workflows (a pattern, or over INLINE_TARGETS
+    targets): `swept` then holds only the sweeps that removed the most, `failed` the first
+    failures, and each table's own record is in the history of the child named in
+    `children` that swept it."""
+    targets: int = 0
+    """In a compact report: the targets swept, patterns expanded."""
+    statuses: dict[str, int] = field(default_factory=dict)
+    """In a compact report: how many sweeps ended `ok`, `skipped`, `busy` or `gone`."""
+    patterns: list[PatternLine] = field(default_factory=list)
+    """In a compact report: one line per pattern target, in input order."""
+    failed_total: int = 0
+    """In a compact report: every failed target, named in `failed` or not."""
+    children: list[str] = field(default_factory=list)
+    """In a compact report: the ids of the child workflows that swept the targets."""
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> PurgeReport:
@@ -287,6 +398,12 @@ class PurgeReport:
             now_ms=int(raw.get("now_ms", 0)),
             dry_run=bool(raw.get("dry_run", False)),
             failed=[FailedTarget(**_known(FailedTarget, f)) for f in raw.get("failed", [])],
+            compact=bool(raw.get("compact", False)),
+            targets=int(raw.get("targets", 0)),
+            statuses={str(k): int(v) for k, v in raw.get("statuses", {}).items()},
+            patterns=[PatternLine(**_known(PatternLine, p)) for p in raw.get("patterns", [])],
+            failed_total=int(raw.get("failed_total", 0)),
+            children=[str(c) for c in raw.get("children", [])],
         )
 
 

@@ -12,9 +12,11 @@ from typing import Any
 from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
+from activities.chunks import PatternPage, PatternStep
 from activities.errors import BadPurgeTarget, DryRunUnsupported
 from activities.guards import check_clock, check_counts
-from activities.payloads import PurgeStep, PurgeSweep
+from activities.patterns import PatternTargets
+from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
 from activities.progress import LedgerKey, Progress, SweepStats
 from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 
@@ -29,12 +31,38 @@ class PurgeActivities:
     def __init__(self, registry: TargetRegistry) -> None:
         self.registry = registry
 
+    @activity.defn(name="expand_pattern")
+    async def expand_pattern(self, step: PatternStep) -> PatternPage:
+        """One page of a table pattern's matches in its database's catalog, as target names."""
+        check_now_ms(step.now_ms)
+        if self.registry.patterns is None:
+            raise BadPurgeTarget(f"no table pattern named {step.name!r} on this worker")
+        return await self.registry.patterns.expand(step)
+
     @activity.defn(name="purge_target")
     async def purge_target(self, step: Any) -> PurgeSweep:
         """Delete (or, in a dry run, count) one target's rows expired at `step.now_ms`."""
         # `Any`, checked by hand: a step sent straight to this activity by another caller must be
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
         step = PurgeStep.parse(step)
+        try:
+            return await self._purge(step)
+        except BadPurgeTarget as err:
+            patterns = self.registry.patterns
+            if patterns is None or not await _gone(patterns, step.name):
+                raise
+            # A pattern's match dropped since the pass matched it (a tenant deleted): there is
+            # nothing left to sweep, which is not a failure of the pass.
+            activity.logger.info("purge target %s: its table is gone (%s)", step.name, err)
+            return PurgeSweep(
+                name=step.name,
+                removed=0,
+                dry_run=step.dry_run,
+                status="gone",
+                reason="its table was dropped after the pass matched it",
+            )
+
+    async def _purge(self, step: PurgeStep) -> PurgeSweep:
         # Resolved now, not at worker start: a factory's target built since is found.
         target = self.registry.resolve(step.name)
         if step.dry_run and not isinstance(target, CountingTarget):
@@ -171,6 +199,12 @@ class PurgeActivities:
             activity.logger.warning(advice, extra={"purge_target": step.name})
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+async def _gone(patterns: PatternTargets, name: str) -> bool:
+    """Whether `name` is a pattern's match whose table no longer exists."""
+    base = name.rpartition("@")[0]
+    return patterns.is_pattern(base) and await patterns.gone(name)
 
 
 def _partition_fields(sweep: PurgeSweep, stats: SweepStats) -> None:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from activities.errors import BadPurgeTarget, DuplicatePurgeTarget, UnknownPurgeTarget
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards
+
+if TYPE_CHECKING:
+    from activities.patterns import PatternTargets
 
 
 @runtime_checkable
@@ -81,7 +84,10 @@ class TargetRegistry:
         self,
         targets: Iterable[PurgeTarget] = (),
         factories: Iterable[TargetFactory] = (),
+        patterns: PatternTargets | None = None,
     ) -> None:
+        self.patterns = patterns
+        """The table patterns, whose matches are targets too (`sessions@tenant_0042`)."""
         self._targets: dict[str, PurgeTarget] = {}
         for target in targets:
             if target.name in self._targets:
@@ -94,8 +100,16 @@ class TargetRegistry:
         has the name, so a factory target that shadows another is refused, never run."""
         dynamic = self._from_factories()
         found = self._targets.get(name) or dynamic.get(name)
+        if found is None and self.patterns is not None:
+            found = self.patterns.resolve(name)
+            if found is None and self.patterns.is_pattern(name):
+                raise BadPurgeTarget(
+                    f"target {name!r} is a table pattern: a pass expands it into its matches "
+                    f"when the input lists it under 'patterns' (pg-purge sweep does)"
+                )
         if found is None:
-            known = sorted({*self._targets, *dynamic})
+            wild = [f"{p}@..." for p in self.patterns.names] if self.patterns else []
+            known = sorted({*self._targets, *dynamic, *wild})
             raise UnknownPurgeTarget(
                 f"no target named {name!r} on this worker; it knows: {', '.join(known) or 'none'}"
             )
@@ -103,7 +117,8 @@ class TargetRegistry:
 
     def describe(self) -> str:
         """The fixed names and how many factories, without calling any factory."""
-        text = ", ".join(sorted(self._targets)) or "no fixed targets"
+        wild = [f"{p}@... (a pattern)" for p in self.patterns.names] if self.patterns else []
+        text = ", ".join([*sorted(self._targets), *wild]) or "no fixed targets"
         count = len(self._factories)
         if count:
             text += f" and {count} target {'factory' if count == 1 else 'factories'}"

@@ -110,7 +110,8 @@ class PurgeConfig:
 
     def pass_input(self, names: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
         """The workflow input of a pass over `names` (default: every target): the limits and
-        each target's database travel with it, so the workflow needs no config of its own."""
+        each target's database travel with it, so the workflow needs no config of its own;
+        so do the names of the targets that are table patterns, expanded by the pass."""
         names = self.target_names if names is None else names
         on = {t.name: t.database for t in self.targets if t.database}
         request: dict[str, Any] = {
@@ -118,8 +119,17 @@ class PurgeConfig:
             "max_concurrent": self.limits.max_concurrent,
             "max_per_database": self.limits.max_per_database,
             "budget_ms": self.limits.budget_ms,
-            "databases": {name: on[name] for name in names if name in on},
         }
+        if len(names) <= INLINE_DATABASES:
+            request["databases"] = {name: on[name] for name in names if name in on}
+        else:
+            # Each name once: thousands of targets listed with their database twice would
+            # pass Temporal's 512 KB payload warning long before its limits.
+            request["database_ranges"] = database_ranges([on.get(name, "") for name in names])
+        wild = {t.name for t in self.targets if t.pattern is not None}
+        patterns = [name for name in names if name in wild]
+        if patterns:
+            request["patterns"] = patterns
         if dry_run:
             request["dry_run"] = True
         return request
@@ -132,6 +142,25 @@ class PurgeConfig:
                 "set it in the file or in PURGE_DATABASE_URL"
             )
         return self.database_url
+
+
+#: Up to this many targets, a pass input maps each target to its database by name (the form of
+#: the first rounds); above it, by ranges of positions.
+INLINE_DATABASES = 500
+
+
+def database_ranges(databases: list[str]) -> list[list[Any]]:
+    """`[database, start, stop]` for each run of consecutive targets on one named database
+    (positions as in Python slices); the default database ("") needs none."""
+    ranges: list[list[Any]] = []
+    for i, database in enumerate(databases):
+        if not database:
+            continue
+        if ranges and ranges[-1][0] == database and ranges[-1][2] == i:
+            ranges[-1][2] = i + 1
+        else:
+            ranges.append([database, i, i + 1])
+    return ranges
 
 
 def config_path(explicit: str | None, env: Mapping[str, str] = os.environ) -> Path:
@@ -205,6 +234,7 @@ def parse_config(
                     f"[[targets]] #{seen[name]}; two targets cannot share a name"
                 )
             seen[name] = i
+        _check_not_a_match(where, i, spec, targets)
         if spec.database and spec.database not in databases:
             known = ", ".join(sorted(databases)) or "none"
             raise ConfigError(
@@ -222,6 +252,22 @@ def parse_config(
         limits=limits,
         database_wait_ms=database_wait_ms,
     )
+
+
+def _check_not_a_match(
+    where: str, index: int, spec: TargetSpec, targets: tuple[TargetSpec, ...]
+) -> None:
+    """Refuse a target whose name a pattern target's match could also take: every pass that
+    matched that table would be refused for a repeated name."""
+    for other in targets:
+        if other is spec or other.pattern is None:
+            continue
+        match = other.matched(spec.name)
+        if match is not None:
+            raise ConfigError(
+                f"{where}: [[targets]] #{index}: name: {spec.name!r} is also the name of the "
+                f"pattern {other.name}'s match {match.tables[0]}; rename one of them"
+            )
 
 
 def _parse_database_wait(where: str, raw: Mapping[str, Any]) -> int:

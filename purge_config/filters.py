@@ -12,6 +12,7 @@ from typing import Any
 
 from purge_config.errors import ConfigError
 from purge_config.names import SQL_NAME, TableName
+from purge_config.patterns import parse_table
 
 #: What a `match` value may be: the TOML types some column can hold. A TOML table cannot be one,
 #: and a date-time without an offset names no instant (it would be read in some session's zone).
@@ -128,7 +129,7 @@ def archive_table(at: str, key: str, raw: Mapping[str, Any], source: TableName) 
     if not isinstance(text, str) or not text:
         raise ConfigError(f"{at}: {key}: must be a non-empty string, got {text!r}")
     try:
-        table = TableName.parse(text)
+        table = parse_table(text)
     except ConfigError as err:
         raise ConfigError(f"{at}: {key}: {err}") from None
     if table == source:

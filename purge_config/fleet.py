@@ -17,6 +17,10 @@ DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 #: The database `database_url` names; a target without `database` sweeps it.
 DEFAULT_DATABASE = ""
 
+#: The most target names one pass input may list (patterns count once): about 400 KB of names,
+#: inside Temporal's 512 KB payload warning. More tables than this belong in a pattern.
+MAX_TARGETS_PER_PASS = 15_000
+
 DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_MAX_PER_DATABASE = 1
 DEFAULT_BUDGET_MS = 50 * 60_000

@@ -14,6 +14,10 @@ from purge_config.errors import ConfigError
 #: target of a named database (`x_idempotency@shard1`).
 TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,99}")
 
+#: A target name as a pass carries it: a config's name, or a pattern match's (`sessions@` and
+#: its schema and table, each at most 63 characters).
+STEP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,227}")
+
 #: A SQL name as this package accepts it: plain ASCII, at most PostgreSQL's 63 bytes. Quotes,
 #: semicolons, dots and spaces are refused rather than escaped so a config reads as it runs.
 SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")

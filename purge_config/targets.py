@@ -14,6 +14,7 @@ from purge_config.filters import FILTER_KEYS, RowFilter, archive_table, parse_fi
 from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
+from purge_config.patterns import TablePattern, parse_table, pattern_of, split_match_name
 from purge_config.settings import PARTITION_MODES, Guards, PartitionPolicy, SweepSettings
 from purge_config.values import (
     duration_text,
@@ -32,11 +33,11 @@ _PARTITION_KEYS = frozenset({"partitions", "detached_schema"})
 #: Keys each kind takes beside `kind`; anything else is a typo worth stopping for.
 _TARGET_KEYS: dict[str, frozenset[str]] = {
     **{
-        kind: spec.table_keys | {"name", "database", *_PARTITION_KEYS}
+        kind: spec.table_keys | {"name", "database", "allow_any", *_PARTITION_KEYS}
         for kind, spec in BUILTIN_KINDS.items()
     },
     "expiring": frozenset(
-        {"name", "table", "column", "max_age", "database", "unit", *_PARTITION_KEYS}
+        {"name", "table", "column", "max_age", "database", "unit", "allow_any", *_PARTITION_KEYS}
     ),
     "python": frozenset({"factory", "names"}),
 }
@@ -99,6 +100,28 @@ class TargetSpec:
     """For `expiring`: `match`, `match_null`, `match_not_null`; None when it has none."""
     archives: tuple[TableName | None, ...] = ()
     """Each table's archive (in the order of `tables`), where its rows move; None for none."""
+    allow_any: bool = False
+    """Whether its table pattern may match every schema and table (`*.*`)."""
+
+    @property
+    def pattern(self) -> TablePattern | None:
+        """The pattern its first table is (the others fill their stars from its matches), or
+        None when it names its tables one by one."""
+        return pattern_of(self.tables[0]) if self.tables else None
+
+    def matched(self, name: str) -> TargetSpec | None:
+        """The target of one of this pattern's matches, named `name` (`sessions@tenant_0042`),
+        with every table and archive filled in; None when `name` is no match of it."""
+        pattern = self.pattern
+        split = split_match_name(name)
+        if pattern is None or split is None or split[0] != self.name:
+            return None
+        match = pattern.from_suffix(split[1])
+        if match is None:
+            return None
+        tables = (match.table, *(pattern.fill(t, match) for t in self.tables[1:]))
+        archives = tuple(a and pattern.fill(a, match) for a in self.archives)
+        return replace(self, name=name, tables=tables, archives=archives, allow_any=False)
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
@@ -260,6 +283,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             database=database,
             partitions=partitions,
             archives=_copied(at, partitions, archives),
+            allow_any=_check_pattern(at, raw, tables, archives),
         )
 
     table = _table(at, "table", raw, None)
@@ -278,6 +302,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             f"{at}: unit: the unit of an integer epoch column, one of {', '.join(EPOCH_UNITS)}, "
             f"got {unit!r}"
         )
+    archive = archive_table(at, "archive_table", raw, table)
     return TargetSpec(
         kind=kind,
         name=name,
@@ -290,8 +315,47 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         database=database,
         partitions=partitions,
         row_filter=_filtered(at, partitions, parse_filter(at, raw, column)),
-        archives=_copied(at, partitions, (archive_table(at, "archive_table", raw, table),)),
+        archives=_copied(at, partitions, (archive,)),
+        allow_any=_check_pattern(at, raw, (table,), (archive,)),
     )
+
+
+def _check_pattern(
+    at: str,
+    raw: Mapping[str, Any],
+    tables: tuple[TableName, ...],
+    archives: tuple[TableName | None, ...],
+) -> bool:
+    """`allow_any`, once the tables are checked as a pattern: the first table is the pattern
+    (or no table is one), and every star of the others has one of its stars to fill it."""
+    allow_any = raw.get("allow_any", False)
+    if not isinstance(allow_any, bool):
+        raise ConfigError(f"{at}: allow_any: must be true or false, got {allow_any!r}")
+    pattern = pattern_of(tables[0])
+    companions = [*tables[1:], *(a for a in archives if a is not None)]
+    if pattern is None:
+        starred = [t for t in companions if pattern_of(t) is not None]
+        if starred:
+            raise ConfigError(
+                f"{at}: {starred[0]}: a pattern, but the target's first table {tables[0]} is "
+                "not; its stars would have nothing to fill them"
+            )
+        if allow_any:
+            raise ConfigError(f"{at}: allow_any: only for a table pattern (a '*' in the table)")
+        return False
+    if len(tables) > 1 and any(pattern_of(t) is None for t in tables[1:]):
+        raise ConfigError(
+            f"{at}: {tables[0]} is a pattern, so each other table of the target must be one "
+            "too, matched by the same schema (like tenant_*.x_auth_lockouts)"
+        )
+    for other in companions:
+        pattern.check_companion(other, at)
+    if pattern.matches_everything and not allow_any:
+        raise ConfigError(
+            f"{at}: {tables[0]}: this pattern matches every table the role can see; "
+            "set allow_any = true if that is meant"
+        )
+    return allow_any
 
 
 def _filtered(
@@ -322,7 +386,7 @@ def _copied(
 def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> TableName:
     text = opt_str(at, key, raw) if default is not None else req_str(at, key, raw)
     try:
-        return TableName.parse(text or str(default))
+        return parse_table(text or str(default))
     except ConfigError as err:
         raise ConfigError(f"{at}: {key}: {err}") from None
 

@@ -17,6 +17,7 @@ from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
 from purge_ops.connect import connect_temporal, lazy_pools, open_pool
+from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
 log = logging.getLogger("purge.worker")
@@ -44,11 +45,12 @@ def new_worker(
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         **options,
     }
+    activities = PurgeActivities(registry)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[PurgeWorkflow],
-        activities=[PurgeActivities(registry).purge_target],
+        workflows=[PurgeWorkflow, PurgeChunkWorkflow],
+        activities=[activities.purge_target, activities.expand_pattern],
         **settings,  # type: ignore[arg-type]
     )
 

@@ -1,0 +1,133 @@
+"""Pattern targets on a worker: their matches read from the catalog, and each match built into
+a target of its own when a step names it (`sessions@tenant_0042`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import sql
+
+from activities.chunks import EXPAND_PAGE, PatternPage, PatternStep
+from activities.errors import BadPurgeTarget
+from activities.targets import PurgeTarget
+from purge_config.patterns import SYSTEM_SCHEMA, TablePattern
+from purge_config.targets import TargetSpec
+
+#: Ordinary and partitioned tables, never a partition (its parent's target sweeps it), in a
+#: schema that is no catalog, TOAST or temporary one, and that the role may see.
+_CANDIDATES = sql.SQL("""
+SELECT n.nspname, c.relname
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
+  AND c.relname ~ %(table_re)s
+  AND {where_schema}
+  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+  AND pg_catalog.has_table_privilege(c.oid, 'SELECT')
+  AND {after}
+ORDER BY {order}
+LIMIT %(limit)s
+""")
+
+#: Whether a matched table is still there (to tell a dropped tenant from a broken target).
+_EXISTS = sql.SQL("SELECT pg_catalog.to_regclass(%s) IS NOT NULL")
+
+
+class PatternTargets:
+    """The pattern targets of one worker's config, each with the pool of its database."""
+
+    def __init__(
+        self, specs: list[tuple[TargetSpec, Any]], build: Callable[[TargetSpec, Any], PurgeTarget]
+    ) -> None:
+        self._specs = {spec.name: (spec, pool) for spec, pool in specs if spec.pattern}
+        self._build = build
+        self._built: dict[str, PurgeTarget] = {}
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def is_pattern(self, name: str) -> bool:
+        return name in self._specs
+
+    def resolve(self, name: str) -> PurgeTarget | None:
+        """The target of the match `name`, or None when `name` is no match of a pattern here.
+        Built once per worker: its table's plan caches survive from pass to pass."""
+        found = self._built.get(name)
+        if found is not None:
+            return found
+        base = name.rpartition("@")[0]
+        entry = self._specs.get(base)
+        if entry is None:
+            return None
+        spec, pool = entry
+        matched = spec.matched(name)
+        if matched is None:
+            return None
+        target = self._build(matched, pool)
+        self._built[name] = target
+        return target
+
+    def _pattern(self, name: str) -> tuple[TargetSpec, TablePattern, Any]:
+        entry = self._specs.get(name)
+        if entry is None:
+            raise BadPurgeTarget(
+                f"no table pattern named {name!r} on this worker; it has: "
+                f"{', '.join(self.names) or 'none'}"
+            )
+        spec, pool = entry
+        assert spec.pattern is not None
+        return spec, spec.pattern, pool
+
+    async def expand(self, step: PatternStep) -> PatternPage:
+        """One page of the matches of pattern target `step.name`, sorted by name."""
+        spec, pattern, pool = self._pattern(step.name)
+        by_schema = pattern.name.schema is not None
+        params: dict[str, Any] = {
+            "table_re": pattern.table_regex,
+            "schema_re": pattern.schema_regex,
+            "limit": min(step.limit, EXPAND_PAGE) + 1,
+        }
+        if by_schema:
+            where_schema = sql.SQL("n.nspname ~ %(schema_re)s")
+            order = sql.SQL("n.nspname, c.relname")
+        else:
+            # Unqualified: the tables the search path finds, as an unqualified name would.
+            where_schema = sql.SQL("pg_catalog.pg_table_is_visible(c.oid)")
+            order = sql.SQL("c.relname")
+        after = sql.SQL("true")
+        if step.after:
+            # `name` sorts in "C" order: the keyset continues exactly where the page ended.
+            if by_schema:
+                after = sql.SQL("(n.nspname, c.relname) > (%(after_schema)s, %(after_table)s)")
+                params["after_schema"], params["after_table"] = step.after[0], step.after[-1]
+            else:
+                after = sql.SQL("c.relname > %(after_table)s")
+                params["after_table"] = step.after[-1]
+        query = _CANDIDATES.format(where_schema=where_schema, after=after, order=order)
+        async with pool.connection() as conn:
+            rows = await (await conn.execute(query, params)).fetchall()
+        more = len(rows) > min(step.limit, EXPAND_PAGE)
+        rows = rows[: min(step.limit, EXPAND_PAGE)]
+        matches = []
+        for schema, table in rows:
+            match = pattern.match(schema if by_schema else None, table)
+            if match is None or (by_schema and SYSTEM_SCHEMA.fullmatch(schema)):
+                continue  # the regex dialects agree on these names; this is a second check
+            matches.append(f"{spec.name}@{pattern.suffix(match)}")
+        last = [rows[-1][0], rows[-1][1]] if rows else []
+        return PatternPage(name=step.name, matches=matches, last=last, more=more)
+
+    async def gone(self, name: str) -> bool:
+        """Whether the table the match `name` stands for has been dropped since it matched."""
+        spec, _, pool = self._pattern(name.rpartition("@")[0])
+        matched = spec.matched(name)
+        if matched is None:
+            return False
+        table = matched.tables[0]
+        qualified = sql.Identifier(*([table.schema] if table.schema else []), table.table)
+        async with pool.connection() as conn:
+            row = await (await conn.execute(_EXISTS, (qualified.as_string(conn),))).fetchone()
+        return row is not None and not row[0]

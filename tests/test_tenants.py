@@ -1,0 +1,342 @@
+"""Table patterns end to end: `table = "PREFIX_*.sessions"` over hundreds of tenant schemas,
+swept by a pass spread over child workflows (real Temporal, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from activities.builtin_targets import build_registry
+from activities.targets import TargetRegistry
+from purge_config.file import PurgeConfig, parse_config
+from purge_ops.connect import open_pool
+from tests.conftest import RunWorker
+from tests.support.history import events
+from tests.support.passes import failed_pass, run_pass
+from tests.support.tenants import (
+    HOUR_MS,
+    counts,
+    create_tenants,
+    expired_of,
+    tenant_prefix,
+    tenant_schemas,
+)
+
+
+def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
+    return parse_config(
+        {
+            "pass": {"max_concurrent": 8, "max_per_database": 8},
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                    **extra,
+                }
+            ],
+        }
+    )
+
+
+@pytest.fixture
+async def root_pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A worker's pool whose search path holds the test's own `purge_progress` ledger; the
+    tenants' schemas are named by the pattern."""
+    pool = await open_pool(schema_url)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list[list[Any]]]:
+    """Per child started by a pass, the events of each of its runs, first run first."""
+    started = [
+        e.child_workflow_execution_started_event_attributes.workflow_execution
+        for e in parent_events
+        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+    ]
+    runs: dict[str, list[list[Any]]] = {}
+    for execution in started:
+        child, run_id = execution.workflow_id, execution.run_id
+        runs[child] = []
+        while run_id:
+            handle = client.get_workflow_handle(child, run_id=run_id)
+            history = list((await handle.fetch_history()).events)
+            runs[child].append(history)
+            last = history[-1]
+            run_id = None
+            if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                attrs = last.workflow_execution_continued_as_new_event_attributes
+                run_id = attrs.new_execution_run_id
+    return runs
+
+
+async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_as_new(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """300 tenant schemas, one pattern target: every expired row goes, every live row stays,
+    over 3 children of 120 targets whose runs of 50 continue as new; a tenant created after
+    the pass is swept by the next pass."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(300), real_now)
+        config = pattern_config(prefix)
+        registry = build_registry(config, root_pool)
+        request = {**config.pass_input(), "child_size": 120, "run_size": 50}
+        workflow_id = f"purge-tenants-{uuid.uuid4()}"
+        async with run_worker(registry):
+            result = await run_pass(client, task_queue, request, workflow_id)
+            parent = await events(client, workflow_id)
+
+            expected = sum(expired_of(i) for i in range(300))
+            assert result["removed"] == expected
+            assert result["compact"] is True
+            assert result["targets"] == 300
+            assert result["statuses"] == {"ok": 300}
+            assert result["failed_total"] == 0
+            [line] = result["patterns"]
+            assert line == {
+                "name": "sessions",
+                "tables": 300,
+                "removed": expected,
+                "failed": 0,
+                "busy": 0,
+                "gone": 0,
+                "skipped": 0,
+                "largest_backlog": 0,
+            }
+            # The largest sweeps, named as matches, at most the cap.
+            assert 0 < len(result["swept"]) <= 20
+            assert all(s["name"].startswith(f"sessions@{prefix}_") for s in result["swept"])
+            assert {s["removed"] for s in result["swept"]} == {3}
+            left = counts(conn, prefix, real_now)
+            assert len(left) == 300
+            assert all(expired == 0 for expired, _ in left.values())
+            assert all(live == 2 for _, live in left.values())
+
+            runs = await child_runs(client, parent)
+            assert len(runs) == 3 == len(result["children"])
+            assert [len(r) for r in runs.values()] == [3, 3, 2]  # 120, 120, 60 targets by 50
+            swept = [
+                e.activity_task_scheduled_event_attributes.activity_type.name
+                for r in runs.values()
+                for history in r
+                for e in history
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            ]
+            assert swept == ["purge_target"] * 300
+
+            # A tenant created since is matched by the next pass's own expansion.
+            create_tenants(conn, prefix, range(300, 301), real_now + 10)
+            again = await run_pass(client, task_queue, request)
+            assert again["targets"] == 301
+            assert again["removed"] == expired_of(300)
+            assert counts(conn, prefix, real_now)[f"{prefix}_0300"] == (0, 2)
+
+
+async def test_a_matched_table_without_the_column_fails_alone(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """One tenant's table lacks the column: that match fails with the line naming it, every
+    other tenant is swept, and the pass fails for that one only."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(5), real_now)
+        create_tenants(conn, prefix, range(5, 6), real_now, column="valid_until")
+        config = pattern_config(prefix)
+        async with run_worker(build_registry(config, root_pool)):
+            error = await failed_pass(
+                client, task_queue, config.pass_input(), f"purge-tenants-{uuid.uuid4()}"
+            )
+        assert error.type == "PurgeTargetsFailed"
+        report = error.details[0]
+        [failed] = report["failed"]
+        assert failed["name"] == f"sessions@{prefix}_0005"
+        assert failed["type"] == "BadPurgeTarget"
+        assert "expires_at" in failed["message"]
+        assert report["failed_total"] == 1
+        assert report["removed"] == sum(expired_of(i) for i in range(5))
+        assert report["patterns"][0]["failed"] == 1
+        assert report["patterns"][0]["tables"] == 6
+        left = counts(conn, prefix, real_now, range(5))
+        assert all(left[f"{prefix}_{i:04d}"] == (0, 2) for i in range(5))
+
+
+class Gate:
+    """A target that holds the pass until the test lets it go."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def purge_expired(self, now_ms: int) -> int:
+        self.reached.set()
+        await self.release.wait()
+        return 0
+
+
+async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """A tenant matched by the pass, then dropped before its sweep: reported `gone`, not a
+    failure; the other tenants are swept."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(4), real_now)
+        config = parse_config(
+            {
+                "targets": [
+                    {"kind": "python", "factory": "tests.support.gate:targets"},
+                    {
+                        "kind": "expiring",
+                        "name": "sessions",
+                        "table": f"{prefix}_*.sessions",
+                        "column": "expires_at",
+                    },
+                ]
+            }
+        )
+        gate = Gate()
+        patterns = build_registry(config, root_pool).patterns
+        registry = TargetRegistry([gate], patterns=patterns)
+        # The gate first, one target at a time: the tenants wait behind it, matched already.
+        request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
+        async with run_worker(registry):
+            handle = await client.start_workflow(
+                "Purge", request, id=f"purge-tenants-{uuid.uuid4()}", task_queue=task_queue
+            )
+            await asyncio.wait_for(gate.reached.wait(), 30)
+            conn.execute(f'DROP SCHEMA "{prefix}_0002" CASCADE')
+            gate.release.set()
+            result = await handle.result()
+        assert result["statuses"] == {"ok": 4, "gone": 1}
+        assert result["patterns"][0]["gone"] == 1
+        assert result["removed"] == sum(expired_of(i) for i in (0, 1, 3))
+        gone = [s for s in result["swept"] if s["status"] == "gone"]
+        assert [s["name"] for s in gone] == [f"sessions@{prefix}_0002"]
+
+
+async def test_a_pattern_matching_nothing_is_reported_not_failed(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+) -> None:
+    config = pattern_config(tenant_prefix())
+    async with run_worker(build_registry(config, root_pool)):
+        result = await run_pass(client, task_queue, config.pass_input())
+    assert result["targets"] == 0
+    assert result["removed"] == 0
+    assert result["patterns"][0]["tables"] == 0
+
+
+async def test_a_match_taking_an_explicit_targets_name_is_refused_before_any_sweep(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """The pattern's expansion runs, and then the pass fails `DuplicatePurgeTarget` without
+    scheduling a single sweep."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), real_now)
+        config = pattern_config(prefix)
+        workflow_id = f"purge-tenants-{uuid.uuid4()}"
+        request = {"targets": [f"sessions@{prefix}_0001", "sessions"], "patterns": ["sessions"]}
+        async with run_worker(build_registry(config, root_pool)):
+            error = await failed_pass(client, task_queue, request, workflow_id)
+        assert error.type == "DuplicatePurgeTarget"
+        assert f"sessions@{prefix}_0001" in error.message
+        history = await events(client, workflow_id)
+        scheduled = [
+            e.activity_task_scheduled_event_attributes.activity_type.name
+            for e in history
+            if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        ]
+        assert scheduled == ["expand_pattern"]
+        assert not any(
+            e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+            for e in history
+        )
+        assert counts(conn, prefix, real_now)[f"{prefix}_0001"] == (1, 2)
+
+
+async def test_a_dry_run_counts_every_match_and_deletes_nothing(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(8), real_now)
+        config = pattern_config(prefix)
+        async with run_worker(build_registry(config, root_pool)):
+            result = await run_pass(client, task_queue, config.pass_input(dry_run=True))
+        assert result["dry_run"] is True
+        assert result["removed"] == sum(expired_of(i) for i in range(8))
+        left = counts(conn, prefix, real_now)
+        assert all(left[f"{prefix}_{i:04d}"] == (expired_of(i), 2) for i in range(8))
+
+
+async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(4), real_now)
+        for i in range(4):
+            conn.execute(
+                f'CREATE TABLE "{prefix}_{i:04d}".sessions_archive '
+                f'(LIKE "{prefix}_{i:04d}".sessions)'
+            )
+        config = pattern_config(prefix, archive_table=f"{prefix}_*.sessions_archive")
+        async with run_worker(build_registry(config, root_pool)):
+            result = await run_pass(client, task_queue, config.pass_input())
+        assert result["removed"] == sum(expired_of(i) for i in range(4))
+        for i in range(4):
+            [(archived,)] = conn.execute(
+                f'SELECT count(*) FROM "{prefix}_{i:04d}".sessions_archive'
+            ).fetchall()
+            assert archived == expired_of(i)
+            assert conn.execute(
+                f'SELECT count(*) FILTER (WHERE expires_at > %s) FROM "{prefix}_{i:04d}".sessions',
+                (real_now + HOUR_MS - 1,),
+            ).fetchone() == (2,)

@@ -1,0 +1,43 @@
+"""`PurgeChunk`: one child of a spread pass, sweeping some targets of one database.
+
+It sweeps `run_size` targets per run, then continues as new with the rest and what it has
+swept so far, so no run's history grows past about 1,200 events whatever the child's share.
+It never fails for a target: each outcome goes into the compact report it returns.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.chunks import ChunkInput, ChunkReport
+    from workflows.steps import sweep_limited
+
+
+@workflow.defn(name="PurgeChunk")
+class PurgeChunkWorkflow:
+    """Sweep a share of a pass's targets as of the pass's instant, inside its budget."""
+
+    @workflow.run
+    async def run(self, chunk: ChunkInput) -> ChunkReport:
+        report = chunk.carried or ChunkReport()
+        names = chunk.targets[: chunk.run_size]
+        deadline = datetime.fromtimestamp(chunk.deadline_ms / 1000, tz=UTC)
+        outcomes = await sweep_limited(
+            names,
+            chunk.now_ms,
+            chunk.dry_run,
+            deadline,
+            chunk.budget_ms,
+            most=chunk.concurrency,
+            per_database=chunk.concurrency,
+            database_of=lambda _: "",
+        )
+        patterns = set(chunk.patterns)
+        for i, outcome in enumerate(outcomes):
+            report.add(chunk.first + i, outcome, patterns)
+        if len(chunk.targets) > len(names):
+            workflow.continue_as_new(chunk.next_run(report))
+        return report

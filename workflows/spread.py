@@ -1,0 +1,220 @@
+"""A pass too large for one history: patterns expanded, targets spread over child workflows.
+
+The pass reads its clock, refuses repeated names, expands each pattern on a worker of its
+database, refuses repeated names again (a match may take an explicit target's name), and only
+then starts children: each some targets of one database (`workflows.chunk`), all measuring
+against the pass's instant and ending by the pass's deadline. At most one child runs per
+database, so `max_per_database` holds inside each child; children of different databases run
+side by side while their targets at once stay within `max_concurrent`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.chunks import ChunkInput, ChunkReport, PatternStep
+    from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed, failure_of
+    from activities.payloads import (
+        DEFAULT_CHILD_SIZE,
+        DEFAULT_RUN_SIZE,
+        MAX_BUDGET_MS,
+        FailedTarget,
+        PatternLine,
+        PurgeInput,
+        PurgeReport,
+        duplicate_names,
+        epoch_ms,
+    )
+    from activities.sweep import PurgeActivities
+    from workflows.chunk import PurgeChunkWorkflow
+    from workflows.steps import TARGET_RETRY
+
+#: Limits a pass with some but not all of them takes for the others (the config's defaults).
+DEFAULT_MAX_CONCURRENT = 4
+DEFAULT_MAX_PER_DATABASE = 1
+#: One page of a pattern's matches: a catalog read, seconds at most even on a slow database.
+EXPAND_START_TO_CLOSE = timedelta(minutes=5)
+#: Failures a failed pass's message names before it says how many more there are.
+NAMED_IN_MESSAGE = 10
+
+
+async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
+    """Sweep every target of `order` (patterns expanded) through child workflows; the compact
+    report of the whole pass."""
+    patterns = set(order.patterns)
+    report = ChunkReport(patterns={name: PatternLine(name) for name in order.patterns})
+    entries: list[str | FailedTarget] = []
+    for name in order.targets:
+        if name in patterns:
+            found = await _matches(name, now_ms)
+            if isinstance(found, list) and not found:
+                workflow.logger.warning("purge pattern %s matched no table", name)
+            entries += found if isinstance(found, list) else [found]
+        else:
+            entries.append(name)
+    names = [e for e in entries if isinstance(e, str)]
+    repeated = duplicate_names(names)
+    if repeated:
+        raise DuplicatePurgeTarget(
+            f"target names repeated in one pass (a pattern's match among them): "
+            f"{', '.join(repeated[:NAMED_IN_MESSAGE])}; each target is swept once per pass"
+        )
+    for entry in entries:
+        if isinstance(entry, FailedTarget):
+            report.add(-1, entry, patterns)
+
+    chunks = _chunks(order, names, now_ms)
+    children = await _run_children(order, chunks, report)
+    return _finish(order, now_ms, report, children)
+
+
+async def _matches(name: str, now_ms: int) -> list[str] | FailedTarget:
+    """Every match of pattern target `name`, page by page, or why it could not be read."""
+    found: list[str] = []
+    after: list[str] = []
+    while True:
+        try:
+            page = await workflow.execute_activity_method(
+                PurgeActivities.expand_pattern,
+                PatternStep(name=name, now_ms=now_ms, after=after),
+                start_to_close_timeout=EXPAND_START_TO_CLOSE,
+                retry_policy=TARGET_RETRY,
+                summary=f"expand {name}",
+            )
+        except ActivityError as err:
+            failure = failure_of(err)
+            return FailedTarget(name=name, type=failure.type, message=failure.message)
+        found += page.matches
+        if not page.more:
+            return found
+        after = page.last
+
+
+def _chunks(order: PurgeInput, names: list[str], now_ms: int) -> dict[str, list[ChunkInput]]:
+    """Each database's children, in the order the databases first appear in the pass."""
+    patterns = set(order.patterns)
+
+    def database_of(name: str) -> str:
+        base = name.rpartition("@")[0]
+        return order.database_of(base if base in patterns else name)
+
+    by_database: dict[str, list[str]] = {}
+    for name in names:
+        by_database.setdefault(database_of(name), []).append(name)
+    limited = order.limited
+    most = order.max_concurrent or DEFAULT_MAX_CONCURRENT if limited else 1
+    per_database = order.max_per_database or DEFAULT_MAX_PER_DATABASE if limited else 1
+    budget_ms = order.budget_ms or MAX_BUDGET_MS
+    size = order.child_size or DEFAULT_CHILD_SIZE
+    chunks: dict[str, list[ChunkInput]] = {}
+    first = 0
+    for database, targets in by_database.items():
+        for start in range(0, len(targets), size):
+            share = targets[start : start + size]
+            chunks.setdefault(database, []).append(
+                ChunkInput(
+                    targets=share,
+                    now_ms=now_ms,
+                    deadline_ms=now_ms + budget_ms,
+                    budget_ms=budget_ms,
+                    concurrency=min(most, per_database),
+                    dry_run=order.dry_run,
+                    patterns=list(order.patterns),
+                    run_size=order.run_size or DEFAULT_RUN_SIZE,
+                    first=first,
+                )
+            )
+            first += len(share)
+    return chunks
+
+
+async def _run_children(
+    order: PurgeInput, chunks: dict[str, list[ChunkInput]], report: ChunkReport
+) -> list[str]:
+    """Run the children, one at a time per database and as many databases at once as
+    `max_concurrent` allows; merge each one's report into `report`. Their ids, in order."""
+    info = workflow.info()
+    most = order.max_concurrent or DEFAULT_MAX_CONCURRENT if order.limited else 1
+    started: list[str] = []
+    running: dict[asyncio.Task[ChunkReport], tuple[str, ChunkInput]] = {}
+    patterns = set(order.patterns)
+    while any(chunks.values()) or running:
+        for database, waiting in chunks.items():
+            busy = any(db == database for db, _ in running.values())
+            if busy or not waiting:
+                continue
+            chunk = waiting[0]
+            if sum(c.concurrency for _, c in running.values()) + chunk.concurrency > max(
+                most, chunk.concurrency
+            ):
+                break
+            waiting.pop(0)
+            if epoch_ms(workflow.now()) >= chunk.deadline_ms:
+                reason = (
+                    f"the pass's budget ({chunk.budget_ms} ms) was spent before it started; "
+                    "the next pass sweeps it"
+                )
+                report.skip(chunk.targets, chunk.first, reason, order.dry_run, patterns)
+                continue
+            child_id = f"{info.workflow_id}-{info.run_id[:8]}-chunk-{len(started):04d}"
+            started.append(child_id)
+            task = asyncio.ensure_future(
+                workflow.execute_child_workflow(PurgeChunkWorkflow.run, chunk, id=child_id)
+            )
+            running[task] = (database, chunk)
+        if not running:
+            continue
+        done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+        for task in sorted(done, key=lambda t: running[t][1].first):
+            _, chunk = running.pop(task)
+            try:
+                report.merge(task.result())
+            except ChildWorkflowError as err:
+                # A child that failed as a whole (terminated, say): its targets are failed, the
+                # other children's sweeps stand.
+                cause = err.cause
+                kind = type(cause).__name__ if cause else type(err).__name__
+                message = cause.message if isinstance(cause, FailureError) else str(err)
+                for i, name in enumerate(chunk.targets):
+                    failed = FailedTarget(name=name, type=kind, message=f"child failed: {message}")
+                    report.add(chunk.first + i, failed, patterns)
+    return started
+
+
+def _finish(
+    order: PurgeInput, now_ms: int, report: ChunkReport, children: list[str]
+) -> PurgeReport:
+    """The pass's compact report; a failed pass's error carries it."""
+    result = PurgeReport(
+        swept=[r.sweep for r in sorted(report.largest, key=lambda r: r.position)],
+        removed=report.removed,
+        now_ms=now_ms,
+        dry_run=order.dry_run,
+        failed=[f.failure for f in report.failures],
+        targets=report.targets,
+        statuses=report.statuses,
+        patterns=[report.patterns[name] for name in order.patterns],
+        failed_total=report.failed_total,
+        children=children,
+        compact=True,
+    )
+    verb = "would remove" if order.dry_run else "removed"
+    workflow.logger.info(
+        "purge pass %s %d rows over %d targets in %d children",
+        verb,
+        result.removed,
+        result.targets,
+        len(children),
+    )
+    if result.failed_total:
+        named = ", ".join(f"{f.name} ({f.type})" for f in result.failed[:NAMED_IN_MESSAGE])
+        more = result.failed_total - min(len(result.failed), NAMED_IN_MESSAGE)
+        raise PurgeTargetsFailed(
+            f"purge targets failed: {named}" + (f" and {more} more" if more else ""), result
+        )
+    return result

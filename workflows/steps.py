@@ -1,0 +1,119 @@
+"""Workflow code shared by the pass and its children: one target's activity, and many targets
+under limits and a deadline. Deterministic, no I/O: called only from workflow code."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.errors import failure_of
+    from activities.payloads import FailedTarget, PurgeStep, PurgeSweep
+    from activities.sweep import PurgeActivities
+
+#: One target's sweep, retries excluded. Targets end their own sweep at their time budget well
+#: before this (see activities.sweep); this only bounds a worker that hangs without dying.
+TARGET_START_TO_CLOSE = timedelta(minutes=30)
+#: A worker killed mid-target is noticed after this long and the target moves to another worker.
+#: The activity heartbeats every few seconds even inside one long statement.
+TARGET_HEARTBEAT = timedelta(seconds=15)
+#: Transient failures (a dropped connection, a lock or statement timeout) get five attempts over
+#: about two minutes; after that the target is reported failed and the next pass tries again.
+TARGET_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    backoff_coefficient=3.0,
+    maximum_interval=timedelta(minutes=1),
+    maximum_attempts=5,
+)
+
+Outcome = PurgeSweep | FailedTarget
+
+
+async def sweep_one(name: str, now_ms: int, dry_run: bool, budget_ms: int | None = None) -> Outcome:
+    """One target's activity; its failure (after its retries) as the report names it."""
+    try:
+        return await workflow.execute_activity_method(
+            PurgeActivities.purge_target,
+            PurgeStep(name=name, now_ms=now_ms, dry_run=dry_run, budget_ms=budget_ms),
+            start_to_close_timeout=TARGET_START_TO_CLOSE,
+            heartbeat_timeout=TARGET_HEARTBEAT,
+            retry_policy=TARGET_RETRY,
+            summary=name,
+        )
+    except ActivityError as err:
+        # One target failing must not keep the others from being swept.
+        failure = failure_of(err)
+        # Once per pass and target, for an alert on a target failing pass after pass.
+        # Metrics issue no command (and are skipped on replay): histories are unchanged.
+        workflow.metric_meter().create_counter(
+            "purge_target_failures", "targets that failed a pass after their retries"
+        ).add(1, {"target": name})
+        return FailedTarget(name=name, type=failure.type, message=failure.message)
+
+
+def skipped(name: str, dry_run: bool, budget_ms: int | None) -> PurgeSweep:
+    """A target the pass's budget left no time to start."""
+    return PurgeSweep(
+        name=name,
+        removed=0,
+        dry_run=dry_run,
+        strategy="",
+        status="skipped",
+        reason=f"the pass's budget ({budget_ms} ms) was spent before it started; the next "
+        "pass sweeps it",
+    )
+
+
+def ms_until(deadline: datetime) -> int:
+    return int((deadline - workflow.now()) / timedelta(milliseconds=1))
+
+
+async def sweep_limited(
+    names: list[str],
+    now_ms: int,
+    dry_run: bool,
+    deadline: datetime,
+    budget_ms: int | None,
+    most: int,
+    per_database: int,
+    database_of: Callable[[str], str],
+) -> list[Outcome]:
+    """Up to `most` targets at once, at most `per_database` on one database, started in input
+    order; each handed what is left until `deadline`, and those not started by then reported
+    skipped. Outcomes in input order."""
+    outcomes: dict[str, Outcome] = {}
+    waiting = list(names)
+    position = {name: i for i, name in enumerate(names)}
+    running: dict[asyncio.Task[Outcome], str] = {}
+    busy: Counter[str] = Counter()
+    while waiting or running:
+        left_ms = ms_until(deadline)
+        if left_ms <= 0:
+            for name in waiting:
+                outcomes[name] = skipped(name, dry_run, budget_ms)
+            waiting = []
+        for name in list(waiting):
+            if len(running) >= most:
+                break
+            database = database_of(name)
+            if busy[database] >= per_database:
+                continue  # a later target on another database may start instead
+            waiting.remove(name)
+            busy[database] += 1
+            task = asyncio.ensure_future(sweep_one(name, now_ms, dry_run, left_ms))
+            running[task] = name
+        if not running:
+            continue
+        done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+        # In input order, whatever order they finished in: replay sees the same.
+        for task in sorted(done, key=lambda t: position[running[t]]):
+            name = running.pop(task)
+            busy[database_of(name)] -= 1
+            outcomes[name] = task.result()
+    return [outcomes[name] for name in names]
