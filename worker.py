@@ -87,6 +87,7 @@ from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config
 from purge_config.names import STEP_NAME
 from purge_ops import logs
+from purge_ops.checks import check_passes
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import passes_json, passes_table, recent_passes, replay, sweep
 from purge_ops.runner import new_worker, run_worker
@@ -230,6 +231,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await replay(None, "", opts.last, opts.files, say)
 
     config = load_config(config_path(opts.config))
+    if command in ("run", "schedule", "sweep"):
+        check_passes(config)
     if command == "run":
         return await _run(config, opts)
     client = await connect_temporal()

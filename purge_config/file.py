@@ -225,6 +225,7 @@ def parse_config(
     defaults = sweep_settings(where, "sweep.", sweep, SweepSettings())
     targets = tuple(parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
     seen: dict[str, int] = {}
+    wild = [spec for spec in targets if spec.pattern is not None]
     for i, spec in enumerate(targets, 1):
         key = "names" if spec.kind == "python" else "name"
         for name in spec.names if spec.kind == "python" else (spec.name,):
@@ -234,7 +235,7 @@ def parse_config(
                     f"[[targets]] #{seen[name]}; two targets cannot share a name"
                 )
             seen[name] = i
-        _check_not_a_match(where, i, spec, targets)
+        _check_not_a_match(where, i, spec, wild)
         if spec.database and spec.database not in databases:
             known = ", ".join(sorted(databases)) or "none"
             raise ConfigError(
@@ -255,12 +256,12 @@ def parse_config(
 
 
 def _check_not_a_match(
-    where: str, index: int, spec: TargetSpec, targets: tuple[TargetSpec, ...]
+    where: str, index: int, spec: TargetSpec, patterns: list[TargetSpec]
 ) -> None:
     """Refuse a target whose name a pattern target's match could also take: every pass that
     matched that table would be refused for a repeated name."""
-    for other in targets:
-        if other is spec or other.pattern is None:
+    for other in patterns:
+        if other is spec:
             continue
         match = other.matched(spec.name)
         if match is not None:

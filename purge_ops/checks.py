@@ -1,0 +1,35 @@
+"""Checks of a config against what the workflow accepts, made when a command starts: a config
+whose passes the workflow would refuse is refused once, at start, not by every pass."""
+
+from __future__ import annotations
+
+import json
+
+from activities.errors import BadPurgeInput
+from activities.payloads import PurgeInput
+from purge_config.errors import ConfigError
+from purge_config.file import DEFAULT_PATH, PurgeConfig
+
+#: Temporal warns from a payload of 512 KB (and fails one of 2 MB): a scheduled pass's input
+#: must stay below the warning, or every pass would start under it.
+PAYLOAD_WARNING_BYTES = 512 * 1024
+
+
+def check_passes(config: PurgeConfig) -> None:
+    """A ConfigError, one line, when the input of the config's scheduled pass is one the
+    `Purge` workflow would refuse or one Temporal would warn about."""
+    where = config.path or DEFAULT_PATH
+    request = config.pass_input()
+    try:
+        PurgeInput.parse(request)
+    except BadPurgeInput as err:
+        raise ConfigError(
+            f"{where}: every pass of this config would be refused: {err.message}"
+        ) from None
+    size = len(json.dumps(request).encode())
+    if size > PAYLOAD_WARNING_BYTES:
+        raise ConfigError(
+            f"{where}: targets: the pass input would be {size // 1024} KB, over Temporal's "
+            f"{PAYLOAD_WARNING_BYTES // 1024} KB payload warning; name these tables by a "
+            'pattern (table = "tenant_*.sessions") instead of one by one'
+        )
