@@ -89,7 +89,15 @@ from purge_config.names import STEP_NAME
 from purge_ops import logs
 from purge_ops.checks import check_passes
 from purge_ops.connect import connect_temporal
-from purge_ops.passes import passes_json, passes_table, recent_passes, replay, sweep
+from purge_ops.passes import (
+    passes_json,
+    passes_table,
+    pattern_tables,
+    recent_passes,
+    replay,
+    sweep,
+    tables_table,
+)
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ensure_schedule
 
@@ -139,6 +147,12 @@ def parser() -> argparse.ArgumentParser:
     _config_option(report)
     report.add_argument("--last", type=_positive, default=10, metavar="N", help="default 10")
     report.add_argument("--json", action="store_true", help="print the passes as JSON, for scripts")
+    report.add_argument(
+        "--tables",
+        metavar="NAME",
+        type=_target_name,
+        help="each table a pattern target matched in its newest pass, from the child workflows",
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -244,6 +258,13 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         request = config.pass_input(opts.target, opts.dry_run)
         return await sweep(client, config.task_queue, request, say)
     if command == "report":
+        if opts.tables:
+            found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
+            if found is None:
+                say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")
+                return 1
+            say(tables_table(*found))
+            return 0
         passes = await recent_passes(client, config.task_queue, opts.last)
         if opts.json:
             say(passes_json(passes))

@@ -22,12 +22,13 @@ from temporalio.worker import Replayer
 
 from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
-from activities.payloads import PurgeReport
+from activities.payloads import FailedTarget, PurgeReport, PurgeSweep
 from purge_ops.render import (
     LOWER_BOUND_NOTE,
     human_duration,
     oldest_text,
     partitions_text,
+    patterns_table,
     removed_text,
     report_table,
     table,
@@ -120,10 +121,18 @@ async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummar
     if summary.report is not None:
         if summary.report.dry_run:
             summary.status += " (dry run)"
+        # A spread pass keeps only its largest sweeps: a pattern is one column, its matches none.
+        wild = {p.name for p in summary.report.patterns}
         for sweep_ in summary.report.swept:
-            summary.removed[sweep_.name] = removed_text(sweep_)
+            if sweep_.name.rpartition("@")[0] not in wild:
+                summary.removed[sweep_.name] = removed_text(sweep_)
+        for line in summary.report.patterns:
+            summary.removed[line.name] = (
+                line.removed if not line.failed else (f"{line.removed} ({line.failed} FAILED)")
+            )
         for failed in summary.report.failed:
-            summary.removed[failed.name] = "FAILED"
+            if failed.name.rpartition("@")[0] not in wild:
+                summary.removed[failed.name] = "FAILED"
     return summary
 
 
@@ -158,6 +167,9 @@ def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> st
     latest = latest_table(passes, names)
     if latest:
         parts.append(latest)
+    newest = next((s.report for s in passes if s.report and s.report.patterns), None)
+    if newest is not None:
+        parts.append(patterns_table(newest.patterns))
     if any(sweep.lower_bound for s in passes if s.report for sweep in s.report.swept):
         parts.append(LOWER_BOUND_NOTE)
     return "\n\n".join(parts)
@@ -209,6 +221,90 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
     extra = 3 if whole else 0
     right = {1, 3 + extra, 4 + extra, 5 + extra} | ({4, 5} if whole else set())
     return table(header, rows, right=right)
+
+
+async def pattern_tables(
+    client: Client, task_queue: str, name: str, last: int
+) -> tuple[PassSummary, list[PurgeSweep | FailedTarget]] | None:
+    """The newest of the last `last` passes that swept pattern target `name`, and the record of
+    each of its matches, read from the histories of the children that swept them."""
+    for summary in await recent_passes(client, task_queue, last):
+        report = summary.report
+        if report is None or not any(p.name == name for p in report.patterns):
+            continue
+        found: list[PurgeSweep | FailedTarget] = []
+        for child in report.children:
+            found += await child_records(client, child, f"{name}@")
+        found += [f for f in report.failed if not f.name.startswith(f"{name}@")]
+        return summary, sorted(
+            (r for r in found if r.name.startswith(f"{name}@")), key=lambda r: r.name
+        )
+    return None
+
+
+async def child_records(
+    client: Client, workflow_id: str, prefix: str
+) -> list[PurgeSweep | FailedTarget]:
+    """Each target's outcome in a child's runs, for names that start with `prefix`: its
+    activity's result, or how it failed. From the newest run back to the first, each run's
+    start naming the run it continued."""
+    records: list[PurgeSweep | FailedTarget] = []
+    run_id: str | None = None
+    while True:
+        handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+        events = list((await handle.fetch_history()).events)
+        records = _outcomes(client, events, prefix) + records
+        started = events[0].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id or None
+        if run_id is None:
+            return records
+
+
+def _outcomes(client: Client, events: list[Any], prefix: str) -> list[PurgeSweep | FailedTarget]:
+    converter = client.data_converter.payload_converter
+    names: dict[int, str] = {}
+    found: list[PurgeSweep | FailedTarget] = []
+    for event in events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            attrs = event.activity_task_scheduled_event_attributes
+            [step] = converter.from_payloads(attrs.input.payloads)
+            if isinstance(step, dict) and str(step.get("name", "")).startswith(prefix):
+                names[event.event_id] = step["name"]
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes
+            if done.scheduled_event_id in names:
+                [raw] = converter.from_payloads(done.result.payloads)
+                found.append(PurgeSweep(**_known_fields(PurgeSweep, raw)))
+        else:
+            for field_ in ("activity_task_failed", "activity_task_timed_out"):
+                if event.HasField(f"{field_}_event_attributes"):
+                    ended = getattr(event, f"{field_}_event_attributes")
+                    name = names.get(ended.scheduled_event_id)
+                    if name is not None:
+                        failure = ended.failure
+                        kind = failure.application_failure_info.type or field_
+                        found.append(FailedTarget(name, kind, failure.message))
+    return found
+
+
+def _known_fields(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(kind)}
+    return {key: value for key, value in raw.items() if key in names}
+
+
+def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarget]) -> str:
+    """A pattern's matches in one pass, one row each."""
+    rows: list[list[object]] = []
+    for r in records:
+        if isinstance(r, FailedTarget):
+            rows.append([r.name, "-", "", "", "", f"FAILED {r.type}: {r.message}"])
+        else:
+            rows.append(
+                [r.name, removed_text(r), f"{r.seconds:.3f}", r.strategy, r.backlog or "", r.status]
+            )
+    head = f"pass {summary.workflow_id} (started {summary.started:%Y-%m-%d %H:%M:%S} UTC)"
+    header = ["table", "removed", "seconds", "strategy", "backlog", "status"]
+    return head + "\n" + table(header, rows, right={1, 2, 4})
 
 
 def passes_json(passes: Sequence[PassSummary]) -> str:

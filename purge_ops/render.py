@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from activities.payloads import PurgeReport, PurgeSweep, iso_ms
+from activities.payloads import PatternLine, PurgeReport, PurgeSweep, iso_ms
 
 
 def table(
@@ -99,7 +99,46 @@ def report_table(report: PurgeReport) -> str:
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
+    if report.compact:
+        return "\n".join([head, *compact_lines(report), table(header, rows, right=right), *notes])
     return "\n".join([head, table(header, rows, right=right), *notes])
+
+
+def compact_lines(report: PurgeReport) -> list[str]:
+    """What a pass spread over children adds above its table: the count of targets by how they
+    ended, a line per pattern, and which sweeps the table below shows."""
+    statuses = ", ".join(f"{n} {status}" for status, n in sorted(report.statuses.items()))
+    failed = f", {report.failed_total} failed" if report.failed_total else ""
+    lines = [
+        f"{report.targets} targets in {len(report.children)} child workflows: "
+        f"{statuses or 'none swept'}{failed}"
+    ]
+    if report.patterns:
+        lines.append(patterns_table(report.patterns))
+    shown = f"the {len(report.swept)} largest sweeps"
+    if report.failed_total > len(report.failed):
+        shown += f" and the first {len(report.failed)} of {report.failed_total} failures"
+    lines.append(f"{shown} (each table's own record: pg-purge report --tables NAME):")
+    return lines
+
+
+def patterns_table(lines: list[PatternLine]) -> str:
+    """One row per pattern target: its tables and how they fared."""
+    header = [
+        "pattern",
+        "tables",
+        "removed",
+        "failed",
+        "busy",
+        "gone",
+        "skipped",
+        "largest backlog",
+    ]
+    rows: list[list[object]] = [
+        [p.name, p.tables, p.removed, p.failed, p.busy, p.gone, p.skipped, p.largest_backlog]
+        for p in lines
+    ]
+    return table(header, rows, right=set(range(1, 8)))
 
 
 def partitions_text(sweep: PurgeSweep) -> str:
@@ -155,7 +194,8 @@ def oldest_text(age_s: float | None) -> str:
 
 
 def _failed(report: PurgeReport) -> str:
-    return f"{len(report.failed)} failed" if report.failed else ""
+    count = max(len(report.failed), report.failed_total)
+    return f"{count} failed" if count else ""
 
 
 def human_duration(ms: float) -> str:

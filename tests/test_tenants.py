@@ -4,10 +4,14 @@ swept by a pass spread over child workflows (real Temporal, real PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import EventType
@@ -15,11 +19,13 @@ from temporalio.client import Client
 
 from activities.builtin_targets import build_registry
 from activities.targets import TargetRegistry
-from purge_config.file import PurgeConfig, parse_config
+from purge_config.file import PurgeConfig, load_config, parse_config
+from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from tests.conftest import RunWorker
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
+from tests.support.procs import clean_env, run_main
 from tests.support.tenants import (
     HOUR_MS,
     counts,
@@ -340,3 +346,51 @@ async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
                 f'SELECT count(*) FILTER (WHERE expires_at > %s) FROM "{prefix}_{i:04d}".sessions',
                 (real_now + HOUR_MS - 1,),
             ).fetchone() == (2,)
+
+
+async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its_tables(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    pg_url: str,
+    schema_url: str,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """`pg-purge sweep` starts the spread pass and prints the pattern's line; `report` shows
+    the pattern as one column and one line; `report --tables` lists every matched table."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix):
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            create_tenants(conn, prefix, range(6), real_now)
+        path = tmp_path / "purge.toml"
+        path.write_text(
+            f"database_url = {json.dumps(schema_url)}\n"
+            f"task_queue = {json.dumps(task_queue)}\n"
+            "[[targets]]\n"
+            'kind = "expiring"\nname = "sessions"\n'
+            f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
+        )
+        config = load_config(path)
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+        async with run_worker(build_registry(config, root_pool)):
+            swept = await asyncio.to_thread(run_main, "sweep", "--config", str(path), env=env)
+        expected = sum(expired_of(i) for i in range(6))
+        assert swept.returncode == 0, swept.stderr
+        assert "6 targets in 1 child workflows: 6 ok" in swept.stdout
+        assert re.search(rf"sessions\s+6\s+{expected}\s+0\s+0\s+0\s+0\s+0", swept.stdout)
+
+        report = await asyncio.to_thread(run_main, "report", "--config", str(path), env=env)
+        assert report.returncode == 0, report.stderr
+        header = report.stdout.splitlines()[0].split()
+        assert "sessions" in header
+        assert not any(name.startswith("sessions@") for name in header)
+
+        tables = await asyncio.to_thread(
+            run_main, "report", "--config", str(path), "--tables", "sessions", env=env
+        )
+        assert tables.returncode == 0, tables.stderr
+        rows = [ln.split() for ln in tables.stdout.splitlines() if ln.startswith("sessions@")]
+        assert [r[0] for r in rows] == [f"sessions@{prefix}_{i:04d}" for i in range(6)]
+        assert [int(r[1]) for r in rows] == [expired_of(i) for i in range(6)]
