@@ -33,6 +33,7 @@ from purge_ops.render import (
     report_table,
     table,
 )
+from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
 Say = Callable[[str], None]
@@ -339,7 +340,7 @@ async def replay(
     if not histories:
         say("no histories to replay")
         return 0
-    replayer = Replayer(workflows=[PurgeWorkflow])
+    replayer = Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow])
     failures = 0
     for history in histories:
         outcome = await replayer.replay_workflow(history, raise_on_replay_failure=False)

@@ -20,7 +20,11 @@ from temporalio.workflow import NondeterminismError
 
 from tests.support.history import kinds
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
+from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
+
+#: Every workflow type a pass runs: the pass and, since the spread-pass patch, its children.
+WORKFLOWS = [PurgeWorkflow, PurgeChunkWorkflow]
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 CONVERTER = DataConverter.default.payload_converter
@@ -46,6 +50,9 @@ class Shape:
     """The report, if the pass completed."""
     failure: str | None
     """The error type the pass failed with, if it failed."""
+    activity_types: list[str]
+    """The activity type of each ActivityTaskScheduled, in order."""
+    workflow_type: str
 
 
 def shape_of(path: Path) -> Shape:
@@ -53,13 +60,14 @@ def shape_of(path: Path) -> Shape:
     [request] = CONVERTER.from_payloads(
         events[0].workflow_execution_started_event_attributes.input.payloads
     )
-    scheduled, activity_failures = [], []
+    scheduled, activity_types, activity_failures = [], [], []
     result, failure = None, None
     for e in events:
         if e.HasField("activity_task_scheduled_event_attributes"):
             attrs = e.activity_task_scheduled_event_attributes
             [step] = CONVERTER.from_payloads(attrs.input.payloads)
             scheduled.append(step["name"])
+            activity_types.append(attrs.activity_type.name)
         elif e.HasField("activity_task_failed_event_attributes"):
             cause = e.activity_task_failed_event_attributes.failure
             activity_failures.append(cause.application_failure_info.type)
@@ -70,7 +78,17 @@ def shape_of(path: Path) -> Shape:
             failure = (
                 e.workflow_execution_failed_event_attributes.failure.application_failure_info.type
             )
-    return Shape(request, kinds(events), scheduled, activity_failures, result, failure)
+    workflow_type = events[0].workflow_execution_started_event_attributes.workflow_type.name
+    return Shape(
+        request,
+        kinds(events),
+        scheduled,
+        activity_failures,
+        result,
+        failure,
+        activity_types,
+        workflow_type,
+    )
 
 
 def is_pass(shape: Shape) -> None:
@@ -145,7 +163,41 @@ def is_out_of_budget(shape: Shape) -> None:
     assert shape.failure is None
 
 
+def is_spread(shape: Shape) -> None:
+    """A pass spread over children: the spread-pass marker, the pattern expanded by an
+    activity, every sweep in a child (two here), a compact report counting every target."""
+    assert shape.workflow_type == "Purge"
+    assert shape.request["patterns"]
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.activity_types == ["expand_pattern"] * len(shape.request["patterns"])
+    assert shape.events.count("START_CHILD_WORKFLOW_EXECUTION_INITIATED") >= 2
+    assert shape.events.count("CHILD_WORKFLOW_EXECUTION_COMPLETED") >= 2
+    assert shape.result is not None
+    assert shape.result["compact"] is True
+    assert shape.result["targets"] > len(shape.request["targets"])
+    assert shape.result["removed"] > 0
+
+
+def is_chunk(shape: Shape) -> None:
+    """A child's run that swept its share and continued as new with the rest."""
+    assert shape.workflow_type == "PurgeChunk"
+    assert shape.activity_types == ["purge_target"] * shape.request["run_size"]
+    assert shape.scheduled == shape.request["targets"][: shape.request["run_size"]]
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
+
+
+def is_spread_duplicate(shape: Shape) -> None:
+    """A spread pass refused after its expansion, a match repeating a listed name: nothing
+    swept, no child started."""
+    assert shape.activity_types == ["expand_pattern"]
+    assert "START_CHILD_WORKFLOW_EXECUTION_INITIATED" not in shape.events
+    assert shape.failure == "DuplicatePurgeTarget"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "spread": is_spread,
+    "chunk": is_chunk,
+    "spread-duplicate": is_spread_duplicate,
     "concurrent": is_concurrent,
     "out-of-budget": is_out_of_budget,
     "pass": is_pass,
@@ -169,14 +221,14 @@ async def test_the_shipped_shapes_are_all_here() -> None:
                 SHAPES[shape](shape_of(path))
             except AssertionError as err:
                 raise AssertionError(f"{path.name} is not a {shape} history: {err}") from err
-            await Replayer(workflows=[PurgeWorkflow]).replay_workflow(
+            await Replayer(workflows=WORKFLOWS).replay_workflow(
                 load(path), raise_on_replay_failure=True
             )
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_committed_history_replays_against_current_code(path: Path) -> None:
-    result = await Replayer(workflows=[PurgeWorkflow]).replay_workflow(
+    result = await Replayer(workflows=WORKFLOWS).replay_workflow(
         load(path), raise_on_replay_failure=True
     )
     assert result.replay_failure is None
@@ -188,6 +240,6 @@ async def test_replay_catches_a_changed_shape() -> None:
     (Reordering targets alone would replay: every step is the same activity type and replay
     does not compare arguments, which is why the target order is fixed by the input.)
     """
-    [history] = [p for p in HISTORIES if p.stem.endswith("-duplicate")]
+    [history] = [p for p in HISTORIES if p.stem == "v1-duplicate"]
     with pytest.raises(NondeterminismError):
         await Replayer(workflows=[PurgeWithoutDuplicateCheck]).replay_workflow(load(history))

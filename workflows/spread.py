@@ -161,7 +161,9 @@ async def _run_children(
                 )
                 report.skip(chunk.targets, chunk.first, reason, order.dry_run, patterns)
                 continue
-            child_id = f"{info.workflow_id}-{info.run_id[:8]}-chunk-{len(started):04d}"
+            # From the run id, not the workflow id: a history saved under another name (what
+            # `pg-purge replay FILE` reads) must replay to the same child ids.
+            child_id = f"purge-chunk-{info.run_id}-{len(started):04d}"
             started.append(child_id)
             task = asyncio.ensure_future(
                 workflow.execute_child_workflow(PurgeChunkWorkflow.run, chunk, id=child_id)

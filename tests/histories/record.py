@@ -16,8 +16,10 @@ import psycopg
 from temporalio.client import Client, WorkflowFailureError
 
 from activities import builtin_targets as kinds
+from activities.builtin_targets import build_registry
 from activities.schema import reference_ddl
 from activities.targets import TargetRegistry
+from purge_config.file import parse_config
 from purge_dev.dev import epoch_ms_now
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
@@ -50,6 +52,34 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
             "budget_ms": 1,
         },
     },
+    # A pass spread over children (the spread-pass patch): a pattern over 5 tenants and a
+    # listed target, 4 targets a child in runs of 2, so the first child continues as new; and
+    # a pass refused after its expansion, a match taking a listed target's name.
+    "v3": {
+        "spread": {
+            "targets": ["x_idempotency", "sessions"],
+            "patterns": ["sessions"],
+            "max_concurrent": 2,
+            "max_per_database": 2,
+            "budget_ms": 600_000,
+            "child_size": 4,
+            "run_size": 2,
+        },
+        "spread-duplicate": {
+            "targets": ["sessions@tenant_0001", "sessions"],
+            "patterns": ["sessions"],
+        },
+    },
+}
+
+#: The config of the v3 worker: the built-in kinds and a pattern over the tenants.
+V3_CONFIG = {
+    "targets": [
+        {"kind": "idempotency"},
+        {"kind": "rate_limit"},
+        {"kind": "auth"},
+        {"kind": "expiring", "name": "sessions", "table": "tenant_*.sessions", "column": "at"},
+    ]
 }
 
 
@@ -66,11 +96,21 @@ async def record(prefix: str) -> None:
                 (now - 60_000, now + 60_000),
             )
             conn.execute("INSERT INTO x_auth_lockouts VALUES ('carol', %s)", (now - 1000,))
+            for i in range(5):
+                conn.execute(
+                    f"CREATE SCHEMA tenant_{i:04d}; "
+                    f"CREATE TABLE tenant_{i:04d}.sessions (at bigint NOT NULL); "
+                    f"INSERT INTO tenant_{i:04d}.sessions VALUES ({now - 1000}), ({now + 60_000})"
+                )
         pool = await open_pool(pg.url())
         try:
             client = await Client.connect(temporal.address)
-            registry = TargetRegistry(
-                [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+            registry = (
+                build_registry(parse_config(V3_CONFIG), pool)
+                if prefix == "v3"
+                else TargetRegistry(
+                    [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+                )
             )
             async with new_worker(client, registry, "purge"):
                 for scenario, request in SCENARIOS[prefix].items():
@@ -83,8 +123,24 @@ async def record(prefix: str) -> None:
                     out = HERE / f"{prefix}-{scenario}.json"
                     out.write_text((await history(client, handle.id)).to_json(), encoding="utf-8")
                     print(f"wrote {out.relative_to(HERE.parent.parent)}")
+                    if scenario == "spread":
+                        await _record_first_child_run(client, handle.id, prefix)
         finally:
             await pool.close()
+
+
+async def _record_first_child_run(client: Client, workflow_id: str, prefix: str) -> None:
+    """The first run of the pass's first child: a `PurgeChunk` run that continued as new."""
+    parent = await history(client, workflow_id)
+    [first, *_] = [
+        e.child_workflow_execution_started_event_attributes.workflow_execution
+        for e in parent.events
+        if e.HasField("child_workflow_execution_started_event_attributes")
+    ]
+    handle = client.get_workflow_handle(first.workflow_id, run_id=first.run_id)
+    out = HERE / f"{prefix}-chunk.json"
+    out.write_text((await handle.fetch_history()).to_json(), encoding="utf-8")
+    print(f"wrote {out.relative_to(HERE.parent.parent)}")
 
 
 def main() -> None:
