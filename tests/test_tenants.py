@@ -23,7 +23,7 @@ from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from tests.conftest import RunWorker
-from tests.support.history import events
+from tests.support.history import child_runs, events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, run_main
 from tests.support.tenants import (
@@ -62,29 +62,6 @@ async def root_pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
         yield pool
     finally:
         await pool.close()
-
-
-async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list[list[Any]]]:
-    """Per child started by a pass, the events of each of its runs, first run first."""
-    started = [
-        e.child_workflow_execution_started_event_attributes.workflow_execution
-        for e in parent_events
-        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
-    ]
-    runs: dict[str, list[list[Any]]] = {}
-    for execution in started:
-        child, run_id = execution.workflow_id, execution.run_id
-        runs[child] = []
-        while run_id:
-            handle = client.get_workflow_handle(child, run_id=run_id)
-            history = list((await handle.fetch_history()).events)
-            runs[child].append(history)
-            last = history[-1]
-            run_id = None
-            if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
-                attrs = last.workflow_execution_continued_as_new_event_attributes
-                run_id = attrs.new_execution_run_id
-    return runs
 
 
 async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_as_new(

@@ -68,3 +68,26 @@ def target_runs(client: Client, history: list[Any]) -> dict[str, TargetRun]:
             run = runs[name]
             runs[name] = TargetRun(run.identity, run.attempt, run.completions + 1)
     return runs
+
+
+async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list[list[Any]]]:
+    """Per child started by a pass, the events of each of its runs, first run first."""
+    started = [
+        e.child_workflow_execution_started_event_attributes.workflow_execution
+        for e in parent_events
+        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+    ]
+    runs: dict[str, list[list[Any]]] = {}
+    for execution in started:
+        child, run_id = execution.workflow_id, execution.run_id
+        runs[child] = []
+        while run_id:
+            handle = client.get_workflow_handle(child, run_id=run_id)
+            history = list((await handle.fetch_history()).events)
+            runs[child].append(history)
+            last = history[-1]
+            run_id = None
+            if last.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                attrs = last.workflow_execution_continued_as_new_event_attributes
+                run_id = attrs.new_execution_run_id
+    return runs
