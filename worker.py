@@ -277,7 +277,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
 
 
 async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
-    config.require_database_url()
+    if config.needs_default_database:
+        config.require_database_url()
     await run_worker(
         config,
         ensure_schedule=opts.schedule or config.schedule.ensure,

@@ -125,25 +125,21 @@ def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
 
 def build_registry(
     config: PurgeConfig,
-    pool: ConnectionSource,
+    pool: ConnectionSource | None,
     databases: Mapping[str, ConnectionSource] | None = None,
 ) -> TargetRegistry:
-    """Every target of `config`: built-ins now, `python` factories each time a step asks. A
-    target with `database` sweeps through that database's pool, any other through `pool`."""
-    pools = databases or {}
-    fixed = [
-        build_target(spec, pools[spec.database] if spec.database else pool)
-        for spec in config.targets
-        if spec.kind != "python" and spec.pattern is None
-    ]
+    """Every target of `config` this worker can sweep: built-ins now, `python` factories each
+    time a step asks. A target with `database` sweeps through that database's pool, any other
+    through `pool`; a target of a database this worker has no pool for (a routed database
+    whose URL only the workers next to it have) is not this worker's."""
+    pools: dict[str, ConnectionSource] = dict(databases or {})
+    if pool is not None:
+        pools[""] = pool
+    here = [s for s in config.targets if s.kind != "python" and s.database in pools]
+    fixed = [build_target(spec, pools[spec.database]) for spec in here if spec.pattern is None]
     # A factory's targets are checked against the PurgeTarget protocol when it is called.
     factories = [cast(TargetFactory, spec.factory) for spec in config.targets if spec.factory]
     patterns = PatternTargets(
-        [
-            (spec, pools[spec.database] if spec.database else pool)
-            for spec in config.targets
-            if spec.pattern is not None
-        ],
-        build_target,
+        [(spec, pools[spec.database]) for spec in here if spec.pattern is not None], build_target
     )
     return TargetRegistry(fixed, factories, patterns)

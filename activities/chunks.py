@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from activities.payloads import FailedTarget, PatternLine, PurgeSweep
+from activities.payloads import FailedTarget, PatternLine, PurgeSweep, Route
 from purge_config.patterns import split_match_name
 
 #: The most failures a compact report names; the rest are counted in `failed_total`.
@@ -152,6 +152,8 @@ class ChunkInput:
     """The position in the pass of `targets[0]`."""
     carried: ChunkReport | None = None
     """What this child's earlier runs swept."""
+    route: Route | None = None
+    """The task queue of its database's activities, when workers of their own sweep it."""
 
     def next_run(self, report: ChunkReport) -> ChunkInput:
         """The input of the run that continues after this one's targets."""

@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from activities.errors import BadPurgeInput
-from purge_config.fleet import DATABASE_NAME, MAX_TARGETS_PER_PASS
-from purge_config.names import STEP_NAME
+from purge_config.fleet import DATABASE_NAME, DEFAULT_WORKER_WAIT_MS, MAX_TARGETS_PER_PASS
+from purge_config.names import QUEUE_NAME, STEP_NAME
 
 #: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
 #: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
@@ -67,6 +67,16 @@ def duplicate_names(names: Sequence[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Route:
+    """A database swept by workers of its own: the task queue its activities go to."""
+
+    queue: str
+    database: str
+    worker_wait_ms: int = DEFAULT_WORKER_WAIT_MS
+    """How long an activity may wait there for a worker before its target fails alone."""
+
+
+@dataclass(frozen=True)
 class PurgeInput:
     """The workflow's input: `{"targets": [...], "dry_run": false}`, and, from a config, the
     pass's limits: `max_concurrent`, `max_per_database`, `budget_ms` and `databases` (target
@@ -86,6 +96,22 @@ class PurgeInput:
     """Targets per child workflow of a large pass (default DEFAULT_CHILD_SIZE)."""
     run_size: int | None = None
     """Targets a child's run sweeps before it continues as new (default DEFAULT_RUN_SIZE)."""
+    queues: dict[str, str] = field(default_factory=dict)
+    """Database name to the task queue of its activities, for databases swept by workers of
+    their own; any other database's activities run on the pass's own queue."""
+    worker_wait_ms: int | None = None
+    """How long a routed activity may wait for a worker of its queue (schedule-to-start)."""
+
+    def route_of(self, name: str) -> Route | None:
+        """Where target `name`'s activity goes, when not to the pass's own queue."""
+        return self.route_for(self.database_of(name))
+
+    def route_for(self, database: str) -> Route | None:
+        """Where activities on `database` go, when not to the pass's own queue."""
+        queue = self.queues.get(database)
+        if queue is None:
+            return None
+        return Route(queue, database, self.worker_wait_ms or DEFAULT_WORKER_WAIT_MS)
 
     @property
     def spread(self) -> bool:
@@ -146,6 +172,8 @@ class PurgeInput:
             patterns=list(dict.fromkeys(patterns)),
             child_size=_count(raw, "child_size", 1, 2000),
             run_size=_count(raw, "run_size", 1, 1000),
+            queues=_queues(raw),
+            worker_wait_ms=_count(raw, "worker_wait_ms", 1000, MAX_BUDGET_MS),
         )
 
 
@@ -161,6 +189,8 @@ INPUT_KEYS = (
     "patterns",
     "child_size",
     "run_size",
+    "queues",
+    "worker_wait_ms",
 )
 #: A pass's budget is at most a day: any longer is a unit mistake.
 MAX_BUDGET_MS = 86_400_000
@@ -207,6 +237,21 @@ def _databases(raw: dict[Any, Any], count: int) -> dict[str, str]:
             raise bad
         found.update(dict.fromkeys(targets[entry[1] : entry[2]], entry[0]))
     return found
+
+
+def _queues(raw: dict[Any, Any]) -> dict[str, str]:
+    value = raw.get("queues", {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str)
+        and DATABASE_NAME.fullmatch(k)
+        and isinstance(v, str)
+        and QUEUE_NAME.fullmatch(v)
+        for k, v in value.items()
+    ):
+        raise BadPurgeInput(
+            f"input 'queues' must map database names to task queue names, got {_show(value)}"
+        )
+    return dict(value)
 
 
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
@@ -313,6 +358,8 @@ class PurgeSweep:
     archived: int = 0
     """Rows moved into the target's archive tables, each in the same transaction as its
     delete: `removed` itself when every table of the target has an archive; 0 in a dry run."""
+    worker: str = ""
+    """The identity of the worker that swept it (the SDK's default: pid@host)."""
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,7 @@ class PurgeActivities:
             )
         sweep.removed = removed
         sweep.seconds = round(time.monotonic() - started, 6)
+        sweep.worker = _identity()
         batched = isinstance(target, BatchedTarget) and not step.dry_run
         _record_metrics(step, removed, sweep.seconds, batched)
         activity.logger.info(
@@ -199,6 +200,14 @@ class PurgeActivities:
             activity.logger.warning(advice, extra={"purge_target": step.name})
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+def _identity() -> str:
+    """This worker's identity, as Temporal knows it, for the report."""
+    try:
+        return activity.client().identity
+    except RuntimeError:  # run without a client (ActivityEnvironment)
+        return ""
 
 
 async def _gone(patterns: PatternTargets, name: str) -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from purge_config.errors import ConfigError
-from purge_config.fleet import PassLimits, check_dsn, parse_databases, parse_pass
+from purge_config.fleet import PassLimits, check_dsn, parse_databases, parse_pass, parse_queues
+from purge_config.names import QUEUE_NAME
 from purge_config.settings import SweepSettings
 from purge_config.targets import (
     SWEEP_FLAGS,
@@ -68,7 +69,7 @@ DEFAULT_DATABASE_WAIT_MS = 30_000
 DATABASE_WAIT_RANGE_MS = (1_000, 3_600_000)
 _METRICS = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
-_QUEUE = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+_QUEUE = QUEUE_NAME
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,11 @@ class PurgeConfig:
     metrics: str | None = None
     """HOST:PORT where a worker serves Prometheus metrics, if anywhere."""
     databases: Mapping[str, str] = field(default_factory=dict)
-    """`[databases.NAME]`: each named database's URL (the default one is `database_url`)."""
+    """`[databases.NAME]`: each named database's URL (the default one is `database_url`); a
+    database with its own task queue whose `url_env` is not set here is not in it (another
+    worker, next to it, sweeps it)."""
+    queues: Mapping[str, str] = field(default_factory=dict)
+    """`[databases.NAME] task_queue`: the queue of each routed database's activities."""
     limits: PassLimits = field(default_factory=PassLimits)
     """`[pass]`: concurrency and the pass's time budget."""
     database_wait_ms: int = DEFAULT_DATABASE_WAIT_MS
@@ -130,9 +135,20 @@ class PurgeConfig:
         patterns = [name for name in names if name in wild]
         if patterns:
             request["patterns"] = patterns
+        used = {on.get(name, "") for name in names}
+        queues = {db: queue for db, queue in self.queues.items() if db in used}
+        if queues:
+            # Only a routed pass carries these: every other input stays as the first rounds'.
+            request["queues"] = queues
+            request["worker_wait_ms"] = self.limits.worker_wait_ms
         if dry_run:
             request["dry_run"] = True
         return request
+
+    @property
+    def needs_default_database(self) -> bool:
+        """Whether a target of this config sweeps the default database (`database_url`)."""
+        return any(t.kind != "python" and not t.database for t in self.targets)
 
     def require_database_url(self) -> str:
         """The database URL, or a ConfigError saying where to put one."""
@@ -217,7 +233,8 @@ def parse_config(
         raise ConfigError(
             f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
         )
-    databases = parse_databases(where, raw.get("databases", {}), env)
+    queues = parse_queues(where, raw.get("databases", {}), task_queue)
+    databases = parse_databases(where, raw.get("databases", {}), env, routed=set(queues))
     limits = parse_pass(where, raw.get("pass", {}), cron_period_ms(schedule.cron))
     sweep = raw.get("sweep", {})
     if isinstance(sweep, dict):
@@ -236,8 +253,8 @@ def parse_config(
                 )
             seen[name] = i
         _check_not_a_match(where, i, spec, wild)
-        if spec.database and spec.database not in databases:
-            known = ", ".join(sorted(databases)) or "none"
+        if spec.database and spec.database not in {*databases, *queues}:
+            known = ", ".join(sorted({*databases, *queues})) or "none"
             raise ConfigError(
                 f"{where}: [[targets]] #{i} ({spec.name}): database: no [databases.{spec.database}]"
                 f" in this file (it has: {known})"
@@ -250,6 +267,7 @@ def parse_config(
         targets=targets,
         metrics=metrics,
         databases=databases,
+        queues=queues,
         limits=limits,
         database_wait_ms=database_wait_ms,
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 from purge_config.dsn import BadDsn, parse_dsn, redact
 from purge_config.errors import ConfigError
+from purge_config.names import QUEUE_NAME
 from purge_config.values import duration_text, no_unknown, opt_str, read_duration
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
@@ -27,8 +28,11 @@ DEFAULT_BUDGET_MS = 50 * 60_000
 #: A pass this short cannot even schedule its first activities.
 MIN_BUDGET_MS = 10_000
 
-_DATABASE_KEYS = frozenset({"url", "url_env"})
-_PASS_KEYS = frozenset({"max_concurrent", "max_per_database", "budget"})
+_DATABASE_KEYS = frozenset({"url", "url_env", "task_queue"})
+_PASS_KEYS = frozenset({"max_concurrent", "max_per_database", "budget", "worker_wait"})
+#: How long a routed target's activity may wait for a worker of its queue before it fails.
+DEFAULT_WORKER_WAIT_MS = 5 * 60_000
+WORKER_WAIT_RANGE_MS = (1_000, 86_400_000)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class PassLimits:
     """Targets swept at once on one database."""
     budget_ms: int = DEFAULT_BUDGET_MS
     """The whole pass's time: targets not started by then are reported skipped."""
+    worker_wait_ms: int = DEFAULT_WORKER_WAIT_MS
+    """How long a target on a database's own task queue waits for a worker of that queue."""
 
 
 def check_dsn(where: str, key: str, dsn: str) -> None:
@@ -53,8 +59,33 @@ def check_dsn(where: str, key: str, dsn: str) -> None:
         ) from None
 
 
-def parse_databases(where: str, raw: object, env: Mapping[str, str]) -> dict[str, str]:
-    """`[databases.NAME]` tables: each NAME to its URL (from `url`, or the variable `url_env`)."""
+def parse_queues(where: str, raw: object, main_queue: str) -> dict[str, str]:
+    """Each `[databases.NAME]` with a `task_queue`: NAME to that queue (the entries are checked
+    whole by `parse_databases`)."""
+    queues: dict[str, str] = {}
+    if not isinstance(raw, dict):
+        return queues
+    for name, entry in raw.items():
+        if not isinstance(entry, dict) or "task_queue" not in entry:
+            continue
+        queue = entry["task_queue"]
+        if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+            at = f"databases.{name}" if str(name).isprintable() else f"databases.{name!r}"
+            raise ConfigError(
+                f"{where}: {at}.task_queue: not a task queue name (1 to 200 of letters, digits "
+                f"and _ . : / -), got {queue!r}"
+            )
+        if queue != main_queue:
+            queues[name] = queue
+    return queues
+
+
+def parse_databases(
+    where: str, raw: object, env: Mapping[str, str], routed: set[str] | None = None
+) -> dict[str, str]:
+    """`[databases.NAME]` tables: each NAME to its URL (from `url`, or the variable `url_env`).
+    A database of `routed` (it has its own task queue) whose variable is not set is left out:
+    the workers next to it set it, others never need it."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: databases: must be [databases.NAME] tables, got {raw!r}")
     urls: dict[str, str] = {}
@@ -77,6 +108,8 @@ def parse_databases(where: str, raw: object, env: Mapping[str, str]) -> dict[str
             )
         if variable is not None:
             url = env.get(variable) or None
+            if url is None and name in (routed or set()):
+                continue
             if url is None:
                 raise ConfigError(
                     f"{where}: {at}.url_env: the variable {variable} is not set (or empty)"
@@ -95,6 +128,15 @@ def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
         raise ConfigError(f"{where}: pass: must be a [pass] table, got {raw!r}")
     no_unknown(where, "pass.", raw, _PASS_KEYS)
     counts = {key: _at_least_one(where, key, raw) for key in ("max_concurrent", "max_per_database")}
+    worker_wait = DEFAULT_WORKER_WAIT_MS
+    if "worker_wait" in raw:
+        worker_wait = read_duration(where, "pass.worker_wait", raw, "worker_wait")
+        low, high = WORKER_WAIT_RANGE_MS
+        if not low <= worker_wait <= high:
+            raise ConfigError(
+                f"{where}: pass.worker_wait: must be from {duration_text(low)} to "
+                f"{duration_text(high)}, got {raw['worker_wait']!r}"
+            )
     if "budget" in raw:
         budget = read_duration(where, "pass.budget", raw, "budget")
         if budget < MIN_BUDGET_MS:
@@ -113,6 +155,7 @@ def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
         max_concurrent=counts["max_concurrent"] or DEFAULT_MAX_CONCURRENT,
         max_per_database=counts["max_per_database"] or DEFAULT_MAX_PER_DATABASE,
         budget_ms=budget,
+        worker_wait_ms=worker_wait,
     )
 
 

@@ -18,6 +18,9 @@ TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,99}")
 #: its schema and table, each at most 63 characters).
 STEP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,227}")
 
+#: A Temporal task queue (or schedule id) as a config names it.
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,200}")
+
 #: A SQL name as this package accepts it: plain ASCII, at most PostgreSQL's 63 bytes. Quotes,
 #: semicolons, dots and spaces are refused rather than escaped so a config reads as it runs.
 SQL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")

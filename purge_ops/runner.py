@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from datetime import timedelta
@@ -55,6 +56,34 @@ def new_worker(
     )
 
 
+def activity_worker(
+    client: Client, registry: TargetRegistry, task_queue: str, **options: object
+) -> Worker:
+    """A worker of a database's own task queue: its targets' activities, no workflow."""
+    activities = PurgeActivities(registry)
+    settings: dict[str, object] = {
+        "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
+        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        **options,
+    }
+    return Worker(
+        client,
+        task_queue=task_queue,
+        activities=[activities.purge_target, activities.expand_pattern],
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
+    """The task queues a worker of `config` polls for activities besides its own, each with the
+    databases whose targets' activities go there: every routed database it has the URL of."""
+    queues: dict[str, list[str]] = {}
+    for database, queue in config.queues.items():
+        if database in config.databases:
+            queues.setdefault(queue, []).append(database)
+    return queues
+
+
 async def run_worker(
     config: PurgeConfig,
     *,
@@ -65,18 +94,21 @@ async def run_worker(
 ) -> None:
     """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set).
 
-    With `ensure_schedule`, create or update the config's schedule first, so a deployment needs
-    no separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there.
+    It polls the config's task queue for passes and the activities of targets without a queue
+    of their own, and the queue of every routed database whose URL it has. With
+    `ensure_schedule`, create or update the config's schedule first, so a deployment needs no
+    separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there.
     """
-    url = config.require_database_url()
+    url = config.require_database_url() if config.needs_default_database else None
+    url = url or config.database_url
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        pool = await open_pool(url, wait_seconds=config.database_wait_ms / 1000)
+        pool = await open_pool(url, wait_seconds=config.database_wait_ms / 1000) if url else None
+        named = lazy_pools(config.databases)
         try:
-            named = lazy_pools(config.databases)
             registry = build_registry(config, pool, named)
             client = await connect_temporal(temporal_address, metrics=metrics)
             if ensure_schedule:
@@ -84,21 +116,50 @@ async def run_worker(
                 log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics", metrics)
-            worker = new_worker(client, registry, config.task_queue)
-            async with worker:
-                log.info(
-                    "worker on task queue %r of %s, database %s, targets: %s",
-                    config.task_queue,
-                    client.service_client.config.target_host,
-                    redact(url),
-                    registry.describe(),
-                )
+            queues = polled_queues(config)
+            workers = [new_worker(client, registry, config.task_queue)] + [
+                activity_worker(client, registry, queue) for queue in queues
+            ]
+            async with contextlib.AsyncExitStack() as running:
+                for worker in workers:
+                    await running.enter_async_context(worker)
+                _say_what_it_polls(config, client, url, registry, queues)
                 await stop.wait()
                 log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
         finally:
-            await pool.close()
+            if pool is not None:
+                await pool.close()
             for opened in named.values():
                 await opened.close()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _say_what_it_polls(
+    config: PurgeConfig,
+    client: Client,
+    url: str | None,
+    registry: TargetRegistry,
+    queues: dict[str, list[str]],
+) -> None:
+    log.info(
+        "worker on task queue %r of %s, database %s, targets: %s",
+        config.task_queue,
+        client.service_client.config.target_host,
+        redact(url) if url else "none (no target sweeps the default database)",
+        registry.describe(),
+    )
+    for queue, databases in queues.items():
+        log.info(
+            "also polling task queue %r for the activities of database %s",
+            queue,
+            ", ".join(databases),
+        )
+    elsewhere = sorted(set(config.queues) - set(config.databases))
+    if elsewhere:
+        log.info(
+            "not polling the queues of %s: no URL here (their url_env is not set); the "
+            "workers next to them sweep them",
+            ", ".join(f"{db} ({config.queues[db]})" for db in elsewhere),
+        )

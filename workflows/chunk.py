@@ -34,6 +34,7 @@ class PurgeChunkWorkflow:
             most=chunk.concurrency,
             per_database=chunk.concurrency,
             database_of=lambda _: "",
+            route_of=lambda _: chunk.route,
         )
         patterns = set(chunk.patterns)
         for i, outcome in enumerate(outcomes):

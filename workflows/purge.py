@@ -65,7 +65,10 @@ class PurgeWorkflow:
         if order.limited and workflow.patched(CONCURRENT_PATCH):
             outcomes = await self._concurrently(order, now_ms)
         else:
-            outcomes = [await sweep_one(name, now_ms, order.dry_run) for name in order.targets]
+            outcomes = [
+                await sweep_one(name, now_ms, order.dry_run, route=order.route_of(name))
+                for name in order.targets
+            ]
         for outcome in outcomes:
             if isinstance(outcome, FailedTarget):
                 report.failed.append(outcome)
@@ -104,4 +107,5 @@ class PurgeWorkflow:
             most=order.max_concurrent or DEFAULT_MAX_CONCURRENT,
             per_database=order.max_per_database or DEFAULT_MAX_PER_DATABASE,
             database_of=order.database_of,
+            route_of=order.route_of,
         )

@@ -27,12 +27,13 @@ with workflow.unsafe.imports_passed_through():
         PatternLine,
         PurgeInput,
         PurgeReport,
+        Route,
         duplicate_names,
         epoch_ms,
     )
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
-    from workflows.steps import TARGET_RETRY
+    from workflows.steps import TARGET_RETRY, routed, unpolled
 
 #: Limits a pass with some but not all of them takes for the others (the config's defaults).
 DEFAULT_MAX_CONCURRENT = 4
@@ -51,7 +52,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
     entries: list[str | FailedTarget] = []
     for name in order.targets:
         if name in patterns:
-            found = await _matches(name, now_ms)
+            found = await _matches(name, now_ms, order.route_of(name))
             if isinstance(found, list) and not found:
                 workflow.logger.warning("purge pattern %s matched no table", name)
             entries += found if isinstance(found, list) else [found]
@@ -73,8 +74,9 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
     return _finish(order, now_ms, report, children)
 
 
-async def _matches(name: str, now_ms: int) -> list[str] | FailedTarget:
-    """Every match of pattern target `name`, page by page, or why it could not be read."""
+async def _matches(name: str, now_ms: int, route: Route | None) -> list[str] | FailedTarget:
+    """Every match of pattern target `name`, page by page, read by a worker of its database, or
+    why it could not be read."""
     found: list[str] = []
     after: list[str] = []
     while True:
@@ -85,9 +87,10 @@ async def _matches(name: str, now_ms: int) -> list[str] | FailedTarget:
                 start_to_close_timeout=EXPAND_START_TO_CLOSE,
                 retry_policy=TARGET_RETRY,
                 summary=f"expand {name}",
+                **routed(route),
             )
         except ActivityError as err:
-            failure = failure_of(err)
+            failure = unpolled(err, route) or failure_of(err)
             return FailedTarget(name=name, type=failure.type, message=failure.message)
         found += page.matches
         if not page.more:
@@ -127,6 +130,7 @@ def _chunks(order: PurgeInput, names: list[str], now_ms: int) -> dict[str, list[
                     patterns=list(order.patterns),
                     run_size=order.run_size or DEFAULT_RUN_SIZE,
                     first=first,
+                    route=order.route_for(database),
                 )
             )
             first += len(share)

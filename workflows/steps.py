@@ -7,14 +7,15 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
-    from activities.errors import failure_of
-    from activities.payloads import FailedTarget, PurgeStep, PurgeSweep
+    from activities.errors import Failure, failure_of
+    from activities.payloads import FailedTarget, PurgeStep, PurgeSweep, Route
     from activities.sweep import PurgeActivities
 
 #: One target's sweep, retries excluded. Targets end their own sweep at their time budget well
@@ -35,7 +36,41 @@ TARGET_RETRY = RetryPolicy(
 Outcome = PurgeSweep | FailedTarget
 
 
-async def sweep_one(name: str, now_ms: int, dry_run: bool, budget_ms: int | None = None) -> Outcome:
+def routed(route: Route | None) -> dict[str, Any]:
+    """The activity options that send an activity to its database's own task queue, and fail
+    it there if no worker takes it in time; none for the pass's own queue, so the commands of
+    every pass without routes stay as they were."""
+    if route is None:
+        return {}
+    return {
+        "task_queue": route.queue,
+        "schedule_to_start_timeout": timedelta(milliseconds=route.worker_wait_ms),
+    }
+
+
+def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
+    """The failure of an activity no worker of its queue took in time, said plainly."""
+    cause = err.cause
+    if (
+        route is None
+        or not isinstance(cause, TimeoutError)
+        or cause.type != TimeoutType.SCHEDULE_TO_START
+    ):
+        return None
+    return Failure(
+        "NoPurgeWorker",
+        f"no worker polled task queue {route.queue!r} (database {route.database!r}) within "
+        f"{route.worker_wait_ms // 1000} s; start a worker whose config names that database",
+    )
+
+
+async def sweep_one(
+    name: str,
+    now_ms: int,
+    dry_run: bool,
+    budget_ms: int | None = None,
+    route: Route | None = None,
+) -> Outcome:
     """One target's activity; its failure (after its retries) as the report names it."""
     try:
         return await workflow.execute_activity_method(
@@ -45,10 +80,11 @@ async def sweep_one(name: str, now_ms: int, dry_run: bool, budget_ms: int | None
             heartbeat_timeout=TARGET_HEARTBEAT,
             retry_policy=TARGET_RETRY,
             summary=name,
+            **routed(route),
         )
     except ActivityError as err:
         # One target failing must not keep the others from being swept.
-        failure = failure_of(err)
+        failure = unpolled(err, route) or failure_of(err)
         # Once per pass and target, for an alert on a target failing pass after pass.
         # Metrics issue no command (and are skipped on replay): histories are unchanged.
         workflow.metric_meter().create_counter(
@@ -83,6 +119,7 @@ async def sweep_limited(
     most: int,
     per_database: int,
     database_of: Callable[[str], str],
+    route_of: Callable[[str], Route | None] = lambda _: None,
 ) -> list[Outcome]:
     """Up to `most` targets at once, at most `per_database` on one database, started in input
     order; each handed what is left until `deadline`, and those not started by then reported
@@ -106,7 +143,7 @@ async def sweep_limited(
                 continue  # a later target on another database may start instead
             waiting.remove(name)
             busy[database] += 1
-            task = asyncio.ensure_future(sweep_one(name, now_ms, dry_run, left_ms))
+            task = asyncio.ensure_future(sweep_one(name, now_ms, dry_run, left_ms, route_of(name)))
             running[task] = name
         if not running:
             continue

@@ -1,0 +1,271 @@
+"""Workers next to their databases: one pass, each database's activities on its own task
+queue, swept by worker processes whose configs hold only their own database's URL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from activities.schema import reference_ddl
+from purge_config.file import PurgeConfig, parse_config
+from purge_dev.servers import TemporalDevServer
+from tests.support.history import events
+from tests.support.passes import failed_pass, run_pass
+from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
+from tests.support.rows import HOUR
+
+REGIONS = ("eu", "us")
+
+
+@pytest.fixture
+def regions(pg_url: str) -> Iterator[dict[str, str]]:
+    """A database per region, with the built-in tables."""
+    names = {region: f"region_{region}_{uuid.uuid4().hex[:8]}" for region in REGIONS}
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for name in names.values():
+            admin.execute(f'CREATE DATABASE "{name}"')
+    urls = {region: make_conninfo(pg_url, dbname=name) for region, name in names.items()}
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(reference_ddl())
+    try:
+        yield urls
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            for name in names.values():
+                admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def region_toml(task_queue: str, regions: tuple[str, ...], worker_wait: str = "5m") -> str:
+    """A config naming `regions` only: each its database by `url_env`, its own task queue, and
+    its idempotency target. No database_url: no target sweeps a default database."""
+    text = f'task_queue = "{task_queue}"\n[pass]\nworker_wait = "{worker_wait}"\n'
+    for region in regions:
+        text += (
+            f'[databases.{region}]\nurl_env = "{region.upper()}_URL"\n'
+            f'task_queue = "{task_queue}-{region}"\n'
+        )
+    for region in regions:
+        text += f'[[targets]]\nkind = "idempotency"\nname = "x_idempotency@{region}"\n'
+        text += f'database = "{region}"\n'
+    return text
+
+
+def full_config(task_queue: str, worker_wait: str = "5m") -> PurgeConfig:
+    """The scheduler's view: every region, no URL at all."""
+    import tomllib
+
+    return parse_config(tomllib.loads(region_toml(task_queue, REGIONS, worker_wait)), env={})
+
+
+def add_rows(url: str, now: int, count: int = 3) -> int:
+    """`count` expired keys and one live one; the expired count."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO x_idempotency (key, expires_at_ms) "
+            "SELECT 'k' || g || '-' || %s, %s FROM generate_series(1, %s) g",
+            (uuid.uuid4().hex[:6], now - HOUR, count),
+        )
+        conn.execute(
+            "INSERT INTO x_idempotency (key, expires_at_ms) VALUES (%s, %s)",
+            (f"live-{uuid.uuid4().hex[:6]}", now + HOUR),
+        )
+    return count
+
+
+def left(url: str, now: int) -> tuple[int, int]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FILTER (WHERE expires_at_ms <= %s), "
+            "count(*) FILTER (WHERE expires_at_ms > %s) FROM x_idempotency",
+            (now, now),
+        ).fetchone()
+        assert row is not None
+        return row[0], row[1]
+
+
+class Region:
+    """A worker process next to one region's database: its config names only that region,
+    and only that region's URL is in its environment."""
+
+    def __init__(
+        self, tmp_path: Path, region: str, url: str, task_queue: str, address: str, tag: str = ""
+    ) -> None:
+        self.config = tmp_path / f"{region}{tag}.toml"
+        self.config.write_text(region_toml(task_queue, (region,)), encoding="utf-8")
+        self.env = clean_env(TEMPORAL_ADDRESS=address, **{f"{region.upper()}_URL": url})
+        self.log = tmp_path / f"{region}{tag}.log"
+        self.proc: Any = None
+
+    def start(self) -> Region:
+        self.proc = start_worker(self.config, self.env, self.log)
+        wait_for(lambda: "also polling task queue" in self.text(), 60, "the worker to poll")
+        return self
+
+    def text(self) -> str:
+        return self.log.read_text(encoding="utf-8") if self.log.exists() else ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+
+
+def activity_runs(client: Client, history: list[Any]) -> dict[str, tuple[str, str]]:
+    """Per swept target: (the task queue its activity was scheduled on, the worker that ran
+    its last attempt)."""
+    scheduled: dict[int, tuple[str, str]] = {}
+    runs: dict[str, tuple[str, str]] = {}
+    for e in history:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            [step] = client.data_converter.payload_converter.from_payloads(attrs.input.payloads)
+            name = step["name"]
+            scheduled[e.event_id] = (name, attrs.task_queue.name)
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = e.activity_task_started_event_attributes
+            name, queue = scheduled[attrs.scheduled_event_id]
+            runs[name] = (queue, attrs.identity)
+    return runs
+
+
+async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next_to_it(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    regions: dict[str, str],
+    real_now: int,
+) -> None:
+    expected = {
+        region: add_rows(url, real_now, count)
+        for (region, url), count in zip(regions.items(), (3, 5), strict=True)
+    }
+    workers = {
+        region: Region(tmp_path, region, url, task_queue, temporal_server.address)
+        for region, url in regions.items()
+    }
+    try:
+        for worker in workers.values():
+            worker.start()
+        # Each says which queue it polls, for which database, and that it has no other's URL.
+        assert f"also polling task queue '{task_queue}-eu' for the activities of database eu" in (
+            workers["eu"].text()
+        )
+        config = full_config(task_queue)
+        workflow_id = f"purge-regions-{uuid.uuid4()}"
+        result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
+    finally:
+        for worker in workers.values():
+            worker.stop()
+
+    assert {s["name"]: s["removed"] for s in result["swept"]} == {
+        f"x_idempotency@{region}": count for region, count in expected.items()
+    }
+    for url in regions.values():
+        assert left(url, real_now) == (0, 1)
+    runs = activity_runs(client, await events(client, workflow_id))
+    assert runs == {
+        f"x_idempotency@{region}": (f"{task_queue}-{region}", identity(workers[region].proc))
+        for region in REGIONS
+    }
+    assert {s["worker"] for s in result["swept"]} == {
+        identity(workers[region].proc) for region in REGIONS
+    }
+
+
+async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_swept_again(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    regions: dict[str, str],
+    real_now: int,
+) -> None:
+    add_rows(regions["eu"], real_now)
+    us_expired = add_rows(regions["us"], real_now, 4)
+    eu = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address)
+    us = Region(tmp_path, "us", regions["us"], task_queue, temporal_server.address)
+    config = full_config(task_queue, worker_wait="2s")
+    try:
+        eu.start()
+        error = await failed_pass(
+            client, task_queue, config.pass_input(), f"purge-regions-{uuid.uuid4()}"
+        )
+        assert error.type == "PurgeTargetsFailed"
+        report = error.details[0]
+        [failed] = report["failed"]
+        assert failed["name"] == "x_idempotency@us"
+        assert failed["type"] == "NoPurgeWorker"
+        assert f"task queue '{task_queue}-us' (database 'us')" in failed["message"]
+        assert [s["name"] for s in report["swept"]] == ["x_idempotency@eu"]
+        assert left(regions["eu"], real_now) == (0, 1)
+        assert left(regions["us"], real_now) == (us_expired, 1)
+
+        us.start()
+        result = await run_pass(client, task_queue, config.pass_input())
+    finally:
+        eu.stop()
+        us.stop()
+    assert {s["name"]: s["removed"] for s in result["swept"]} == {
+        "x_idempotency@eu": 0,
+        "x_idempotency@us": us_expired,
+    }
+
+
+@pytest.mark.slow
+async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: TemporalDevServer,
+    task_queue: str,
+    regions: dict[str, str],
+    real_now: int,
+) -> None:
+    """A second worker on the same regional queue takes the killed attempt's retry; the
+    count is exact from the database's ledger."""
+    from tests.test_batching import slow_deletes
+    from tests.test_worker_kill import notice_the_dead_worker_sooner
+
+    with psycopg.connect(regions["eu"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO x_idempotency (key, expires_at_ms) "
+            "SELECT 'k' || g, %s FROM generate_series(1, 6000) g",
+            (real_now - HOUR,),
+        )
+        slow_deletes(conn, "x_idempotency")
+    add_rows(regions["us"], real_now)
+    first = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "1")
+    second = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "2")
+    us = Region(tmp_path, "us", regions["us"], task_queue, temporal_server.address)
+    config = full_config(task_queue)
+    workflow_id = f"purge-regions-{uuid.uuid4()}"
+    try:
+        first.start()
+        us.start()
+        handle = await client.start_workflow(
+            "Purge", config.pass_input(), id=workflow_id, task_queue=task_queue
+        )
+        wait_for(lambda: left(regions["eu"], real_now)[0] < 5000, 60, "the sweep to delete")
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        second.start()
+        await notice_the_dead_worker_sooner(client, workflow_id)
+        result = await handle.result()
+    finally:
+        for worker in (first, second, us):
+            worker.stop()
+    removed = {s["name"]: s for s in result["swept"]}
+    assert removed["x_idempotency@eu"]["removed"] == 6000
+    assert removed["x_idempotency@eu"]["lower_bound"] is False
+    assert removed["x_idempotency@eu"]["worker"] == identity(second.proc)
+    assert left(regions["eu"], real_now) == (0, 0)

@@ -1,0 +1,149 @@
+"""10,000 tables in one pass, on two databases, by patterns and listed one by one: the pass
+completes with exact counts, and no workflow of it holds more events or a larger payload than
+Temporal warns about (10,240 events, 512 KB)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
+
+from activities.builtin_targets import build_registry
+from activities.schema import reference_ddl
+from purge_config.file import parse_config
+from purge_ops.checks import check_passes
+from purge_ops.connect import open_pool
+from tests.conftest import RunWorker
+from tests.support.history import child_runs, events
+from tests.support.passes import run_pass
+from tests.support.tenants import create_tenants, expired_of
+
+pytestmark = pytest.mark.slow
+
+#: Temporal's warnings: a history's events, and any one payload.
+EVENTS_WARNING = 10_240
+PAYLOAD_WARNING = 512 * 1024
+TENANTS = 5_000
+
+
+@pytest.fixture
+def two_databases(pg_url: str, real_now: int) -> Iterator[dict[str, str]]:
+    """Two scratch databases of 5,000 tenant schemas each, `tenant_NNNN.sessions`."""
+    names = {key: f"scale_{key}_{uuid.uuid4().hex[:6]}" for key in ("a", "b")}
+    urls = {key: make_conninfo(pg_url, dbname=name) for key, name in names.items()}
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for name in names.values():
+            admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            for url in urls.values():
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute(reference_ddl())
+                    for start in range(0, TENANTS, 500):
+                        create_tenants(conn, "tenant", range(start, start + 500), real_now)
+            yield urls
+        finally:
+            for name in names.values():
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def pools(
+    two_databases: dict[str, str],
+) -> AsyncIterator[dict[str, AsyncConnectionPool[Any]]]:
+    opened = {key: await open_pool(url, max_size=8) for key, url in two_databases.items()}
+    try:
+        yield opened
+    finally:
+        for pool in opened.values():
+            await pool.close()
+
+
+async def largest_of_every_workflow(client: Client, workflow_id: str) -> list[tuple[int, int]]:
+    """(events, largest event in bytes) of the pass and of every run of every child. An event's
+    size bounds every payload in it."""
+    parent = await events(client, workflow_id)
+    histories = [parent] + [
+        history for runs in (await child_runs(client, parent)).values() for history in runs
+    ]
+    return [(len(h), max(e.ByteSize() for e in h)) for h in histories]
+
+
+def expired_total() -> int:
+    return 2 * sum(expired_of(i) for i in range(TENANTS))
+
+
+async def test_ten_thousand_tables_by_patterns_stay_inside_temporals_warnings(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    two_databases: dict[str, str],
+    pools: dict[str, AsyncConnectionPool[Any]],
+) -> None:
+    config = parse_config(
+        {
+            "databases": {key: {"url": url} for key, url in two_databases.items()},
+            "pass": {"max_concurrent": 8, "max_per_database": 4},
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": f"sessions@{key}",
+                    "table": "tenant_*.sessions",
+                    "column": "expires_at",
+                    "database": key,
+                }
+                for key in ("a", "b")
+            ],
+        }
+    )
+    workflow_id = f"purge-scale-{uuid.uuid4()}"
+    async with run_worker(build_registry(config, pools["a"], pools)):
+        result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
+    assert result["targets"] == 2 * TENANTS
+    assert result["removed"] == expired_total()
+    assert result["statuses"] == {"ok": 2 * TENANTS}
+    assert [line["tables"] for line in result["patterns"]] == [TENANTS, TENANTS]
+    sizes = await largest_of_every_workflow(client, workflow_id)
+    assert len(sizes) > 2 * 5  # the pass and its children's runs
+    assert max(n for n, _ in sizes) < EVENTS_WARNING, sizes
+    assert max(b for _, b in sizes) < PAYLOAD_WARNING, sizes
+
+
+async def test_ten_thousand_tables_listed_one_by_one_stay_inside_temporals_warnings(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    two_databases: dict[str, str],
+    pools: dict[str, AsyncConnectionPool[Any]],
+) -> None:
+    config = parse_config(
+        {
+            "databases": {key: {"url": url} for key, url in two_databases.items()},
+            "pass": {"max_concurrent": 8, "max_per_database": 4},
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": f"s_{key}_{i:04d}",
+                    "table": f"tenant_{i:04d}.sessions",
+                    "column": "expires_at",
+                    "database": key,
+                }
+                for key in ("a", "b")
+                for i in range(TENANTS)
+            ],
+        }
+    )
+    check_passes(config)
+    workflow_id = f"purge-scale-{uuid.uuid4()}"
+    async with run_worker(build_registry(config, pools["a"], pools)):
+        result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
+    assert result["targets"] == 2 * TENANTS
+    assert result["removed"] == expired_total()
+    sizes = await largest_of_every_workflow(client, workflow_id)
+    assert max(n for n, _ in sizes) < EVENTS_WARNING, sizes
+    assert max(b for _, b in sizes) < PAYLOAD_WARNING, sizes
