@@ -212,12 +212,13 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
                 f"{sweep.dead_tuple_share:.0%}",
                 "yes" if sweep.analyzed else "",
                 "lower bound" if sweep.lower_bound else "exact",
+                sweep.worker,
             ]
         )
     header = [
         "target (last sweep)", "removed", "strategy",
         *(["partitions", "their rows", "edge rows"] if whole else []),
-        "backlog", "oldest expired", "dead", "analyzed", "count",
+        "backlog", "oldest expired", "dead", "analyzed", "count", "worker",
     ]  # fmt: skip
     extra = 3 if whole else 0
     right = {1, 3 + extra, 4 + extra, 5 + extra} | ({4, 5} if whole else set())
@@ -298,13 +299,21 @@ def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarg
     rows: list[list[object]] = []
     for r in records:
         if isinstance(r, FailedTarget):
-            rows.append([r.name, "-", "", "", "", f"FAILED {r.type}: {r.message}"])
+            rows.append([r.name, "-", "", "", "", f"FAILED {r.type}: {r.message}", ""])
         else:
             rows.append(
-                [r.name, removed_text(r), f"{r.seconds:.3f}", r.strategy, r.backlog or "", r.status]
+                [
+                    r.name,
+                    removed_text(r),
+                    f"{r.seconds:.3f}",
+                    r.strategy,
+                    r.backlog or "",
+                    r.status,
+                    r.worker,
+                ]
             )
     head = f"pass {summary.workflow_id} (started {summary.started:%Y-%m-%d %H:%M:%S} UTC)"
-    header = ["table", "removed", "seconds", "strategy", "backlog", "status"]
+    header = ["table", "removed", "seconds", "strategy", "backlog", "status", "worker"]
     return head + "\n" + table(header, rows, right={1, 2, 4})
 
 
