@@ -269,3 +269,31 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
     assert removed["x_idempotency@eu"]["lower_bound"] is False
     assert removed["x_idempotency@eu"]["worker"] == identity(second.proc)
     assert left(regions["eu"], real_now) == (0, 0)
+
+
+@pytest.mark.parametrize("queue", ["", "has space", "x" * 201, 7])
+def test_a_database_task_queue_that_is_no_queue_name_is_one_line(queue: object) -> None:
+    from purge_config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(
+            {"databases": {"eu": {"url_env": "EU_URL", "task_queue": queue}}},
+            Path("purge.toml"),
+            env={},
+        )
+    message = str(refused.value)
+    assert message.startswith("purge.toml: databases.eu.task_queue: not a task queue name")
+    assert "\n" not in message
+
+
+def test_the_scheduler_needs_no_regional_url_and_the_input_names_queues_not_urls() -> None:
+    config = full_config("purge", worker_wait="90s")
+    assert config.databases == {}
+    assert not config.needs_default_database
+    request = config.pass_input()
+    assert request["queues"] == {"eu": "purge-eu", "us": "purge-us"}
+    assert request["worker_wait_ms"] == 90_000
+    # A pass of only the default database carries no routes: its input is as before.
+    plain = parse_config({"targets": [{"kind": "idempotency"}]}, env={}).pass_input()
+    assert "queues" not in plain
+    assert "worker_wait_ms" not in plain
