@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBucketRule, Rule
@@ -22,6 +22,21 @@ from purge_config.targets import TargetSpec
 AUTH_FAILURES_TABLE, AUTH_LOCKOUTS_TABLE = BUILTIN_KINDS["auth"].default_tables
 
 
+def builtin_rules(
+    kind: str, tables: Sequence[TableName], archives: Sequence[TableName | None] = ()
+) -> list[Rule]:
+    """The rule of each table of built-in `kind`, as its declaration (purge_config.kinds) says:
+    an epoch-ms column at or before now, or a token bucket full again at now."""
+    archives = archives or (None,) * len(tables)
+    rules: list[Rule] = []
+    for role, table, archive in zip(BUILTIN_KINDS[kind].roles, tables, archives, strict=True):
+        if role.rule == "full_bucket":
+            rules.append(FullBucketRule(table, archive))
+        else:
+            rules.append(ExpiryRule(table, role.column, archive=archive))
+    return rules
+
+
 def idempotency(
     pool: ConnectionSource,
     name: str = BUILTIN_KINDS["idempotency"].default_name,
@@ -32,8 +47,8 @@ def idempotency(
     archive: TableName | None = None,
 ) -> SqlTarget:
     """Stored responses whose `expires_at_ms <= now_ms` (moved to `archive` if given)."""
-    rule = ExpiryRule(table, "expires_at_ms", archive=archive)
-    return SqlTarget(name, pool, [rule], settings, guards, partitions)
+    rules = builtin_rules("idempotency", (table,), (archive,))
+    return SqlTarget(name, pool, rules, settings, guards, partitions)
 
 
 def rate_limit(
@@ -47,7 +62,8 @@ def rate_limit(
 ) -> SqlTarget:
     """Token buckets that are full again at `now_ms`, and only those. Its rule is not one
     column's comparison, so `partitions` can take no partition out whole (the sweep says so)."""
-    return SqlTarget(name, pool, [FullBucketRule(table, archive)], settings, guards, partitions)
+    rules = builtin_rules("rate_limit", (table,), (archive,))
+    return SqlTarget(name, pool, rules, settings, guards, partitions)
 
 
 def auth(
@@ -62,10 +78,7 @@ def auth(
     lockouts_archive: TableName | None = None,
 ) -> SqlTarget:
     """Failed logins past `expires_at_ms` and lockouts past `until_ms`: one target, both tables."""
-    rules: list[Rule] = [
-        ExpiryRule(failures, "expires_at_ms", archive=failures_archive),
-        ExpiryRule(lockouts, "until_ms", archive=lockouts_archive),
-    ]
+    rules = builtin_rules("auth", (failures, lockouts), (failures_archive, lockouts_archive))
     return SqlTarget(name, pool, rules, settings, guards, partitions)
 
 
@@ -85,7 +98,19 @@ def expiring(
     """Any table whose `column + max_age <= now`: epoch ms (or `unit`), timestamptz or
     timestamp (as UTC); only its rows that match `row_filter`, if given; moved to `archive`, if
     given."""
-    rule = ExpiryRule(
+    rule = _expiring_rule(table, column, max_age_ms, unit, row_filter, archive)
+    return SqlTarget(name, pool, [rule], settings, guards, partitions)
+
+
+def _expiring_rule(
+    table: TableName,
+    column: str,
+    max_age_ms: int,
+    unit: str,
+    row_filter: RowFilter | None,
+    archive: TableName | None,
+) -> ExpiryRule:
+    return ExpiryRule(
         table,
         column,
         max_age_ms,
@@ -94,33 +119,22 @@ def expiring(
         row_filter=row_filter,
         archive=archive,
     )
-    return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
 def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
     """The target a non-`python` config entry describes."""
-    name, tables, bounds = spec.name, spec.tables, (spec.settings, spec.guards, spec.partitions)
-    # One archive per table, or none: a spec made without archives (in code) has none.
-    archives = spec.archives or (None,) * len(spec.tables)
-    if spec.kind == "idempotency":
-        return idempotency(pool, name, tables[0], *bounds, archives[0])
-    if spec.kind == "rate_limit":
-        return rate_limit(pool, name, tables[0], *bounds, archives[0])
-    if spec.kind == "auth":
-        return auth(pool, name, tables[0], tables[1], *bounds, archives[0], archives[1])
     if spec.kind == "expiring":
-        return expiring(
-            pool,
-            name,
-            tables[0],
-            spec.column,
-            spec.max_age_ms,
-            *bounds,
-            unit=spec.unit,
-            row_filter=spec.row_filter,
-            archive=archives[0],
-        )
-    raise ValueError(f"no built-in kind {spec.kind!r}")
+        archive = spec.archives[0] if spec.archives else None
+        rules: list[Rule] = [
+            _expiring_rule(
+                spec.tables[0], spec.column, spec.max_age_ms, spec.unit, spec.row_filter, archive
+            )
+        ]
+    elif spec.kind in BUILTIN_KINDS:
+        rules = builtin_rules(spec.kind, spec.tables, spec.archives)
+    else:
+        raise ValueError(f"no built-in kind {spec.kind!r}")
+    return SqlTarget(spec.name, pool, rules, spec.settings, spec.guards, spec.partitions)
 
 
 def build_registry(

@@ -3,13 +3,14 @@ with a pool in activities.builtin_targets)."""
 
 from __future__ import annotations
 
-import importlib
+import pkgutil
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from purge_config.errors import ConfigError
+from purge_config.errors import ConfigError, first_line
 from purge_config.filters import FILTER_KEYS, RowFilter, archive_table, parse_filter
 from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
@@ -396,19 +397,17 @@ def _resolve_factory(at: str, path: str) -> Factory:
         raise ConfigError(f"{at}: factory: want 'package.module:function', got {path!r}")
     module_name, _, attr_path = path.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = pkgutil.resolve_name(path)
+    except AttributeError:
+        if module_name in sys.modules:  # imported: it is the name that is missing
+            raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
+        raise ConfigError(f"{at}: factory: cannot import {module_name!r}") from None
     except Exception as err:
         # Any error of the module's own import (a SyntaxError, a failing top-level call) is a
         # bad factory for this config: one line, not a traceback.
-        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ConfigError(
-            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first}"
+            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first_line(err)}"
         ) from None
-    for attr in attr_path.split("."):
-        try:
-            obj = getattr(obj, attr)
-        except AttributeError:
-            raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
     if not callable(obj):
         raise ConfigError(f"{at}: factory: {path!r} is not callable")
     factory: Factory = obj

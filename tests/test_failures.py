@@ -20,7 +20,7 @@ from tests.conftest import RunWorker
 from tests.support.history import events, target_runs
 from tests.support.passes import failed_pass
 from tests.support.rows import HOUR, idempotency_rows, keys
-from workflows.purge import TARGET_RETRY
+from workflows.steps import TARGET_RETRY
 
 
 async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
