@@ -212,17 +212,22 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
                 f"{sweep.dead_tuple_share:.0%}",
                 "yes" if sweep.analyzed else "",
                 "lower bound" if sweep.lower_bound else "exact",
-                sweep.worker,
             ]
         )
     header = [
         "target (last sweep)", "removed", "strategy",
         *(["partitions", "their rows", "edge rows"] if whole else []),
-        "backlog", "oldest expired", "dead", "analyzed", "count", "worker",
+        "backlog", "oldest expired", "dead", "analyzed", "count",
     ]  # fmt: skip
     extra = 3 if whole else 0
     right = {1, 3 + extra, 4 + extra, 5 + extra} | ({4, 5} if whole else set())
-    return table(header, rows, right=right)
+    by_worker: dict[str, list[str]] = {}
+    for sweep in sweeps:
+        by_worker.setdefault(sweep.worker or "?", []).append(sweep.name)
+    swept_by = "swept by: " + "; ".join(
+        f"{worker} ({', '.join(names)})" for worker, names in by_worker.items()
+    )
+    return table(header, rows, right=right) + "\n" + swept_by
 
 
 async def pattern_tables(
