@@ -92,10 +92,12 @@ OnBatch = Callable[[Progress], None]
 
 @dataclass
 class SweepStats:
-    """What one attempt at a target's sweep did."""
+    """What one attempt at a sweep did, at every level: a batch run, a table, a target. Each
+    level builds its own and adds what it called into it with `merge`."""
 
     removed: int = 0
-    """Rows deleted, counting those of earlier attempts this one resumed from."""
+    """Rows deleted. For a target, counting those of earlier attempts this one resumed from
+    (the ledger's or the heartbeats' count); below it, this attempt's batches only."""
     batches: int = 0
     strategies: list[str] = field(default_factory=list)
     batch_ms: list[float] = field(default_factory=list)
@@ -133,6 +135,36 @@ class SweepStats:
 
     archived: int = 0
     """Rows moved into archive tables: `removed` itself when every table has an archive."""
+    complete: bool = True
+    """False when the time budget (or pacing) ended the sweep before every expired row, or
+    every wholly expired partition, was out."""
+
+    def merge(self, other: SweepStats) -> SweepStats:
+        """Add what `other` (a part of this sweep, done after what this one holds) did: counts
+        add up, lists follow on (advice said once), the first reason stays; this, updated."""
+        self.removed += other.removed
+        self.batches += other.batches
+        self.strategies += other.strategies
+        self.batch_ms += other.batch_ms
+        self.backlog += other.backlog
+        self.advice += [a for a in other.advice if a not in self.advice]
+        self.ledger = self.ledger or other.ledger
+        self.ledger_start = max(self.ledger_start, other.ledger_start)
+        mine, theirs = self.oldest_expired_age_ms, other.oldest_expired_age_ms
+        # Unknown for any part is unknown for the whole.
+        self.oldest_expired_age_ms = None if mine is None or theirs is None else max(mine, theirs)
+        self.live_rows += other.live_rows
+        self.dead_rows += other.dead_rows
+        self.analyzed = self.analyzed or other.analyzed
+        self.busy = self.busy or other.busy
+        self.reason = self.reason or other.reason
+        self.paused_s += other.paused_s
+        self.partitions += other.partitions
+        self.partition_rows += other.partition_rows
+        self.partition_action = self.partition_action or other.partition_action
+        self.archived += other.archived
+        self.complete = self.complete and other.complete
+        return self
 
     @property
     def dead_share(self) -> float:

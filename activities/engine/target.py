@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
@@ -12,7 +11,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from activities.engine.batching import TableSweep
+from activities.engine.context import SweepContext, ignore_batch
 from activities.engine.detaching import marked_done
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
@@ -104,8 +103,16 @@ class SqlTarget:
             if counted is not None:
                 progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
-        deadline = time.monotonic() + budget / 1000
-        ledger_params = ledger.params() if stats.ledger and ledger else None
+        ctx = SweepContext(
+            target=self._name,
+            now_ms=now_ms,
+            settings=self.settings,
+            partitions=self.partitions,
+            progress=progress,
+            on_batch=on_batch or ignore_batch,
+            deadline=SweepContext.deadline_in(budget),
+            ledger=ledger.params() if stats.ledger and ledger else None,
+        )
         # One table checks itself once locked; several are all checked before the first delete:
         # a target refused for its second table (a column in the wrong unit, rights its
         # partitions need) must not have swept its first.
@@ -122,8 +129,11 @@ class SqlTarget:
                 if plan.pages == 0 and not plan.partitioned:
                     # Not a page (pg_relation_size is exact): nothing to delete, so nothing to
                     # lock, walk or read after. Most of a fleet's tables on most passes.
-                    stats.strategies.append(plan.strategy)
-                    stats.advice += [plan.advice] if plan.advice else []
+                    stats.merge(
+                        SweepStats(
+                            strategies=[plan.strategy], advice=[plan.advice] if plan.advice else []
+                        )
+                    )
                     continue
                 if not await self._lock(conn, pred):
                     stats.busy = (
@@ -132,29 +142,11 @@ class SqlTarget:
                     )
                     break
                 try:
-                    sweeper = TableSweeper(
-                        conn,
-                        self.settings,
-                        self.partitions,
-                        progress,
-                        on_batch or _ignore,
-                        deadline,
-                        self._name,
-                        ledger_params,
-                    )
-                    outcome = await sweeper.sweep(pred, plan, check=not several)
-                    table = outcome.sweep
-                    await self._after(conn, pred, plan, table, now_ms, stats)
+                    table = await TableSweeper(ctx, conn).sweep(pred, plan, check=not several)
+                    stats.merge(await self._after(conn, pred, plan, table, now_ms))
                 finally:
                     await _unlock(conn)
-            stats.strategies += outcome.strategies
-            stats.batch_ms += table.batch_ms
-            stats.batches += len(table.batch_ms)
-            stats.backlog += table.backlog
-            stats.advice += outcome.advice
-            stats.advice += [w for w in table.warnings if w not in stats.advice]
-            stats.reason = stats.reason or table.reason
-            stats.paused_s += table.paused_s
+            stats.merge(table)
             if not table.complete:
                 break  # out of time: the tables after this one wait for the next pass
         stats.removed = progress.removed
@@ -162,7 +154,7 @@ class SqlTarget:
         # count says both. Otherwise the archived tables' share comes from the heartbeats.
         archives_all = all(rule.archive is not None for rule in self.rules)
         stats.archived = progress.removed if archives_all else progress.archived
-        await self._partitions_gone(progress, stats, ledger_params)
+        await self._partitions_gone(progress, stats, ctx.ledger)
         return stats
 
     async def _check_tables(self, now_ms: int, stats: SweepStats, rules: list[Rule]) -> None:
@@ -201,31 +193,27 @@ class SqlTarget:
         conn: AsyncConnection[Any],
         pred: Predicate,
         plan: TablePlan,
-        table: TableSweep,
+        table: SweepStats,
         now_ms: int,
-        stats: SweepStats,
-    ) -> None:
+    ) -> SweepStats:
         """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
         left = await leftover(conn, pred, now_ms, table.complete)
-        stats.live_rows += left.live
-        stats.dead_rows += left.dead
-        if left.oldest_age_ms is None or stats.oldest_expired_age_ms is None:
-            stats.oldest_expired_age_ms = None
-        else:
-            stats.oldest_expired_age_ms = max(stats.oldest_expired_age_ms, left.oldest_age_ms)
+        after = SweepStats(
+            oldest_expired_age_ms=left.oldest_age_ms, live_rows=left.live, dead_rows=left.dead
+        )
         if self.settings.analyze_after:
             analyzed, warning = await analyze_after(
                 conn, pred, table.removed, left, self.settings.statement_timeout_ms
             )
-            stats.analyzed = stats.analyzed or analyzed
-            if warning:
-                stats.advice.append(warning)
+            after.analyzed = analyzed
+            after.advice += [warning] if warning else []
         for advice in (
             vacuum_advice(pred, table.removed, left),
             await partition_advice(conn, pred, plan, table.removed, left),
         ):
             if advice:
-                stats.advice.append(advice)
+                after.advice.append(advice)
+        return after
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
@@ -344,10 +332,6 @@ async def _unlock(conn: AsyncConnection[Any]) -> None:
     that broke mid-sweep lost its locks with its session (the pool discards it)."""
     with contextlib.suppress(psycopg.Error):
         await conn.execute(unlock_tables())
-
-
-def _ignore(progress: Progress) -> None:
-    return None
 
 
 def _first_line(err: Exception) -> str:
