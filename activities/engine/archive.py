@@ -83,6 +83,14 @@ async def bind_archive(
             f"GRANT INSERT ON {names['arc']} TO {sql.Identifier(role).as_string(conn)}; "
             "nothing was deleted"
         )
+    ours, theirs = await _columns(conn, source_oid, archive_oid)
+    return _fit(source, archive, ours, theirs)
+
+
+async def _columns(
+    conn: AsyncConnection[Any], source_oid: int, archive_oid: int
+) -> tuple[dict[str, _Column], dict[str, _Column]]:
+    """The source's columns and the archive's, by name, in their tables' order."""
     cur = await conn.execute(
         "SELECT attrelid = %(src)s::oid, attname, format_type(atttypid, atttypmod),"
         " attnotnull, atthasdef, attidentity::text, attgenerated::text"
@@ -96,7 +104,7 @@ async def bind_archive(
         (ours if is_source else theirs)[str(name)] = _Column(
             str(kind), bool(not_null), bool(has_default), str(identity), str(generated)
         )
-    return _fit(source, archive, ours, theirs)
+    return ours, theirs
 
 
 def _fit(
