@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
-from activities.errors import BadPurgeTarget, DryRunUnsupported
+from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
+from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.progress import LedgerKey, Progress, SweepStats
@@ -21,6 +22,24 @@ from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).
 HEARTBEAT_EVERY_S = 3.0
+
+#: The contract's error for each of the engine's: each names a table, a column, an archive or
+#: a role the target's config does not fit, which no retry changes.
+CONTRACT_ERRORS: dict[type[EngineError], type[PurgeError]] = {
+    BadTable: BadPurgeTarget,
+    MissingRights: BadPurgeTarget,
+    SweepRefused: BadPurgeTarget,
+}
+
+
+@contextmanager
+def contract_errors() -> Iterator[None]:
+    """The edge between the engine and Temporal: an engine error leaves as the contract's
+    `ApplicationError` (`CONTRACT_ERRORS`, non-retryable), its message unchanged."""
+    try:
+        yield
+    except EngineError as err:
+        raise CONTRACT_ERRORS.get(type(err), BadPurgeTarget)(str(err)) from err
 
 
 class PurgeActivities:
@@ -34,7 +53,11 @@ class PurgeActivities:
         """Delete (or, in a dry run, count) one target's rows expired at `step.now_ms`."""
         # `Any`, checked by hand: a step sent straight to this activity by another caller must be
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
-        step = PurgeStep.parse(step)
+        parsed = PurgeStep.parse(step)
+        with contract_errors():
+            return await self._purge(parsed)
+
+    async def _purge(self, step: PurgeStep) -> PurgeSweep:
         # Resolved now, not at worker start: a factory's target built since is found.
         target = self.registry.resolve(step.name)
         if step.dry_run and not isinstance(target, CountingTarget):

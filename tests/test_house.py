@@ -35,6 +35,18 @@ def test_configuration_imports_neither_psycopg_nor_temporalio() -> None:
     assert not loaded & {"psycopg", "psycopg_pool", "temporalio"}
 
 
+def test_the_engine_imports_no_temporalio() -> None:
+    """The engine raises its own errors; only the activity, at its edge, speaks Temporal."""
+    loaded = _modules_loaded_by(
+        "import pkgutil, importlib, activities.engine\n"
+        "for m in pkgutil.iter_modules(activities.engine.__path__, 'activities.engine.'):\n"
+        "    importlib.import_module(m.name)"
+    )
+
+    assert {"activities", "psycopg"} <= loaded
+    assert "temporalio" not in loaded
+
+
 def test_a_production_worker_never_loads_the_dev_harness() -> None:
     loaded = _modules_loaded_by("import worker, purge_ops.runner, purge_ops.passes")
 

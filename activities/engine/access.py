@@ -12,13 +12,13 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors
 
+from activities.engine.errors import BadTable, MissingRights, SweepRefused
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
 from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.statements import local_bounds, lock_table, unlock_tables
 from activities.engine.units import check_unit
-from activities.errors import BadPurgeTarget
 from purge_config.settings import PartitionPolicy, SweepSettings
 
 
@@ -41,8 +41,8 @@ class TableAccess:
     async def check(self, rules: list[Rule], now_ms: int) -> list[str]:
         """Before anything is deleted: each table's epoch columns in their unit; and with
         `partitions` set to drop or detach, refuse a role that could not finish what it starts
-        (BadPurgeTarget). The advice: where the setting can do nothing (a plain table, another
-        key, a rule that is not one column's comparison)."""
+        (MissingRights, BadTable). The advice: where the setting can do nothing (a plain table,
+        another key, a rule that is not one column's comparison)."""
         advice = []
         for rule in rules:
             async with self.connection(rule) as conn, conn.transaction():
@@ -60,14 +60,14 @@ class TableAccess:
         self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
     ) -> tuple[Predicate, TablePlan]:
         """The rule bound to its table, and the table's plan for this pass (with the advice
-        its unindexed child tables call for, or BadPurgeTarget if they are refused)."""
+        its unindexed child tables call for, or SweepRefused if they are refused)."""
         async with conn.transaction():
             await self.bound(conn, self.settings.statement_timeout_ms)
             pred = await self.bind(conn, rule, now_ms)
             plan = await plan_table(conn, pred)
             children = await unindexed_children(conn, pred)
         if children and self.settings.refuse_unindexed_children:
-            raise BadPurgeTarget(f"{children}; refuse_unindexed_children is set: nothing deleted")
+            raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
         if children:
             plan = replace(plan, advice=" ".join(filter(None, (plan.advice, children))))
         return pred, plan
@@ -114,20 +114,20 @@ class TableAccess:
                 yield conn
             except (errors.UndefinedTable, errors.UndefinedColumn) as err:
                 # The table changed between the catalog check and a statement.
-                raise BadPurgeTarget(f"table {rule.table}: {_first_line(err)}") from err
+                raise BadTable(f"table {rule.table}: {_first_line(err)}") from err
             except errors.UniqueViolation as err:
                 if rule.archive is None:
                     raise
                 # Only the archive's INSERT can raise it; every retry would meet the same row.
                 # Not the server's DETAIL: it shows the key's value (a session token, say),
                 # which must stay out of the history and the logs.
-                raise BadPurgeTarget(
+                raise BadTable(
                     f"table {rule.table}: archive {rule.archive} already holds a row with the "
                     f"key of one being archived ({_first_line(err)}); a key archived before and "
                     "written again since? nothing moved"
                 ) from err
             except errors.InsufficientPrivilege as err:
-                raise BadPurgeTarget(
+                raise MissingRights(
                     f"table {rule.table}: {_first_line(err)}; the worker's role needs "
                     "SELECT and DELETE on it"
                 ) from err

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from psycopg import AsyncConnection, sql
 
 from activities.engine.archive import Archive, bind_archive
+from activities.engine.errors import BadTable
 from activities.engine.filters import BoundFilter, bind_filter
-from activities.errors import BadPurgeTarget
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 
@@ -128,7 +128,7 @@ class ExpiryRule:
         types = await column_types(conn, self.table)
         kind = _require(self.table, types, self.column, self.accepts)
         if self.unit != "ms" and kind not in MS_TYPES:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"column {self.table}.{self.column} is {kind}: unit = {self.unit!r} is for "
                 "integer epoch columns; remove it"
             )
@@ -250,7 +250,7 @@ async def _archive(
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
-    """Column name to SQL type (domains resolved to their base type); BadPurgeTarget if no table."""
+    """Column name to SQL type (domains resolved to their base type); BadTable if no table."""
     qualified = ident(table).as_string(conn)
     cur = await conn.execute(
         """
@@ -265,18 +265,18 @@ async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str
     )
     rows = await cur.fetchall()
     if not rows:
-        raise BadPurgeTarget(f"table {table} does not exist (looked for {qualified})")
+        raise BadTable(f"table {table} does not exist (looked for {qualified})")
     if rows[0][2] not in ("r", "p"):
-        raise BadPurgeTarget(f"{table} is not a table (relkind {rows[0][2]!r})")
+        raise BadTable(f"{table} is not a table (relkind {rows[0][2]!r})")
     return {str(name): str(kind) for name, kind, _ in rows}
 
 
 def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
     kind = types.get(column)
     if kind is None:
-        raise BadPurgeTarget(f"table {table} has no column {column!r}")
+        raise BadTable(f"table {table} has no column {column!r}")
     if kind not in accepts:
-        raise BadPurgeTarget(
+        raise BadTable(
             f"column {table}.{column} is {kind}, this target takes {' or '.join(accepts)}"
         )
     return kind
