@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
+
+Strategy = Literal["index", "range"]
+"""How a table's batches find its expired rows (`activities.engine.planning`)."""
+SweptBy = Literal["index", "range", "partitions"]
+"""What took a table's rows out: a batched strategy, or whole partitions."""
+PartitionAction = Literal["dropped", "detached"]
+"""What became of the partitions that left their table whole."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class Progress:
     """For a range walk: the first page not yet walked."""
     removed: int = 0
     batches: int = 0
-    strategy: str = ""
+    strategy: Strategy | Literal[""] = ""
+    """The strategy of the table being swept; empty before its first batch."""
     batch_ms: float = 0.0
     """The last batch's duration."""
     batch_removed: int = 0
@@ -99,7 +107,7 @@ class SweepStats:
     """Rows deleted. For a target, counting those of earlier attempts this one resumed from
     (the ledger's or the heartbeats' count); below it, this attempt's batches only."""
     batches: int = 0
-    strategies: list[str] = field(default_factory=list)
+    strategies: list[SweptBy] = field(default_factory=list)
     batch_ms: list[float] = field(default_factory=list)
     backlog: int = 0
     """Expired rows left when the time budget ended the sweep (0 when it finished)."""
@@ -125,8 +133,8 @@ class SweepStats:
     """Partitions dropped or detached whole (in a dry run: that would be), schema-qualified."""
     partition_rows: int = 0
     """Their rows, counted after the detach and before the drop (in a dry run: now)."""
-    partition_action: str = ""
-    """`dropped` or `detached` when any partition left its table, else empty."""
+    partition_action: PartitionAction | None = None
+    """Set when any partition left its table whole."""
 
     @property
     def edge_removed(self) -> int:

@@ -5,8 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from activities.progress import OnBatch, Progress
+from activities.progress import OnBatch, PartitionAction, Progress
 from purge_config.settings import PartitionPolicy, SweepSettings
+
+
+def partition_action(policy: PartitionPolicy) -> PartitionAction:
+    """What `policy` (`drop` or `detach`) does to a partition it takes out."""
+    return "dropped" if policy.mode == "drop" else "detached"
 
 
 def ignore_batch(progress: Progress) -> None:

@@ -21,6 +21,7 @@ from activities.engine import statements
 from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
+from activities.progress import Strategy
 
 #: Above this share of expired rows the walk is cheaper than the index, even with one.
 INDEX_MAX_SHARE = 0.2
@@ -34,8 +35,7 @@ SMALL_SHARE = 0.1
 class TablePlan:
     """How one table is swept this pass, and what the planner expected."""
 
-    strategy: str
-    """`index` or `range`."""
+    strategy: Strategy
     pages: int
     """Heap pages to walk (the largest leaf partition's, for a partitioned table swept through
     its parent: each range batch then covers those pages of every partition)."""

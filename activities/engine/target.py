@@ -7,7 +7,7 @@ way into each table, `TargetSweeper` one attempt's sweep, table by table.
 from __future__ import annotations
 
 from activities.engine.access import ConnectionSource, TableAccess
-from activities.engine.context import SweepContext, ignore_batch
+from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.partitions import read_layout
 from activities.engine.rules import Rule
 from activities.engine.statements import count_expired, count_expired_and_all, count_rows
@@ -133,5 +133,5 @@ class SqlTarget:
                     stats.partitions.append(str(child.table))
                     stats.partition_rows += int(row[0]) if row else 0
         if stats.partitions:
-            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
+            stats.partition_action = partition_action(self.partitions)
         return stats

@@ -8,7 +8,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from activities.engine.access import TableAccess
-from activities.engine.context import SweepContext
+from activities.engine.context import SweepContext, partition_action
 from activities.engine.detaching import marked_done
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
@@ -115,4 +115,4 @@ class TargetSweeper:
                 names, rows = await marked_done(conn, ctx.ledger)
         stats.partitions, stats.partition_rows = list(names), rows
         if names:
-            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
+            stats.partition_action = partition_action(self.partitions)
