@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors
 
-from activities.engine.errors import BadTable, MissingRights, SweepRefused
+from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
 from activities.engine.rights import check_partitions
@@ -114,7 +114,7 @@ class TableAccess:
                 yield conn
             except (errors.UndefinedTable, errors.UndefinedColumn) as err:
                 # The table changed between the catalog check and a statement.
-                raise BadTable(f"table {rule.table}: {_first_line(err)}") from err
+                raise BadTable(f"table {rule.table}: {first_line(err)}") from err
             except errors.UniqueViolation as err:
                 if rule.archive is None:
                     raise
@@ -123,15 +123,11 @@ class TableAccess:
                 # which must stay out of the history and the logs.
                 raise BadTable(
                     f"table {rule.table}: archive {rule.archive} already holds a row with the "
-                    f"key of one being archived ({_first_line(err)}); a key archived before and "
+                    f"key of one being archived ({first_line(err)}); a key archived before and "
                     "written again since? nothing moved"
                 ) from err
             except errors.InsufficientPrivilege as err:
                 raise MissingRights(
-                    f"table {rule.table}: {_first_line(err)}; the worker's role needs "
+                    f"table {rule.table}: {first_line(err)}; the worker's role needs "
                     "SELECT and DELETE on it"
                 ) from err
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -23,3 +23,10 @@ class MissingRights(EngineError):
 
 class SweepRefused(EngineError):
     """A setting of the target forbids the sweep of a table as it is."""
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message, or its class name when it has none: a server's
+    DETAIL (which may quote a row's values, a session token say) stays out."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from activities.engine.errors import BadTable
+from activities.engine.errors import BadTable, first_line
 from purge_config.filters import MatchValue, RowFilter
 from purge_config.names import TableName
 
@@ -109,7 +109,7 @@ async def _check_values(
     except (psycopg.DataError, psycopg.ProgrammingError) as err:
         column = await _culprit(conn, relation, bound)
         where = f"match.{column}" if column else "match"
-        raise BadTable(f"table {table}: {where}: {_first_line(err)}; nothing was deleted") from err
+        raise BadTable(f"table {table}: {where}: {first_line(err)}; nothing was deleted") from err
 
 
 async def _culprit(
@@ -198,7 +198,3 @@ def _shown(value: MatchValue) -> str:
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     return repr(value)
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
