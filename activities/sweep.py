@@ -53,66 +53,66 @@ class PurgeActivities:
         """Delete (or, in a dry run, count) one target's rows expired at `step.now_ms`."""
         # `Any`, checked by hand: a step sent straight to this activity by another caller must be
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
-        parsed = PurgeStep.parse(step)
+        step = PurgeStep.parse(step)
+        # Engine errors leave as the contract's, here at the edge (with no frame of its own: a
+        # retrying activity's failure past limit.mutableStateActivityFailureSize.error, 4 KB by
+        # default, reaches describe() as "Failure exceeds size limit." instead of itself).
         with contract_errors():
-            return await self._purge(parsed)
-
-    async def _purge(self, step: PurgeStep) -> PurgeSweep:
-        # Resolved now, not at worker start: a factory's target built since is found.
-        target = self.registry.resolve(step.name)
-        if step.dry_run and not isinstance(target, CountingTarget):
-            raise DryRunUnsupported(
-                f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
+            # Resolved now, not at worker start: a factory's target built since is found.
+            target = self.registry.resolve(step.name)
+            if step.dry_run and not isinstance(target, CountingTarget):
+                raise DryRunUnsupported(
+                    f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
+                )
+            started = time.monotonic()
+            sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
+            removed: object
+            if isinstance(target, BatchedTarget) and not step.dry_run:
+                removed = await self._sweep_tables(target, step, sweep)
+            elif isinstance(target, BatchedTarget):
+                async with _heartbeating(_Beat(step.name)):
+                    stats = await target.preview(step.now_ms)
+                removed = stats.removed
+                sweep.strategy = "count"
+                _partition_fields(sweep, stats)
+                sweep.advice = " ".join(stats.advice)
+            else:
+                async with _heartbeating(_Beat(step.name)):
+                    if step.dry_run:
+                        assert isinstance(target, CountingTarget)
+                        removed = await target.count_expired(step.now_ms)
+                    else:
+                        removed = await target.purge_expired(step.now_ms)
+            if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
+                raise BadPurgeTarget(
+                    f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
+                )
+            sweep.removed = removed
+            sweep.seconds = round(time.monotonic() - started, 6)
+            batched = isinstance(target, BatchedTarget) and not step.dry_run
+            _record_metrics(step, removed, sweep.seconds, batched)
+            activity.logger.info(
+                "purge target %s %s %d rows in %.3f s",
+                step.name,
+                "would remove" if step.dry_run else "removed",
+                removed,
+                sweep.seconds,
+                extra={
+                    "purge_target": step.name,
+                    "purge_removed": removed,
+                    "purge_dry_run": step.dry_run,
+                    "purge_seconds": sweep.seconds,
+                    "purge_strategy": sweep.strategy,
+                    "purge_batches": sweep.batches,
+                    "purge_p95_batch_ms": sweep.p95_batch_ms,
+                    "purge_backlog": sweep.backlog,
+                    "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
+                    "purge_partition_rows": sweep.partition_rows,
+                    "purge_edge_removed": sweep.edge_removed,
+                    "purge_archived": sweep.archived,
+                },
             )
-        started = time.monotonic()
-        sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
-        removed: object
-        if isinstance(target, BatchedTarget) and not step.dry_run:
-            removed = await self._sweep_tables(target, step, sweep)
-        elif isinstance(target, BatchedTarget):
-            async with _heartbeating(_Beat(step.name)):
-                stats = await target.preview(step.now_ms)
-            removed = stats.removed
-            sweep.strategy = "count"
-            _partition_fields(sweep, stats)
-            sweep.advice = " ".join(stats.advice)
-        else:
-            async with _heartbeating(_Beat(step.name)):
-                if step.dry_run:
-                    assert isinstance(target, CountingTarget)
-                    removed = await target.count_expired(step.now_ms)
-                else:
-                    removed = await target.purge_expired(step.now_ms)
-        if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
-            raise BadPurgeTarget(
-                f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
-            )
-        sweep.removed = removed
-        sweep.seconds = round(time.monotonic() - started, 6)
-        batched = isinstance(target, BatchedTarget) and not step.dry_run
-        _record_metrics(step, removed, sweep.seconds, batched)
-        activity.logger.info(
-            "purge target %s %s %d rows in %.3f s",
-            step.name,
-            "would remove" if step.dry_run else "removed",
-            removed,
-            sweep.seconds,
-            extra={
-                "purge_target": step.name,
-                "purge_removed": removed,
-                "purge_dry_run": step.dry_run,
-                "purge_seconds": sweep.seconds,
-                "purge_strategy": sweep.strategy,
-                "purge_batches": sweep.batches,
-                "purge_p95_batch_ms": sweep.p95_batch_ms,
-                "purge_backlog": sweep.backlog,
-                "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
-                "purge_partition_rows": sweep.partition_rows,
-                "purge_edge_removed": sweep.edge_removed,
-                "purge_archived": sweep.archived,
-            },
-        )
-        return sweep
+            return sweep
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or

@@ -118,7 +118,8 @@ class TableSweeper:
     async def _batches(self, pred: Predicate, plan: TablePlan, stats: SweepStats) -> None:
         if self.progress.page and plan.strategy != "range":
             self.progress.page = 0
-        batches = await BatchSweeper(self.ctx, self.conn, plan).sweep(pred)
+        sweeper = BatchSweeper(self.ctx, self.conn, plan)
+        batches = await sweeper.sweep(pred)
         stats.strategies.append(plan.strategy)
         if plan.advice:
             stats.advice.append(plan.advice)

@@ -6,13 +6,15 @@ way into each table, `TargetSweeper` one attempt's sweep, table by table.
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
+from typing import Any
+
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.partitions import read_layout
 from activities.engine.rules import Rule
 from activities.engine.statements import count_expired, count_expired_and_all, count_rows
 from activities.engine.target_sweep import TargetSweeper
-from activities.engine.upkeep import open_ledger
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 
@@ -50,14 +52,14 @@ class SqlTarget:
         """Delete every row the rules call expired at `now_ms` (within the time budget)."""
         return (await self.sweep(now_ms)).removed
 
-    async def sweep(
+    def sweep(
         self,
         now_ms: int,
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
-    ) -> SweepStats:
+    ) -> Coroutine[Any, Any, SweepStats]:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
         heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
         ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
@@ -70,28 +72,20 @@ class SqlTarget:
         transaction, and the count starts from what the ledger holds: exact, whatever an earlier
         attempt's worker did before it died. Without the table, counts come from `resume`.
         """
-        progress = resume or Progress()
-        counted = None
-        if ledger is not None:
-            async with self._pool.connection() as conn:
-                counted = await open_ledger(conn, ledger, self.settings)
-        if ledger is not None and counted is not None:
-            progress.removed = counted
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
         ctx = SweepContext(
             target=self._name,
             now_ms=now_ms,
             settings=self.settings,
             partitions=self.partitions,
-            progress=progress,
+            progress=resume or Progress(),
             on_batch=on_batch or ignore_batch,
             deadline=SweepContext.deadline_in(budget),
-            ledger=ledger.params() if ledger is not None and counted is not None else None,
+            ledger=ledger.params() if ledger is not None else None,
         )
-        stats = await TargetSweeper(self._access, self.rules).sweep(ctx)
-        if counted is not None:
-            stats.ledger, stats.ledger_start = True, counted
-        return stats
+        # Returned, not awaited here: no frame more in a failed batch's stack, which goes into
+        # the activity's failure, of which the server keeps 4 KB (see activities.sweep).
+        return TargetSweeper(self._access, self.rules).sweep(ctx)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""

@@ -3,6 +3,7 @@ the progress says, until done, out of time, or at a table another sweep holds.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -13,7 +14,13 @@ from activities.engine.detaching import marked_done
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
 from activities.engine.tables import TableSweeper
-from activities.engine.upkeep import analyze_after, leftover, partition_advice, vacuum_advice
+from activities.engine.upkeep import (
+    analyze_after,
+    leftover,
+    open_ledger,
+    partition_advice,
+    vacuum_advice,
+)
 from activities.progress import SweepStats
 
 
@@ -28,9 +35,9 @@ class TargetSweeper:
 
     async def sweep(self, ctx: SweepContext) -> SweepStats:
         """What this attempt did; its `removed` (and `archived`, and the partitions) count
-        every attempt of the pass, as the progress (or the ledger) holds them."""
+        every attempt of the pass, as the ledger (or the progress) holds them."""
+        ctx, stats = await self._open_ledger(ctx)
         progress = ctx.progress
-        stats = SweepStats()
         # One table checks itself once locked; several are all checked before the first delete:
         # a target refused for its second table (a column in the wrong unit, rights its
         # partitions need) must not have swept its first.
@@ -42,40 +49,50 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
-            table = await self._table(ctx, rule, check=not several)
+            # Inline, not a method of its own: a failed batch's stack goes into the activity's
+            # failure, of which the server keeps 4 KB (see activities.sweep).
+            async with self.access.connection(rule) as conn:
+                pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
+                if plan.pages == 0 and not plan.partitioned:
+                    stats.merge(_nothing_to_sweep(plan))
+                    continue
+                if not await self.access.lock(conn, pred):
+                    stats.busy = _held(rule, self.settings.busy_wait_ms)
+                    break
+                try:
+                    sweeper = TableSweeper(ctx, conn)
+                    table = await sweeper.sweep(pred, plan, check=not several)
+                    stats.merge(await self._after(conn, pred, plan, table, ctx.now_ms))
+                finally:
+                    await self.access.unlock(conn)
             stats.merge(table)
-            if table.busy or not table.complete:
-                # Out of time, or held by another sweep: the tables after this one wait for the
-                # next pass.
-                break
+            if not table.complete:
+                break  # out of time: the tables after this one wait for the next pass
+        await self._totals(ctx, stats)
+        return stats
+
+    async def _open_ledger(self, ctx: SweepContext) -> tuple[SweepContext, SweepStats]:
+        """With a ledger key, the count so far from `purge_progress` (exact, whatever an earlier
+        attempt's worker did before it died); without the table, the context without the key
+        (counts come from the progress resumed)."""
+        if ctx.ledger is None:
+            return ctx, SweepStats()
+        async with self.access.pool.connection() as conn:
+            counted = await open_ledger(conn, ctx.ledger, self.settings)
+        if counted is None:
+            return replace(ctx, ledger=None), SweepStats()
+        ctx.progress.removed = counted
+        return ctx, SweepStats(ledger=True, ledger_start=counted)
+
+    async def _totals(self, ctx: SweepContext, stats: SweepStats) -> None:
+        """The counts of every attempt of the pass, from the progress (or the ledger)."""
+        progress = ctx.progress
         stats.removed = progress.removed
         # With an archive on every table, every row removed was archived: the ledger's exact
         # count says both. Otherwise the archived tables' share comes from the heartbeats.
         archives_all = all(rule.archive is not None for rule in self.rules)
         stats.archived = progress.removed if archives_all else progress.archived
         await self._partitions_gone(ctx, stats)
-        return stats
-
-    async def _table(self, ctx: SweepContext, rule: Rule, check: bool) -> SweepStats:
-        """One table's sweep under its advisory lock, and what it left (`_after`) before it."""
-        async with self.access.connection(rule) as conn:
-            pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
-            if plan.pages == 0 and not plan.partitioned:
-                # Not a page (pg_relation_size is exact): nothing to delete, so nothing to
-                # lock, walk or read after. Most of a fleet's tables on most passes.
-                advice = [plan.advice] if plan.advice else []
-                return SweepStats(strategies=[plan.strategy], advice=advice)
-            if not await self.access.lock(conn, pred):
-                return SweepStats(
-                    busy=f"another sweep held {rule.table} for longer than "
-                    f"{self.settings.busy_wait_ms} ms; the next pass sweeps it"
-                )
-            try:
-                table = await TableSweeper(ctx, conn).sweep(pred, plan, check)
-                after = await self._after(conn, pred, plan, table, ctx.now_ms)
-            finally:
-                await self.access.unlock(conn)
-        return after.merge(table)
 
     async def _after(
         self,
@@ -116,3 +133,16 @@ class TargetSweeper:
         stats.partitions, stats.partition_rows = list(names), rows
         if names:
             stats.partition_action = partition_action(self.partitions)
+
+
+def _nothing_to_sweep(plan: TablePlan) -> SweepStats:
+    # Not a page (pg_relation_size is exact): nothing to delete, so nothing to lock, walk or
+    # read after. Most of a fleet's tables on most passes.
+    return SweepStats(strategies=[plan.strategy], advice=[plan.advice] if plan.advice else [])
+
+
+def _held(rule: Rule, busy_wait_ms: int) -> str:
+    return (
+        f"another sweep held {rule.table} for longer than {busy_wait_ms} ms; "
+        "the next pass sweeps it"
+    )
