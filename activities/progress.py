@@ -9,7 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Literal
+
+Strategy = Literal["index", "range"]
+"""How a table's batches find its expired rows (`activities.engine.planning`)."""
+SweptBy = Literal["index", "range", "partitions"]
+"""What took a table's rows out: a batched strategy, or whole partitions."""
+PartitionAction = Literal["dropped", "detached"]
+"""What became of the partitions that left their table whole."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,8 @@ class Progress:
     """For a range walk: the first page not yet walked."""
     removed: int = 0
     batches: int = 0
-    strategy: str = ""
+    strategy: Strategy | Literal[""] = ""
+    """The strategy of the table being swept; empty before its first batch."""
     batch_ms: float = 0.0
     """The last batch's duration."""
     batch_removed: int = 0
@@ -92,12 +100,14 @@ OnBatch = Callable[[Progress], None]
 
 @dataclass
 class SweepStats:
-    """What one attempt at a target's sweep did."""
+    """What one attempt at a sweep did, at every level: a batch run, a table, a target. Each
+    level builds its own and adds what it called into it with `merge`."""
 
     removed: int = 0
-    """Rows deleted, counting those of earlier attempts this one resumed from."""
+    """Rows deleted. For a target, counting those of earlier attempts this one resumed from
+    (the ledger's or the heartbeats' count); below it, this attempt's batches only."""
     batches: int = 0
-    strategies: list[str] = field(default_factory=list)
+    strategies: list[SweptBy] = field(default_factory=list)
     batch_ms: list[float] = field(default_factory=list)
     backlog: int = 0
     """Expired rows left when the time budget ended the sweep (0 when it finished)."""
@@ -123,8 +133,8 @@ class SweepStats:
     """Partitions dropped or detached whole (in a dry run: that would be), schema-qualified."""
     partition_rows: int = 0
     """Their rows, counted after the detach and before the drop (in a dry run: now)."""
-    partition_action: str = ""
-    """`dropped` or `detached` when any partition left its table, else empty."""
+    partition_action: PartitionAction | None = None
+    """Set when any partition left its table whole."""
 
     @property
     def edge_removed(self) -> int:
@@ -133,6 +143,36 @@ class SweepStats:
 
     archived: int = 0
     """Rows moved into archive tables: `removed` itself when every table has an archive."""
+    complete: bool = True
+    """False when the time budget (or pacing) ended the sweep before every expired row, or
+    every wholly expired partition, was out."""
+
+    def merge(self, other: SweepStats) -> SweepStats:
+        """Add what `other` (a part of this sweep, done after what this one holds) did: counts
+        add up, lists follow on (advice said once), the first reason stays; this, updated."""
+        self.removed += other.removed
+        self.batches += other.batches
+        self.strategies += other.strategies
+        self.batch_ms += other.batch_ms
+        self.backlog += other.backlog
+        self.advice += [a for a in other.advice if a not in self.advice]
+        self.ledger = self.ledger or other.ledger
+        self.ledger_start = max(self.ledger_start, other.ledger_start)
+        mine, theirs = self.oldest_expired_age_ms, other.oldest_expired_age_ms
+        # Unknown for any part is unknown for the whole.
+        self.oldest_expired_age_ms = None if mine is None or theirs is None else max(mine, theirs)
+        self.live_rows += other.live_rows
+        self.dead_rows += other.dead_rows
+        self.analyzed = self.analyzed or other.analyzed
+        self.busy = self.busy or other.busy
+        self.reason = self.reason or other.reason
+        self.paused_s += other.paused_s
+        self.partitions += other.partitions
+        self.partition_rows += other.partition_rows
+        self.partition_action = self.partition_action or other.partition_action
+        self.archived += other.archived
+        self.complete = self.complete and other.complete
+        return self
 
     @property
     def dead_share(self) -> float:

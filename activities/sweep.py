@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
 from activities.chunks import PatternPage, PatternStep
-from activities.errors import BadPurgeTarget, DryRunUnsupported
+from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
+from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
 from activities.patterns import PatternTargets
 from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
@@ -23,6 +24,24 @@ from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).
 HEARTBEAT_EVERY_S = 3.0
+
+#: The contract's error for each of the engine's: each names a table, a column, an archive or
+#: a role the target's config does not fit, which no retry changes.
+CONTRACT_ERRORS: dict[type[EngineError], type[PurgeError]] = {
+    BadTable: BadPurgeTarget,
+    MissingRights: BadPurgeTarget,
+    SweepRefused: BadPurgeTarget,
+}
+
+
+@contextmanager
+def contract_errors() -> Iterator[None]:
+    """The edge between the engine and Temporal: an engine error leaves as the contract's
+    `ApplicationError` (`CONTRACT_ERRORS`, non-retryable), its message unchanged."""
+    try:
+        yield
+    except EngineError as err:
+        raise CONTRACT_ERRORS.get(type(err), BadPurgeTarget)(str(err)) from err
 
 
 class PurgeActivities:
@@ -46,13 +65,76 @@ class PurgeActivities:
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
         step = PurgeStep.parse(step)
         try:
-            return await self._purge(step)
+            # Engine errors leave as the contract's, here at the edge (with no frame of its own: a
+            # retrying activity's failure past limit.mutableStateActivityFailureSize.error, 4 KB by
+            # default, reaches describe() as "Failure exceeds size limit." instead of itself).
+            with contract_errors():
+                # Resolved now, not at worker start: a factory's target built since is found.
+                target = self.registry.resolve(step.name)
+                if step.dry_run and not isinstance(target, CountingTarget):
+                    raise DryRunUnsupported(
+                        f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
+                    )
+                started = time.monotonic()
+                sweep = PurgeSweep(
+                    name=step.name, removed=0, dry_run=step.dry_run, strategy="custom"
+                )
+                removed: object
+                if isinstance(target, BatchedTarget) and not step.dry_run:
+                    removed = await self._sweep_tables(target, step, sweep)
+                elif isinstance(target, BatchedTarget):
+                    async with _heartbeating(_Beat(step.name)):
+                        stats = await target.preview(step.now_ms)
+                    removed = stats.removed
+                    sweep.strategy = "count"
+                    _partition_fields(sweep, stats)
+                    sweep.advice = " ".join(stats.advice)
+                else:
+                    async with _heartbeating(_Beat(step.name)):
+                        if step.dry_run:
+                            assert isinstance(target, CountingTarget)
+                            removed = await target.count_expired(step.now_ms)
+                        else:
+                            removed = await target.purge_expired(step.now_ms)
+                if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
+                    raise BadPurgeTarget(
+                        f"target {step.name!r} returned {removed!r}, "
+                        "want a count of rows (an int >= 0)"
+                    )
+                sweep.removed = removed
+                sweep.seconds = round(time.monotonic() - started, 6)
+                sweep.worker = _identity()
+                batched = isinstance(target, BatchedTarget) and not step.dry_run
+                _record_metrics(step, removed, sweep.seconds, batched)
+                activity.logger.info(
+                    "purge target %s %s %d rows in %.3f s",
+                    step.name,
+                    "would remove" if step.dry_run else "removed",
+                    removed,
+                    sweep.seconds,
+                    extra={
+                        "purge_target": step.name,
+                        "purge_removed": removed,
+                        "purge_dry_run": step.dry_run,
+                        "purge_seconds": sweep.seconds,
+                        "purge_strategy": sweep.strategy,
+                        "purge_batches": sweep.batches,
+                        "purge_p95_batch_ms": sweep.p95_batch_ms,
+                        "purge_backlog": sweep.backlog,
+                        "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
+                        "purge_partition_rows": sweep.partition_rows,
+                        "purge_edge_removed": sweep.edge_removed,
+                        "purge_archived": sweep.archived,
+                    },
+                )
+                return sweep
         except BadPurgeTarget as err:
             patterns = self.registry.patterns
             if patterns is None or not await _gone(patterns, step.name):
                 raise
             # A pattern's match dropped since the pass matched it (a tenant deleted): there is
-            # nothing left to sweep, which is not a failure of the pass.
+            # nothing left to sweep, which is not a failure of the pass. Handled here, in this
+            # frame, not a helper's: see the frame note above.
             activity.logger.info("purge target %s: its table is gone (%s)", step.name, err)
             return PurgeSweep(
                 name=step.name,
@@ -61,64 +143,6 @@ class PurgeActivities:
                 status="gone",
                 reason="its table was dropped after the pass matched it",
             )
-
-    async def _purge(self, step: PurgeStep) -> PurgeSweep:
-        # Resolved now, not at worker start: a factory's target built since is found.
-        target = self.registry.resolve(step.name)
-        if step.dry_run and not isinstance(target, CountingTarget):
-            raise DryRunUnsupported(
-                f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
-            )
-        started = time.monotonic()
-        sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
-        removed: object
-        if isinstance(target, BatchedTarget) and not step.dry_run:
-            removed = await self._sweep_tables(target, step, sweep)
-        elif isinstance(target, BatchedTarget):
-            async with _heartbeating(_Beat(step.name)):
-                stats = await target.preview(step.now_ms)
-            removed = stats.removed
-            sweep.strategy = "count"
-            _partition_fields(sweep, stats)
-            sweep.advice = " ".join(stats.advice)
-        else:
-            async with _heartbeating(_Beat(step.name)):
-                if step.dry_run:
-                    assert isinstance(target, CountingTarget)
-                    removed = await target.count_expired(step.now_ms)
-                else:
-                    removed = await target.purge_expired(step.now_ms)
-        if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
-            raise BadPurgeTarget(
-                f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
-            )
-        sweep.removed = removed
-        sweep.seconds = round(time.monotonic() - started, 6)
-        sweep.worker = _identity()
-        batched = isinstance(target, BatchedTarget) and not step.dry_run
-        _record_metrics(step, removed, sweep.seconds, batched)
-        activity.logger.info(
-            "purge target %s %s %d rows in %.3f s",
-            step.name,
-            "would remove" if step.dry_run else "removed",
-            removed,
-            sweep.seconds,
-            extra={
-                "purge_target": step.name,
-                "purge_removed": removed,
-                "purge_dry_run": step.dry_run,
-                "purge_seconds": sweep.seconds,
-                "purge_strategy": sweep.strategy,
-                "purge_batches": sweep.batches,
-                "purge_p95_batch_ms": sweep.p95_batch_ms,
-                "purge_backlog": sweep.backlog,
-                "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
-                "purge_partition_rows": sweep.partition_rows,
-                "purge_edge_removed": sweep.edge_removed,
-                "purge_archived": sweep.archived,
-            },
-        )
-        return sweep
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or

@@ -1,34 +1,18 @@
-"""PostgreSQL connection strings, read as libpq reads them: checked, and shown with the password
-replaced.
+"""PostgreSQL connection strings: read by libpq itself (through psycopg's `conninfo`), and shown
+with the password replaced.
 
-Parsed here rather than by libpq (through psycopg) so that configuration stays free of the
-driver: the rules are libpq's documented ones (a `postgresql://` URI, or `key=value` pairs with
-single quotes and backslash escapes), and the keywords are libpq 18's. tests/test_dsn.py checks
-both against the libpq that psycopg bundles.
+psycopg is imported inside the functions that read a string, never when this module loads:
+configuration stays free of the driver until it has a connection string to check.
+tests/test_house.py checks both: that a fresh interpreter loads configuration without psycopg,
+and that these functions read strings as libpq does.
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
 UNPARSEABLE = "<unparseable connection string>"
-
-#: libpq 18's connection keywords (`PQconndefaults()`); any other is refused, as libpq does.
-KEYWORDS = frozenset(
-    {
-        "application_name", "channel_binding", "client_encoding", "connect_timeout", "dbname",
-        "fallback_application_name", "gssdelegation", "gssencmode", "gsslib", "host", "hostaddr",
-        "keepalives", "keepalives_count", "keepalives_idle", "keepalives_interval", "krbsrvname",
-        "load_balance_hosts", "max_protocol_version", "min_protocol_version", "oauth_client_id",
-        "oauth_client_secret", "oauth_issuer", "oauth_scope", "options", "passfile", "password",
-        "port", "replication", "require_auth", "requirepeer", "scram_client_key",
-        "scram_server_key", "service", "ssl_max_protocol_version", "ssl_min_protocol_version",
-        "sslcert", "sslcertmode", "sslcompression", "sslcrl", "sslcrldir", "sslkey",
-        "sslkeylogfile", "sslmode", "sslnegotiation", "sslpassword", "sslrootcert", "sslsni",
-        "target_session_attrs", "tcp_user_timeout", "user",
-    }
-)  # fmt: skip
 
 _URI_PREFIXES = ("postgresql://", "postgres://")
 
@@ -37,13 +21,27 @@ class BadDsn(ValueError):
     """Not a connection string libpq would accept. The message never quotes the string."""
 
 
+def __getattr__(name: str) -> frozenset[str]:
+    # KEYWORDS is libpq's own list, so it is read (loading psycopg) only when asked for.
+    if name == "KEYWORDS":
+        from psycopg.pq import Conninfo
+
+        return frozenset(option.keyword.decode() for option in Conninfo.get_defaults())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def parse_dsn(dsn: str) -> dict[str, str]:
-    """The keywords of `dsn` (a URI or key=value pairs) as libpq would read them; BadDsn if it
-    would refuse them."""
-    params = _parse_uri(dsn) if dsn.startswith(_URI_PREFIXES) else _parse_pairs(dsn)
-    unknown = sorted(set(params) - KEYWORDS)
-    if unknown:
-        raise BadDsn(f"invalid connection option {unknown[0]!r}")
+    """The keywords of `dsn` (a URI or key=value pairs) as libpq reads them; BadDsn if it
+    refuses them, or names a port that is not a number."""
+    from psycopg import Error
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = {key: str(value) for key, value in conninfo_to_dict(dsn).items()}
+    except Error:
+        # Not libpq's message: it may quote a piece of the string, a password say.
+        raise BadDsn("libpq refuses it as a connection string") from None
+    # libpq reads any port and fails only when it connects: refuse a bad one at start.
     ports = params.get("port", "")
     if not all(port.strip().isdigit() for port in ports.split(",") if port):
         raise BadDsn("invalid port number")
@@ -61,115 +59,11 @@ def redact(dsn: str) -> str:
     except BadDsn:
         # Unparseable: show nothing of it rather than risk echoing a secret.
         return UNPARSEABLE
+    from psycopg.conninfo import make_conninfo
+
     if "password" in params:
         params["password"] = MASK
-    return " ".join(f"{key}={_quote(value)}" for key, value in params.items())
-
-
-def _parse_pairs(text: str) -> dict[str, str]:
-    params: dict[str, str] = {}
-    pos, end = 0, len(text)
-    while True:
-        while pos < end and text[pos].isspace():
-            pos += 1
-        if pos == end:
-            return params
-        start = pos
-        while pos < end and not text[pos].isspace() and text[pos] != "=":
-            pos += 1
-        key = text[start:pos]
-        while pos < end and text[pos].isspace():
-            pos += 1
-        if pos == end or text[pos] != "=":
-            raise BadDsn('missing "=" after a keyword')
-        pos += 1
-        while pos < end and text[pos].isspace():
-            pos += 1
-        value, pos = _value(text, pos)
-        params[key] = value
-
-
-def _value(text: str, pos: int) -> tuple[str, int]:
-    """One value from `pos`: quoted ('...', backslash escapes) or up to the next white space."""
-    out: list[str] = []
-    quoted = pos < len(text) and text[pos] == "'"
-    pos += quoted
-    while pos < len(text):
-        char = text[pos]
-        if quoted and char == "'":
-            return "".join(out), pos + 1
-        if not quoted and char.isspace():
-            break
-        if char == "\\" and pos + 1 < len(text):
-            pos += 1
-            char = text[pos]
-        out.append(char)
-        pos += 1
-    if quoted:
-        raise BadDsn("unterminated quoted string")
-    return "".join(out), pos
-
-
-def _parse_uri(uri: str) -> dict[str, str]:
-    rest = uri.split("://", 1)[1]
-    rest, _, query = rest.partition("?")
-    authority, slash, dbname = rest.partition("/")
-    params: dict[str, str] = {}
-    if "@" in authority:
-        userinfo, _, authority = authority.rpartition("@")
-        user, colon, password = userinfo.partition(":")
-        if user:
-            params["user"] = _unquote(user)
-        if colon:
-            params["password"] = _unquote(password)
-    hosts, ports = [], []
-    for spec in authority.split(",") if authority else []:
-        if spec.startswith("["):
-            close = spec.find("]")
-            if close < 0:
-                raise BadDsn('no matching "]" in an IPv6 host address')
-            host, tail = spec[1:close], spec[close + 1 :]
-            if tail and not tail.startswith(":"):
-                raise BadDsn("unexpected character after an IPv6 host address")
-            port = tail[1:]
-        else:
-            host, _, port = spec.partition(":")
-        hosts.append(_unquote(host))
-        ports.append(port)
-    if any(hosts):
-        params["host"] = ",".join(hosts)
-    if any(ports):
-        params["port"] = ",".join(ports)
-    if slash and dbname:
-        params["dbname"] = _unquote(dbname)
-    for item in query.split("&") if query else []:
-        key, equals, value = item.partition("=")
-        if not equals or "=" in value:
-            raise BadDsn('a URI query parameter without exactly one "="')
-        key, value = _unquote(key), _unquote(value)
-        if key == "ssl" and value == "true":
-            key, value = "sslmode", "require"
-        if key not in KEYWORDS:
-            raise BadDsn(f"invalid URI query parameter {key!r}")
-        params[key] = value
-    return params
-
-
-def _unquote(text: str) -> str:
-    # libpq refuses a malformed percent escape where urllib would keep it as written.
-    for at in range(len(text)):
-        if text[at] == "%":
-            code = text[at + 1 : at + 3]
-            if len(code) < 2 or any(c not in "0123456789abcdefABCDEF" for c in code):
-                raise BadDsn("invalid percent-encoded token")
-    return unquote(text, errors="strict")
-
-
-def _quote(value: str) -> str:
-    if value and not any(c.isspace() or c in "'\\" for c in value):
-        return value
-    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
+    return make_conninfo("", **params)
 
 
 def _redact_uri(url: str) -> str:

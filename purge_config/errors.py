@@ -8,7 +8,8 @@ class ConfigError(ValueError):
 
 
 def first_line(err: BaseException) -> str:
-    """The first line of an error's message: a server's DETAIL line (which may quote a row's
-    values) or a traceback's context never reaches a one-line message."""
+    """The first line of an error's message, or its class name when it has none: a server's
+    DETAIL line (which may quote a row's values, a session token say) never reaches a one-line
+    message."""
     text = str(err).strip()
-    return text.splitlines()[0] if text else ""
+    return text.splitlines()[0] if text else type(err).__name__

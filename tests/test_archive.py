@@ -20,7 +20,7 @@ from temporalio.testing import ActivityEnvironment
 from activities import builtin_targets as kinds
 from activities.errors import BadPurgeTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
-from activities.sweep import PurgeActivities
+from activities.sweep import PurgeActivities, contract_errors
 from activities.targets import TargetRegistry
 from purge_config import parse_config
 from purge_config.names import TableName
@@ -196,9 +196,9 @@ async def test_an_archive_that_does_not_fit_fails_the_target_before_anything_mov
         assert await audit(pool, arc).purge_expired(NOW) == 50
         return
 
-    with pytest.raises(BadPurgeTarget) as dry:
+    with pytest.raises(BadPurgeTarget) as dry, contract_errors():
         await audit(pool, arc).count_expired(NOW)
-    with pytest.raises(BadPurgeTarget) as refused:
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
         await audit(pool, arc).purge_expired(NOW)
 
     assert message in str(dry.value)
@@ -221,7 +221,7 @@ async def test_a_row_the_archive_already_holds_fails_the_target_at_once_moving_n
     )
     before, archived = rows_of(db, "audit_log"), rows_of(db, f"{arc}.audit_log")
 
-    with pytest.raises(BadPurgeTarget) as refused:
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
         await audit(pool, arc).purge_expired(NOW)
 
     assert refused.value.non_retryable
@@ -244,7 +244,10 @@ async def test_an_archive_column_generated_there_but_not_here_is_refused(
     db.execute("ALTER TABLE audit_log ADD COLUMN size integer")
     fill_audit(db, 10, expired_every=2)
 
-    with pytest.raises(BadPurgeTarget, match=rf"'size' of archive {arc}\.audit_log is generated"):
+    with (
+        pytest.raises(BadPurgeTarget, match=rf"'size' of archive {arc}\.audit_log is generated"),
+        contract_errors(),
+    ):
         await audit(pool, arc).purge_expired(NOW)
     assert db.execute("SELECT count(*) FROM audit_log").fetchone() == (10,)
 
@@ -259,14 +262,14 @@ async def test_a_role_that_may_not_insert_into_the_archive_is_refused_naming_the
     url = make_conninfo(schema_url, user=role)
     pool = await open_pool(url)
     try:
-        with pytest.raises(BadPurgeTarget) as refused:
+        with pytest.raises(BadPurgeTarget) as refused, contract_errors():
             await audit(pool, arc).purge_expired(NOW)
         message = str(refused.value)
         assert f'GRANT INSERT ON "{arc}"."audit_log" TO "{role}"' in message
         assert db.execute("SELECT count(*) FROM audit_log").fetchone() == (100,)
 
         db.execute(f'REVOKE USAGE ON SCHEMA {arc} FROM "{role}"')
-        with pytest.raises(BadPurgeTarget, match=f"USAGE on schema {arc}"):
+        with pytest.raises(BadPurgeTarget, match=f"USAGE on schema {arc}"), contract_errors():
             await audit(pool, arc).purge_expired(NOW)
 
         db.execute(f'GRANT USAGE ON SCHEMA {arc} TO "{role}"')

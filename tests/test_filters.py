@@ -17,6 +17,7 @@ from activities import builtin_targets as kinds
 from activities.engine.planning import plan_table
 from activities.engine.target import SqlTarget
 from activities.errors import BadPurgeTarget
+from activities.sweep import contract_errors
 from purge_config import parse_config
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
@@ -185,9 +186,12 @@ async def test_a_value_its_column_cannot_hold_fails_the_target_before_deleting(
     insert(db, ROWS)
     [target] = targets(pool, entry("jobs_bad", "1d", match))
 
-    with pytest.raises(BadPurgeTarget, match=r"nothing was deleted|has no column") as dry:
+    with (
+        pytest.raises(BadPurgeTarget, match=r"nothing was deleted|has no column") as dry,
+        contract_errors(),
+    ):
         await target.count_expired(NOW)
-    with pytest.raises(BadPurgeTarget) as refused:
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
         await target.purge_expired(NOW)
 
     assert message in str(dry.value)

@@ -3,6 +3,7 @@ worker never loads the dev harness, and the connection-string reader agrees with
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -33,6 +34,31 @@ def test_configuration_imports_neither_psycopg_nor_temporalio() -> None:
 
     assert "purge_config" in loaded
     assert not loaded & {"psycopg", "psycopg_pool", "temporalio"}
+
+
+def test_the_engine_imports_no_temporalio() -> None:
+    """The engine raises its own errors; only the activity, at its edge, speaks Temporal."""
+    loaded = _modules_loaded_by(
+        "import pkgutil, importlib, activities.engine\n"
+        "for m in pkgutil.iter_modules(activities.engine.__path__, 'activities.engine.'):\n"
+        "    importlib.import_module(m.name)"
+    )
+
+    assert {"activities", "psycopg"} <= loaded
+    assert "temporalio" not in loaded
+
+
+@pytest.mark.parametrize("package", ["activities", "activities.engine"])
+def test_a_front_door_names_only_what_its_package_holds(package: str) -> None:
+    front = importlib.import_module(package)
+
+    assert all(getattr(front, name) is not None for name in front.__all__)
+
+
+def test_the_activities_front_door_loads_nothing_until_asked() -> None:
+    loaded = _modules_loaded_by("import activities")
+
+    assert not loaded & {"psycopg", "temporalio"}
 
 
 def test_a_production_worker_never_loads_the_dev_harness() -> None:

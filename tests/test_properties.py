@@ -34,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from activities import builtin_targets as kinds
 from activities.errors import BadPurgeTarget
 from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
+from activities.sweep import contract_errors
 from activities.targets import CountingTarget
 from purge_config.file import parse_config
 from purge_config.values import parse_duration
@@ -400,9 +401,9 @@ async def refused(
 ) -> None:
     """The target refuses both the count and the purge as BadPurgeTarget."""
     target = build(pool)
-    with pytest.raises(BadPurgeTarget, match="do not look like epoch"):
+    with pytest.raises(BadPurgeTarget, match="do not look like epoch"), contract_errors():
         await target.count_expired(now_ms)
-    with pytest.raises(BadPurgeTarget, match="do not look like epoch"):
+    with pytest.raises(BadPurgeTarget, match="do not look like epoch"), contract_errors():
         await target.purge_expired(now_ms)
 
 

@@ -14,6 +14,7 @@ from temporalio.client import Client
 
 from activities import builtin_targets as kinds
 from activities.errors import BadPurgeTarget
+from activities.sweep import contract_errors
 from purge_config import ConfigError, parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
@@ -53,7 +54,7 @@ async def test_a_column_of_seconds_read_as_milliseconds_is_refused_and_nothing_d
     rows = {f"r{i}": now_s + (i - 50) * 3600 for i in range(100)}  # half expired, in seconds
     events(db, rows, analyze)
 
-    with pytest.raises(BadPurgeTarget) as refused:
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
         await sweep(pool).purge_expired(now_ms)
 
     message = refused.value.message
@@ -80,7 +81,7 @@ async def test_a_column_of_microseconds_is_refused_and_unit_us_sweeps_it(
     rows["a-microsecond-after"] = now_ms * 1000 + 1
     events(db, rows, analyze=False)
 
-    with pytest.raises(BadPurgeTarget, match="look like epoch microseconds"):
+    with pytest.raises(BadPurgeTarget, match="look like epoch microseconds"), contract_errors():
         await sweep(pool).purge_expired(now_ms)
     assert len(keys(db, "events")) == len(rows)
 
@@ -179,7 +180,10 @@ async def test_refuse_unindexed_children_fails_before_deleting(
 ) -> None:
     parent_and_child(db, now_ms, indexed=False)
 
-    with pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing deleted"):
+    with (
+        pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing deleted"),
+        contract_errors(),
+    ):
         await parent(pool, refuse=True).sweep(now_ms)
 
     assert len(keys(db, "parent", "id")) == 10

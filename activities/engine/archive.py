@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.errors import BadPurgeTarget
+from activities.engine.errors import BadTable, MissingRights
 from purge_config.names import TableName
 
 
@@ -48,7 +48,7 @@ async def bind_archive(
     archive: TableName,
     archive_rel: sql.Identifier,
 ) -> Archive:
-    """The archive of `source`, checked; BadPurgeTarget naming what does not fit."""
+    """The archive of `source`, checked; BadTable (or MissingRights) naming what does not fit."""
     names = {"src": source_rel.as_string(conn), "arc": archive_rel.as_string(conn)}
     try:
         cur = await conn.execute(
@@ -60,7 +60,7 @@ async def bind_archive(
         )
     except errors.InsufficientPrivilege as err:
         # A schema this role may not use: to_regclass() raises rather than saying NULL.
-        raise BadPurgeTarget(
+        raise MissingRights(
             f"archive {archive} of {source}: {str(err).strip()}; the worker's role needs "
             f"USAGE on schema {archive.schema} and INSERT on {archive}; nothing was deleted"
         ) from err
@@ -68,21 +68,29 @@ async def bind_archive(
     assert row is not None
     source_oid, archive_oid, relkind, may_insert, role = row
     if archive_oid is None:
-        raise BadPurgeTarget(
+        raise BadTable(
             f"archive table {archive} of {source} does not exist (looked for "
             f"{names['arc']}); the sweep never creates it: create it, e.g. "
             f"CREATE TABLE {names['arc']} (LIKE {names['src']}); nothing was deleted"
         )
     if relkind not in ("r", "p"):
-        raise BadPurgeTarget(f"archive {archive} of {source} is not a table (relkind {relkind!r})")
+        raise BadTable(f"archive {archive} of {source} is not a table (relkind {relkind!r})")
     if archive_oid == source_oid:
-        raise BadPurgeTarget(f"archive {archive} of {source} is the table itself")
+        raise BadTable(f"archive {archive} of {source} is the table itself")
     if not may_insert:
-        raise BadPurgeTarget(
+        raise MissingRights(
             f"the worker's role {role} may not insert into archive {archive} of {source}: "
             f"GRANT INSERT ON {names['arc']} TO {sql.Identifier(role).as_string(conn)}; "
             "nothing was deleted"
         )
+    ours, theirs = await _columns(conn, source_oid, archive_oid)
+    return _fit(source, archive, ours, theirs)
+
+
+async def _columns(
+    conn: AsyncConnection[Any], source_oid: int, archive_oid: int
+) -> tuple[dict[str, _Column], dict[str, _Column]]:
+    """The source's columns and the archive's, by name, in their tables' order."""
     cur = await conn.execute(
         "SELECT attrelid = %(src)s::oid, attname, format_type(atttypid, atttypmod),"
         " attnotnull, atthasdef, attidentity::text, attgenerated::text"
@@ -96,7 +104,7 @@ async def bind_archive(
         (ours if is_source else theirs)[str(name)] = _Column(
             str(kind), bool(not_null), bool(has_default), str(identity), str(generated)
         )
-    return _fit(source, archive, ours, theirs)
+    return ours, theirs
 
 
 def _fit(
@@ -107,18 +115,18 @@ def _fit(
     for name, column in ours.items():
         kept = theirs.get(name)
         if kept is None:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"archive {archive} has no column {name!r} ({column.type}) of {source}: every "
                 "column of a moved row must have a place; nothing was deleted"
             )
         if kept.type != column.type:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"column {name!r} is {column.type} in {source} but {kept.type} in archive "
                 f"{archive}: the types must be the same; nothing was deleted"
             )
         if kept.generated:
             if not column.generated:
-                raise BadPurgeTarget(
+                raise BadTable(
                     f"column {name!r} of archive {archive} is generated, so it cannot keep the "
                     f"value {source}.{name} holds; nothing was deleted"
                 )
@@ -126,11 +134,11 @@ def _fit(
         columns.append(name)
         overriding = overriding or kept.identity == "a"
     if not columns:
-        raise BadPurgeTarget(f"archive {archive} of {source} would take none of its columns")
+        raise BadTable(f"archive {archive} of {source} would take none of its columns")
     for name, column in theirs.items():
         fills_itself = column.has_default or column.identity or column.generated
         if name not in ours and column.not_null and not fills_itself:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"column {name!r} of archive {archive} is NOT NULL with no default, and "
                 f"{source} has no such column to fill it; nothing was deleted"
             )

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, errors, sql
 
+from activities.engine.context import SweepContext
 from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate
@@ -27,7 +27,7 @@ from activities.engine.statements import (
     range_batch,
     range_delete,
 )
-from activities.progress import OnBatch, Progress
+from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
 
 #: Starting sizes, small so that a first batch on a cold cache holds its locks briefly; each batch
@@ -45,70 +45,48 @@ ROWS_RANGE = (50, 100_000)
 BACKLOG_COUNT_CAP = 1_000_000
 
 
-@dataclass
-class TableSweep:
-    """One table's sweep in one attempt."""
-
-    plan: TablePlan
-    removed: int = 0
-    batch_ms: list[float] = field(default_factory=list)
-    complete: bool = True
-    backlog: int = 0
-    reason: str = ""
-    """Why it stopped early when pacing spent the budget (empty otherwise)."""
-    warnings: list[str] = field(default_factory=list)
-    paused_s: float = 0.0
-    """How long pacing held it between batches."""
-
-
 class BatchSweeper:
-    """Runs batches for one table on one connection (held for the table's whole sweep)."""
+    """Runs batches for one table (or one partition) by its plan, on the connection held for
+    the table's whole sweep."""
 
-    def __init__(
-        self,
-        conn: AsyncConnection[Any],
-        settings: SweepSettings,
-        progress: Progress,
-        on_batch: OnBatch,
-        deadline: float,
-        ledger: dict[str, object] | None = None,
-    ) -> None:
+    def __init__(self, ctx: SweepContext, conn: AsyncConnection[Any], plan: TablePlan) -> None:
+        self.ctx = ctx
         self.conn = conn
-        self.settings = settings
-        self.progress = progress
-        self.on_batch = on_batch
-        self.deadline = deadline
+        self.plan = plan
+        self.settings = ctx.settings
+        self.progress = ctx.progress
         # The ledger's parameters (see LedgerKey.params): each batch then adds its count to
         # purge_progress in its own transaction, and the progress takes the ledger's total.
-        self.ledger = ledger
+        self.ledger = ctx.ledger
         # Whether batches are plain DELETEs counted by their tag (a walk without an archive),
         # rather than statements that count in SQL; set by the strategy.
         self.plain = False
 
-    async def sweep(self, pred: Predicate, plan: TablePlan) -> TableSweep:
-        """Delete the table's expired rows by `plan.strategy`, until done or out of time."""
-        result = TableSweep(plan=plan)
+    async def sweep(self, pred: Predicate) -> SweepStats:
+        """Delete the table's expired rows by the plan's strategy, until done or out of time:
+        what the batches did (their rows, durations, pacing), without the strategy's name."""
+        result = SweepStats()
         # Each batch of a table with an archive inserted there exactly the rows it deleted.
         self.archiving = pred.archive is not None
-        self.progress.strategy = plan.strategy
-        self.pacer = Pacer(self.conn, self.settings, self.deadline)
+        self.progress.strategy = self.plan.strategy
+        self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
-        if plan.strategy == "index":
+        if self.plan.strategy == "index":
             await self._by_index(pred, result)
         else:
             await self._walk(pred, result)
-        result.warnings, result.reason = self.pacer.warnings, self.pacer.reason
+        result.advice, result.reason = list(self.pacer.warnings), self.pacer.reason
         result.paused_s = self.pacer.paused_s
         return result
 
     async def _out_of_time(self) -> bool:
         """Whether the sweep must stop before its next batch: the budget is spent, or pacing
         (replica lag, WAL rate) spent it waiting."""
-        if time.monotonic() >= self.deadline:
+        if self.ctx.out_of_time():
             return True
         return not await self.pacer.before_batch()
 
-    async def _walk(self, pred: Predicate, result: TableSweep) -> None:
+    async def _walk(self, pred: Predicate, result: SweepStats) -> None:
         # With an archive the DELETE must return its rows (they go to the archive in the same
         # statement); without one, a plain DELETE counted by its tag costs far less.
         self.plain = pred.archive is None
@@ -116,25 +94,25 @@ class BatchSweeper:
             range_delete(pred) if self.plain else range_batch(pred, ledger=self.ledger is not None)
         )
         pages, start = FIRST_PAGES, self.progress.page
-        while self.progress.page < result.plan.pages:
+        while self.progress.page < self.plan.pages:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog = _walk_backlog(
-                    result, self.progress.page - start, self.progress.page
+                    self.plan, result.removed, self.progress.page - start, self.progress.page
                 )
                 return
             lo = self.progress.page
-            hi = min(lo + pages, result.plan.pages)
+            hi = min(lo + pages, self.plan.pages)
             params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
             _, ms = await self._batch(
-                result, statement, params, walk=not result.plan.referenced, page=hi
+                result, statement, params, walk=not self.plan.referenced, page=hi
             )
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
-    async def _by_index(self, pred: Predicate, result: TableSweep) -> None:
+    async def _by_index(self, pred: Predicate, result: SweepStats) -> None:
         # The index batch counts what it found (whether it was the last) in its own statement.
         self.plain = False
-        rows = first_index_rows(result.plan)
+        rows = first_index_rows(self.plan)
         while True:
             if await self._out_of_time():
                 result.complete = False
@@ -146,8 +124,8 @@ class BatchSweeper:
                     pred,
                     rows,
                     ledger=self.ledger is not None,
-                    order=result.plan.order,
-                    partitioned=result.plan.partitioned,
+                    order=self.plan.order,
+                    partitioned=self.plan.partitioned,
                 ),
                 {**pred.params, **(self.ledger or {})},
                 walk=False,
@@ -158,9 +136,10 @@ class BatchSweeper:
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
     def _advance(
-        self, result: TableSweep, removed: int, total: int | None, ms: float, page: int
+        self, result: SweepStats, removed: int, total: int | None, ms: float, page: int
     ) -> None:
         result.removed += removed
+        result.batches += 1
         result.batch_ms.append(ms)
         progress = self.progress
         # The ledger's total counts every committed batch of every attempt of this pass.
@@ -170,11 +149,11 @@ class BatchSweeper:
         progress.batches += 1
         progress.page = page
         progress.batch_ms = ms
-        self.on_batch(progress)
+        self.ctx.on_batch(progress)
 
     async def _batch(
         self,
-        result: TableSweep,
+        result: SweepStats,
         statement: sql.Composed,
         params: dict[str, object],
         walk: bool,
@@ -242,8 +221,8 @@ class BatchSweeper:
             return None
         return await self.conn.execute(ledger_add(), {**self.ledger, "n": deleted.rowcount})
 
-    async def _count_left(self, pred: Predicate, result: TableSweep) -> int:
-        return await count_left(self.conn, self.settings, pred, result.plan, result.removed)
+    async def _count_left(self, pred: Predicate, result: SweepStats) -> int:
+        return await count_left(self.conn, self.settings, pred, self.plan, result.removed)
 
 
 async def count_left(
@@ -284,15 +263,16 @@ def first_index_rows(plan: TablePlan) -> int:
     return min(ROWS_RANGE[1], max(FIRST_ROWS, int(FIRST_INDEX_PAGES / pages_per_row)))
 
 
-def _walk_backlog(result: TableSweep, walked: int, page: int) -> int:
-    """Expired rows estimated in the pages not walked: at the density met so far, or, before
-    any page was walked, the planner's estimate spread evenly over the table."""
-    left = result.plan.pages - page
+def _walk_backlog(plan: TablePlan, removed: int, walked: int, page: int) -> int:
+    """Expired rows estimated in the pages not walked: at the density met so far (`removed`
+    in `walked` pages), or, before any page was walked, the planner's estimate spread evenly
+    over the table."""
+    left = plan.pages - page
     if walked > 0:
-        return round(left * result.removed / walked)
-    if result.plan.pages <= 0:
+        return round(left * removed / walked)
+    if plan.pages <= 0:
         return 0
-    return round(result.plan.expired * left / result.plan.pages)
+    return round(plan.expired * left / plan.pages)
 
 
 def _resize(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:

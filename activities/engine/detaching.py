@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, errors
 
+from activities.engine.context import SweepContext
 from activities.engine.partitions import Layout
 from activities.engine.statements import (
     count_partition,
@@ -41,27 +40,14 @@ from activities.engine.statements import (
     session_bounds,
     session_reset,
 )
-from activities.progress import OnBatch, Progress
+from activities.progress import SweepStats
 from purge_config.names import TableName
-from purge_config.settings import PartitionPolicy, SweepSettings
 
 #: A plain detach (a DEFAULT partition forbids CONCURRENTLY) waits at most lock_timeout for
 #: its ACCESS EXCLUSIVE lock; it is tried this many times, this far apart, before the attempt
 #: fails and Temporal retries it.
 PLAIN_TRIES = 3
 PLAIN_PAUSE_S = 0.5
-
-
-@dataclass
-class Removal:
-    """What taking partitions out of one table did in this attempt."""
-
-    names: list[str] = field(default_factory=list)
-    rows: int = 0
-    notes: list[str] = field(default_factory=list)
-    """Said in the report: a plain detach, a detach finalized that this pass did not start."""
-    complete: bool = True
-    """False when the time budget ended it before every expired partition was out."""
 
 
 def mark_key(target: str, oid: int, table: TableName) -> str:
@@ -77,32 +63,24 @@ def marked(key: str) -> tuple[int, str]:
 
 class PartitionRemover:
     """Takes one table's wholly expired partitions out, on the connection that holds the
-    table's advisory lock (never inside a transaction between statements)."""
+    table's advisory lock (never inside a transaction between statements).
 
-    def __init__(
-        self,
-        conn: AsyncConnection[Any],
-        settings: SweepSettings,
-        policy: PartitionPolicy,
-        progress: Progress,
-        on_batch: OnBatch,
-        deadline: float,
-        target: str,
-        ledger: dict[str, object] | None,
-    ) -> None:
+    What each step did comes back as `SweepStats`: the partitions out (`partitions`, their
+    `partition_rows`), what the report must say (`advice`: a plain detach, a detach finalized
+    that this pass did not start), and `complete` False when the time budget ended it before
+    every expired partition was out."""
+
+    def __init__(self, ctx: SweepContext, conn: AsyncConnection[Any]) -> None:
+        self.ctx = ctx
         self.conn = conn
-        self.settings = settings
-        self.policy = policy
-        self.progress = progress
-        self.on_batch = on_batch
-        self.deadline = deadline
-        self.target = target
-        self.ledger = ledger
+        self.settings = ctx.settings
+        self.policy = ctx.partitions
+        self.ledger = ctx.ledger
 
-    async def recover(self, layout: Layout) -> Removal:
+    async def recover(self, layout: Layout) -> SweepStats:
         """Finish what an earlier attempt of this pass left under way (its marks), then every
         detach left half-done on the table, whoever started it: none stays pending."""
-        done = Removal()
+        done = SweepStats()
         ours: list[tuple[TableName, str]] = []
         async with self._session():
             for key, _, finished in await self._marks():
@@ -127,7 +105,7 @@ class PartitionRemover:
                 # Not started by this pass (another tool's, or ours without a ledger to say
                 # so): completed, never dropped, since nothing says its rows were meant to go.
                 await self.conn.execute(detach(layout.table, child.table, "FINALIZE"))
-                done.notes.append(
+                done.advice.append(
                     f"{layout.table}: completed the interrupted detach of {child.table} (DETACH "
                     "PARTITION ... FINALIZE), which this pass had not started; it is now a table "
                     "of its own, left as it is"
@@ -136,15 +114,15 @@ class PartitionRemover:
             await self._finish(ours, done)
         return done
 
-    async def remove(self, layout: Layout) -> Removal:
+    async def remove(self, layout: Layout) -> SweepStats:
         """Detach every wholly expired partition (oldest first, by OID), then drop or move them
         all, counted, in one transaction."""
-        done = Removal()
-        chosen = [(c.table, mark_key(self.target, c.oid, c.table)) for c in layout.expired]
+        done = SweepStats()
+        chosen = [(c.table, mark_key(self.ctx.target, c.oid, c.table)) for c in layout.expired]
         if not chosen:
             return done
         if layout.has_default:
-            done.notes.append(
+            done.advice.append(
                 f"{layout.table} has a DEFAULT partition, so PostgreSQL refuses DETACH ... "
                 "CONCURRENTLY: its expired partitions were detached plainly, each holding ACCESS "
                 f"EXCLUSIVE on {layout.table} (waiting at most lock_timeout "
@@ -152,7 +130,7 @@ class PartitionRemover:
                 "DEFAULT partition's rows into ranges and drop it to detach without blocking"
             )
             for table, key in chosen:
-                if time.monotonic() >= self.deadline:
+                if self.ctx.out_of_time():
                     done.complete = False
                     break
                 await self._plain(layout.table, table, key, done)
@@ -167,7 +145,7 @@ class PartitionRemover:
         try:
             async with self._session():
                 for table, key in chosen:
-                    if time.monotonic() >= self.deadline:
+                    if self.ctx.out_of_time():
                         done.complete = False
                         break
                     await self.conn.execute(detach(layout.table, table, "CONCURRENTLY"))
@@ -178,7 +156,7 @@ class PartitionRemover:
                 await self._finish(detached, done)
         return done
 
-    async def _plain(self, parent: TableName, table: TableName, key: str, done: Removal) -> None:
+    async def _plain(self, parent: TableName, table: TableName, key: str, done: SweepStats) -> None:
         for attempt in range(1, PLAIN_TRIES + 1):
             try:
                 await self._finish([(table, key)], done, detach_from=parent)
@@ -205,7 +183,7 @@ class PartitionRemover:
     async def _finish(
         self,
         tables: list[tuple[TableName, str]],
-        done: Removal,
+        done: SweepStats,
         detach_from: TableName | None = None,
     ) -> None:
         """Count, drop or move, and record in the ledger every one of `tables` (detached, with
@@ -229,19 +207,19 @@ class PartitionRemover:
                     await self.conn.execute(drop_table(table))
                 elif table.schema != self.policy.detached_schema:
                     await self.conn.execute(move_table(table, self.policy.detached_schema))
-        progress = self.progress
+        progress = self.ctx.progress
         for (table, _), cur in zip(tables, counted, strict=True):
             row = await cur.fetchone()
             rows = int(row[0]) if row else 0
             total = int(row[1]) if row and row[1] is not None else None
-            done.names.append(str(table))
-            done.rows += rows
+            done.partitions.append(str(table))
+            done.partition_rows += rows
             progress.removed = total if total is not None else progress.removed + rows
             progress.partition_rows += rows
             progress.partition_names.append(str(table))
             progress.batch_removed = rows
             progress.partition = str(table)
-            self.on_batch(progress)
+            self.ctx.on_batch(progress)
         progress.partition = ""
 
     async def _marks(self) -> list[tuple[str, int, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
-from activities.errors import BadPurgeTarget
+from activities.engine.errors import BadTable, first_line
 from purge_config.filters import MatchValue, RowFilter
 from purge_config.names import TableName
 
@@ -63,11 +63,11 @@ async def bind_filter(
     row_filter: RowFilter,
     age_where: sql.Composable,
 ) -> BoundFilter:
-    """The filter's SQL for `table` (whose column types are `types`); BadPurgeTarget, before
+    """The filter's SQL for `table` (whose column types are `types`); BadTable, before
     any delete, for a column it lacks or a value its column's type cannot hold."""
     for column in row_filter.columns:
         if column not in types:
-            raise BadPurgeTarget(f"table {table} has no column {column!r} (named by the filter)")
+            raise BadTable(f"table {table} has no column {column!r} (named by the filter)")
     parts: list[sql.Composable] = []
     params: dict[str, object] = {}
     equal: list[tuple[str, tuple[str, ...]]] = []
@@ -109,9 +109,7 @@ async def _check_values(
     except (psycopg.DataError, psycopg.ProgrammingError) as err:
         column = await _culprit(conn, relation, bound)
         where = f"match.{column}" if column else "match"
-        raise BadPurgeTarget(
-            f"table {table}: {where}: {_first_line(err)}; nothing was deleted"
-        ) from err
+        raise BadTable(f"table {table}: {where}: {first_line(err)}; nothing was deleted") from err
 
 
 async def _culprit(
@@ -133,10 +131,10 @@ async def _culprit(
 
 
 def _text(table: TableName, column: str, kind: str, value: MatchValue) -> str:
-    """The value as the text its column's type reads; BadPurgeTarget if it is not of a kind
+    """The value as the text its column's type reads; BadTable if it is not of a kind
     that column can hold."""
     if not _accepts(kind, value):
-        raise BadPurgeTarget(
+        raise BadTable(
             f"table {table}: match.{column}: {_shown(value)} cannot be a value of column "
             f"{column}, which is {kind}: want {_wanted(kind)}; nothing was deleted"
         )
@@ -200,7 +198,3 @@ def _shown(value: MatchValue) -> str:
     if isinstance(value, datetime | date | time):
         return value.isoformat()
     return repr(value)
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -21,6 +21,7 @@ from activities.engine import statements
 from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
+from activities.progress import Strategy
 
 #: Above this share of expired rows the walk is cheaper than the index, even with one.
 INDEX_MAX_SHARE = 0.2
@@ -34,8 +35,7 @@ SMALL_SHARE = 0.1
 class TablePlan:
     """How one table is swept this pass, and what the planner expected."""
 
-    strategy: str
-    """`index` or `range`."""
+    strategy: Strategy
     pages: int
     """Heap pages to walk (the largest leaf partition's, for a partitioned table swept through
     its parent: each range batch then covers those pages of every partition)."""
@@ -74,9 +74,48 @@ class TablePlan:
         return min(1.0, self.expired / self.rows)
 
 
+@dataclass(frozen=True)
+class _Catalog:
+    """What the catalog and the statistics say of one table, read in one round trip."""
+
+    pages: int
+    rows: float | None
+    expired: float
+    index: str | None
+    referenced: bool
+    partitioned: bool
+    correlation: float | None
+
+
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     """Estimate, choose a strategy, and check the chosen batch statement's plan."""
     relation = ident(pred.table).as_string(conn)
+    known = await _read_catalog(conn, pred, relation)
+    index = known.index
+    order: tuple[str, ...] = ()
+    if pred.row_filter is not None and pred.column is not None:
+        # A filter wants an index that serves it too (activities.engine.filter_plan).
+        index, order = await filtered_index(conn, relation, pred, index, known.expired)
+    share = None if not known.rows else min(1.0, known.expired / known.rows)
+    use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
+    if use_index and pred.row_filter is not None:
+        # A filter's rows are spread among rows it leaves: the index pays only when sparse.
+        use_index = index_pays(known.expired, known.pages)
+    plan = TablePlan(
+        strategy="index" if use_index else "range",
+        pages=known.pages,
+        rows=known.rows,
+        expired=known.expired,
+        index=index,
+        referenced=known.referenced,
+        partitioned=known.partitioned,
+        order=order,
+        correlation=known.correlation,
+    )
+    return replace(plan, advice=await _advice(conn, pred, plan))
+
+
+async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: str) -> _Catalog:
     rel = {"rel": relation}
     # The catalog reads do not depend on one another: one pipelined round trip, not five.
     async with conn.pipeline():
@@ -96,36 +135,19 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
             else None
         )
     pages, reltuples, never_analyzed, partitioned = await sizes.fetchone() or (0, 0, True, False)
-    rows = None if never_analyzed else float(reltuples or 0)
     explained = await estimate.fetchone()
-    expired = float(_plan(explained)["Plan Rows"]) if explained else 0.0
     found = await serving.fetchone() if serving is not None else None
-    index = str(found[0]) if found else None
     referenced = await referencing.fetchone()
-    found = await correlating.fetchone() if correlating is not None else None
-    correlation = float(found[0]) if found and found[0] is not None else None
-    order: tuple[str, ...] = ()
-    if pred.row_filter is not None and pred.column is not None:
-        # A filter wants an index that serves it too (activities.engine.filter_plan).
-        index, order = await filtered_index(conn, relation, pred, index, expired)
-
-    share = None if not rows else min(1.0, expired / rows)
-    use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
-    if use_index and pred.row_filter is not None:
-        # A filter's rows are spread among rows it leaves: the index pays only when sparse.
-        use_index = index_pays(expired, int(pages))
-    plan = TablePlan(
-        strategy="index" if use_index else "range",
+    correlated = await correlating.fetchone() if correlating is not None else None
+    return _Catalog(
         pages=int(pages),
-        rows=rows,
-        expired=expired,
-        index=index,
+        rows=None if never_analyzed else float(reltuples or 0),
+        expired=float(_plan(explained)["Plan Rows"]) if explained else 0.0,
+        index=str(found[0]) if found else None,
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
-        order=order,
-        correlation=correlation,
+        correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
     )
-    return replace(plan, advice=await _advice(conn, pred, plan))
 
 
 def _estimate_query(pred: Predicate) -> sql.Composed:

@@ -8,10 +8,10 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from activities.engine.errors import BadTable, MissingRights
 from activities.engine.partitions import Layout
 from activities.engine.rules import Predicate, ident
 from activities.engine.statements import name_taken, schema_ready
-from activities.errors import BadPurgeTarget
 from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy
 
@@ -64,7 +64,7 @@ async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: Parti
         owners = sorted({owner for _, owner in missing})
         tables = ", ".join(f"{table} (owner {owner})" for table, owner in missing)
         grant = "; ".join(f"GRANT {owner} TO {layout.role}" for owner in owners)
-        raise BadPurgeTarget(
+        raise MissingRights(
             f"table {layout.table}: partitions = {verb!r} detaches and {verb}s whole partitions, "
             f"which needs their owner, and role {layout.role} is not a member of the owner of "
             f"{tables}; {grant} (or set partitions = 'delete'); nothing was detached"
@@ -75,12 +75,12 @@ async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: Parti
     cur = await conn.execute(schema_ready(), {"schema": _quoted(conn, schema)})
     exists, may_create = await cur.fetchone() or (False, False)
     if not exists:
-        raise BadPurgeTarget(
+        raise BadTable(
             f"table {layout.table}: detached_schema {schema!r} does not exist; create it "
             f"(CREATE SCHEMA {_quoted(conn, schema)}); nothing was detached"
         )
     if not may_create:
-        raise BadPurgeTarget(
+        raise MissingRights(
             f"table {layout.table}: moving detached partitions to schema {schema!r} needs CREATE "
             f"on it: GRANT CREATE ON SCHEMA {_quoted(conn, schema)} TO {layout.role}; nothing was "
             "detached"
@@ -92,7 +92,7 @@ async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: Parti
         cur = await conn.execute(name_taken(), {"name": ident(there).as_string(conn)})
         row = await cur.fetchone()
         if row and row[0]:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"table {layout.table}: partition {child.table} cannot move to {there}: a table "
                 "of that name is already there; rename or drop it; nothing was detached"
             )

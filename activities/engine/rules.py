@@ -13,8 +13,8 @@ from typing import Any, Protocol
 from psycopg import AsyncConnection, sql
 
 from activities.engine.archive import Archive, bind_archive
+from activities.engine.errors import BadTable
 from activities.engine.filters import BoundFilter, bind_filter
-from activities.errors import BadPurgeTarget
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 
@@ -128,32 +128,18 @@ class ExpiryRule:
         types = await column_types(conn, self.table)
         kind = _require(self.table, types, self.column, self.accepts)
         if self.unit != "ms" and kind not in MS_TYPES:
-            raise BadPurgeTarget(
+            raise BadTable(
                 f"column {self.table}.{self.column} is {kind}: unit = {self.unit!r} is for "
                 "integer epoch columns; remove it"
             )
         # Move the age onto the parameter, not the column, so an index on the column serves;
         # and convert the cutoff, never the column, to the column's unit for the same reason.
-        cutoff_ms = now_ms - self.max_age_ms
-        cutoff: object
-        if kind in MS_TYPES:
-            cutoff = _in_unit(cutoff_ms, self.unit)
-        elif kind == "timestamp with time zone":
-            cutoff = _EPOCH + timedelta(milliseconds=cutoff_ms)
-        else:
-            # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
-            # session's TimeZone never enters the comparison.
-            cutoff = (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
+        cutoff = self._cutoff(kind, now_ms - self.max_age_ms)
         column = sql.Identifier(self.column)
         where = sql.SQL("{} <= %(cutoff)s").format(column)
-        # The row's own instant: extract() of the column, never of the server's clock; a
-        # `timestamp` column's epoch is read as UTC, as the comparison above reads it.
-        instant = (
-            sql.SQL("{}::float8 * {}").format(column, sql.Literal(_UNIT_MS[self.unit]))
-            if kind in MS_TYPES
-            else sql.SQL("extract(epoch FROM {})::float8 * 1000").format(column)
+        expired_at = sql.SQL("{} + {}").format(
+            self._instant(kind, column), sql.Literal(self.max_age_ms)
         )
-        expired_at = sql.SQL("{} + {}").format(instant, sql.Literal(self.max_age_ms))
         epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
         params: dict[str, object] = {"cutoff": cutoff}
         bound = None
@@ -180,6 +166,23 @@ class ExpiryRule:
             row_filter=bound,
             archive=await _archive(conn, self.table, self.archive),
         )
+
+    def _cutoff(self, kind: str, cutoff_ms: int) -> object:
+        """The greatest expired value as a value of the column's type (`kind`)."""
+        if kind in MS_TYPES:
+            return _in_unit(cutoff_ms, self.unit)
+        if kind == "timestamp with time zone":
+            return _EPOCH + timedelta(milliseconds=cutoff_ms)
+        # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
+        # session's TimeZone never enters the comparison.
+        return (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
+
+    def _instant(self, kind: str, column: sql.Identifier) -> sql.Composable:
+        """The row's own instant in epoch ms: extract() of the column, never of the server's
+        clock; a `timestamp` column's epoch is read as UTC, as the cutoff reads it."""
+        if kind in MS_TYPES:
+            return sql.SQL("{}::float8 * {}").format(column, sql.Literal(_UNIT_MS[self.unit]))
+        return sql.SQL("extract(epoch FROM {})::float8 * 1000").format(column)
 
 
 @dataclass(frozen=True)
@@ -247,7 +250,7 @@ async def _archive(
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
-    """Column name to SQL type (domains resolved to their base type); BadPurgeTarget if no table."""
+    """Column name to SQL type (domains resolved to their base type); BadTable if no table."""
     qualified = ident(table).as_string(conn)
     cur = await conn.execute(
         """
@@ -262,18 +265,18 @@ async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str
     )
     rows = await cur.fetchall()
     if not rows:
-        raise BadPurgeTarget(f"table {table} does not exist (looked for {qualified})")
+        raise BadTable(f"table {table} does not exist (looked for {qualified})")
     if rows[0][2] not in ("r", "p"):
-        raise BadPurgeTarget(f"{table} is not a table (relkind {rows[0][2]!r})")
+        raise BadTable(f"{table} is not a table (relkind {rows[0][2]!r})")
     return {str(name): str(kind) for name, kind, _ in rows}
 
 
 def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
     kind = types.get(column)
     if kind is None:
-        raise BadPurgeTarget(f"table {table} has no column {column!r}")
+        raise BadTable(f"table {table} has no column {column!r}")
     if kind not in accepts:
-        raise BadPurgeTarget(
+        raise BadTable(
             f"column {table}.{column} is {kind}, this target takes {' or '.join(accepts)}"
         )
     return kind

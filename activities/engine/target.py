@@ -1,49 +1,24 @@
-"""The built-in targets: tables with expiry rules, swept in batches through the worker's pool."""
+"""The built-in targets: tables with expiry rules, swept in batches through the worker's pool.
+
+`SqlTarget` is the front: what the activity asks of a target. Behind it, `TableAccess` is the
+way into each table, `TargetSweeper` one attempt's sweep, table by table.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Coroutine
+from typing import Any
 
-import psycopg
-from psycopg import AsyncConnection, errors
-
-from activities.engine.batching import TableSweep
-from activities.engine.detaching import marked_done
+from activities.engine.access import ConnectionSource, TableAccess
+from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.partitions import read_layout
-from activities.engine.planning import TablePlan, plan_table, unindexed_children
-from activities.engine.rights import check_partitions
-from activities.engine.rules import Predicate, Rule, ident
-from activities.engine.statements import (
-    count_expired,
-    count_expired_and_all,
-    count_rows,
-    local_bounds,
-    lock_table,
-    unlock_tables,
-)
-from activities.engine.tables import TableSweeper
-from activities.engine.units import check_unit
-from activities.engine.upkeep import (
-    analyze_after,
-    leftover,
-    open_ledger,
-    partition_advice,
-    vacuum_advice,
-)
-from activities.errors import BadPurgeTarget
+from activities.engine.rules import Rule
+from activities.engine.statements import count_expired, count_expired_and_all, count_rows
+from activities.engine.target_sweep import TargetSweeper
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 
-
-class ConnectionSource(Protocol):
-    """Where a target's connections come from: a psycopg pool, or a lazily opened one."""
-
-    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
+__all__ = ["ConnectionSource", "SqlTarget"]
 
 
 class SqlTarget:
@@ -64,6 +39,7 @@ class SqlTarget:
         self.settings = settings or SweepSettings()
         self.guards = guards or Guards()
         self.partitions = partitions or PartitionPolicy()
+        self._access = TableAccess(pool, self.settings, self.partitions)
 
     @property
     def name(self) -> str:
@@ -76,14 +52,14 @@ class SqlTarget:
         """Delete every row the rules call expired at `now_ms` (within the time budget)."""
         return (await self.sweep(now_ms)).removed
 
-    async def sweep(
+    def sweep(
         self,
         now_ms: int,
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
-    ) -> SweepStats:
+    ) -> Coroutine[Any, Any, SweepStats]:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
         heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
         ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
@@ -96,136 +72,20 @@ class SqlTarget:
         transaction, and the count starts from what the ledger holds: exact, whatever an earlier
         attempt's worker did before it died. Without the table, counts come from `resume`.
         """
-        progress = resume or Progress()
-        stats = SweepStats()
-        if ledger is not None:
-            async with self._pool.connection() as conn:
-                counted = await open_ledger(conn, ledger, self.settings)
-            if counted is not None:
-                progress.removed, stats.ledger, stats.ledger_start = counted, True, counted
         budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
-        deadline = time.monotonic() + budget / 1000
-        ledger_params = ledger.params() if stats.ledger and ledger else None
-        # One table checks itself once locked; several are all checked before the first delete:
-        # a target refused for its second table (a column in the wrong unit, rights its
-        # partitions need) must not have swept its first.
-        several = len(self.rules) > 1
-        if several:
-            await self._check_tables(now_ms, stats, self.rules[progress.table :])
-        for index, rule in enumerate(self.rules):
-            if index < progress.table:
-                continue  # finished by an earlier attempt
-            if index > progress.table:
-                progress.table, progress.page, progress.leaf = index, 0, 0
-            async with self._connection(rule) as conn:
-                pred, plan = await self._prepare(conn, rule, now_ms)
-                if plan.pages == 0 and not plan.partitioned:
-                    # Not a page (pg_relation_size is exact): nothing to delete, so nothing to
-                    # lock, walk or read after. Most of a fleet's tables on most passes.
-                    stats.strategies.append(plan.strategy)
-                    stats.advice += [plan.advice] if plan.advice else []
-                    continue
-                if not await self._lock(conn, pred):
-                    stats.busy = (
-                        f"another sweep held {rule.table} for longer than "
-                        f"{self.settings.busy_wait_ms} ms; the next pass sweeps it"
-                    )
-                    break
-                try:
-                    sweeper = TableSweeper(
-                        conn,
-                        self.settings,
-                        self.partitions,
-                        progress,
-                        on_batch or _ignore,
-                        deadline,
-                        self._name,
-                        ledger_params,
-                    )
-                    outcome = await sweeper.sweep(pred, plan, check=not several)
-                    table = outcome.sweep
-                    await self._after(conn, pred, plan, table, now_ms, stats)
-                finally:
-                    await _unlock(conn)
-            stats.strategies += outcome.strategies
-            stats.batch_ms += table.batch_ms
-            stats.batches += len(table.batch_ms)
-            stats.backlog += table.backlog
-            stats.advice += outcome.advice
-            stats.advice += [w for w in table.warnings if w not in stats.advice]
-            stats.reason = stats.reason or table.reason
-            stats.paused_s += table.paused_s
-            if not table.complete:
-                break  # out of time: the tables after this one wait for the next pass
-        stats.removed = progress.removed
-        # With an archive on every table, every row removed was archived: the ledger's exact
-        # count says both. Otherwise the archived tables' share comes from the heartbeats.
-        archives_all = all(rule.archive is not None for rule in self.rules)
-        stats.archived = progress.removed if archives_all else progress.archived
-        await self._partitions_gone(progress, stats, ledger_params)
-        return stats
-
-    async def _check_tables(self, now_ms: int, stats: SweepStats, rules: list[Rule]) -> None:
-        """Before anything is deleted: each table's epoch columns in their unit; and with
-        `partitions` set to drop or detach, refuse a role that could not finish what it starts
-        (BadPurgeTarget), and say where the setting can do nothing (a plain table, another key,
-        a rule that is not one column's comparison)."""
-        for rule in rules:
-            async with self._connection(rule) as conn, conn.transaction():
-                await self._bound(conn, self.settings.statement_timeout_ms)
-                pred = await self._bind(conn, rule, now_ms)
-                if not self.partitions.removes:
-                    continue
-                layout = await read_layout(conn, pred)
-                inert = await check_partitions(conn, pred, layout, self.partitions)
-            if inert:
-                stats.advice.append(inert)
-
-    async def _partitions_gone(
-        self, progress: Progress, stats: SweepStats, ledger: dict[str, object] | None
-    ) -> None:
-        """The partitions this pass took out, by every attempt: from the ledger's marks when
-        there is one (exact), else from the heartbeats this attempt resumed from."""
-        if not self.partitions.removes:
-            return
-        names, rows = progress.partition_names, progress.partition_rows
-        if ledger is not None:
-            async with self._pool.connection() as conn:
-                names, rows = await marked_done(conn, ledger)
-        stats.partitions, stats.partition_rows = list(names), rows
-        if names:
-            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
-
-    async def _after(
-        self,
-        conn: AsyncConnection[Any],
-        pred: Predicate,
-        plan: TablePlan,
-        table: TableSweep,
-        now_ms: int,
-        stats: SweepStats,
-    ) -> None:
-        """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
-        left = await leftover(conn, pred, now_ms, table.complete)
-        stats.live_rows += left.live
-        stats.dead_rows += left.dead
-        if left.oldest_age_ms is None or stats.oldest_expired_age_ms is None:
-            stats.oldest_expired_age_ms = None
-        else:
-            stats.oldest_expired_age_ms = max(stats.oldest_expired_age_ms, left.oldest_age_ms)
-        if self.settings.analyze_after:
-            analyzed, warning = await analyze_after(
-                conn, pred, table.removed, left, self.settings.statement_timeout_ms
-            )
-            stats.analyzed = stats.analyzed or analyzed
-            if warning:
-                stats.advice.append(warning)
-        for advice in (
-            vacuum_advice(pred, table.removed, left),
-            await partition_advice(conn, pred, plan, table.removed, left),
-        ):
-            if advice:
-                stats.advice.append(advice)
+        ctx = SweepContext(
+            target=self._name,
+            now_ms=now_ms,
+            settings=self.settings,
+            partitions=self.partitions,
+            progress=resume or Progress(),
+            on_batch=on_batch or ignore_batch,
+            deadline=SweepContext.deadline_in(budget),
+            ledger=ledger.params() if ledger is not None else None,
+        )
+        # Returned, not awaited here: no frame more in a failed batch's stack, which goes into
+        # the activity's failure, of which the server keeps 4 KB (see activities.sweep).
+        return TargetSweeper(self._access, self.rules).sweep(ctx)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
@@ -236,10 +96,10 @@ class SqlTarget:
         each table; all rows is 0 unless asked for."""
         expired = everything = 0
         for rule in self.rules:
-            async with self._connection(rule) as conn, conn.transaction():
+            async with self._access.connection(rule) as conn, conn.transaction():
                 # A count reads what a whole sweep would: give it the sweep's time budget.
-                await self._bound(conn, self.settings.time_budget_ms)
-                pred = await self._bind(conn, rule, now_ms)
+                await self._access.bound(conn, self.settings.time_budget_ms)
+                pred = await self._access.bind(conn, rule, now_ms)
                 query = count_expired_and_all(pred) if total else count_expired(pred)
                 cur = await conn.execute(query, pred.params)
                 row = await cur.fetchone()
@@ -252,12 +112,11 @@ class SqlTarget:
         """What a sweep at `now_ms` would remove, changing nothing: every expired row (those of
         whole partitions included), and the partitions that would leave whole, with their rows.
         """
-        stats = SweepStats()
-        await self._check_tables(now_ms, stats, self.rules)
+        stats = SweepStats(advice=await self._access.check(self.rules, now_ms))
         for rule in self.rules:
-            async with self._connection(rule) as conn, conn.transaction():
-                await self._bound(conn, self.settings.time_budget_ms)
-                pred = await self._bind(conn, rule, now_ms)
+            async with self._access.connection(rule) as conn, conn.transaction():
+                await self._access.bound(conn, self.settings.time_budget_ms)
+                pred = await self._access.bind(conn, rule, now_ms)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
                 stats.removed += int(row[0]) if row else 0
@@ -268,87 +127,5 @@ class SqlTarget:
                     stats.partitions.append(str(child.table))
                     stats.partition_rows += int(row[0]) if row else 0
         if stats.partitions:
-            stats.partition_action = "dropped" if self.partitions.mode == "drop" else "detached"
+            stats.partition_action = partition_action(self.partitions)
         return stats
-
-    async def _prepare(
-        self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
-    ) -> tuple[Predicate, TablePlan]:
-        async with conn.transaction():
-            await self._bound(conn, self.settings.statement_timeout_ms)
-            pred = await self._bind(conn, rule, now_ms)
-            plan = await plan_table(conn, pred)
-            children = await unindexed_children(conn, pred)
-        if children and self.settings.refuse_unindexed_children:
-            raise BadPurgeTarget(f"{children}; refuse_unindexed_children is set: nothing deleted")
-        if children:
-            plan = replace(plan, advice=" ".join(filter(None, (plan.advice, children))))
-        return pred, plan
-
-    async def _bind(self, conn: AsyncConnection[Any], rule: Rule, now_ms: int) -> Predicate:
-        """The rule bound to its table, its epoch columns checked for a wrong unit."""
-        pred = await rule.bind(conn, now_ms)
-        for column, unit in pred.epoch_columns:
-            await check_unit(conn, pred.table, column, unit)
-        return pred
-
-    async def _lock(self, conn: AsyncConnection[Any], pred: Predicate) -> bool:
-        """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""
-        rel = {"rel": ident(pred.table).as_string(conn)}
-        try:
-            # One round trip: pipelined up to one Sync, the bound and the lock are one implicit
-            # transaction. The lock is the session's: it outlives that transaction.
-            async with conn.pipeline():
-                await conn.execute(
-                    local_bounds(),
-                    (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),
-                )
-                await conn.execute(lock_table(), rel)
-        except errors.LockNotAvailable:
-            return False
-        return True
-
-    async def _bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
-        # Local to this transaction: the bounds never leak to the pool.
-        await conn.execute(local_bounds(), (self.settings.lock_timeout_ms, statement_timeout_ms))
-
-    @asynccontextmanager
-    async def _connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:
-        """A pooled connection for one table, with its configuration faults made non-retryable."""
-        async with self._pool.connection() as conn:
-            try:
-                yield conn
-            except (errors.UndefinedTable, errors.UndefinedColumn) as err:
-                # The table changed between the catalog check and a statement.
-                raise BadPurgeTarget(f"table {rule.table}: {_first_line(err)}") from err
-            except errors.UniqueViolation as err:
-                if rule.archive is None:
-                    raise
-                # Only the archive's INSERT can raise it; every retry would meet the same row.
-                # Not the server's DETAIL: it shows the key's value (a session token, say),
-                # which must stay out of the history and the logs.
-                raise BadPurgeTarget(
-                    f"table {rule.table}: archive {rule.archive} already holds a row with the "
-                    f"key of one being archived ({_first_line(err)}); a key archived before and "
-                    "written again since? nothing moved"
-                ) from err
-            except errors.InsufficientPrivilege as err:
-                raise BadPurgeTarget(
-                    f"table {rule.table}: {_first_line(err)}; the worker's role needs "
-                    "SELECT and DELETE on it"
-                ) from err
-
-
-async def _unlock(conn: AsyncConnection[Any]) -> None:
-    """Release the table's lock before the connection goes back to the pool. A connection
-    that broke mid-sweep lost its locks with its session (the pool discards it)."""
-    with contextlib.suppress(psycopg.Error):
-        await conn.execute(unlock_tables())
-
-
-def _ignore(progress: Progress) -> None:
-    return None
-
-
-def _first_line(err: Exception) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

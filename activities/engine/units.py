@@ -13,9 +13,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from activities.engine.errors import BadTable
 from activities.engine.rules import ident
 from activities.engine.statements import column_sample, column_statistics
-from activities.errors import BadPurgeTarget
 from purge_config.names import TableName
 
 #: The plausible instants in each unit, as exact integers: from 1e11 ms (1973) to 1e14 ms (the
@@ -33,7 +33,7 @@ SAMPLE_ROWS = 200
 
 
 async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, unit: str) -> None:
-    """BadPurgeTarget, before anything is deleted, when most of `column`'s values do not read as
+    """BadTable, before anything is deleted, when most of `column`'s values do not read as
     plausible instants in `unit`; an empty column passes."""
     weighted = await _sample(conn, table, column)
     values = [(v, w) for v, w in weighted if v not in SENTINELS]
@@ -51,7 +51,7 @@ async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, 
         if looks in ("s", "ms", "us")
         else "store epoch milliseconds in it"
     )
-    raise BadPurgeTarget(
+    raise BadTable(
         f"table {table} column {column}: its values do not look like epoch {_NAMES[unit]} "
         f"(e.g. {typical}, which reads as {_reads_as(typical, unit)}); they look like "
         f"epoch {_NAMES.get(looks, 'values in another unit')}. Nothing was deleted; {fix}"

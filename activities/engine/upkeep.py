@@ -22,7 +22,6 @@ from activities.engine.statements import (
     table_tuples,
     value_span_days,
 )
-from activities.progress import LedgerKey
 from purge_config.settings import SweepSettings
 
 #: Ledger rows are kept this long after their pass (by the pass's clock): far longer than any
@@ -38,15 +37,16 @@ READ_TIMEOUT_MS = 2_000
 
 
 async def open_ledger(
-    conn: AsyncConnection[Any], key: LedgerKey, settings: SweepSettings
+    conn: AsyncConnection[Any], key: dict[str, object], settings: SweepSettings
 ) -> int | None:
-    """The pass's count so far for `key` (0 for a first attempt), after removing ledger rows
-    of old passes; None when `purge_progress` is missing or this role may not use it."""
+    """The pass's count so far for `key` (`LedgerKey.params`; 0 for a first attempt), after
+    removing ledger rows of old passes; None when `purge_progress` is missing or this role may
+    not use it."""
     cur = await conn.execute(ledger_writable())
     row = await cur.fetchone()
     if not row or not row[0]:
         return None
-    params = {**key.params(), "keep_ms": LEDGER_KEEP_MS}
+    params = {**key, "keep_ms": LEDGER_KEEP_MS}
     # One round trip: pipelined up to one Sync, the three are one implicit transaction.
     async with conn.pipeline():
         await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))

@@ -1,0 +1,133 @@
+"""A target's way into its tables: a pooled connection per table with its faults named, the
+rule bound and checked on it, the table's plan, and its advisory lock."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import AsyncConnection, errors
+
+from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
+from activities.engine.partitions import read_layout
+from activities.engine.planning import TablePlan, plan_table, unindexed_children
+from activities.engine.rights import check_partitions
+from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.statements import local_bounds, lock_table, unlock_tables
+from activities.engine.units import check_unit
+from purge_config.settings import PartitionPolicy, SweepSettings
+
+
+class ConnectionSource(Protocol):
+    """Where a target's connections come from: a psycopg pool, or a lazily opened one."""
+
+    def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
+
+
+class TableAccess:
+    """The connections and checks every use of a target's tables goes through."""
+
+    def __init__(
+        self, pool: ConnectionSource, settings: SweepSettings, partitions: PartitionPolicy
+    ) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.partitions = partitions
+
+    async def check(self, rules: list[Rule], now_ms: int) -> list[str]:
+        """Before anything is deleted: each table's epoch columns in their unit; and with
+        `partitions` set to drop or detach, refuse a role that could not finish what it starts
+        (MissingRights, BadTable). The advice: where the setting can do nothing (a plain table,
+        another key, a rule that is not one column's comparison)."""
+        advice = []
+        for rule in rules:
+            async with self.connection(rule) as conn, conn.transaction():
+                await self.bound(conn, self.settings.statement_timeout_ms)
+                pred = await self.bind(conn, rule, now_ms)
+                if not self.partitions.removes:
+                    continue
+                layout = await read_layout(conn, pred)
+                inert = await check_partitions(conn, pred, layout, self.partitions)
+            if inert:
+                advice.append(inert)
+        return advice
+
+    async def prepare(
+        self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
+    ) -> tuple[Predicate, TablePlan]:
+        """The rule bound to its table, and the table's plan for this pass (with the advice
+        its unindexed child tables call for, or SweepRefused if they are refused)."""
+        async with conn.transaction():
+            await self.bound(conn, self.settings.statement_timeout_ms)
+            pred = await self.bind(conn, rule, now_ms)
+            plan = await plan_table(conn, pred)
+            children = await unindexed_children(conn, pred)
+        if children and self.settings.refuse_unindexed_children:
+            raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
+        if children:
+            plan = replace(plan, advice=" ".join(filter(None, (plan.advice, children))))
+        return pred, plan
+
+    async def bind(self, conn: AsyncConnection[Any], rule: Rule, now_ms: int) -> Predicate:
+        """The rule bound to its table, its epoch columns checked for a wrong unit."""
+        pred = await rule.bind(conn, now_ms)
+        for column, unit in pred.epoch_columns:
+            await check_unit(conn, pred.table, column, unit)
+        return pred
+
+    async def lock(self, conn: AsyncConnection[Any], pred: Predicate) -> bool:
+        """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""
+        rel = {"rel": ident(pred.table).as_string(conn)}
+        try:
+            # One round trip: pipelined up to one Sync, the bound and the lock are one implicit
+            # transaction. The lock is the session's: it outlives that transaction.
+            async with conn.pipeline():
+                await conn.execute(
+                    local_bounds(),
+                    (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),
+                )
+                await conn.execute(lock_table(), rel)
+        except errors.LockNotAvailable:
+            return False
+        return True
+
+    @staticmethod
+    async def unlock(conn: AsyncConnection[Any]) -> None:
+        """Release the table's lock before the connection goes back to the pool. A connection
+        that broke mid-sweep lost its locks with its session (the pool discards it)."""
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute(unlock_tables())
+
+    async def bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
+        """Lock and statement timeouts local to this transaction: they never leak to the pool."""
+        await conn.execute(local_bounds(), (self.settings.lock_timeout_ms, statement_timeout_ms))
+
+    @asynccontextmanager
+    async def connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:
+        """A pooled connection for one table, with its configuration faults made non-retryable."""
+        async with self.pool.connection() as conn:
+            try:
+                yield conn
+            except (errors.UndefinedTable, errors.UndefinedColumn) as err:
+                # The table changed between the catalog check and a statement.
+                raise BadTable(f"table {rule.table}: {first_line(err)}") from err
+            except errors.UniqueViolation as err:
+                if rule.archive is None:
+                    raise
+                # Only the archive's INSERT can raise it; every retry would meet the same row.
+                # Not the server's DETAIL: it shows the key's value (a session token, say),
+                # which must stay out of the history and the logs.
+                raise BadTable(
+                    f"table {rule.table}: archive {rule.archive} already holds a row with the "
+                    f"key of one being archived ({first_line(err)}); a key archived before and "
+                    "written again since? nothing moved"
+                ) from err
+            except errors.InsufficientPrivilege as err:
+                raise MissingRights(
+                    f"table {rule.table}: {first_line(err)}; the worker's role needs "
+                    "SELECT and DELETE on it"
+                ) from err
