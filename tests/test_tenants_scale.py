@@ -18,12 +18,13 @@ from temporalio.client import Client
 from activities.builtin_targets import build_registry
 from activities.schema import reference_ddl
 from purge_config.file import parse_config
+from purge_dev.dev import epoch_ms_now
 from purge_ops.checks import check_passes
 from purge_ops.connect import open_pool
 from tests.conftest import RunWorker
 from tests.support.history import child_runs, events
 from tests.support.passes import run_pass
-from tests.support.tenants import create_tenants, expired_of
+from tests.support.tenants import HOUR_MS, create_tenants, expired_of
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +35,13 @@ PAYLOAD_WARNING = 512 * 1024
 TENANTS = int(os.environ.get("PURGE_SCALE_TENANTS", "5000"))
 
 
-@pytest.fixture
-def two_databases(pg_url: str, real_now: int) -> Iterator[dict[str, str]]:
-    """Two scratch databases of 5,000 tenant schemas each, `tenant_NNNN.sessions`."""
+@pytest.fixture(scope="module")
+def scale_databases(pg_url: str) -> Iterator[dict[str, str]]:
+    """Two scratch databases of 5,000 tenant schemas each, `tenant_NNNN.sessions`, made once
+    for the module (each test puts its expired rows back: `two_databases`)."""
     names = {key: f"scale_{key}_{uuid.uuid4().hex[:6]}" for key in ("a", "b")}
     urls = {key: make_conninfo(pg_url, dbname=name) for key, name in names.items()}
+    now = epoch_ms_now()
     with psycopg.connect(pg_url, autocommit=True) as admin:
         for name in names.values():
             admin.execute(f'CREATE DATABASE "{name}"')
@@ -47,11 +50,45 @@ def two_databases(pg_url: str, real_now: int) -> Iterator[dict[str, str]]:
                 with psycopg.connect(url, autocommit=True) as conn:
                     conn.execute(reference_ddl())
                     for start in range(0, TENANTS, 500):
-                        create_tenants(conn, "tenant", range(start, start + 500), real_now)
+                        create_tenants(
+                            conn, "tenant", range(start, min(start + 500, TENANTS)), now, live=1
+                        )
             yield urls
         finally:
             for name in names.values():
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+#: Every tenant's table emptied of expired rows, then given `expired_of(i)` of them again, an
+#: hour before the test's clock: one statement per database.
+REARM = """
+DO $$
+DECLARE i int;
+BEGIN
+  FOR i IN 0 .. {last} LOOP
+    EXECUTE format('DELETE FROM %I.sessions WHERE expires_at <= {now}',
+                   'tenant_' || lpad(i::text, 4, '0'));
+    EXECUTE format('INSERT INTO %I.sessions (expires_at) SELECT {old} '
+                   'FROM generate_series(1, %s)',
+                   'tenant_' || lpad(i::text, 4, '0'), (i % 4) * {rows});
+  END LOOP;
+END $$
+"""
+
+
+@pytest.fixture
+def two_databases(scale_databases: dict[str, str], real_now: int) -> dict[str, str]:
+    """The module's two databases, every tenant holding `expired_of(i)` expired rows."""
+    rearm = (
+        REARM.replace("{last}", str(TENANTS - 1))
+        .replace("{now}", str(real_now))
+        .replace("{old}", str(real_now - HOUR_MS))
+        .replace("{rows}", "1")
+    )
+    for url in scale_databases.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(rearm)
+    return scale_databases
 
 
 @pytest.fixture
