@@ -18,6 +18,7 @@ from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
 from purge_ops.connect import connect_temporal, lazy_pools, open_pool
+from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
 from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
@@ -45,9 +46,11 @@ def new_worker(
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "interceptors": [PassMetrics()],  # the metrics the alert rules need (pass_metrics.py)
         **options,
     }
     activities = PurgeActivities(registry)
+    count_passes_from_zero(client, task_queue)
     return Worker(
         client,
         task_queue=task_queue,
@@ -65,6 +68,7 @@ def activity_worker(
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "interceptors": [PassMetrics()],
         **options,
     }
     return Worker(
