@@ -1,19 +1,35 @@
 """The files an operator drops in (deploy/): the Prometheus rules pass `promtool`'s checks and
-their own unit tests."""
+their own unit tests, and every metric and label that the rules and the Grafana dashboard use is
+one a real worker serves, so a renamed metric fails here instead of blanking a panel or an alert."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+import yaml
+from temporalio.client import Client
 
-from tests.support.procs import REPO
+from purge_dev.servers import TemporalDevServer, free_ports
+from tests.support.passes import run_pass
+from tests.support.probes import scrape, worker
+from tests.support.procs import REPO, worker_config
+from tests.support.rows import HOUR, idempotency_rows
 
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "purge-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
+#: Labels Prometheus itself puts on every scraped series; `up` is Prometheus' own metric.
+SCRAPE_LABELS = {"instance", "job"}
+PROMETHEUS_METRICS = {"up"}
 
 
 def promtool() -> str:
@@ -70,3 +86,102 @@ def _alert_names(rules: str) -> list[str]:
         for line in rules.splitlines()
         if line.strip().startswith("- alert:")
     ]
+
+
+# -- the names the rules and the dashboard use, against a real worker's /metrics --------------
+
+
+def rule_expressions() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+def recorded_names() -> set[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+def dashboard_expressions() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+class Uses:
+    """What one PromQL expression reads: metric names, label names, and `label="value"` pairs."""
+
+    KEYWORDS = frozenset({"and", "or", "unless", "offset", "bool"})
+
+    def __init__(self, expr: str) -> None:
+        text = expr.replace("$__rate_interval", "5m").replace("$period", "3600")
+        self.equal = set(re.findall(r'(\w+)\s*=\s*"([^"$]*)"', text))
+        self.labels = set(re.findall(r'(\w+)\s*(?:=~|!~|!=|=)\s*"', text))
+        for clause in re.findall(
+            r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", text
+        ):
+            self.labels |= {name.strip() for name in clause.split(",") if name.strip()}
+        text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+        text = re.sub(r'\{[^}]*\}|"[^"]*"|\[[^\]]*\]|\boffset\s+\w+', " ", text)
+        self.metrics = {
+            name
+            for name in re.findall(r"(?<![\w.])([a-zA-Z_:][\w:]*)\b(?!\s*\()", text)
+            if name not in self.KEYWORDS
+        }
+
+
+def test_the_expression_reader_finds_what_the_files_use() -> None:
+    """Not vacuous: the rules and the dashboard read the metrics the docs list."""
+    uses = [Uses(e) for e in rule_expressions() + dashboard_expressions()]
+    metrics = set().union(*(u.metrics for u in uses))
+    labels = set().union(*(u.labels for u in uses))
+    assert {
+        "purge_rows_removed",
+        "purge_target_failures",
+        "purge_backlog_rows",
+        "purge_oldest_expired_age_seconds",
+        "purge_passes_completed",
+        "purge_pass_seconds_bucket",
+        "purge_target_seconds_bucket",
+        "purge_target_last_sweep_timestamp_seconds",
+        "up",
+    } <= metrics
+    assert {"target", "task_queue", "le", "instance", "workflow_type"} <= labels
+    assert Uses('sum by (target, le) (rate(x_bucket{a="b"}[5m])) offset 1h').metrics == {"x_bucket"}
+
+
+async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A worker after one ordinary pass (nothing failed, nothing paused) serves every series."""
+    idempotency_rows(db, {"a": real_now - HOUR})
+    [port] = free_ports(1)
+    targets = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
+    async with worker(config, temporal_server, port):
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        page = await scrape(port)
+
+    recorded = recorded_names()
+    missing: list[str] = []
+    for where, exprs in (("rules", rule_expressions()), ("dashboard", dashboard_expressions())):
+        for expr in exprs:
+            uses = Uses(expr)
+            served = [m for m in uses.metrics if m not in PROMETHEUS_METRICS | recorded]
+            for metric in served:
+                if metric not in page:
+                    missing.append(f"{where}: metric {metric} in {expr!r}")
+            have = SCRAPE_LABELS.union(*(labels for m in served for labels, _ in page.get(m, [])))
+            if uses.metrics & recorded:
+                have |= {"target"}  # what the recording rules keep (checked at their source)
+            for label in uses.labels - have:
+                missing.append(f"{where}: label {label} in {expr!r}")
+            for label, wanted in uses.equal:
+                values = {labels.get(label) for m in served for labels, _ in page.get(m, [])}
+                if label not in SCRAPE_LABELS and served and wanted not in values:
+                    missing.append(f"{where}: {label}={wanted!r} matches nothing in {expr!r}")
+    assert not missing, "\n".join(missing)

@@ -63,6 +63,9 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
             real_now / 1000 - 60
         )
     assert value(after_one, "purge_rows_removed", target="x_idempotency") == 1
+    # Buckets fit for seconds-long sweeps (the SDK's default would start at 50 s).
+    assert value(after_one, "purge_target_seconds_bucket", target="x_auth", le="0.5") >= 0
+    assert value(after_one, "purge_pass_seconds_bucket", le="14400", **queue) == 1
 
     # The failure lands on the series that was at 0 (one series per target, not two), so an
     # `increase()` over it sees the first failure.
