@@ -17,7 +17,9 @@ import pytest
 import yaml
 from temporalio.client import Client
 
+from purge_config.file import load_config
 from purge_dev.servers import TemporalDevServer, free_ports
+from purge_ops.probes import READY_WITHIN
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker
 from tests.support.procs import REPO, worker_config
@@ -27,6 +29,7 @@ DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "purge-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
+KUBERNETES = DEPLOY / "kubernetes"
 #: Labels Prometheus itself puts on every scraped series; `up` is Prometheus' own metric.
 SCRAPE_LABELS = {"instance", "job"}
 PROMETHEUS_METRICS = {"up"}
@@ -185,3 +188,65 @@ async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
                 if label not in SCRAPE_LABELS and served and wanted not in values:
                     missing.append(f"{where}: {label}={wanted!r} matches nothing in {expr!r}")
     assert not missing, "\n".join(missing)
+
+
+# -- the Kubernetes manifests ----------------------------------------------------------------
+
+
+def manifest(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((KUBERNETES / name).read_text())
+    return loaded
+
+
+class TestKubernetes:
+    @pytest.mark.parametrize("name", sorted(p.name for p in KUBERNETES.glob("*.yaml")))
+    def test_manifest_is_valid_against_the_kubernetes_schemas(self, name: str) -> None:
+        """Strict: a misspelt or misplaced field fails too (schemas from the wheel, offline)."""
+        import kubernetes_validate
+
+        kubernetes_validate.validate(
+            manifest(name), kubernetes_validate.latest_version(), strict=True
+        )
+
+    def test_probes_are_on_the_worker_s_metrics_port(self) -> None:
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        config = manifest("configmap.yaml")["data"]["purge.toml"]
+        port = re.search(r'^metrics = "0\.0\.0\.0:(\d+)"', config, re.M)
+        assert port, config
+        assert container["ports"] == [{"name": "metrics", "containerPort": int(port[1])}]
+        for probe, path in (
+            ("livenessProbe", "/livez"),
+            ("readinessProbe", "/readyz"),
+            ("startupProbe", "/livez"),
+        ):
+            assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+        # The kubelet waits longer than a readiness check, so a slow database is named, not
+        # reported as the probe's own timeout.
+        assert container["readinessProbe"]["timeoutSeconds"] > READY_WITHIN
+
+    def test_config_loads_with_database_urls_from_the_secret(self, tmp_path: Path) -> None:
+        """Each url_env of the ConfigMap's config is set from the Secret, and nothing else is."""
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        config = manifest("configmap.yaml")["data"]["purge.toml"]
+        from_secrets = {
+            env["name"]: env["valueFrom"]["secretKeyRef"]
+            for env in container["env"]
+            if "valueFrom" in env
+        }
+        url_envs = set(re.findall(r'^url_env = "(\w+)"', config, re.M))
+        assert url_envs
+        assert url_envs == set(from_secrets)
+        secret = manifest("secret.example.yaml")
+        for ref in from_secrets.values():
+            assert ref["name"] == secret["metadata"]["name"]
+            assert ref["key"] in secret["stringData"]
+        assert "postgresql://" not in config  # no URL, so no password, in the ConfigMap
+
+        path = tmp_path / "purge.toml"
+        path.write_text(config)
+        loaded = load_config(path, env={k: "postgresql://purge@db.internal/app" for k in url_envs})
+        assert loaded.metrics == f"0.0.0.0:{container['ports'][0]['containerPort']}"
+        assert set(loaded.databases) == {"app"}
+        assert container["args"][-2:] == ["--config", "/etc/pg-purge/purge.toml"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == "config"]
+        assert mount["mountPath"] == "/etc/pg-purge"
