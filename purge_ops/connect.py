@@ -19,6 +19,14 @@ from purge_config.errors import ConfigError
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 APPLICATION_NAME = "temporal-pg-purge"
 
+#: Bucket bounds (seconds) of our histograms: the SDK's default for a float histogram starts at
+#: 50, which puts every sweep and most passes in the first bucket and makes any p95 read 50.
+SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+HISTOGRAM_BUCKETS = {
+    "purge_target_seconds": SECONDS_BUCKETS,
+    "purge_pass_seconds": (*SECONDS_BUCKETS, 7200, 14400),
+}
+
 
 async def connect_temporal(
     address: str | None = None,
@@ -43,7 +51,10 @@ async def connect_temporal(
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
     if metrics is None:
         return await Client.connect(**settings)
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=metrics)))
+    prometheus = PrometheusConfig(
+        bind_address=metrics, histogram_bucket_overrides=HISTOGRAM_BUCKETS
+    )
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=prometheus))
     return await Client.connect(**settings, runtime=runtime)
 
 

@@ -18,6 +18,8 @@ from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
 from purge_ops.connect import connect_temporal, lazy_pools, open_pool
+from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
+from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
@@ -44,9 +46,11 @@ def new_worker(
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "interceptors": [PassMetrics()],  # the metrics the alert rules need (pass_metrics.py)
         **options,
     }
     activities = PurgeActivities(registry)
+    count_passes_from_zero(client, task_queue)
     return Worker(
         client,
         task_queue=task_queue,
@@ -64,6 +68,7 @@ def activity_worker(
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        "interceptors": [PassMetrics()],
         **options,
     }
     return Worker(
@@ -97,7 +102,8 @@ async def run_worker(
     It polls the config's task queue for passes and the activities of targets without a queue
     of their own, and the queue of every routed database whose URL it has. With
     `ensure_schedule`, create or update the config's schedule first, so a deployment needs no
-    separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there.
+    separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there, and the probes
+    `/livez` and `/readyz` (`purge_ops.probes`).
     """
     url = config.require_database_url() if config.needs_default_database else None
     url = url or config.database_url
@@ -105,17 +111,27 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    health = Health({**({DEFAULT_DATABASE: url} if url else {}), **config.databases})
+    # The runtime's own metrics endpoint stays on loopback; the probe server passes it on.
+    runtime_metrics = loopback_port() if metrics else None
+    probes = ProbeServer(health, runtime_metrics) if runtime_metrics else None
     try:
+        if metrics and probes:
+            await probes.start(metrics)  # first: a taken port stops the start before any connect
         pool = await open_pool(url, wait_seconds=config.database_wait_ms / 1000) if url else None
         named = lazy_pools(config.databases)
         try:
             registry = build_registry(config, pool, named)
-            client = await connect_temporal(temporal_address, metrics=metrics)
+            client = await connect_temporal(
+                temporal_address,
+                metrics=f"{runtime_metrics[0]}:{runtime_metrics[1]}" if runtime_metrics else None,
+            )
+            health.client = client
             if ensure_schedule:
                 outcome = await schedule.ensure_schedule(client, config)
                 log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
-                log.info("Prometheus metrics at http://%s/metrics", metrics)
+                log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
             queues = polled_queues(config)
             workers = [new_worker(client, registry, config.task_queue)] + [
                 activity_worker(client, registry, queue) for queue in queues
@@ -123,8 +139,10 @@ async def run_worker(
             async with contextlib.AsyncExitStack() as running:
                 for worker in workers:
                     await running.enter_async_context(worker)
+                health.workers = workers
                 _say_what_it_polls(config, client, url, registry, queues)
                 await stop.wait()
+                health.stopping = True
                 log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
         finally:
             if pool is not None:
@@ -132,6 +150,8 @@ async def run_worker(
             for opened in named.values():
                 await opened.close()
     finally:
+        if probes is not None:
+            await probes.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
 

@@ -1,0 +1,138 @@
+"""Metrics the alert rules need that no activity or workflow records itself, recorded by the
+worker around them (a Temporal interceptor), so the workflow code and its histories are
+untouched: metrics issue no commands, and the workflow's meter records nothing on replay.
+
+- `purge_passes_completed` / `purge_passes_failed` (counters) and `purge_pass_seconds`
+  (histogram): each `Purge` pass's end, for "no pass completed within two periods" and the
+  pass duration against the schedule's period. Both counters start at 0 with the worker.
+- `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
+  alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
+- After each sweep: `purge_target_last_sweep_timestamp_seconds` (which worker's gauges are
+  fresh), `purge_batch_p95_seconds`, and `purge_paused_seconds` / `purge_partitions_removed`
+  from 0, beside the gauges the activity sets.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.common import MetricMeter
+from temporalio.exceptions import FailureError
+from temporalio.worker import (
+    ActivityInboundInterceptor,
+    ExecuteActivityInput,
+    ExecuteWorkflowInput,
+    Interceptor,
+    StartActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+
+PURGE_WORKFLOW = "Purge"
+SWEEP_ACTIVITY = "purge_target"
+
+#: Each metric's description, as the workflow and the activity create them too: one instrument.
+COMPLETED = ("purge_passes_completed", "Purge passes that completed (every target swept)")
+FAILED = ("purge_passes_failed", "Purge passes that failed (a target or the input)")
+TARGET_FAILURES = ("purge_target_failures", "targets that failed a pass after their retries")
+
+
+class PassMetrics(Interceptor):
+    """The worker interceptor that records them; `runner.new_worker` installs it."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        return _Sweep(next)
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor]:
+        return _Pass
+
+
+def count_passes_from_zero(client: Client, task_queue: str) -> None:
+    """Show both pass counters at 0 from the worker's start, with the labels the workflow's
+    meter gives them, so they are the same series a pass then adds to."""
+    runtime = client.service_client.config.runtime
+    if runtime is None:
+        return  # the default runtime, which serves no metrics
+    labels = {"namespace": client.namespace, "task_queue": task_queue}
+    labels["workflow_type"] = PURGE_WORKFLOW
+    for name, description in (COMPLETED, FAILED):
+        runtime.metric_meter.create_counter(name, description).add(0, labels)
+
+
+class _Pass(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_Scheduling(outbound))
+
+    async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        if workflow.info().workflow_type != PURGE_WORKFLOW:
+            return await super().execute_workflow(input)
+        try:
+            result = await super().execute_workflow(input)
+        except FailureError:
+            # Only what fails the workflow: any other exception fails the workflow task, which
+            # Temporal retries with the pass still running.
+            _ended(workflow.metric_meter(), FAILED)
+            raise
+        _ended(workflow.metric_meter(), COMPLETED)
+        return result
+
+
+def _ended(meter: MetricMeter, counter: tuple[str, str]) -> None:
+    meter.create_counter(*counter).add(1)
+    took = workflow.now() - workflow.info().start_time
+    meter.create_histogram_float(
+        "purge_pass_seconds", "a Purge pass from its start to its end", "s"
+    ).record(took.total_seconds())
+
+
+class _Scheduling(WorkflowOutboundInterceptor):
+    def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+        if input.activity == SWEEP_ACTIVITY and input.args:
+            name = _target_name(input.args[0])
+            if name:
+                workflow.metric_meter().create_counter(*TARGET_FAILURES).add(0, {"target": name})
+        return super().start_activity(input)
+
+
+def _target_name(step: object) -> str | None:
+    name = step.get("name") if isinstance(step, dict) else getattr(step, "name", None)
+    return name if isinstance(name, str) else None
+
+
+class _Sweep(ActivityInboundInterceptor):
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        result = await super().execute_activity(input)
+        if activity.info().activity_type == SWEEP_ACTIVITY:
+            _swept(result)
+        return result
+
+
+def _swept(sweep: object) -> None:
+    """A sweep's end: when (so rules can tell a fresh gauge from a stale one), its batches' p95,
+    and the counters the activity adds to only when something happened, from 0."""
+    name = getattr(sweep, "name", None)
+    if not isinstance(name, str) or getattr(sweep, "dry_run", True):
+        return
+    meter, labels = activity.metric_meter(), {"target": name}
+    meter.create_gauge_float(
+        "purge_target_last_sweep_timestamp_seconds",
+        "when this worker last finished a sweep of the target (Unix time)",
+        "s",
+    ).set(time.time(), labels)
+    meter.create_gauge_float(
+        "purge_batch_p95_seconds", "95th percentile of the last sweep's batch durations", "s"
+    ).set(float(getattr(sweep, "p95_batch_ms", 0.0)) / 1000, labels)
+    meter.create_counter(
+        "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
+    ).add(0, labels)
+    meter.create_counter(
+        "purge_partitions_removed",
+        "partitions dropped or detached whole by retention sweeps",
+        "partitions",
+    ).add(0, labels)

@@ -1,0 +1,252 @@
+"""The files an operator drops in (deploy/): the Prometheus rules pass `promtool`'s checks and
+their own unit tests, and every metric and label that the rules and the Grafana dashboard use is
+one a real worker serves, so a renamed metric fails here instead of blanking a panel or an alert."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import yaml
+from temporalio.client import Client
+
+from purge_config.file import load_config
+from purge_dev.servers import TemporalDevServer, free_ports
+from purge_ops.probes import READY_WITHIN
+from tests.support.passes import run_pass
+from tests.support.probes import scrape, worker
+from tests.support.procs import REPO, worker_config
+from tests.support.rows import HOUR, idempotency_rows
+
+DEPLOY = REPO / "deploy"
+RULES = DEPLOY / "prometheus" / "purge-rules.yml"
+RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
+KUBERNETES = DEPLOY / "kubernetes"
+#: Labels Prometheus itself puts on every scraped series; `up` is Prometheus' own metric.
+SCRAPE_LABELS = {"instance", "job"}
+PROMETHEUS_METRICS = {"up"}
+
+
+def promtool() -> str:
+    """The promtool executable; skips, saying how to get it, where it is not installed (.ci/run
+    installs it as root and sets PURGE_REQUIRE_PROMTOOL=1, which turns the skip into a failure)."""
+    found = shutil.which("promtool")
+    if found:
+        return found
+    message = (
+        "promtool is not installed, so the alert rules are NOT checked here: "
+        "`apt-get install prometheus` (Debian's package; it starts no server) or run .ci/run"
+    )
+    if os.environ.get("PURGE_REQUIRE_PROMTOOL") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+class TestAlertRules:
+    def test_rules_are_valid_prometheus_rules(self) -> None:
+        done = subprocess.run(
+            [promtool(), "check", "rules", str(RULES)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def test_each_alert_fires_on_its_series_and_stays_quiet_on_near_misses(self) -> None:
+        done = subprocess.run(
+            [promtool(), "test", "rules", RULE_TESTS.name],
+            cwd=RULE_TESTS.parent,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def test_every_alert_is_unit_tested_and_carries_a_summary_and_a_runbook(self) -> None:
+        rules, tests = RULES.read_text(), RULE_TESTS.read_text()
+        alerts = _alert_names(rules)
+        assert len(alerts) >= 6
+        for alert in alerts:
+            assert f"alertname: {alert}\n" in tests, f"{alert} has no promtool test"
+            block = rules.split(f"- alert: {alert}\n", 1)[1].split("- alert:", 1)[0]
+            assert "summary:" in block, alert
+            assert "runbook:" in block, alert
+
+
+def _alert_names(rules: str) -> list[str]:
+    return [
+        line.split(":", 1)[1].strip()
+        for line in rules.splitlines()
+        if line.strip().startswith("- alert:")
+    ]
+
+
+# -- the names the rules and the dashboard use, against a real worker's /metrics --------------
+
+
+def rule_expressions() -> list[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return [rule["expr"] for group in groups for rule in group["rules"]]
+
+
+def recorded_names() -> set[str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+def dashboard_expressions() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+class Uses:
+    """What one PromQL expression reads: metric names, label names, and `label="value"` pairs."""
+
+    KEYWORDS = frozenset({"and", "or", "unless", "offset", "bool"})
+
+    def __init__(self, expr: str) -> None:
+        text = expr.replace("$__rate_interval", "5m").replace("$period", "3600")
+        self.equal = set(re.findall(r'(\w+)\s*=\s*"([^"$]*)"', text))
+        self.labels = set(re.findall(r'(\w+)\s*(?:=~|!~|!=|=)\s*"', text))
+        for clause in re.findall(
+            r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)", text
+        ):
+            self.labels |= {name.strip() for name in clause.split(",") if name.strip()}
+        text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+        text = re.sub(r'\{[^}]*\}|"[^"]*"|\[[^\]]*\]|\boffset\s+\w+', " ", text)
+        self.metrics = {
+            name
+            for name in re.findall(r"(?<![\w.])([a-zA-Z_:][\w:]*)\b(?!\s*\()", text)
+            if name not in self.KEYWORDS
+        }
+
+
+def test_the_expression_reader_finds_what_the_files_use() -> None:
+    """Not vacuous: the rules and the dashboard read the metrics the docs list."""
+    uses = [Uses(e) for e in rule_expressions() + dashboard_expressions()]
+    metrics = set().union(*(u.metrics for u in uses))
+    labels = set().union(*(u.labels for u in uses))
+    assert {
+        "purge_rows_removed",
+        "purge_target_failures",
+        "purge_backlog_rows",
+        "purge_oldest_expired_age_seconds",
+        "purge_passes_completed",
+        "purge_pass_seconds_bucket",
+        "purge_target_seconds_bucket",
+        "purge_target_last_sweep_timestamp_seconds",
+        "up",
+    } <= metrics
+    assert {"target", "task_queue", "le", "instance", "workflow_type"} <= labels
+    assert Uses('sum by (target, le) (rate(x_bucket{a="b"}[5m])) offset 1h').metrics == {"x_bucket"}
+
+
+async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
+    tmp_path: Path,
+    temporal_server: TemporalDevServer,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A worker after one ordinary pass (nothing failed, nothing paused) serves every series."""
+    idempotency_rows(db, {"a": real_now - HOUR})
+    [port] = free_ports(1)
+    targets = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
+    async with worker(config, temporal_server, port):
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        page = await scrape(port)
+
+    recorded = recorded_names()
+    missing: list[str] = []
+    for where, exprs in (("rules", rule_expressions()), ("dashboard", dashboard_expressions())):
+        for expr in exprs:
+            uses = Uses(expr)
+            served = [m for m in uses.metrics if m not in PROMETHEUS_METRICS | recorded]
+            for metric in served:
+                if metric not in page:
+                    missing.append(f"{where}: metric {metric} in {expr!r}")
+            have = SCRAPE_LABELS.union(*(labels for m in served for labels, _ in page.get(m, [])))
+            if uses.metrics & recorded:
+                have |= {"target"}  # what the recording rules keep (checked at their source)
+            for label in uses.labels - have:
+                missing.append(f"{where}: label {label} in {expr!r}")
+            for label, wanted in uses.equal:
+                values = {labels.get(label) for m in served for labels, _ in page.get(m, [])}
+                if label not in SCRAPE_LABELS and served and wanted not in values:
+                    missing.append(f"{where}: {label}={wanted!r} matches nothing in {expr!r}")
+    assert not missing, "\n".join(missing)
+
+
+# -- the Kubernetes manifests ----------------------------------------------------------------
+
+
+def manifest(name: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((KUBERNETES / name).read_text())
+    return loaded
+
+
+class TestKubernetes:
+    @pytest.mark.parametrize("name", sorted(p.name for p in KUBERNETES.glob("*.yaml")))
+    def test_manifest_is_valid_against_the_kubernetes_schemas(self, name: str) -> None:
+        """Strict: a misspelt or misplaced field fails too (schemas from the wheel, offline)."""
+        import kubernetes_validate
+
+        kubernetes_validate.validate(
+            manifest(name), kubernetes_validate.latest_version(), strict=True
+        )
+
+    def test_probes_are_on_the_worker_s_metrics_port(self) -> None:
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        config = manifest("configmap.yaml")["data"]["purge.toml"]
+        port = re.search(r'^metrics = "0\.0\.0\.0:(\d+)"', config, re.M)
+        assert port, config
+        assert container["ports"] == [{"name": "metrics", "containerPort": int(port[1])}]
+        for probe, path in (
+            ("livenessProbe", "/livez"),
+            ("readinessProbe", "/readyz"),
+            ("startupProbe", "/livez"),
+        ):
+            assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}, probe
+        # The kubelet waits longer than a readiness check, so a slow database is named, not
+        # reported as the probe's own timeout.
+        assert container["readinessProbe"]["timeoutSeconds"] > READY_WITHIN
+
+    def test_config_loads_with_database_urls_from_the_secret(self, tmp_path: Path) -> None:
+        """Each url_env of the ConfigMap's config is set from the Secret, and nothing else is."""
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        config = manifest("configmap.yaml")["data"]["purge.toml"]
+        from_secrets = {
+            env["name"]: env["valueFrom"]["secretKeyRef"]
+            for env in container["env"]
+            if "valueFrom" in env
+        }
+        url_envs = set(re.findall(r'^url_env = "(\w+)"', config, re.M))
+        assert url_envs
+        assert url_envs == set(from_secrets)
+        secret = manifest("secret.example.yaml")
+        for ref in from_secrets.values():
+            assert ref["name"] == secret["metadata"]["name"]
+            assert ref["key"] in secret["stringData"]
+        assert "postgresql://" not in config  # no URL, so no password, in the ConfigMap
+
+        path = tmp_path / "purge.toml"
+        path.write_text(config)
+        loaded = load_config(path, env={k: "postgresql://purge@db.internal/app" for k in url_envs})
+        assert loaded.metrics == f"0.0.0.0:{container['ports'][0]['containerPort']}"
+        assert set(loaded.databases) == {"app"}
+        assert container["args"][-2:] == ["--config", "/etc/pg-purge/purge.toml"]
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == "config"]
+        assert mount["mountPath"] == "/etc/pg-purge"

@@ -1,0 +1,170 @@
+"""The metrics port of a real worker (`run_worker` in this process, the dev server, PostgreSQL):
+`/metrics`, `/livez` and `/readyz`, GET only, naming what is down and revealing nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from purge_config.file import load_config
+from purge_dev.servers import TemporalDevServer, free_ports
+from purge_ops.probes import Health
+from purge_ops.runner import new_worker, run_worker
+from tests.support.probes import http, worker
+from tests.support.procs import worker_config
+from tests.support.servers import running_temporal
+
+SESSIONS = '[[targets]]\nkind = "idempotency"\n'
+PASSWORD = "s3cret-never-shown"
+
+
+def closed_port() -> int:
+    [port] = free_ports(1)
+    return port
+
+
+def eu_down(tmp_path: Path, schema_url: str, task_queue: str) -> Path:
+    """A worker config whose database `eu` is a port where nothing listens."""
+    eu = f"postgresql://purge:{PASSWORD}@127.0.0.1:{closed_port()}/app"
+    return worker_config(
+        tmp_path / "purge.toml",
+        schema_url,
+        task_queue,
+        f'[databases.eu]\nurl = "{eu}"\n\n{SESSIONS}\n'
+        '[[targets]]\nkind = "expiring"\nname = "eu_sessions"\ntable = "sessions"\n'
+        'column = "expires_at"\ndatabase = "eu"\n',
+    )
+
+
+class TestProbes:
+    async def test_a_healthy_worker_is_live_ready_and_serves_its_metrics(
+        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+    ) -> None:
+        """/livez and /readyz say 200; /metrics is the SDK's Prometheus page, passed on whole."""
+        [port] = free_ports(1)
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
+        async with worker(config, temporal_server, port):
+            live, ready = await http(port, "/livez"), await http(port, "/readyz")
+            metrics = await http(port, "/metrics")
+
+        assert (live.status, ready.status) == (200, 200)
+        assert ready.body == "ready\n"
+        assert metrics.status == 200
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert int(metrics.headers["content-length"]) == len(metrics.body.encode())
+        assert "# TYPE temporal_worker_task_slots_available gauge" in metrics.body
+
+    async def test_readyz_names_the_database_that_is_down_and_nothing_of_its_url(
+        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+    ) -> None:
+        """A database that does not answer: 503 naming it by its config name; still live."""
+        [port] = free_ports(1)
+        config = eu_down(tmp_path, schema_url, task_queue)
+        async with worker(config, temporal_server, port):
+            ready, live = await http(port, "/readyz"), await http(port, "/livez")
+
+        assert ready.status == 503
+        assert ready.body == "not ready: database eu did not answer (OperationalError)\n"
+        assert live.status == 200
+
+    async def test_readyz_names_temporal_when_it_stops_answering(
+        self, tmp_path: Path, schema_url: str, task_queue: str
+    ) -> None:
+        """Temporal gone: 503 naming Temporal, and the databases still fine are not named."""
+        [port] = free_ports(1)
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
+        with running_temporal("purge-test-probe-temporal-") as temporal:
+            async with worker(config, temporal, port):
+                assert (await http(port, "/readyz")).status == 200
+                await asyncio.to_thread(temporal.stop)
+                await asyncio.sleep(1.1)  # past the reuse of the last answer
+                ready = await http(port, "/readyz")
+
+        assert ready.status == 503
+        assert ready.body.startswith("not ready: Temporal did not answer"), ready.body
+        assert "database" not in ready.body
+
+
+class TestRequests:
+    """What the port accepts: GET of three paths, nothing read from the request but those."""
+
+    @pytest.fixture
+    async def port(
+        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+    ) -> AsyncIterator[int]:
+        [port] = free_ports(1)
+        config = eu_down(tmp_path, schema_url, task_queue)
+        async with worker(config, temporal_server, port):
+            yield port
+
+    async def test_only_get_is_answered(self, port: int) -> None:
+        """POST, PUT, DELETE and HEAD get 405 with `Allow: GET`, on every path."""
+        for method in ("POST", "PUT", "DELETE", "HEAD"):
+            for path in ("/metrics", "/livez", "/readyz"):
+                reply = await http(port, path, method)
+                assert (reply.status, reply.headers["allow"]) == (405, "GET"), (method, path)
+
+    async def test_other_paths_are_not_found_and_say_nothing(self, port: int) -> None:
+        for path in ("/", "/config", "/readyz/../metrics", "/debug/pprof", "/READYZ"):
+            reply = await http(port, path)
+            assert (reply.status, reply.body) == (404, "not found\n"), path
+
+    async def test_query_and_headers_change_nothing(self, port: int) -> None:
+        """`?verbose`, credentials and cookies are not read: the answer is the same line."""
+        plain = await http(port, "/readyz")
+        dressed = await http(
+            port,
+            "",
+            raw=b"GET /readyz?verbose=1&full=true HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer t\r\nCookie: a=b\r\n\r\n",
+        )
+        assert (dressed.status, dressed.body) == (plain.status, plain.body)
+
+    async def test_no_answer_reveals_a_url_password_or_port(self, port: int) -> None:
+        bodies = [(await http(port, p)).body for p in ("/livez", "/readyz", "/nope")]
+        metrics = (await http(port, "/metrics")).body
+        for text in [*bodies, metrics]:
+            assert PASSWORD not in text
+            assert "postgresql://" not in text
+            assert "127.0.0.1" not in text
+
+    async def test_malformed_and_oversized_requests_are_refused(self, port: int) -> None:
+        assert (await http(port, "", raw=b"nonsense\r\n\r\n")).status == 400
+        huge = b"GET /livez HTTP/1.1\r\nX: " + b"a" * 20_000 + b"\r\n\r\n"
+        assert (await http(port, "", raw=huge)).status == 431
+        many = b"GET /livez HTTP/1.1\r\n" + b"X: a\r\n" * 200 + b"\r\n"
+        assert (await http(port, "", raw=many)).status == 431
+
+
+async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue: str) -> None:
+    """Pollers gone while the process lives on: /livez says which task queue's worker stopped."""
+    from activities.targets import TargetRegistry
+
+    real = new_worker(client, TargetRegistry([]), task_queue)
+    health = Health(workers=[real])
+    async with real:
+        assert health.live() is None
+        await real.shutdown()
+        assert health.live() == f"worker of task queue {task_queue} stopped"
+    health.stopping = True
+    assert health.live() is None  # a worker told to stop is shutting down, not dead
+
+
+async def test_a_taken_port_stops_the_worker_before_it_connects(
+    tmp_path: Path, schema_url: str, task_queue: str
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = load_config(
+            worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
+        )
+        with pytest.raises(OSError, match=f"cannot serve metrics and probes at 127.0.0.1:{port}"):
+            # 127.0.0.1:1 would refuse: the port's refusal must come first.
+            await run_worker(config, temporal_address="127.0.0.1:1", metrics=f"127.0.0.1:{port}")
