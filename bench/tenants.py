@@ -186,19 +186,23 @@ async def _create(conn: AsyncConnection[Any], tenants: int, now_ms: int) -> None
         await conn.execute(sql.SQL("\n").join(statements))
     # Plain DDL for the bench's own bookkeeping: re-arm every table, count what is left.
     await conn.execute("""
-CREATE FUNCTION bench_rearm(old bigint) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION bench_rearm(old bigint, first bigint, n bigint) RETURNS void
+LANGUAGE plpgsql AS $$
 DECLARE s text;
 BEGIN
-  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%' LOOP
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%'
+           ORDER BY 1 OFFSET first LIMIT n LOOP
     EXECUTE format('INSERT INTO %I.sessions (expires_at) VALUES ($1)', s) USING old;
   END LOOP;
 END $$;
-CREATE FUNCTION bench_left(at bigint, OUT expired bigint, OUT live bigint, OUT tables bigint)
+CREATE FUNCTION bench_left(at bigint, first bigint, n bigint,
+                           OUT expired bigint, OUT live bigint, OUT tables bigint)
 LANGUAGE plpgsql AS $$
 DECLARE s text; e bigint; l bigint;
 BEGIN
   expired := 0; live := 0; tables := 0;
-  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%' LOOP
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%'
+           ORDER BY 1 OFFSET first LIMIT n LOOP
     EXECUTE format('SELECT count(*) FILTER (WHERE expires_at <= $1),'
                    ' count(*) FILTER (WHERE expires_at > $1) FROM %I.sessions', s)
       INTO e, l USING at;
@@ -208,18 +212,26 @@ END $$;
 """)
 
 
-async def _rearm(conn: AsyncConnection[Any], now_ms: int) -> None:
+async def _rearm(conn: AsyncConnection[Any], tenants: int, now_ms: int) -> None:
     """One expired row back in every tenant's table, then a checkpoint: each form starts alike."""
-    await conn.execute("SELECT bench_rearm(%s)", (now_ms - HOUR_MS,))
+    # CREATE_BATCH tables a transaction: one transaction over all of them runs out of the
+    # server's lock table (max_locks_per_transaction).
+    for first in range(0, tenants, CREATE_BATCH):
+        await conn.execute(
+            "SELECT bench_rearm(%s, %s, %s)", (now_ms - HOUR_MS, first, CREATE_BATCH)
+        )
     await conn.execute("CHECKPOINT")
 
 
 async def _check_left(conn: AsyncConnection[Any], tenants: int, form: str) -> None:
     """After a form: no expired row anywhere (as of now), every live row still there."""
-    cur = await conn.execute("SELECT * FROM bench_left(%s)", (int(time.time() * 1000),))
-    row = await cur.fetchone()
-    assert row is not None
-    expired, live, tables = row
+    expired = live = tables = 0
+    at = int(time.time() * 1000)
+    for first in range(0, tenants, CREATE_BATCH):
+        cur = await conn.execute("SELECT * FROM bench_left(%s, %s, %s)", (at, first, CREATE_BATCH))
+        row = await cur.fetchone()
+        assert row is not None
+        expired, live, tables = expired + row[0], live + row[1], tables + row[2]
     if (expired, live, tables) != (0, tenants, tenants):
         raise RuntimeError(
             f"tenants: after {form}, {expired} expired and {live} live rows in {tables} tables;"
@@ -529,7 +541,7 @@ async def run_tenants(bench: Bench, scratch: Path, tenants: int) -> TenantsResul
                     if pid is not None:
                         meter.pids[who] = pid
                 for form, _ in FORMS:
-                    await _rearm(conn, bench.now_ms)
+                    await _rearm(conn, tenants, bench.now_ms)
                     ledger = None
                     if form in PASSES:
                         cur = await conn.execute("SELECT count(*) FROM purge_progress")
