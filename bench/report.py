@@ -337,6 +337,7 @@ def write_json(
     runs: Sequence[FormResult],
     orchestration: OrchestrationResult | None,
     fleet: Any = None,
+    tenants: Any = None,
 ) -> None:
     document = {
         "environment": environment,
@@ -353,5 +354,11 @@ def write_json(
         "fleet": None
         if fleet is None
         else {**asdict(fleet), "ratio": fleet.ratio, "slowest_alone_seconds": fleet.slowest_alone},
+        "tenants": None
+        if tenants is None
+        else {
+            **asdict(tenants),
+            "per_target_ms": {form: tenants.per_target_ms(form) for form in tenants.forms},
+        },
     }
     path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")

@@ -35,6 +35,14 @@ from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import run_partitioned
 from bench.stats import FormResult
+from bench.tenants import (
+    DEFAULT_TENANTS,
+    TenantsResult,
+    run_tenants,
+    tenants_history_table,
+    tenants_lines,
+    tenants_table,
+)
 from purge_config.dsn import redact
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
@@ -47,7 +55,7 @@ QUICK_ROWS = 200_000
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
 CASE_ORDER = (
     "interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned",
-    *ARCHIVE_CASES, "backlog", "fleet",
+    *ARCHIVE_CASES, "backlog", "fleet", "tenants",
 )  # fmt: skip
 #: The partitioned case's table is this many times --rows (6,000,000 at the default).
 PARTITIONED_SCALE = 3
@@ -69,6 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="CASE",
         help=f"a subset, by name or number 1-{len(CASE_ORDER)}: {', '.join(CASE_ORDER)}"
         " (default all)",
+    )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=DEFAULT_TENANTS,
+        metavar="N",
+        help=f"tenant schemas of the tenants case (default {DEFAULT_TENANTS:,})",
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument(
@@ -96,6 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     if args.rows < 100:
         parser.error(f"--rows must be at least 100, got {args.rows}")
+    if args.tenants < 1:
+        parser.error(f"--tenants must be at least 1, got {args.tenants}")
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     args.cases = _select(parser, args.cases)
@@ -128,6 +145,7 @@ class Outcome:
     """Every run, repeats included."""
     orchestration: OrchestrationResult | None = None
     fleet: FleetResult | None = None
+    tenants: TenantsResult | None = None
 
 
 async def run_bench(
@@ -205,6 +223,8 @@ async def run_bench(
                     )
                 elif name == "fleet":
                     outcome.fleet = await run_fleet(bench, scratch, args.rows, args.fsync == "on")
+                elif name == "tenants":
+                    outcome.tenants = await run_tenants(bench, scratch, args.tenants)
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
@@ -294,6 +314,20 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
             *fleet_targets(fleet),
             "",
         ]
+    if outcome.tenants is not None:
+        tenants = outcome.tenants
+        out += [
+            f"tenants: one pattern target over {tenants.tenants:,} tenant schemas (one expired"
+            " and one live row each), passes through a Temporal dev server, against the DELETEs"
+            " a DBA would type",
+            "",
+            tenants_table(tenants),
+            "",
+            tenants_history_table(tenants),
+            "",
+            *tenants_lines(tenants),
+            "",
+        ]
     if results:
         out += ["issue targets (ratios and latencies from this run):"]
         out += ["  " + line for line in report.issue_targets(results)]
@@ -356,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome.runs,
             outcome.orchestration,
             outcome.fleet,
+            outcome.tenants,
         )
         log.info("wrote %s", args.json)
     return 0

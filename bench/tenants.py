@@ -1,0 +1,759 @@
+"""Case 11 `tenants` (issue 18): one table pattern over thousands of tenant schemas, end to end.
+
+A scratch database on the bench's server gets `--tenants` schemas (5,000 by default),
+`tenant_NNNN`, each with one small `sessions(id bigint identity primary key, expires_at bigint
+not null)` table indexed on `expires_at`, holding one expired row and one live one. One config
+names them all with one pattern target (`table = "tenant_*.sessions"`), as a user writes it;
+an in-process worker is built from it as `pg-purge run` builds it (its pool included). Passes
+are started by a client on a Temporal dev server and their results awaited, so a figure is the
+whole pass: the pattern's expansion, the children, their continue-as-new runs, the result.
+
+The forms, in one run, each on freshly re-armed tables (one expired row back in every table):
+
+- `first`: the first pass a fresh worker runs (tuned limits): its sandbox imports, its pool's
+  first connections, every match's target built and planned for the first time;
+- `defaults`: a pass at the config's default `[pass]` (max_concurrent 4, max_per_database 1);
+- `tuned`: a pass with `max_concurrent = 8, max_per_database = 8`;
+- the floor a careful DBA types by hand, one DELETE a table, each committed on its own:
+  `floor_do`, a PL/pgSQL DO loop over the schemas on one connection (COMMIT after each);
+  `floor_client`, a client loop on one connection; `floor_client_N`, N such clients at once,
+  each over its share of the schemas.
+
+Every pass's histories are read back, parent and every child run (continue-as-new followed
+from the child's started event and each run's last event): events and the largest payload of
+each run, against Temporal's warnings. The activity's own cost is timed apart: direct calls
+through ActivityEnvironment on one tenant, every statement they send counted and timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import statistics
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from psycopg import AsyncConnection, sql
+from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from activities.builtin_targets import build_registry
+from activities.payloads import PurgeStep
+from activities.sweep import PurgeActivities
+from bench.cases import Bench
+from bench.cpu import CpuMeter, postmaster_pid
+from bench.report import render_table
+from bench.services import config_worker, scratch_databases, temporal_dev_server
+from purge_config import PurgeConfig, parse_config
+
+log = logging.getLogger("bench")
+
+DEFAULT_TENANTS = 5_000
+HOUR_MS = 3_600_000
+#: Live rows expire a week after the bench's instant: live through every pass of the run.
+WEEK_MS = 7 * 86_400_000
+#: Schemas created per round trip.
+CREATE_BATCH = 500
+#: Independent clients of the parallel floor (the tuned pass's max_concurrent).
+FLOOR_CLIENTS = 8
+#: Direct activity calls on one tenant, after one cold call.
+DIRECT_CALLS = 20
+#: Ledger sizes at which the sweep's per-target ledger cleanup is timed apart.
+LEDGER_SIZES = (5_000, 120_000, 840_000)
+#: Issue 18's goal, and Temporal's documented warnings.
+GOAL_MS = 8.0
+WARN_EVENTS = 10_240
+WARN_PAYLOAD = 512 * 1024
+
+PAYLOADS = "temporal.api.common.v1.Payloads"
+PAYLOAD = "temporal.api.common.v1.Payload"
+
+#: The forms, in report order: (key, label).
+FORMS = (
+    ("first", "pass, first on a fresh worker (tuned limits)"),
+    ("defaults", "pass, defaults: max_concurrent 4, max_per_database 1"),
+    ("tuned", "pass, tuned: max_concurrent 8, max_per_database 8"),
+    ("floor_do", "floor: DO loop, one DELETE + COMMIT a table, one connection"),
+    ("floor_client", "floor: client loop, one DELETE a table, one connection"),
+    ("floor_client_n", f"floor: {FLOOR_CLIENTS} client loops at once"),
+)
+PASSES = ("first", "defaults", "tuned")
+
+
+@dataclass
+class RunHistory:
+    """One workflow run of a pass, read back from its history."""
+
+    workflow_id: str
+    run: int
+    """0 for a workflow's first run, 1 after its first continue-as-new, ..."""
+    events: int
+    largest_payload: int
+    """Bytes: the largest Payloads (or lone Payload) of any of its events."""
+    largest_in: str
+    """The event type holding it."""
+
+
+@dataclass
+class PassHistory:
+    runs: list[RunHistory] = field(default_factory=list)
+    activities: int = 0
+    activity_s: float = 0.0
+    """Sum over every activity of its started-to-completed time (the worker's own measure)."""
+    schedule_to_start_ms_median: float = 0.0
+    expand_s: float = 0.0
+    """From the parent's start to its first child's start: the clock, the pattern's pages."""
+
+    @property
+    def workflows(self) -> int:
+        return len({r.workflow_id for r in self.runs})
+
+    @property
+    def max_events(self) -> RunHistory:
+        return max(self.runs, key=lambda r: r.events)
+
+    @property
+    def max_payload(self) -> RunHistory:
+        return max(self.runs, key=lambda r: r.largest_payload)
+
+
+@dataclass
+class TenantsForm:
+    form: str
+    seconds: float
+    removed: int
+    load_before: list[float]
+    load_after: list[float]
+    cpu: dict[str, float] = field(default_factory=dict)
+    ledger_rows: int | None = None
+    """purge_progress rows when a pass started (every target's activity scans them)."""
+    history: PassHistory | None = None
+    workflow_id: str = ""
+
+
+@dataclass
+class StatementCost:
+    statement: str
+    per_call: float
+    ms_per_call: float
+
+
+@dataclass
+class TenantsResult:
+    tenants: int
+    forms: dict[str, TenantsForm] = field(default_factory=dict)
+    direct_cold_ms: float = 0.0
+    direct_ms: list[float] = field(default_factory=list)
+    statements: list[StatementCost] = field(default_factory=list)
+    statements_per_call: float = 0.0
+    ledger_expire_ms: dict[int, float] = field(default_factory=dict)
+
+    def per_target_ms(self, form: str) -> float:
+        return 1000 * self.forms[form].seconds / self.tenants
+
+    @property
+    def direct_median_ms(self) -> float:
+        return statistics.median(self.direct_ms) if self.direct_ms else 0.0
+
+
+def _schema(i: int) -> str:
+    return f"tenant_{i:04d}"
+
+
+async def _create(conn: AsyncConnection[Any], tenants: int, now_ms: int) -> None:
+    """The tenants, CREATE_BATCH schemas a round trip (tests/support/tenants.py's shape)."""
+    for start in range(0, tenants, CREATE_BATCH):
+        statements = [
+            sql.SQL(
+                "CREATE SCHEMA {s}; "
+                "CREATE TABLE {s}.sessions (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                "expires_at bigint NOT NULL); "
+                "CREATE INDEX ON {s}.sessions (expires_at); "
+                "INSERT INTO {s}.sessions (expires_at) VALUES ({live});"
+            ).format(s=sql.Identifier(_schema(i)), live=sql.Literal(now_ms + WEEK_MS))
+            for i in range(start, min(start + CREATE_BATCH, tenants))
+        ]
+        await conn.execute(sql.SQL("\n").join(statements))
+    # Plain DDL for the bench's own bookkeeping: re-arm every table, count what is left.
+    await conn.execute("""
+CREATE FUNCTION bench_rearm(old bigint, first bigint, n bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE s text;
+BEGIN
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%'
+           ORDER BY 1 OFFSET first LIMIT n LOOP
+    EXECUTE format('INSERT INTO %I.sessions (expires_at) VALUES ($1)', s) USING old;
+  END LOOP;
+END $$;
+CREATE FUNCTION bench_left(at bigint, first bigint, n bigint,
+                           OUT expired bigint, OUT live bigint, OUT tables bigint)
+LANGUAGE plpgsql AS $$
+DECLARE s text; e bigint; l bigint;
+BEGIN
+  expired := 0; live := 0; tables := 0;
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%'
+           ORDER BY 1 OFFSET first LIMIT n LOOP
+    EXECUTE format('SELECT count(*) FILTER (WHERE expires_at <= $1),'
+                   ' count(*) FILTER (WHERE expires_at > $1) FROM %I.sessions', s)
+      INTO e, l USING at;
+    expired := expired + e; live := live + l; tables := tables + 1;
+  END LOOP;
+END $$;
+""")
+
+
+async def _rearm(conn: AsyncConnection[Any], tenants: int, now_ms: int) -> None:
+    """One expired row back in every tenant's table, then a checkpoint: each form starts alike."""
+    # CREATE_BATCH tables a transaction: one transaction over all of them runs out of the
+    # server's lock table (max_locks_per_transaction).
+    for first in range(0, tenants, CREATE_BATCH):
+        await conn.execute(
+            "SELECT bench_rearm(%s, %s, %s)", (now_ms - HOUR_MS, first, CREATE_BATCH)
+        )
+    await conn.execute("CHECKPOINT")
+
+
+async def _check_left(conn: AsyncConnection[Any], tenants: int, form: str) -> None:
+    """After a form: no expired row anywhere (as of now), every live row still there."""
+    expired = live = tables = 0
+    at = int(time.time() * 1000)
+    for first in range(0, tenants, CREATE_BATCH):
+        cur = await conn.execute("SELECT * FROM bench_left(%s, %s, %s)", (at, first, CREATE_BATCH))
+        row = await cur.fetchone()
+        assert row is not None
+        expired, live, tables = expired + row[0], live + row[1], tables + row[2]
+    if (expired, live, tables) != (0, tenants, tenants):
+        raise RuntimeError(
+            f"tenants: after {form}, {expired} expired and {live} live rows in {tables} tables;"
+            f" want 0 and {tenants} in {tenants}"
+        )
+
+
+def _config(url: str, queue: str, tuned: bool) -> PurgeConfig:
+    raw: dict[str, Any] = {
+        "database_url": url,
+        "task_queue": queue,
+        "targets": [
+            {
+                "kind": "expiring",
+                "name": "sessions",
+                "table": "tenant_*.sessions",
+                "column": "expires_at",
+            }
+        ],
+    }
+    if tuned:
+        raw["pass"] = {"max_concurrent": 8, "max_per_database": 8}
+    return parse_config(raw, env={})
+
+
+# -- the floor -------------------------------------------------------------------------------
+
+
+FLOOR_DO = sql.SQL("""
+DO $$
+DECLARE s text; n bigint; total bigint := 0;
+BEGIN
+  FOR s IN SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%' ORDER BY 1 LOOP
+    EXECUTE format('DELETE FROM %I.sessions WHERE expires_at <= $1', s) USING {now}::bigint;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+    COMMIT;
+  END LOOP;
+  RAISE NOTICE 'removed %', total;
+END $$
+""")
+
+
+async def _schemas(conn: AsyncConnection[Any]) -> list[str]:
+    cur = await conn.execute(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE 'tenant\\_%' ORDER BY 1"
+    )
+    return [r[0] for r in await cur.fetchall()]
+
+
+async def _client_loop(url: str, now_ms: int, clients: int) -> int:
+    """`clients` connections, each deleting its share of the schemas one statement a table
+    (autocommit: each committed on its own). The schema list is read inside the timing."""
+    conns = [
+        await AsyncConnection.connect(url, autocommit=True, application_name="purge-bench-floor")
+        for _ in range(clients)
+    ]
+    try:
+        schemas = await _schemas(conns[0])
+
+        async def one(conn: AsyncConnection[Any], share: list[str]) -> int:
+            removed = 0
+            for schema in share:
+                cur = await conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE expires_at <= %s").format(
+                        sql.Identifier(schema, "sessions")
+                    ),
+                    (now_ms,),
+                )
+                removed += cur.rowcount
+            return removed
+
+        counts = await asyncio.gather(
+            *(one(conn, schemas[n::clients]) for n, conn in enumerate(conns))
+        )
+        return sum(counts)
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+# -- histories -------------------------------------------------------------------------------
+
+
+def _largest_payload(message: Message) -> int:
+    """The largest Payloads (or a lone Payload outside one) anywhere inside `message`."""
+    best = 0
+    for fd, value in message.ListFields():
+        if fd.type != FieldDescriptor.TYPE_MESSAGE:
+            continue
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            items = [v for v in value.values() if isinstance(v, Message)]
+        elif _repeated(fd):
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            name = item.DESCRIPTOR.full_name
+            size = item.ByteSize() if name in (PAYLOADS, PAYLOAD) else _largest_payload(item)
+            best = max(best, size)
+    return best
+
+
+def _repeated(fd: FieldDescriptor) -> bool:
+    """protobuf 6 dropped `label` for `is_repeated`; older ones have only `label`."""
+    flag = getattr(fd, "is_repeated", None)
+    if flag is not None:
+        return bool(flag)
+    return bool(getattr(fd, "label", 0) == FieldDescriptor.LABEL_REPEATED)
+
+
+def _at_ms(event: Any) -> float:
+    return float(event.event_time.ToMilliseconds() + event.event_time.nanos % 1_000_000 / 1e6)
+
+
+async def _run_events(client: Client, workflow_id: str, run_id: str | None) -> list[Any]:
+    handle = client.get_workflow_handle(workflow_id, run_id=run_id)
+    return list((await handle.fetch_history()).events)
+
+
+async def _pass_history(client: Client, workflow_id: str) -> PassHistory:
+    """The parent's history and every run of every child (continue-as-new followed)."""
+    result = PassHistory()
+    parent = await _run_events(client, workflow_id, None)
+    chains: list[tuple[str, str | None, list[Any]]] = [(workflow_id, None, parent)]
+    for e in parent:
+        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED:
+            execution = e.child_workflow_execution_started_event_attributes.workflow_execution
+            chains.append((execution.workflow_id, execution.run_id, []))
+    started_at = _at_ms(parent[0])
+    first_child = next(
+        (
+            _at_ms(e)
+            for e in parent
+            if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        ),
+        started_at,
+    )
+    result.expand_s = (first_child - started_at) / 1000
+    run_ms: list[float] = []
+    waits: list[float] = []
+    for wf_id, run_id, events in chains:
+        n = 0
+        while True:
+            events = events or await _run_events(client, wf_id, run_id)
+            largest, where = 0, ""
+            scheduled: dict[int, float] = {}
+            started: dict[int, float] = {}
+            for e in events:
+                size = _largest_payload(e)
+                if size > largest:
+                    largest, where = size, EventType.Name(e.event_type)
+                kind = e.event_type
+                if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    scheduled[e.event_id] = _at_ms(e)
+                elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    attrs = e.activity_task_started_event_attributes
+                    started[e.event_id] = _at_ms(e)
+                    waits.append(_at_ms(e) - scheduled[attrs.scheduled_event_id])
+                elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                    done = e.activity_task_completed_event_attributes
+                    run_ms.append(_at_ms(e) - started[done.started_event_id])
+            result.runs.append(
+                RunHistory(wf_id, n, len(events), largest, where.replace("EVENT_TYPE_", ""))
+            )
+            last = events[-1]
+            if last.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW:
+                break
+            run_id = last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            events, n = [], n + 1
+    result.activities = len(run_ms)
+    result.activity_s = sum(run_ms) / 1000
+    result.schedule_to_start_ms_median = statistics.median(waits) if waits else 0.0
+    return result
+
+
+# -- the activity alone ----------------------------------------------------------------------
+
+
+#: Every statement the direct calls send: how many, and the time each execute() took
+#: (pipelined statements are only queued, so their round trip lands on the pipeline's exit).
+_COUNTED: dict[str, list[float]] = defaultdict(list)
+
+
+class CountingConnection(AsyncConnection[Any]):
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        text = query if isinstance(query, str) else query.as_string(self)
+        key = " ".join(text.split())[:70] or "(empty: the pool's check before lending)"
+        started = time.perf_counter()
+        try:
+            return await super().execute(query, params, **kwargs)
+        finally:
+            _COUNTED[key].append(1000 * (time.perf_counter() - started))
+
+
+async def _direct(
+    bench: Bench, url: str, config: PurgeConfig, result: TenantsResult, conn: AsyncConnection[Any]
+) -> None:
+    """DIRECT_CALLS + 1 sweeps of one tenant through ActivityEnvironment, on a registry and a
+    pool of their own (the first call builds and plans its target: the cold cost), each with
+    one expired row put back first (untimed); every statement counted."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        url,
+        open=False,
+        min_size=1,
+        max_size=4,
+        connection_class=CountingConnection,
+        kwargs={"autocommit": True, "application_name": "purge-bench-direct"},
+        check=AsyncConnectionPool.check_connection,
+    )
+    await pool.open()
+    await pool.wait()
+    try:
+        activities = PurgeActivities(build_registry(config, pool))
+        name = "sessions@" + _schema(0)
+        table = sql.Identifier(_schema(0), "sessions")
+        for n in range(DIRECT_CALLS + 1):
+            now_ms = int(time.time() * 1000)
+            await conn.execute(
+                sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table),
+                (now_ms - HOUR_MS,),
+            )
+            if n == 1:
+                _COUNTED.clear()  # count the warm calls only
+            env = ActivityEnvironment()
+            env.info = dataclasses.replace(env.info, workflow_run_id=str(uuid.uuid4()))
+            started = time.perf_counter()
+            sweep = await env.run(activities.purge_target, PurgeStep(name=name, now_ms=now_ms))
+            ms = 1000 * (time.perf_counter() - started)
+            if sweep.removed != 1:
+                raise RuntimeError(f"tenants: a direct call removed {sweep.removed}, want 1")
+            if n == 0:
+                result.direct_cold_ms = ms
+            else:
+                result.direct_ms.append(ms)
+        total = 0
+        for statement, times in sorted(_COUNTED.items(), key=lambda kv: -sum(kv[1])):
+            total += len(times)
+            result.statements.append(
+                StatementCost(statement, len(times) / DIRECT_CALLS, sum(times) / DIRECT_CALLS)
+            )
+        result.statements_per_call = total / DIRECT_CALLS
+    finally:
+        await pool.close()
+
+
+async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult) -> None:
+    """The statement every target's activity starts with (activities.engine.statements.
+    ledger_expire), timed on a copy of purge_progress holding 5,000 rows (one pass of this
+    case), a day of hourly passes and the week the ledger keeps (LEDGER_KEEP_MS): all recent,
+    so it deletes none, as on every pass but the first of an hour."""
+    now_ms = int(time.time() * 1000)
+    await conn.execute(
+        "CREATE TABLE bench_ledger (LIKE purge_progress INCLUDING ALL)"
+        " WITH (autovacuum_enabled = off)"
+    )
+    try:
+        have = 0
+        for size in LEDGER_SIZES:
+            await conn.execute(
+                "INSERT INTO bench_ledger SELECT 'purge-' || (g / 5000), 'run', "
+                "'sessions@tenant_' || (g %% 5000), %s - (g / 5000) * 3600000, 1, 1 "
+                "FROM generate_series(%s, %s - 1) g",
+                (now_ms, have, size),
+            )
+            have = size
+            await conn.execute("VACUUM ANALYZE bench_ledger")
+            times = []
+            for _ in range(5):
+                started = time.perf_counter()
+                await conn.execute(
+                    "DELETE FROM bench_ledger WHERE now_ms < %s - %s", (now_ms, WEEK_MS + HOUR_MS)
+                )
+                times.append(1000 * (time.perf_counter() - started))
+            result.ledger_expire_ms[size] = statistics.median(times)
+    finally:
+        await conn.execute("DROP TABLE IF EXISTS bench_ledger")
+
+
+# -- the case --------------------------------------------------------------------------------
+
+
+async def run_tenants(bench: Bench, scratch: Path, tenants: int) -> TenantsResult:
+    result = TenantsResult(tenants=tenants)
+    async with scratch_databases(bench.conn, bench.url, 1, "t") as urls:
+        url = urls[0]
+        conn = await AsyncConnection.connect(url, autocommit=True, application_name="purge-bench")
+        try:
+            started = time.perf_counter()
+            await _create(conn, tenants, bench.now_ms)
+            log.info("tenants: %d schemas in %.1f s", tenants, time.perf_counter() - started)
+            queue = f"bench-{uuid.uuid4().hex[:8]}"
+            configs = {"defaults": _config(url, queue, False), "tuned": _config(url, queue, True)}
+            configs["first"] = configs["tuned"]
+            inputs = {form: c.pass_input() for form, c in configs.items()}
+            for form in ("defaults", "tuned"):
+                log.info("tenants: %s input %s", form, {**inputs[form], "targets": "..."})
+            async with (
+                temporal_dev_server(scratch) as (client, temporal_pid),
+                config_worker(client, configs["defaults"]),
+            ):
+                meter = CpuMeter()
+                for who, pid in (
+                    ("temporal", temporal_pid),
+                    ("postgres", postmaster_pid(bench.data_dir)),
+                ):
+                    if pid is not None:
+                        meter.pids[who] = pid
+                for form, _ in FORMS:
+                    await _rearm(conn, tenants, bench.now_ms)
+                    ledger = None
+                    if form in PASSES:
+                        cur = await conn.execute("SELECT count(*) FROM purge_progress")
+                        row = await cur.fetchone()
+                        ledger = int(row[0]) if row else None
+                    load_before = [round(x, 2) for x in os.getloadavg()]
+                    cpu = meter.snapshot()
+                    workflow_id = f"bench-tenants-{form}-{uuid.uuid4().hex[:8]}"
+                    t0 = time.perf_counter()
+                    removed = await _run_form(form, client, queue, inputs, url, workflow_id, conn)
+                    seconds = time.perf_counter() - t0
+                    measured = TenantsForm(
+                        form,
+                        seconds,
+                        removed,
+                        load_before,
+                        [round(x, 2) for x in os.getloadavg()],
+                        meter.since(cpu),
+                        ledger,
+                        workflow_id=workflow_id if form in PASSES else "",
+                    )
+                    result.forms[form] = measured
+                    log.info(
+                        "tenants: %s removed %d in %.3f s (%.2f ms a tenant), load %s",
+                        form,
+                        removed,
+                        seconds,
+                        1000 * seconds / tenants,
+                        measured.load_after,
+                    )
+                    if removed != tenants:
+                        raise RuntimeError(f"tenants: {form} removed {removed}, want {tenants}")
+                    await _check_left(conn, tenants, form)
+                for form in PASSES:
+                    history = await _pass_history(client, result.forms[form].workflow_id)
+                    result.forms[form].history = history
+            await _direct(bench, url, configs["defaults"], result, conn)
+            await _ledger_expire_cost(conn, result)
+        finally:
+            await conn.close()
+    return result
+
+
+async def _run_form(
+    form: str,
+    client: Client,
+    queue: str,
+    inputs: dict[str, dict[str, Any]],
+    url: str,
+    workflow_id: str,
+    conn: AsyncConnection[Any],
+) -> int:
+    """One form, timed by the caller; the rows it removed."""
+    if form in PASSES:
+        report = await client.execute_workflow(
+            "Purge", inputs[form], id=workflow_id, task_queue=queue
+        )
+        targets = report.get("targets")
+        if report.get("statuses") != {"ok": targets}:
+            raise RuntimeError(f"tenants: {form}: statuses {report.get('statuses')}")
+        return int(report["removed"])
+    now_ms = int(time.time() * 1000)
+    if form == "floor_do":
+        # The loop says what it removed in a NOTICE (a DO block returns nothing).
+        said: list[str] = []
+
+        def hear(diagnostic: Any) -> None:
+            said.append(diagnostic.message_primary or "")
+
+        conn.add_notice_handler(hear)
+        try:
+            await conn.execute(FLOOR_DO.format(now=sql.Literal(now_ms)))
+        finally:
+            conn.remove_notice_handler(hear)
+        return int(said[-1].split()[-1]) if said else 0
+    return await _client_loop(url, now_ms, FLOOR_CLIENTS if form == "floor_client_n" else 1)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def tenants_table(result: TenantsResult) -> str:
+    floor = result.per_target_ms("floor_client")
+    floor_n = result.per_target_ms("floor_client_n")
+    rows = []
+    for form, label in FORMS:
+        if form not in result.forms:
+            continue
+        measured = result.forms[form]
+        ms = result.per_target_ms(form)
+        cpu = measured.cpu
+        rows.append(
+            [
+                label,
+                f"{measured.seconds:.2f}",
+                f"{ms:.2f}",
+                f"{ms / floor:.1f}x" if floor else "-",
+                f"{ms / floor_n:.1f}x" if floor_n else "-",
+                ", ".join(f"{cpu.get(k, 0.0):.1f}" for k in ("bench", "temporal", "postgres")),
+                f"{measured.load_before[0]:.2f} -> {measured.load_after[0]:.2f}",
+            ]
+        )
+    return render_table(
+        (
+            ("form", "<"),
+            ("s", ">"),
+            ("ms/tenant", ">"),
+            ("x floor 1 conn", ">"),
+            (f"x floor {FLOOR_CLIENTS} conns", ">"),
+            ("CPU s: bench, temporal, postgres", "<"),
+            ("load 1m", "<"),
+        ),
+        rows,
+    )
+
+
+def tenants_history_table(result: TenantsResult) -> str:
+    rows = []
+    for form in PASSES:
+        history = result.forms[form].history if form in result.forms else None
+        if history is None:
+            continue
+        big, heavy = history.max_events, history.max_payload
+        rows.append(
+            [
+                form,
+                f"{history.workflows} / {len(history.runs)}",
+                f"{big.events:,} ({_who(big)})",
+                f"{heavy.largest_payload:,} ({_who(heavy)}, {heavy.largest_in})",
+                f"{history.expand_s:.2f}",
+                f"{history.activities:,}",
+                f"{history.activity_s:.1f}",
+                f"{history.schedule_to_start_ms_median:.1f}",
+            ]
+        )
+    return render_table(
+        (
+            ("pass", "<"),
+            ("workflows / runs", ">"),
+            (f"max events (warn {WARN_EVENTS:,})", "<"),
+            (f"max payload B (warn {WARN_PAYLOAD:,})", "<"),
+            ("to 1st child s", ">"),
+            ("activities", ">"),
+            ("activity s (sum)", ">"),
+            ("sched-to-start ms p50", ">"),
+        ),
+        rows,
+    )
+
+
+def _who(run: RunHistory) -> str:
+    tail = run.workflow_id.rpartition("-chunk-")
+    name = f"chunk {tail[2]}" if tail[1] else "parent"
+    return f"{name} run {run.run}" if tail[1] else name
+
+
+def tenants_lines(result: TenantsResult) -> list[str]:
+    n = result.tenants
+    direct = result.direct_median_ms
+    lines = [
+        f"activity alone (ActivityEnvironment, one tenant, one expired row each call): first call"
+        f" {result.direct_cold_ms:.1f} ms (target built and planned), then median {direct:.2f} ms"
+        f" over {len(result.direct_ms)} calls (min {min(result.direct_ms, default=0):.2f},"
+        f" max {max(result.direct_ms, default=0):.2f});"
+        f" {result.statements_per_call:.1f} statements a call (times include the event loop's"
+        " other work; pipelined ones show on the statement after the pipeline):",
+    ]
+    lines += [
+        f"  {s.per_call:4.1f} x {s.ms_per_call:6.2f} ms  {s.statement}" for s in result.statements
+    ]
+    for form in PASSES:
+        if form not in result.forms:
+            continue
+        measured = result.forms[form]
+        seconds, history, cpu = measured.seconds, measured.history, measured.cpu
+        line = f"{form}: {seconds:.1f} s"
+        if history is not None and history.activity_s:
+            worker_s = history.activity_s
+            line += (
+                f"; activities {worker_s:.1f} s summed (started to completed, the worker's own"
+                f" measure: {1000 * worker_s / history.activities:.1f} ms each,"
+                f" {worker_s / seconds:.1f} in flight on average)"
+            )
+            if form == "defaults":
+                # One target at a time: what is not an activity is Temporal's (and the spread's).
+                rest = seconds - worker_s
+                line += (
+                    f"; Temporal's share {rest:.1f} s = {100 * rest / seconds:.0f}%"
+                    f" ({1000 * rest / n:.2f} ms a tenant); at the direct call's {direct:.2f} ms"
+                    f" the activities would take {direct * n / 1000:.1f} s"
+                )
+        total_cpu = sum(cpu.values())
+        if total_cpu:
+            line += (
+                f"; CPU {total_cpu:.1f} s in {seconds:.1f} s"
+                f" ({100 * total_cpu / seconds / (os.cpu_count() or 1):.0f}% of the cores),"
+                f" Temporal server {100 * cpu.get('temporal', 0.0) / total_cpu:.0f}% of it"
+            )
+        lines.append(line)
+        if measured.ledger_rows is not None:
+            lines.append(f"  purge_progress held {measured.ledger_rows:,} rows when it started")
+    if result.ledger_expire_ms:
+        lines.append(
+            "ledger cleanup each activity runs first (DELETE FROM purge_progress WHERE now_ms <"
+            " ..., no index on now_ms), deleting nothing: "
+            + ", ".join(
+                f"{ms:.2f} ms at {size:,} rows" for size, ms in result.ledger_expire_ms.items()
+            )
+        )
+    for form in ("defaults", "tuned"):
+        if form in result.forms:
+            ms = result.per_target_ms(form)
+            verdict = "met" if ms <= GOAL_MS else "NOT met"
+            lines.append(f"goal at most {GOAL_MS:g} ms a tenant, {form}: {ms:.2f} ms, {verdict}")
+    return lines
