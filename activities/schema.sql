@@ -48,3 +48,5 @@ CREATE TABLE purge_progress (
   batches     bigint NOT NULL,
   PRIMARY KEY (workflow_id, run_id, target)
 );
+-- For removing old passes' rows (once per pass and database) without reading the whole ledger.
+CREATE INDEX ON purge_progress (now_ms);

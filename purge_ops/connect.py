@@ -124,7 +124,12 @@ class LazyPool:
             await self._pool.close()
 
 
-def lazy_pools(urls: Mapping[str, str], wait_seconds: float = 10.0) -> dict[str, LazyPool]:
+def lazy_pools(
+    urls: Mapping[str, str], wait_seconds: float = 10.0, max_size: int = 4
+) -> dict[str, LazyPool]:
     """One lazily opened pool per named database, each waiting at most `wait_seconds` for a
     connection: a database that is down fails its sweep's attempt then, and Temporal retries."""
-    return {name: LazyPool(name, url, wait_seconds=wait_seconds) for name, url in urls.items()}
+    return {
+        name: LazyPool(name, url, wait_seconds=wait_seconds, max_size=max_size)
+        for name, url in urls.items()
+    }

@@ -118,8 +118,12 @@ async def run_worker(
     try:
         if metrics and probes:
             await probes.start(metrics)  # first: a taken port stops the start before any connect
-        pool = await open_pool(url, wait_seconds=config.database_wait_ms / 1000) if url else None
-        named = lazy_pools(config.databases)
+        # A connection for each sweep `max_per_database` lets run at once on a database (four
+        # at least, for the guards' and probes' reads beside them).
+        size = max(4, config.limits.max_per_database)
+        wait = config.database_wait_ms / 1000
+        pool = await open_pool(url, wait_seconds=wait, max_size=size) if url else None
+        named = lazy_pools(config.databases, max_size=size)
         try:
             registry = build_registry(config, pool, named)
             client = await connect_temporal(

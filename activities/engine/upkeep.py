@@ -36,6 +36,10 @@ ADVICE_MIN_ROWS = 1_000
 READ_TIMEOUT_MS = 2_000
 
 
+#: (host, port, database, pass instant) whose ledger this worker has cleared of old passes.
+_EXPIRED: set[tuple[object, ...]] = set()
+
+
 async def open_ledger(
     conn: AsyncConnection[Any], key: dict[str, object], settings: SweepSettings
 ) -> int | None:
@@ -47,11 +51,20 @@ async def open_ledger(
     if not row or not row[0]:
         return None
     params = {**key, "keep_ms": LEDGER_KEEP_MS}
-    # One round trip: pipelined up to one Sync, the three are one implicit transaction.
+    # Old passes' rows go once per pass and database on this worker, not before every target:
+    # the delete reads the whole ledger (up to 7 days of passes), 95 ms at 840,000 rows.
+    info = conn.info
+    expiry = (info.host, info.port, info.dbname, row[1], key.get("ledger_now"))
+    # One round trip: pipelined up to one Sync, these are one implicit transaction.
     async with conn.pipeline():
         await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))
-        await conn.execute(ledger_expire(), params)
+        if expiry not in _EXPIRED:
+            await conn.execute(ledger_expire(), params)
         cur = await conn.execute(ledger_entry(), params)
+    _EXPIRED.add(expiry)
+    if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
+        _EXPIRED.clear()
+        _EXPIRED.add(expiry)
     entry = await cur.fetchone()
     return int(entry[0]) if entry else 0
 
