@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from activities.schema import reference_ddl
 from activities.targets import PurgeTarget, TargetRegistry
+from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.connect import open_pool
@@ -29,6 +30,14 @@ from purge_ops.runner import new_worker
 from tests.support.servers import running_postgres, running_temporal
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, make PostgreSQL's account once, before pytest-xdist starts its workers: each
+    worker starts a server of its own, and two `useradd`s at once fail the loser's session."""
+    is_xdist_worker = hasattr(config, "workerinput")
+    if not is_xdist_worker and not os.environ.get("PURGE_TEST_DATABASE_URL"):
+        embedded_servers._pg_user()
 
 
 @pytest.fixture(scope="session")
