@@ -30,7 +30,7 @@ from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, venv_executable
 from purge_ops.connect import lazy_pools
 from purge_ops.runner import new_worker
-from tests.conftest import RunWorker
+from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, PAST_NOW, keys
@@ -329,43 +329,38 @@ def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> Non
 
 
 async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
 ) -> None:
     """One pass started by the client, another by the `temporal` CLI, on a table whose
     deletes are slow: one of them sweeps it, the other finds it busy (or nothing left), and
     together they remove exactly the expired rows."""
-    db.execute(
+    harness.db.execute(
         "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
         " FROM generate_series(1, 600) i",
-        (real_now - HOUR, real_now + HOUR),
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
-    db.execute(
+    harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
         " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
     )
-    db.execute(
+    harness.db.execute(
         "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
         " EXECUTE FUNCTION slow_delete()"
     )
     patient = SweepSettings(busy_wait_ms=100)
     request = '{"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60000}'
-    async with run_worker([kinds.idempotency(pool, settings=patient)]):
-        by_client = await client.start_workflow(
+    async with harness.run_worker([kinds.idempotency(harness.pool, settings=patient)]):
+        by_client = await harness.client.start_workflow(
             "Purge", {"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60_000},
-            id=f"purge-client-{uuid.uuid4()}", task_queue=task_queue,
+            id=f"purge-client-{uuid.uuid4()}", task_queue=harness.task_queue,
         )  # fmt: skip
         cli_id = f"purge-cli-{uuid.uuid4()}"
         await asyncio.to_thread(
             subprocess.run,
             [
                 venv_executable("temporal"), "workflow", "start",
-                "--address", temporal_server.address, "--task-queue", task_queue,
+                "--address", temporal_server.address, "--task-queue", harness.task_queue,
                 "--type", "Purge", "--workflow-id", cli_id, "--input", request,
             ],
             check=True,
@@ -373,7 +368,7 @@ async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
         )  # fmt: skip
         results = [
             await by_client.result(),
-            await client.get_workflow_handle(cli_id).result(),
+            await harness.client.get_workflow_handle(cli_id).result(),
         ]
 
     sweeps = [r["swept"][0] for r in results]
@@ -381,7 +376,7 @@ async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
     assert sorted(s["status"] for s in sweeps) in (["busy", "ok"], ["ok", "ok"])
     if all(s["status"] == "ok" for s in sweeps):
         assert 0 in [s["removed"] for s in sweeps]  # one found nothing left
-    assert len(keys(db, "x_idempotency")) == 300
+    assert len(keys(harness.db, "x_idempotency")) == 300
 
 
 def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: Path) -> None:
