@@ -33,7 +33,7 @@ from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.passes import failed_pass, run_pass
-from tests.support.rows import HOUR, PAST_NOW, keys
+from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
 
 NOW = PAST_NOW
 
@@ -189,14 +189,42 @@ async def test_an_empty_table_is_swept_without_waiting_for_its_lock(
     assert keys(db, "x_idempotency") == {"old"}
 
 
-async def test_a_sweep_releases_its_table_lock_when_it_ends(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
-) -> None:
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
-    await activity_env().run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+def table_lock_holders(db: psycopg.Connection[Any], table: str) -> list[int]:
+    """The backends holding the advisory lock a sweep of `table` takes (its second key is the
+    table's OID less 2^31, which pg_locks shows as an unsigned objid)."""
+    rows = db.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+        " AND classid = %s::bigint::oid"
+        " AND objid::bigint = (%s::regclass::oid::bigint + 2147483648) %% 4294967296",
+        (LOCK_SPACE, table),
+    )
+    return [pid for (pid,) in rows]
 
-    held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
-    assert held == (0,)
+
+async def test_a_sweep_releases_its_table_lock_when_it_ends(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """Expired rows, so the sweep takes the table's lock (an empty table's never does); its
+    pooled connection outlives the sweep, so only an unlock frees the table for the next."""
+    idempotency_rows(db, {f"old-{i}": NOW - HOUR for i in range(1_000)} | {"new": NOW + HOUR})
+    held_during: list[list[int]] = []
+    env = activity_env()
+    env.on_heartbeat = lambda *_: held_during.append(table_lock_holders(db, "x_idempotency"))
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    done: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+
+    assert (done.status, done.removed) == ("ok", 1_000)
+    assert held_during, "no batch heartbeat was seen"
+    assert all(len(holders) == 1 for holders in held_during), held_during  # the sweep held it
+    assert table_lock_holders(db, "x_idempotency") == []
+    with psycopg.connect(schema_url, autocommit=True) as other:
+        taken = other.execute(
+            "SELECT pg_try_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",
+            (LOCK_SPACE, "x_idempotency"),
+        ).fetchone()
+    assert taken == (True,)
 
 
 @pytest.fixture
