@@ -34,6 +34,7 @@ from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
+from tests.test_batching import slow_deletes
 
 NOW = PAST_NOW
 
@@ -126,6 +127,38 @@ async def test_a_pass_without_limits_is_the_sequential_pass(
 
     assert sleepers.most["*"] == 1
     assert not any(e.HasField("marker_recorded_event_attributes") for e in history.events)
+
+
+async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budget(
+    harness: Harness,
+) -> None:
+    """The pass hands each target what is left of its budget: a sweep whose own time budget is
+    10 minutes, in a pass of half a second, stops by then with a backlog (without the hand-off
+    it would run its 6,000 slow deletes, 6 s and more, well past the pass's end)."""
+    expired = 6_000
+    harness.db.execute(
+        "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i <= %s THEN %s ELSE %s END"
+        " FROM generate_series(1, %s) i",
+        (expired, harness.now_ms - HOUR, harness.now_ms + HOUR, expired + 100),
+    )
+    slow_deletes(harness.db, "x_idempotency")
+    target = kinds.idempotency(harness.pool)
+    assert target.settings.time_budget_ms == 600_000  # the default: far above the pass's
+    async with harness.run_worker([target]):
+        started = time.monotonic()
+        result = await run_pass(
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 500},
+        )
+        took = time.monotonic() - started
+
+    [sweep] = result["swept"]
+    assert sweep["status"] == "ok"
+    assert 0 < sweep["removed"] < expired
+    assert sweep["backlog"] == expired - sweep["removed"]
+    assert sweep["seconds"] < 3.0, sweep  # half a second, a batch, and counting the backlog
+    assert took < 6.0
 
 
 def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
