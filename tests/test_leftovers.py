@@ -23,6 +23,7 @@ from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config import parse_config
+from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.passes import PassSummary, passes_table
@@ -33,6 +34,8 @@ from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
+from tests.test_batching import slow_deletes
+from tests.test_fleet import hold_table_lock
 
 NOW = PAST_NOW
 
@@ -243,3 +246,36 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     assert metrics["purge_rows_removed{x_idempotency}"] == expired - backlog
     assert metrics["purge_target_failures{nowhere}"] == 1
     assert "purge_target_failures{x_idempotency}" not in metrics
+
+
+async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them(
+    temporal_server: TemporalDevServer, harness: Harness
+) -> None:
+    """A sweep that finds its table held by another sweep measured nothing: it must not set
+    the backlog to 0 and the oldest expired row's age to 0, clearing an alert that fires on
+    what the last real sweep left."""
+    expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)  # by index
+    slow_deletes(harness.db, "x_idempotency")
+    [port] = free_ports(1)
+    metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
+    patient = SweepSettings(busy_wait_ms=200)
+    registry = TargetRegistry([kinds.idempotency(harness.pool, settings=patient)])
+    # Cut short by the pass's budget, so it leaves a backlog the gauges report.
+    request = {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 300}
+    async with new_worker(metered, registry, harness.task_queue):
+        [cut_short] = (await run_pass(metered, harness.task_queue, request))["swept"]
+        after_sweep = scrape(port)
+        with psycopg.connect(harness.url, autocommit=True) as other:
+            hold_table_lock(other, "x_idempotency")
+            [busy] = (await run_pass(metered, harness.task_queue, request))["swept"]
+        after_busy = scrape(port)
+
+    assert 0 < cut_short["backlog"] < expired, cut_short
+    assert busy["status"] == "busy"
+    gauges = (
+        "purge_backlog_rows{x_idempotency}",
+        "purge_oldest_expired_age_seconds{x_idempotency}",
+    )
+    assert after_sweep[gauges[0]] == cut_short["backlog"]
+    assert after_sweep[gauges[1]] >= 3_600  # rows expired an hour before the pass's instant
+    assert [after_busy[g] for g in gauges] == [after_sweep[g] for g in gauges]
