@@ -28,6 +28,7 @@ from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
+from tests.support.faults import WorkersTally
 from tests.support.servers import running_postgres, running_temporal
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,10 +36,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config: pytest.Config) -> None:
     """As root, make PostgreSQL's account once, before pytest-xdist starts its workers: each
-    worker starts a server of its own, and two `useradd`s at once fail the loser's session."""
+    worker starts a server of its own, and two `useradd`s at once fail the loser's session.
+    And print the fault tests' figures, which run on the workers, in the controller's summary."""
     is_xdist_worker = hasattr(config, "workerinput")
     if not is_xdist_worker and not os.environ.get("PURGE_TEST_DATABASE_URL"):
         embedded_servers._pg_user()
+    if not is_xdist_worker:
+        config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
 
 
 @pytest.fixture(scope="session")
