@@ -275,13 +275,17 @@ def _rows_removed() -> MetricCounter:
 def _record_gauges(name: str, sweep: PurgeSweep) -> None:
     """What a sweep left, for alerts: expired rows left and how long the oldest has waited."""
     labels = {"target": name}
-    _meter().create_gauge(
-        "purge_backlog_rows", "expired rows left after the last sweep", "rows"
-    ).set(sweep.backlog, labels)
     if sweep.paused_s:
         _meter().create_counter(
             "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
         ).add(math.ceil(sweep.paused_s), labels)
+    if sweep.status == "busy":
+        # Another sweep held the table, so this one measured nothing: its zeros would clear an
+        # alert firing on what the last sweep that ran left. The gauges keep that sweep's values.
+        return
+    _meter().create_gauge(
+        "purge_backlog_rows", "expired rows left after the last sweep", "rows"
+    ).set(sweep.backlog, labels)
     if sweep.oldest_expired_age_s is not None:
         _meter().create_gauge_float(
             "purge_oldest_expired_age_seconds",

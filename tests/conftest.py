@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,26 @@ from temporalio.worker import Worker
 
 from activities.schema import reference_ddl
 from activities.targets import PurgeTarget, TargetRegistry
+from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
+from tests.support.faults import WorkersTally
 from tests.support.servers import running_postgres, running_temporal
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, make PostgreSQL's account once, before pytest-xdist starts its workers: each
+    worker starts a server of its own, and two `useradd`s at once fail the loser's session.
+    And print the fault tests' figures, which run on the workers, in the controller's summary."""
+    is_xdist_worker = hasattr(config, "workerinput")
+    if not is_xdist_worker and not os.environ.get("PURGE_TEST_DATABASE_URL"):
+        embedded_servers._pg_user()
+    if not is_xdist_worker:
+        config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
 
 
 @pytest.fixture(scope="session")
@@ -156,3 +170,40 @@ def run_worker(client: Client, task_queue: str) -> RunWorker:
 def real_now() -> int:
     """The machine's clock in epoch ms, for rows a pass at workflow time must split cleanly."""
     return epoch_ms_now()
+
+
+@dataclass(frozen=True)
+class Harness:
+    """Everything a test of a pass through Temporal on the real database needs, as one fixture."""
+
+    client: Client
+    """A client of the session's dev server."""
+    task_queue: str
+    """A task queue no other test uses."""
+    run_worker: RunWorker
+    """`async with harness.run_worker(targets):` a worker on `task_queue`, in this process."""
+    pool: AsyncConnectionPool[Any]
+    """The pool a worker would have, pointed at `schema`."""
+    db: psycopg.Connection[Any]
+    """An autocommit connection into `schema`, for arranging and checking rows."""
+    schema: str
+    """A fresh schema holding the built-in tables, dropped after the test."""
+    url: str
+    """A connection string whose unqualified names resolve in `schema`."""
+    now_ms: int
+    """The machine's clock in epoch ms when the test started (a pass's instant is close to it)."""
+
+
+@pytest.fixture
+def harness(
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    schema: str,
+    schema_url: str,
+    real_now: int,
+) -> Harness:
+    """Client, task queue, worker starter, pool, database connection, schema, URL and clock."""
+    return Harness(client, task_queue, run_worker, pool, db, schema, schema_url, real_now)

@@ -26,6 +26,7 @@ from temporalio.client import Client
 
 from activities.schema import reference_ddl
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
+from tests.conftest import Harness
 from tests.support.faults import Fleet
 from tests.support.procs import clean_env, worker_config
 from tests.support.servers import running_postgres
@@ -221,20 +222,18 @@ async def run_pass(
 
 async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema: str,
-    schema_url: str,
-    db: psycopg.Connection[Any],
     fleet: Callable[[Path, dict[str, str]], Fleet],
     rng: random.Random,
 ) -> None:
-    archive = f"{schema}_archive"
-    create(db, archive)
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, target_toml(archive))
+    archive = f"{harness.schema}_archive"
+    create(harness.db, archive)
+    config = worker_config(
+        tmp_path / "purge.toml", harness.url, harness.task_queue, target_toml(archive)
+    )
     workers = fleet(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
-    watch = Watch(schema_url, archive)
+    watch = Watch(harness.url, archive)
     kills = 0
 
     async def kill() -> None:
@@ -245,16 +244,18 @@ async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
 
     try:
         for _ in range(2):
-            expired = fill(db, archive, rng)
+            expired = fill(harness.db, archive, rng)
             if not workers.alive:
                 workers.start()
-            result = await run_pass(client, task_queue, kill, KILLS_PER_PASS, watch, expired, rng)
+            result = await run_pass(
+                harness.client, harness.task_queue, kill, KILLS_PER_PASS, watch, expired, rng
+            )
             [swept] = result["swept"]
             assert (swept["removed"], swept["archived"]) == (expired, expired), swept
-            check(db, archive, expired)
+            check(harness.db, archive, expired)
     finally:
         await watch.close()
-        db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(archive)))
+        harness.db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(archive)))
     assert kills >= 3
 
 

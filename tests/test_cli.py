@@ -12,9 +12,18 @@ from pathlib import Path
 import pytest
 
 from purge_dev.servers import TemporalDevServer, port_is_free
-from tests.support.procs import clean_env, run_main, start, start_worker, wait_for, worker_config
+from tests.support.procs import (
+    DEV_PORT,
+    clean_env,
+    run_main,
+    start,
+    start_worker,
+    wait_for,
+    worker_config,
+)
 
 
+@DEV_PORT
 def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path) -> None:
     """With the default Temporal port taken, it picks another, says which, runs one pass, prints
     the report and the rows that stayed, exits 0 and leaves no server running."""
@@ -81,6 +90,7 @@ def test_worker_shuts_down_gracefully_on_signal(
     assert "Traceback" not in text
 
 
+@DEV_PORT
 def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
     """Without --once: the schedule is created, it prints the UI's address, the UI answers, and
     Ctrl-C (SIGINT) stops the worker and both servers, exit 0."""

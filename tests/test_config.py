@@ -17,8 +17,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config, parse_config
@@ -27,6 +25,7 @@ from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
 from purge_dev.servers import TemporalDevServer
 from purge_ops import runner
+from tests.conftest import Harness
 from tests.support import apptargets
 from tests.support.passes import run_pass
 from tests.support.procs import Done, clean_env, run_main, use_env
@@ -824,14 +823,8 @@ def test_partitions_default_to_delete_and_detach_keeps_its_schema(tmp_path: Path
 
 
 async def test_the_readme_config_example_is_accepted(
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema: str,
-    schema_url: str,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The README's example file, run: pointed at the test's servers (its database_url and
@@ -842,10 +835,10 @@ async def test_the_readme_config_example_is_accepted(
     start = readme.index("```toml\ndatabase_url") + len("```toml\n")
     raw = tomllib.loads(readme[start : readme.index("```", start)])
     assert raw["database_url"] == "postgresql://purge@db/app"
-    raw["database_url"], raw["task_queue"] = schema_url, task_queue
+    raw["database_url"], raw["task_queue"] = harness.url, harness.task_queue
     for entry in raw["targets"]:
         if entry.get("table", "").startswith("app."):
-            entry["table"] = entry["table"].replace("app.", f"{schema}.", 1)
+            entry["table"] = entry["table"].replace("app.", f"{harness.schema}.", 1)
         if entry.get("factory") == "myapp.purge:targets":
             entry["factory"] = "tests.support.apptargets:targets"
     config = parse_config(raw, env={})
@@ -855,29 +848,42 @@ async def test_the_readme_config_example_is_accepted(
     assert config.metrics == "0.0.0.0:9464"
 
     # The tables it names, each with a row expired as of now and one live.
-    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
-    bucket_rows(db, {"full": (0.0, 4.0, 1.0, real_now - HOUR), "empty": (0.0, 4.0, 1e-9, real_now)})
-    auth_rows(db, {"f-old": real_now - HOUR, "f-new": real_now + HOUR}, {"l-old": real_now - HOUR})
-    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)")
-    db.execute(
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    bucket_rows(
+        harness.db,
+        {"full": (0.0, 4.0, 1.0, harness.now_ms - HOUR), "empty": (0.0, 4.0, 1e-9, harness.now_ms)},
+    )
+    auth_rows(
+        harness.db,
+        {"f-old": harness.now_ms - HOUR, "f-new": harness.now_ms + HOUR},
+        {"l-old": harness.now_ms - HOUR},
+    )
+    harness.db.execute(
+        "CREATE TABLE sessions (key text PRIMARY KEY, expires_at timestamptz NOT NULL)"
+    )
+    harness.db.execute(
         "INSERT INTO sessions VALUES ('s-old', now() - interval '1 hour'),"
         " ('s-new', now() + interval '1 hour')"
     )
-    db.execute("CREATE TABLE tmp_uploads (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)")
-    db.execute(
+    harness.db.execute(
+        "CREATE TABLE tmp_uploads (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)"
+    )
+    harness.db.execute(
         "INSERT INTO tmp_uploads VALUES ('u-old', %s), ('u-new', %s)",
-        (real_now - HOUR, real_now + HOUR),
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
 
     use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
-    apptargets.start_app(pool)  # the application's own store, as the README's start() makes it
+    apptargets.start_app(
+        harness.pool
+    )  # the application's own store, as the README's start() makes it
     stop = asyncio.Event()
     worker = asyncio.create_task(
         runner.run_worker(config, stop=stop, temporal_address=temporal_server.address)
     )
     try:
         passing = asyncio.create_task(
-            run_pass(client, config.task_queue, {"targets": config.target_names})
+            run_pass(harness.client, config.task_queue, {"targets": config.target_names})
         )
         await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
         assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
@@ -891,12 +897,12 @@ async def test_the_readme_config_example_is_accepted(
         "x_idempotency": 1, "x_rate_limit": 1, "x_auth": 2, "sessions": 1, "tmp_uploads": 1,
     }  # fmt: skip
     assert result["failed"] == []
-    assert keys(db, "x_idempotency") == {"new"}
-    assert keys(db, "x_rate_limit") == {"empty"}
-    assert keys(db, "x_auth_failures") == {"f-new"}
-    assert keys(db, "x_auth_lockouts") == set()
-    assert keys(db, f'"{schema}".sessions') == {"s-new"}
-    assert keys(db, "tmp_uploads") == {"u-new"}
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_rate_limit") == {"empty"}
+    assert keys(harness.db, "x_auth_failures") == {"f-new"}
+    assert keys(harness.db, "x_auth_lockouts") == set()
+    assert keys(harness.db, f'"{harness.schema}".sessions') == {"s-new"}
+    assert keys(harness.db, "tmp_uploads") == {"u-new"}
 
 
 def test_an_archive_refuses_partitions_that_would_leave_without_their_copy(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -16,7 +14,7 @@ from activities.payloads import PurgeReport
 from activities.targets import TargetRegistry
 from purge_config.names import TableName
 from purge_ops.runner import new_worker
-from tests.conftest import RunWorker
+from tests.conftest import Harness, RunWorker
 from tests.support.history import events, target_runs
 from tests.support.passes import failed_pass
 from tests.support.rows import HOUR, idempotency_rows, keys
@@ -24,31 +22,28 @@ from workflows.steps import TARGET_RETRY
 
 
 async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
-    db.execute("CREATE TABLE typed (key text, expires_at text)")
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    harness.db.execute("CREATE TABLE typed (key text, expires_at text)")
     targets = [
-        kinds.idempotency(pool),
-        kinds.expiring(pool, "missing_table", TableName("no_such_table"), "expires_at"),
-        kinds.expiring(pool, "missing_column", TableName("x_idempotency"), "gone_at"),
-        kinds.expiring(pool, "text_column", TableName("typed"), "expires_at"),
-        kinds.auth(pool),
+        kinds.idempotency(harness.pool),
+        kinds.expiring(harness.pool, "missing_table", TableName("no_such_table"), "expires_at"),
+        kinds.expiring(harness.pool, "missing_column", TableName("x_idempotency"), "gone_at"),
+        kinds.expiring(harness.pool, "text_column", TableName("typed"), "expires_at"),
+        kinds.auth(harness.pool),
     ]
     order = ["missing_table", "x_idempotency", "nobody", "missing_column", "text_column", "x_auth"]
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker(targets):
-        error = await failed_pass(client, task_queue, {"targets": order}, workflow_id)
+    async with harness.run_worker(targets):
+        error = await failed_pass(
+            harness.client, harness.task_queue, {"targets": order}, workflow_id
+        )
 
     assert error.type == "PurgeTargetsFailed"
     report = PurgeReport.from_json(error.details[0])
     assert [s.name for s in report.swept] == ["x_idempotency", "x_auth"]
-    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_idempotency") == {"new"}
     failed = {f.name: f for f in report.failed}
     assert list(failed) == ["missing_table", "nobody", "missing_column", "text_column"]
     assert failed["nobody"].type == "UnknownPurgeTarget"
@@ -64,12 +59,12 @@ async def test_unknown_and_broken_targets_fail_alone_and_the_others_are_swept(
     for name in failed:
         assert name in error.message
     # Configuration faults are not retried: each failed on its first attempt.
-    runs = target_runs(client, await events(client, workflow_id))
+    runs = target_runs(harness.client, await events(harness.client, workflow_id))
     assert {name: runs[name].attempt for name in failed} == dict.fromkeys(failed, 1)
 
 
 async def test_dry_run_of_a_target_without_count_expired_fails_that_target(
-    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+    harness: Harness,
 ) -> None:
     class DeleteOnly:
         name = "delete_only"
@@ -77,10 +72,10 @@ async def test_dry_run_of_a_target_without_count_expired_fails_that_target(
         async def purge_expired(self, now_ms: int) -> int:
             raise AssertionError("a dry run must not delete")
 
-    async with run_worker([DeleteOnly(), kinds.idempotency(pool)]):
+    async with harness.run_worker([DeleteOnly(), kinds.idempotency(harness.pool)]):
         error = await failed_pass(
-            client,
-            task_queue,
+            harness.client,
+            harness.task_queue,
             {"targets": ["delete_only", "x_idempotency"], "dry_run": True},
             f"purge-{uuid.uuid4()}",
         )

@@ -25,6 +25,7 @@ from psycopg import sql
 from temporalio.client import Client
 
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
+from tests.conftest import Harness
 from tests.support.faults import Fleet, Tally, TallyReport
 from tests.support.oracle import (
     TABLES,
@@ -156,11 +157,8 @@ async def _kill_and_replace(watch: PassWatch, fleet: Fleet, tally: Tally) -> Non
 
 async def test_worker_sigkilled_at_random_points_of_passes(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema_url: str,
-    db: psycopg.Connection[Any],
     fleets: FleetFactory,
     probes: Callable[[str], Probe],
     rng: random.Random,
@@ -169,14 +167,18 @@ async def test_worker_sigkilled_at_random_points_of_passes(
     """The worker process SIGKILLed at random points of passes, at least 20 times, a new worker
     started after each: mostly part-way through a table (a random share of its expired rows
     gone, then up to 30 ms more), sometimes as it starts, between targets or in a retry."""
-    create_tables(db, builtins=False)
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
+    create_tables(harness.db, builtins=False)
+    config = worker_config(
+        tmp_path / "purge.toml", harness.url, harness.task_queue, targets_toml(**SWEEP)
+    )
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
-    progress = probes(schema_url)
+    progress = probes(harness.url)
     kills = 0
     for _ in range(10):
-        oracle = fill(db, ROWS, rng)
-        async with watching(client, task_queue, "purge-kill", schema_url, oracle) as watch:
+        oracle = fill(harness.db, ROWS, rng)
+        async with watching(
+            harness.client, harness.task_queue, "purge-kill", harness.url, oracle
+        ) as watch:
             if not fleet.alive:
                 fleet.start()
             if rng.random() < 0.3:  # in the pass's first seconds: a worker starting, a first task
@@ -255,9 +257,7 @@ async def test_postgres_restarted_in_the_middle_of_targets(
 async def test_temporal_server_restarted_mid_pass(
     tmp_path: Path,
     own_temporal: TemporalDevServer,
-    task_queue: str,
-    schema_url: str,
-    db: psycopg.Connection[Any],
+    harness: Harness,
     fleets: FleetFactory,
     probes: Callable[[str], Probe],
     rng: random.Random,
@@ -266,16 +266,20 @@ async def test_temporal_server_restarted_mid_pass(
     """The Temporal dev server (its state in a file) stopped while a target sweeps and started
     again 0.1-1.5 s later, at least 3 times: the worker and this test's client ride through,
     and the pass completes from its persisted history."""
-    create_tables(db, builtins=False)
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP))
+    create_tables(harness.db, builtins=False)
+    config = worker_config(
+        tmp_path / "purge.toml", harness.url, harness.task_queue, targets_toml(**SWEEP)
+    )
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=own_temporal.address))
-    progress = probes(schema_url)
+    progress = probes(harness.url)
     client = await Client.connect(own_temporal.address)
     worker = fleet.start()
     restarts = 0
     while restarts < TEMPORAL_RESTARTS:
-        oracle = fill(db, ROWS, rng)
-        async with watching(client, task_queue, "purge-temporal", schema_url, oracle) as watch:
+        oracle = fill(harness.db, ROWS, rng)
+        async with watching(
+            client, harness.task_queue, "purge-temporal", harness.url, oracle
+        ) as watch:
             for target in sorted(rng.sample(TARGET_NAMES, 3), key=TARGET_NAMES.index):
                 table = rng.choice(tables_of(target))
                 if not await watch.until_swept(table, rng.uniform(0.05, 0.6), progress):
@@ -315,11 +319,8 @@ async def _blocked_by(probe: Probe, holder: psycopg.AsyncConnection[Any]) -> Non
 )
 async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema_url: str,
-    db: psycopg.Connection[Any],
     fleets: FleetFactory,
     probes: Callable[[str], Probe],
     rng: random.Random,
@@ -332,25 +333,27 @@ async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
     reaches each table, its batch waits on the lock until the timeout fails it; the lock is
     released about a second after the batch began to wait, and Temporal's retry resumes the
     target and completes it, counting each deleted row once."""
-    create_tables(db, builtins=False)
+    create_tables(harness.db, builtins=False)
     config = worker_config(
-        tmp_path / "purge.toml", schema_url, task_queue, targets_toml(**SWEEP, **bounds)
+        tmp_path / "purge.toml", harness.url, harness.task_queue, targets_toml(**SWEEP, **bounds)
     )
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), metrics=True)
-    locks = probes(schema_url)
+    locks = probes(harness.url)
     fleet.start()
-    oracle = fill(db, ROWS, rng)
+    oracle = fill(harness.db, ROWS, rng)
     loop = asyncio.get_running_loop()
     holders: dict[str, psycopg.AsyncConnection[Any]] = {}
     try:
         for table in TABLES:
-            holders[table.name] = holder = await psycopg.AsyncConnection.connect(schema_url)
+            holders[table.name] = holder = await psycopg.AsyncConnection.connect(harness.url)
             await holder.execute(
                 sql.SQL("SELECT key FROM {} WHERE key LIKE 'e%%' FOR UPDATE").format(
                     sql.Identifier(table.name)
                 )
             )
-        async with watching(client, task_queue, f"purge-{kind}", schema_url, oracle) as watch:
+        async with watching(
+            harness.client, harness.task_queue, f"purge-{kind}", harness.url, oracle
+        ) as watch:
             for table in TABLES:
                 seen = set(watch.failures)
                 await _blocked_by(locks, holders[table.name])

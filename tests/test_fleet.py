@@ -30,10 +30,11 @@ from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, venv_executable
 from purge_ops.connect import lazy_pools
 from purge_ops.runner import new_worker
-from tests.conftest import RunWorker
+from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.passes import failed_pass, run_pass
-from tests.support.rows import HOUR, PAST_NOW, keys
+from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
+from tests.test_batching import slow_deletes
 
 NOW = PAST_NOW
 
@@ -101,7 +102,10 @@ async def test_a_pass_out_of_budget_reports_the_rest_skipped_and_the_next_pass_s
 ) -> None:
     names = ["t1", "t2", "t3", "t4"]
     request = {"targets": names, "max_concurrent": 1, "budget_ms": 1_500}
-    async with run_worker([Sleeper(name, "", 1.0) for name in names]):
+    # t1 and t2 outlast the budget between them; t3 and t4, skipped by the first pass whatever
+    # they take, need not make the second pass wait as long.
+    seconds = {"t1": 1.0, "t2": 1.0, "t3": 0.1, "t4": 0.1}
+    async with run_worker([Sleeper(name, "", seconds[name]) for name in names]):
         first = await run_pass(client, task_queue, request)
         second = await run_pass(
             client, task_queue, {**request, "targets": ["t3", "t4"], "budget_ms": 60_000}
@@ -126,6 +130,38 @@ async def test_a_pass_without_limits_is_the_sequential_pass(
 
     assert sleepers.most["*"] == 1
     assert not any(e.HasField("marker_recorded_event_attributes") for e in history.events)
+
+
+async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budget(
+    harness: Harness,
+) -> None:
+    """The pass hands each target what is left of its budget: a sweep whose own time budget is
+    10 minutes, in a pass of half a second, stops by then with a backlog (without the hand-off
+    it would run its 6,000 slow deletes, 6 s and more, well past the pass's end)."""
+    expired = 6_000
+    harness.db.execute(
+        "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i <= %s THEN %s ELSE %s END"
+        " FROM generate_series(1, %s) i",
+        (expired, harness.now_ms - HOUR, harness.now_ms + HOUR, expired + 100),
+    )
+    slow_deletes(harness.db, "x_idempotency")
+    target = kinds.idempotency(harness.pool)
+    assert target.settings.time_budget_ms == 600_000  # the default: far above the pass's
+    async with harness.run_worker([target]):
+        started = time.monotonic()
+        result = await run_pass(
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 500},
+        )
+        took = time.monotonic() - started
+
+    [sweep] = result["swept"]
+    assert sweep["status"] == "ok"
+    assert 0 < sweep["removed"] < expired
+    assert sweep["backlog"] == expired - sweep["removed"]
+    assert sweep["seconds"] < 3.0, sweep  # half a second, a batch, and counting the backlog
+    assert took < 6.0
 
 
 def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
@@ -189,14 +225,42 @@ async def test_an_empty_table_is_swept_without_waiting_for_its_lock(
     assert keys(db, "x_idempotency") == {"old"}
 
 
-async def test_a_sweep_releases_its_table_lock_when_it_ends(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
-) -> None:
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
-    await activity_env().run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+def table_lock_holders(db: psycopg.Connection[Any], table: str) -> list[int]:
+    """The backends holding the advisory lock a sweep of `table` takes (its second key is the
+    table's OID less 2^31, which pg_locks shows as an unsigned objid)."""
+    rows = db.execute(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+        " AND classid = %s::bigint::oid"
+        " AND objid::bigint = (%s::regclass::oid::bigint + 2147483648) %% 4294967296",
+        (LOCK_SPACE, table),
+    )
+    return [pid for (pid,) in rows]
 
-    held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
-    assert held == (0,)
+
+async def test_a_sweep_releases_its_table_lock_when_it_ends(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """Expired rows, so the sweep takes the table's lock (an empty table's never does); its
+    pooled connection outlives the sweep, so only an unlock frees the table for the next."""
+    idempotency_rows(db, {f"old-{i}": NOW - HOUR for i in range(1_000)} | {"new": NOW + HOUR})
+    held_during: list[list[int]] = []
+    env = activity_env()
+    env.on_heartbeat = lambda *_: held_during.append(table_lock_holders(db, "x_idempotency"))
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    done: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+
+    assert (done.status, done.removed) == ("ok", 1_000)
+    assert held_during, "no batch heartbeat was seen"
+    assert all(len(holders) == 1 for holders in held_during), held_during  # the sweep held it
+    assert table_lock_holders(db, "x_idempotency") == []
+    with psycopg.connect(schema_url, autocommit=True) as other:
+        taken = other.execute(
+            "SELECT pg_try_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",
+            (LOCK_SPACE, "x_idempotency"),
+        ).fetchone()
+    assert taken == (True,)
 
 
 @pytest.fixture
@@ -329,43 +393,38 @@ def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> Non
 
 
 async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
 ) -> None:
     """One pass started by the client, another by the `temporal` CLI, on a table whose
     deletes are slow: one of them sweeps it, the other finds it busy (or nothing left), and
     together they remove exactly the expired rows."""
-    db.execute(
+    harness.db.execute(
         "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
         " FROM generate_series(1, 600) i",
-        (real_now - HOUR, real_now + HOUR),
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
-    db.execute(
+    harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
         " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
     )
-    db.execute(
+    harness.db.execute(
         "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
         " EXECUTE FUNCTION slow_delete()"
     )
     patient = SweepSettings(busy_wait_ms=100)
     request = '{"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60000}'
-    async with run_worker([kinds.idempotency(pool, settings=patient)]):
-        by_client = await client.start_workflow(
+    async with harness.run_worker([kinds.idempotency(harness.pool, settings=patient)]):
+        by_client = await harness.client.start_workflow(
             "Purge", {"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60_000},
-            id=f"purge-client-{uuid.uuid4()}", task_queue=task_queue,
+            id=f"purge-client-{uuid.uuid4()}", task_queue=harness.task_queue,
         )  # fmt: skip
         cli_id = f"purge-cli-{uuid.uuid4()}"
         await asyncio.to_thread(
             subprocess.run,
             [
                 venv_executable("temporal"), "workflow", "start",
-                "--address", temporal_server.address, "--task-queue", task_queue,
+                "--address", temporal_server.address, "--task-queue", harness.task_queue,
                 "--type", "Purge", "--workflow-id", cli_id, "--input", request,
             ],
             check=True,
@@ -373,7 +432,7 @@ async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
         )  # fmt: skip
         results = [
             await by_client.result(),
-            await client.get_workflow_handle(cli_id).result(),
+            await harness.client.get_workflow_handle(cli_id).result(),
         ]
 
     sweeps = [r["swept"][0] for r in results]
@@ -381,7 +440,7 @@ async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
     assert sorted(s["status"] for s in sweeps) in (["busy", "ok"], ["ok", "ok"])
     if all(s["status"] == "ok" for s in sweeps):
         assert 0 in [s["removed"] for s in sweeps]  # one found nothing left
-    assert len(keys(db, "x_idempotency")) == 300
+    assert len(keys(harness.db, "x_idempotency")) == 300
 
 
 def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client
 
 from purge_config import parse_config
 from purge_dev.servers import TemporalDevServer
+from tests.conftest import Harness
 from tests.support.history import events
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR
@@ -65,33 +65,29 @@ def started_by(history: list[Any]) -> set[str]:
 
 async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    db: psycopg.Connection[Any],
-    schema_url: str,
-    real_now: int,
 ) -> None:
     """Eight targets, eight at once: more than one worker's pollers take, so both workers
     sweep (the history names both). Then a second pass, one worker SIGKILLed while it sweeps:
     its target is retried on the other, and every count is exact."""
-    db.execute(
+    harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
         " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
     )
     for table in TABLES:
-        db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
-        db.execute(f"CREATE INDEX ON {table} (at)")
-        db.execute(
+        harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
+        harness.db.execute(f"CREATE INDEX ON {table} (at)")
+        harness.db.execute(
             f"CREATE TRIGGER slow BEFORE DELETE ON {table} FOR EACH ROW"
             " EXECUTE FUNCTION slow_delete()"
         )
     limits = {"max_concurrent": 8, "max_per_database": 8}
     toml = "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n" + targets_toml()
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, toml)
+    config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, toml)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     request = parse_config(
-        {"database_url": schema_url, "pass": limits,
+        {"database_url": harness.url, "pass": limits,
          "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
                      for t in TABLES]},
         env={},
@@ -101,16 +97,18 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         for n in range(2):
             log = tmp_path / f"worker-{n}.log"
             wait_for(lambda log=log: "worker on task queue" in log.read_text(), 60, "a worker")
-        fill(db, real_now)
+        fill(harness.db, harness.now_ms)
         shared = f"purge-shared-{uuid.uuid4()}"
-        first = await client.execute_workflow(
-            "Purge", request, id=shared, task_queue=task_queue, result_type=dict
+        first = await harness.client.execute_workflow(
+            "Purge", request, id=shared, task_queue=harness.task_queue, result_type=dict
         )
-        assert started_by(await events(client, shared)) == {identity(w) for w in workers}
+        assert started_by(await events(harness.client, shared)) == {identity(w) for w in workers}
 
-        fill(db, real_now)
+        fill(harness.db, harness.now_ms)
         killed = f"purge-killed-{uuid.uuid4()}"
-        handle = await client.start_workflow("Purge", request, id=killed, task_queue=task_queue)
+        handle = await harness.client.start_workflow(
+            "Purge", request, id=killed, task_queue=harness.task_queue
+        )
         victim = identity(workers[1])
         sweeping: list[str] = []
         for _ in range(600):
@@ -133,6 +131,6 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         )
         assert not any(s["lower_bound"] for s in result["swept"])
     for table in TABLES:
-        assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == (ROWS // 2,), table
+        assert harness.db.execute(f"SELECT count(*) FROM {table}").fetchone() == (ROWS // 2,), table
     # The killed worker's targets were finished by the other.
-    assert started_by(await events(client, killed)) == {identity(workers[0])}
+    assert started_by(await events(harness.client, killed)) == {identity(workers[0])}

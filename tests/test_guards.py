@@ -9,7 +9,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_targets as kinds
@@ -17,7 +16,7 @@ from activities.payloads import PurgeReport, PurgeStep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config.settings import Guards
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
@@ -40,21 +39,21 @@ def seed(db: psycopg.Connection[Any], real_now: int, expired: int, live: int) ->
     ids=["max_rows", "max_fraction"],
 )  # fmt: skip
 async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
     guards: Guards,
     refusal: str,
 ) -> None:
-    seed(db, real_now, expired=6, live=4)
-    auth_rows(db, {"f-old": real_now - HOUR}, {})
+    seed(harness.db, harness.now_ms, expired=6, live=4)
+    auth_rows(harness.db, {"f-old": harness.now_ms - HOUR}, {})
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker([kinds.idempotency(pool, guards=guards), kinds.auth(pool)]):
+    async with harness.run_worker(
+        [kinds.idempotency(harness.pool, guards=guards), kinds.auth(harness.pool)]
+    ):
         error = await failed_pass(
-            client, task_queue, {"targets": ["x_idempotency", "x_auth"]}, workflow_id
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency", "x_auth"]},
+            workflow_id,
         )
 
     report = PurgeReport.from_json(error.details[0])
@@ -62,11 +61,11 @@ async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
     assert (failure.name, failure.type) == ("x_idempotency", "PurgeGuardRefused")
     assert refusal in failure.message
     assert failure.message.endswith("nothing was deleted")
-    assert len(keys(db, "x_idempotency")) == 10
+    assert len(keys(harness.db, "x_idempotency")) == 10
     assert [(s.name, s.removed) for s in report.swept] == [("x_auth", 1)]
     started = [
         e.activity_task_started_event_attributes.attempt
-        for e in await events(client, workflow_id)
+        for e in await events(harness.client, workflow_id)
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert started == [1, 1]  # refused on its first attempt: never retried
@@ -78,19 +77,14 @@ async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
     ids=["max_rows-at-limit", "max_fraction-at-limit", "both-at-limit"],
 )
 async def test_count_guards_allow_a_sweep_exactly_at_their_limit(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
     guards: Guards,
 ) -> None:
-    seed(db, real_now, expired=6, live=4)
-    async with run_worker([kinds.idempotency(pool, guards=guards)]):
-        result = await run_pass(client, task_queue, {"targets": ["x_idempotency"]})
+    seed(harness.db, harness.now_ms, expired=6, live=4)
+    async with harness.run_worker([kinds.idempotency(harness.pool, guards=guards)]):
+        result = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
     assert result["removed"] == 6
-    assert keys(db, "x_idempotency") == {f"new-{i}" for i in range(4)}
+    assert keys(harness.db, "x_idempotency") == {f"new-{i}" for i in range(4)}
 
 
 async def test_auth_guards_count_both_tables(
@@ -111,33 +105,28 @@ async def test_auth_guards_count_both_tables(
 
 
 async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_pass(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """The previous instant is the one the last pass recorded in Temporal: no server clock."""
-    guarded = kinds.idempotency(pool, guards=Guards(max_clock_jump_ms=6 * HOUR))
-    async with run_worker([guarded]):
-        first = await run_pass(client, task_queue, {"targets": ["x_idempotency"]})
-        second = await run_pass(client, task_queue, {"targets": ["x_idempotency"]})
+    guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=6 * HOUR))
+    async with harness.run_worker([guarded]):
+        first = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
+        second = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
     previous = second["now_ms"]
     assert first["failed"] == []
     assert second["failed"] == []  # seconds after the first: allowed
-    seed(db, real_now, expired=3, live=1)
+    seed(harness.db, harness.now_ms, expired=3, live=1)
     activities = PurgeActivities(TargetRegistry([guarded]))
 
     def step(now_ms: int) -> PurgeStep:
         return PurgeStep(name="x_idempotency", now_ms=now_ms)
 
-    env = activity_env(client, task_queue=task_queue, workflow_id="purge-now")
+    env = activity_env(harness.client, task_queue=harness.task_queue, workflow_id="purge-now")
     with pytest.raises(ApplicationError) as behind:
         await env.run(activities.purge_target, step(previous - 1))
     with pytest.raises(ApplicationError) as ahead:
         await env.run(activities.purge_target, step(previous + 6 * HOUR + 1))
-    assert len(keys(db, "x_idempotency")) == 4  # neither deleted anything
+    assert len(keys(harness.db, "x_idempotency")) == 4  # neither deleted anything
     within = await env.run(activities.purge_target, step(previous + 6 * HOUR))
 
     assert behind.value.type == "PurgeGuardRefused"
@@ -150,14 +139,16 @@ async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_p
 
 
 async def test_clock_guard_passes_the_first_pass_on_a_queue(
-    client: Client, pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], real_now: int
+    harness: Harness,
 ) -> None:
-    seed(db, real_now, expired=2, live=1)
-    guarded = kinds.idempotency(pool, guards=Guards(max_clock_jump_ms=HOUR))
-    env = activity_env(client, task_queue=f"tq-empty-{uuid.uuid4()}", workflow_id="purge-first")
+    seed(harness.db, harness.now_ms, expired=2, live=1)
+    guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=HOUR))
+    env = activity_env(
+        harness.client, task_queue=f"tq-empty-{uuid.uuid4()}", workflow_id="purge-first"
+    )
     swept = await env.run(
         PurgeActivities(TargetRegistry([guarded])).purge_target,
-        PurgeStep(name="x_idempotency", now_ms=real_now),
+        PurgeStep(name="x_idempotency", now_ms=harness.now_ms),
     )
     assert swept.removed == 2
 

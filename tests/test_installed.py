@@ -24,7 +24,8 @@ import pytest
 from tests.support.procs import REPO, clean_env
 from worker import OUR_TOP_LEVEL
 
-pytestmark = pytest.mark.slow  # a wheel build and a virtual environment: about 10 s
+#: A wheel build and a virtual environment, about 10 s: made once, on one pytest-xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed-wheel")]
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 # What the build needs from the checkout; the build runs on a copy, so it leaves no build/ or

@@ -17,14 +17,13 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 from activities import builtin_targets as kinds
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config.settings import SweepSettings
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
@@ -185,22 +184,22 @@ async def test_the_sweep_removes_ledger_rows_a_week_older_than_its_pass(
 
 
 async def test_a_pass_through_temporal_leaves_its_exact_count_in_the_ledger(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    idempotency_rows(db, {f"old-{i}": real_now - HOUR for i in range(7)} | {"new": real_now + HOUR})
-    async with run_worker([kinds.idempotency(pool)]):
-        result = await run_pass(client, task_queue, {"targets": ["x_idempotency"]}, "purge-ledger")
+    idempotency_rows(
+        harness.db,
+        {f"old-{i}": harness.now_ms - HOUR for i in range(7)} | {"new": harness.now_ms + HOUR},
+    )
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        result = await run_pass(
+            harness.client, harness.task_queue, {"targets": ["x_idempotency"]}, "purge-ledger"
+        )
 
     [swept] = result["swept"]
     assert (swept["removed"], swept["lower_bound"]) == (7, False)
-    handle = client.get_workflow_handle("purge-ledger")
+    handle = harness.client.get_workflow_handle("purge-ledger")
     run_id = (await handle.describe()).run_id
-    row = db.execute(
+    row = harness.db.execute(
         "SELECT workflow_id, removed FROM purge_progress WHERE run_id = %s", (run_id,)
     ).fetchone()
     assert row == ("purge-ledger", 7)

@@ -16,7 +16,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 import worker
 from activities import builtin_targets as kinds
@@ -24,15 +23,19 @@ from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_config import parse_config
+from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.passes import PassSummary, passes_table
 from purge_ops.render import report_table
 from purge_ops.runner import new_worker
+from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
+from tests.test_batching import slow_deletes
+from tests.test_fleet import hold_table_lock
 
 NOW = PAST_NOW
 
@@ -166,23 +169,17 @@ def main_env(monkeypatch: pytest.MonkeyPatch, temporal_server: TemporalDevServer
 
 async def test_report_json_and_the_last_sweep_of_each_target(
     tmp_path: Any,
-    client: Client,
-    task_queue: str,
-    run_worker: Any,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    schema_url: str,
-    real_now: int,
+    harness: Harness,
     main_env: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    fill(db, "x_idempotency", 100, 4, real_now)
-    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
-        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+    fill(harness.db, "x_idempotency", 100, 4, harness.now_ms)
+    async with harness.run_worker([kinds.idempotency(harness.pool), kinds.auth(harness.pool)]):
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency", "x_auth"]})
     config = worker_config(
         tmp_path / "purge.toml",
-        schema_url,
-        task_queue,
+        harness.url,
+        harness.task_queue,
         '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n',
     )
 
@@ -212,20 +209,17 @@ def scrape(port: int) -> dict[str, float]:
 
 async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """The config's smallest budget (1s) on a table whose deletes take a millisecond a row:
     the pass ends with a backlog, and the gauges say how many rows are left and how long the
     oldest has waited; a target that fails counts once in purge_target_failures."""
-    expired = fill(db, "x_idempotency", 20_000, 10, real_now)
-    db.execute(
+    expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)
+    harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
         " $$BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END$$"
     )
-    db.execute(
+    harness.db.execute(
         "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
         " EXECUTE FUNCTION slow_delete()"
     )
@@ -234,13 +228,15 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     ).targets
     [port] = free_ports(1)
     metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
-    registry = TargetRegistry([kinds.idempotency(pool, settings=spec.settings)])
-    async with new_worker(metered, registry, task_queue):
+    registry = TargetRegistry([kinds.idempotency(harness.pool, settings=spec.settings)])
+    async with new_worker(metered, registry, harness.task_queue):
         with pytest.raises(Exception, match="failed"):
-            await run_pass(metered, task_queue, {"targets": ["x_idempotency", "nowhere"]})
+            await run_pass(metered, harness.task_queue, {"targets": ["x_idempotency", "nowhere"]})
     metrics = scrape(port)
 
-    left = db.execute("SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (real_now,))
+    left = harness.db.execute(
+        "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (harness.now_ms,)
+    )
     backlog = int(left.fetchone()[0])  # type: ignore[index]
     assert 0 < backlog < expired
     assert metrics["purge_backlog_rows{x_idempotency}"] == backlog
@@ -250,3 +246,36 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     assert metrics["purge_rows_removed{x_idempotency}"] == expired - backlog
     assert metrics["purge_target_failures{nowhere}"] == 1
     assert "purge_target_failures{x_idempotency}" not in metrics
+
+
+async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them(
+    temporal_server: TemporalDevServer, harness: Harness
+) -> None:
+    """A sweep that finds its table held by another sweep measured nothing: it must not set
+    the backlog to 0 and the oldest expired row's age to 0, clearing an alert that fires on
+    what the last real sweep left."""
+    expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)  # by index
+    slow_deletes(harness.db, "x_idempotency")
+    [port] = free_ports(1)
+    metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
+    patient = SweepSettings(busy_wait_ms=200)
+    registry = TargetRegistry([kinds.idempotency(harness.pool, settings=patient)])
+    # Cut short by the pass's budget, so it leaves a backlog the gauges report.
+    request = {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 300}
+    async with new_worker(metered, registry, harness.task_queue):
+        [cut_short] = (await run_pass(metered, harness.task_queue, request))["swept"]
+        after_sweep = scrape(port)
+        with psycopg.connect(harness.url, autocommit=True) as other:
+            hold_table_lock(other, "x_idempotency")
+            [busy] = (await run_pass(metered, harness.task_queue, request))["swept"]
+        after_busy = scrape(port)
+
+    assert 0 < cut_short["backlog"] < expired, cut_short
+    assert busy["status"] == "busy"
+    gauges = (
+        "purge_backlog_rows{x_idempotency}",
+        "purge_oldest_expired_age_seconds{x_idempotency}",
+    )
+    assert after_sweep[gauges[0]] == cut_short["backlog"]
+    assert after_sweep[gauges[1]] >= 3_600  # rows expired an hour before the pass's instant
+    assert [after_busy[g] for g in gauges] == [after_sweep[g] for g in gauges]

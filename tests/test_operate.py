@@ -16,12 +16,9 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client, ScheduleOverlapPolicy, ScheduleRange
+from temporalio.client import ScheduleOverlapPolicy, ScheduleRange
 from temporalio.worker import Worker
 
 from activities import builtin_targets as kinds
@@ -29,7 +26,7 @@ from activities.sweep import PurgeActivities
 from activities.targets import TargetRegistry
 from purge_dev.servers import TemporalDevServer, free_ports, venv_executable
 from purge_ops.runner import new_worker
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from tests.support.passes import run_pass
@@ -80,25 +77,25 @@ def schedule_id() -> str:
 async def test_schedule_is_created_with_the_cron_and_retention_policies(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
+    harness: Harness,
     schedule_id: str,
 ) -> None:
-    config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
+    config = config_file(
+        tmp_path, harness.url, harness.task_queue, f'[schedule]\nid = "{schedule_id}"\n'
+    )
 
     done = cli_process(temporal_server, "schedule", "--config", str(config))
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"created schedule {schedule_id}: cron '23 * * * *' in UTC")
     assert re.search(r"next runs: \d{4}-\d\d-\d\d \d\d:23:\d\d UTC", done.stdout), done.stdout
-    described = await client.get_schedule_handle(schedule_id).describe()
+    described = await harness.client.get_schedule_handle(schedule_id).describe()
     schedule = described.schedule
     action = schedule.action
     assert action.workflow == "Purge"  # type: ignore[union-attr]
-    assert action.task_queue == task_queue  # type: ignore[union-attr]
+    assert action.task_queue == harness.task_queue  # type: ignore[union-attr]
     assert action.id == schedule_id  # type: ignore[union-attr]
-    converter = client.data_converter.payload_converter
+    converter = harness.client.data_converter.payload_converter
     [args] = [converter.from_payload(p) for p in action.args]  # type: ignore[union-attr]
     # The pass's limits travel in its input, the config's defaults here: 4 at once, 1 per
     # database, a budget of 50 minutes (below the hourly period).
@@ -117,21 +114,21 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
     assert schedule.policy.catchup_window == timedelta(hours=1)
     assert all(t.minute == 23 for t in described.info.next_action_times)
-    await client.get_schedule_handle(schedule_id).delete()
+    await harness.client.get_schedule_handle(schedule_id).delete()
 
 
 async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
+    harness: Harness,
     schedule_id: str,
 ) -> None:
-    config = config_file(tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\n')
+    config = config_file(
+        tmp_path, harness.url, harness.task_queue, f'[schedule]\nid = "{schedule_id}"\n'
+    )
     created = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
     assert created.returncode == 0, created.stderr
-    handle = client.get_schedule_handle(schedule_id)
+    handle = harness.client.get_schedule_handle(schedule_id)
     await handle.pause(note="paused by the on-call")
 
     again = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
@@ -139,8 +136,8 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
 
     config_file(
         tmp_path,
-        schema_url,
-        task_queue,
+        harness.url,
+        harness.task_queue,
         f'[schedule]\nid = "{schedule_id}"\ncron = "47 3 * * *"\ntime_zone = "Europe/Paris"\n',
     )
     changed = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
@@ -159,13 +156,14 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
 async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
+    harness: Harness,
     schedule_id: str,
 ) -> None:
     config = config_file(
-        tmp_path, schema_url, task_queue, f'[schedule]\nid = "{schedule_id}"\nensure = true\n'
+        tmp_path,
+        harness.url,
+        harness.task_queue,
+        f'[schedule]\nid = "{schedule_id}"\nensure = true\n',
     )
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     logs = [tmp_path / f"worker-{i}.log" for i in range(3)]
@@ -180,9 +178,9 @@ async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
 
     actions = [re.search(r"(created|updated|unchanged) schedule", log.read_text()) for log in logs]
     assert sorted(a.group(1) for a in actions if a) == ["created", "unchanged", "unchanged"]
-    found = [s.id async for s in await client.list_schedules() if s.id == schedule_id]
+    found = [s.id async for s in await harness.client.list_schedules() if s.id == schedule_id]
     assert found == [schedule_id]
-    await client.get_schedule_handle(schedule_id).delete()
+    await harness.client.get_schedule_handle(schedule_id).delete()
 
 
 def readme_command(prefix: str) -> list[str]:
@@ -194,15 +192,12 @@ def readme_command(prefix: str) -> list[str]:
 
 async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
     temporal_server: TemporalDevServer,
-    client: Client,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """The exact `temporal schedule create` of the README, then `temporal schedule trigger`:
     a pass runs on the worker and sweeps the tables."""
-    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
-    auth_rows(db, {"f-old": real_now - HOUR}, {"l-new": real_now + HOUR})
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    auth_rows(harness.db, {"f-old": harness.now_ms - HOUR}, {"l-new": harness.now_ms + HOUR})
     create = readme_command("temporal schedule create")
     assert create[create.index("--task-queue") + 1] == "purge"
     schedule_id = create[create.index("--schedule-id") + 1]
@@ -216,12 +211,16 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
             check=True,
             capture_output=True,
         )
-        handle = client.get_schedule_handle(schedule_id)
+        handle = harness.client.get_schedule_handle(schedule_id)
         registry = TargetRegistry(
-            [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+            [
+                kinds.idempotency(harness.pool),
+                kinds.rate_limit(harness.pool),
+                kinds.auth(harness.pool),
+            ]
         )
         # The README's schedule starts passes on the `purge` queue, not the test's own.
-        async with new_worker(client, registry, "purge"):
+        async with new_worker(harness.client, registry, "purge"):
             for _ in range(200):
                 described = await handle.describe()
                 if described.info.recent_actions:
@@ -229,7 +228,7 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
                 await asyncio.sleep(0.1)
             [fired] = described.info.recent_actions
             started = fired.action
-            result = await client.get_workflow_handle(
+            result = await harness.client.get_workflow_handle(
                 started.workflow_id,  # type: ignore[attr-defined]
                 run_id=started.first_execution_run_id,  # type: ignore[attr-defined]
             ).result()
@@ -242,27 +241,22 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
 
     assert started.workflow_id.startswith(f"{schedule_id}-")  # type: ignore[attr-defined]
     assert [s["name"] for s in result["swept"]] == ["x_idempotency", "x_rate_limit", "x_auth"]
-    assert keys(db, "x_idempotency") == {"new"}
-    assert keys(db, "x_auth_failures") == set()
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_auth_failures") == set()
 
 
 async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    schema_url: str,
-    task_queue: str,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    run_worker: RunWorker,
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
-    config = config_file(tmp_path, schema_url, task_queue)
-    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    async with harness.run_worker([kinds.idempotency(harness.pool), kinds.auth(harness.pool)]):
         dry = await asyncio.to_thread(
             cli, temporal_server, "sweep", "--config", str(config), "--dry-run"
         )
-        assert keys(db, "x_idempotency") == {"old", "new"}
+        assert keys(harness.db, "x_idempotency") == {"old", "new"}
         ok = await asyncio.to_thread(cli, temporal_server, "sweep", "--config", str(config))
         bad = await asyncio.to_thread(
             cli, temporal_server, "sweep", "--config", str(config),
@@ -275,7 +269,7 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"^x_idempotency\s+1\s", ok.stdout, re.MULTILINE)
     assert re.search(r"^total\s+1", ok.stdout, re.MULTILINE)
-    assert keys(db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_idempotency") == {"new"}
     assert bad.returncode == 1
     assert "FAILED UnknownPurgeTarget" in bad.stdout
     assert bad.stdout.rstrip().endswith("failed targets: nobody")
@@ -284,10 +278,7 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
 async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_another(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
-    run_worker: RunWorker,
+    harness: Harness,
 ) -> None:
     release = asyncio.Event()
     runs: list[int] = []
@@ -300,11 +291,14 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
             await release.wait()
             return 3
 
-    config = config_file(tmp_path, schema_url, task_queue)
+    config = config_file(tmp_path, harness.url, harness.task_queue)
     log = tmp_path / "sweep.log"
-    async with run_worker([Slow()]):
-        first = await client.start_workflow(
-            "Purge", {"targets": ["slow"]}, id=f"purge-hourly-{uuid.uuid4()}", task_queue=task_queue
+    async with harness.run_worker([Slow()]):
+        first = await harness.client.start_workflow(
+            "Purge",
+            {"targets": ["slow"]},
+            id=f"purge-hourly-{uuid.uuid4()}",
+            task_queue=harness.task_queue,
         )
         while not runs:
             await asyncio.sleep(0.05)
@@ -323,32 +317,31 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
 
     out = log.read_text()
     assert status == 0, out
-    assert f"a pass is already running on task queue {task_queue!r}: {first.id}" in out
+    assert f"a pass is already running on task queue {harness.task_queue!r}: {first.id}" in out
     assert "waiting for it instead of starting a second" in out
     assert re.search(r"^slow\s+3\s", out, re.MULTILINE)  # the result of the pass it waited on
     assert len(runs) == 1
-    passes = [w async for w in client.list_workflows(f'TaskQueue = "{task_queue}"')]
+    passes = [w async for w in harness.client.list_workflows(f'TaskQueue = "{harness.task_queue}"')]
     assert [w.id for w in passes] == [first.id]
 
 
 async def test_report_shows_recent_passes_with_removed_per_target(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    run_worker: RunWorker,
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now - HOUR, "c": real_now + HOUR})
-    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
-        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+    idempotency_rows(
+        harness.db,
+        {"a": harness.now_ms - HOUR, "b": harness.now_ms - HOUR, "c": harness.now_ms + HOUR},
+    )
+    async with harness.run_worker([kinds.idempotency(harness.pool), kinds.auth(harness.pool)]):
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency", "x_auth"]})
         with pytest.raises(Exception, match="failed"):
-            await run_pass(client, task_queue, {"targets": ["x_idempotency", "missing"]})
-        await run_pass(client, task_queue, {"targets": ["x_auth"], "dry_run": True})
-    config = config_file(tmp_path, schema_url, task_queue)
+            await run_pass(
+                harness.client, harness.task_queue, {"targets": ["x_idempotency", "missing"]}
+            )
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_auth"], "dry_run": True})
+    config = config_file(tmp_path, harness.url, harness.task_queue)
 
     done = await asyncio.to_thread(cli, temporal_server, "report", "--config", str(config))
 
@@ -376,21 +369,20 @@ async def test_report_shows_recent_passes_with_removed_per_target(
 async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now - HOUR, "c": real_now + HOUR})
+    idempotency_rows(
+        harness.db,
+        {"a": harness.now_ms - HOUR, "b": harness.now_ms - HOUR, "c": harness.now_ms + HOUR},
+    )
     [port] = free_ports(1)
-    config = config_file(tmp_path, schema_url, task_queue)
+    config = config_file(tmp_path, harness.url, harness.task_queue)
     log = tmp_path / "worker.log"
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     worker = start_worker(config, env, log, "--metrics", f"127.0.0.1:{port}")
     try:
         wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker")
-        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency", "x_auth"]})
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
             metrics = page.read().decode()
     finally:
@@ -413,16 +405,12 @@ async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
 async def test_replay_checks_recent_passes_and_history_files(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    client: Client,
-    schema_url: str,
-    task_queue: str,
-    pool: AsyncConnectionPool[Any],
-    run_worker: RunWorker,
+    harness: Harness,
 ) -> None:
-    async with run_worker([kinds.idempotency(pool)]):
-        await run_pass(client, task_queue, {"targets": ["x_idempotency"]})
-        await run_pass(client, task_queue, {"targets": []})
-    config = config_file(tmp_path, schema_url, task_queue)
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
+        await run_pass(harness.client, harness.task_queue, {"targets": []})
+    config = config_file(tmp_path, harness.url, harness.task_queue)
     from_cluster = await asyncio.to_thread(
         cli, temporal_server, "replay", "--config", str(config), "--last", "5"
     )
@@ -430,18 +418,18 @@ async def test_replay_checks_recent_passes_and_history_files(
     assert "2 of 2 histories replay" in from_cluster.stdout
 
     old_queue = f"tq-old-{uuid.uuid4()}"
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
     async with Worker(
-        client, task_queue=old_queue, workflows=[PurgeWithoutDuplicateCheck],
+        harness.client, task_queue=old_queue, workflows=[PurgeWithoutDuplicateCheck],
         activities=[activities.purge_target],
     ):  # fmt: skip
-        handle = await client.start_workflow(
+        handle = await harness.client.start_workflow(
             "Purge", {"targets": ["x_idempotency", "x_idempotency"]},
             id=f"purge-old-{uuid.uuid4()}", task_queue=old_queue,
         )  # fmt: skip
         await handle.result()
     old = tmp_path / "old.json"
-    old.write_text((await history(client, handle.id)).to_json())
+    old.write_text((await history(harness.client, handle.id)).to_json())
     shipped = sorted((REPO / "tests" / "histories").glob("*.json"))
 
     files = cli_process(temporal_server, "replay", str(old), *(str(p) for p in shipped))

@@ -20,7 +20,6 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_targets as kinds
@@ -34,7 +33,7 @@ from purge_config.settings import Guards, PartitionPolicy
 from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.procs import clean_env, start_worker, stop, worker_config
@@ -498,26 +497,20 @@ async def test_a_plain_table_losing_a_large_share_is_told_to_partition(
 
 
 async def test_a_pass_through_temporal_reports_the_partitions_in_its_result_and_report(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    db: psycopg.Connection[Any],
-    pool: AsyncConnectionPool[Any],
-    schema: str,
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    total = make_events(db, now=real_now)
-    async with run_worker([events(pool)]):
-        result = await run_pass(client, task_queue, {"targets": ["events"]})
+    total = make_events(harness.db, now=harness.now_ms)
+    async with harness.run_worker([events(harness.pool)]):
+        result = await run_pass(harness.client, harness.task_queue, {"targets": ["events"]})
 
     [swept] = result["swept"]
     assert swept["partitions_dropped"] == 3
     assert swept["partition_rows"] == 30
     assert swept["removed"] == swept["partition_rows"] + swept["edge_removed"]
-    assert count(db) == total - swept["removed"]
+    assert count(harness.db) == total - swept["removed"]
     text = report_table(PurgeReport.from_json(result))
     assert "partitions  their rows  edge rows" in text
-    assert f"partitions: events: dropped {schema}.p_m6" in text
+    assert f"partitions: events: dropped {harness.schema}.p_m6" in text
 
 
 PARTITIONED_TARGET = """
@@ -534,45 +527,45 @@ partitions = "drop"
 @pytest.mark.slow
 async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_counted_once(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema_url: str,
     pg_url: str,
-    schema: str,
-    db: psycopg.Connection[Any],
-    real_now: int,
 ) -> None:
     """A real worker process is SIGKILLed while its first DETACH ... CONCURRENTLY waits out an
     older reader. Its backend, orphaned, completes the detach once the reader ends: the
     partition is out of the table, not dropped, counted nowhere. A second worker retries the
     target (after the heartbeat timeout), finds the partition by its ledger mark, drops it and
     counts it, then the rest: exact, nothing pending, nothing left behind."""
-    total = make_events(db, now=real_now)
-    cutoff = real_now - MAX_AGE
+    total = make_events(harness.db, now=harness.now_ms)
+    cutoff = harness.now_ms - MAX_AGE
     expired = int(
-        db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (cutoff,)).fetchone()[0]
+        harness.db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (cutoff,)).fetchone()[0]
     )  # type: ignore[index]
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, PARTITIONED_TARGET)
+    config = worker_config(
+        tmp_path / "purge.toml", harness.url, harness.task_queue, PARTITIONED_TARGET
+    )
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     first = start_worker(config, env, tmp_path / "first.log")
     second = None
     try:
         with psycopg.connect(pg_url, autocommit=True) as reader:
-            reader.execute(f'SET search_path = "{schema}"')
+            reader.execute(f'SET search_path = "{harness.schema}"')
             reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
             reader.execute("SELECT count(*) FROM events")
-            handle = await client.start_workflow(
-                "Purge", {"targets": ["events"]}, id=f"purge-{uuid.uuid4()}", task_queue=task_queue
+            handle = await harness.client.start_workflow(
+                "Purge",
+                {"targets": ["events"]},
+                id=f"purge-{uuid.uuid4()}",
+                task_queue=harness.task_queue,
             )
-            await _waiting_detach(db, tries=3000)
+            await _waiting_detach(harness.db, tries=3000)
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             reader.execute("ROLLBACK")
-        await _detach_done(db)
+        await _detach_done(harness.db)
         # What the dead worker left: the oldest partition out of the table, not dropped.
-        assert "p_m6" not in children(db)
-        assert db.execute("SELECT to_regclass('p_m6') IS NOT NULL").fetchone() == (True,)
+        assert "p_m6" not in children(harness.db)
+        assert harness.db.execute("SELECT to_regclass('p_m6') IS NOT NULL").fetchone() == (True,)
         second = start_worker(config, env, tmp_path / "second.log")
         result = await handle.result()
     finally:
@@ -585,9 +578,11 @@ async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_cou
     assert swept["partitions_dropped"] == 3
     assert swept["partition_rows"] == 3 * ROWS_PER_DAY
     assert not swept["lower_bound"]
-    assert count(db) == total - expired
-    assert pending(db) == 0
-    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)  # dropped, not left
+    assert count(harness.db) == total - expired
+    assert pending(harness.db) == 0
+    assert harness.db.execute("SELECT to_regclass('p_m6')").fetchone() == (
+        None,
+    )  # dropped, not left
 
 
 async def test_a_target_of_two_tables_is_refused_before_its_first_table_loses_a_row(

@@ -11,13 +11,12 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 from activities.builtin_targets import build_registry
 from activities.payloads import PurgeReport
 from activities.targets import TargetRegistry
 from purge_config.file import load_config
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support import apptargets
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, idempotency_rows, keys
@@ -36,15 +35,10 @@ def uploads(db: psycopg.Connection[Any], real_now: int) -> Iterator[None]:
 
 async def test_config_factory_finds_a_store_built_after_the_worker_started(
     tmp_path: Path,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
+    harness: Harness,
     uploads: None,
-    real_now: int,
 ) -> None:
-    idempotency_rows(db, {"old": real_now - HOUR})
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR})
     config_file = tmp_path / "purge.toml"
     config_file.write_text(
         'database_url = "postgresql://unused@localhost/app"\n'
@@ -57,12 +51,14 @@ async def test_config_factory_finds_a_store_built_after_the_worker_started(
     assert config.target_names == ["x_idempotency", "tmp_uploads"]
     request = {"targets": config.target_names}
 
-    async with run_worker(build_registry(config, pool)):
+    async with harness.run_worker(build_registry(config, harness.pool)):
         # The application has not built its store yet: that target fails alone.
-        error = await failed_pass(client, task_queue, request, f"purge-{uuid.uuid4()}")
+        error = await failed_pass(
+            harness.client, harness.task_queue, request, f"purge-{uuid.uuid4()}"
+        )
         before = PurgeReport.from_json(error.details[0])
-        apptargets.start_app(pool)
-        after = await run_pass(client, task_queue, request)
+        apptargets.start_app(harness.pool)
+        after = await run_pass(harness.client, harness.task_queue, request)
 
     assert [(f.name, f.type) for f in before.failed] == [("tmp_uploads", "UnknownPurgeTarget")]
     assert [s.name for s in before.swept] == ["x_idempotency"]
@@ -70,31 +66,29 @@ async def test_config_factory_finds_a_store_built_after_the_worker_started(
         ("x_idempotency", 0),
         ("tmp_uploads", 1),
     ]
-    assert keys(db, "tmp_uploads") == {"open"}
+    assert keys(harness.db, "tmp_uploads") == {"open"}
 
 
 async def test_registry_built_in_code_sweeps_factory_targets_and_dry_runs_them(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
+    harness: Harness,
     uploads: None,
 ) -> None:
-    apptargets.start_app(pool)
+    apptargets.start_app(harness.pool)
     calls_before = apptargets.calls
-    async with run_worker(TargetRegistry(factories=[apptargets.targets])):
-        dry = await run_pass(client, task_queue, {"targets": ["tmp_uploads"], "dry_run": True})
-        wet = await run_pass(client, task_queue, {"targets": ["tmp_uploads"]})
+    async with harness.run_worker(TargetRegistry(factories=[apptargets.targets])):
+        dry = await run_pass(
+            harness.client, harness.task_queue, {"targets": ["tmp_uploads"], "dry_run": True}
+        )
+        wet = await run_pass(harness.client, harness.task_queue, {"targets": ["tmp_uploads"]})
 
     assert dry["swept"][0]["removed"] == 1
     assert wet["swept"][0]["removed"] == 1
-    assert keys(db, "tmp_uploads") == {"open"}
+    assert keys(harness.db, "tmp_uploads") == {"open"}
     assert apptargets.calls - calls_before == 2  # asked once per step, never at start
 
 
 async def test_factory_target_clashing_with_a_configured_name_is_refused(
-    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+    harness: Harness,
 ) -> None:
     class Impostor:
         name = "x_idempotency"
@@ -104,10 +98,13 @@ async def test_factory_target_clashing_with_a_configured_name_is_refused(
 
     from activities import builtin_targets as kinds
 
-    registry = TargetRegistry([kinds.idempotency(pool)], [lambda: [Impostor()]])
-    async with run_worker(registry):
+    registry = TargetRegistry([kinds.idempotency(harness.pool)], [lambda: [Impostor()]])
+    async with harness.run_worker(registry):
         error = await failed_pass(
-            client, task_queue, {"targets": ["x_idempotency"]}, f"purge-{uuid.uuid4()}"
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency"]},
+            f"purge-{uuid.uuid4()}",
         )
     [failure] = PurgeReport.from_json(error.details[0]).failed
     assert failure.type == "DuplicatePurgeTarget"

@@ -10,7 +10,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 from activities import builtin_targets as kinds
 from activities.errors import BadPurgeTarget
@@ -18,7 +17,7 @@ from activities.sweep import contract_errors
 from purge_config import ConfigError, parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.passes import failed_pass
 from tests.support.rows import FROZEN_CLOCKS, HOUR, keys
 
@@ -110,22 +109,20 @@ async def test_an_empty_table_passes_the_check(
 
 
 async def test_a_built_in_kind_with_seconds_fails_at_once_through_temporal(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """x_idempotency written in seconds by a buggy client: the target fails non-retryably on
     its first attempt, naming the column; the other target of the pass is swept."""
-    now_s = real_now // 1000
+    now_s = harness.now_ms // 1000
     for i in range(10):
-        db.execute("INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"k{i}", now_s - i))
-    db.execute("INSERT INTO x_auth_lockouts VALUES ('carol', %s)", (real_now - HOUR,))
-    async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        harness.db.execute("INSERT INTO x_idempotency VALUES (%s, null, %s)", (f"k{i}", now_s - i))
+    harness.db.execute("INSERT INTO x_auth_lockouts VALUES ('carol', %s)", (harness.now_ms - HOUR,))
+    async with harness.run_worker([kinds.idempotency(harness.pool), kinds.auth(harness.pool)]):
         error = await failed_pass(
-            client, task_queue, {"targets": ["x_idempotency", "x_auth"]}, "purge-units"
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency", "x_auth"]},
+            "purge-units",
         )
 
     report = error.details[0]
@@ -133,8 +130,8 @@ async def test_a_built_in_kind_with_seconds_fails_at_once_through_temporal(
     assert (failed["name"], failed["type"]) == ("x_idempotency", "BadPurgeTarget")
     assert "column expires_at_ms" in failed["message"]
     assert [(s["name"], s["removed"]) for s in report["swept"]] == [("x_auth", 1)]
-    assert len(keys(db, "x_idempotency")) == 10
-    history = await client.get_workflow_handle("purge-units").fetch_history()
+    assert len(keys(harness.db, "x_idempotency")) == 10
+    history = await harness.client.get_workflow_handle("purge-units").fetch_history()
     attempts = [
         e.activity_task_started_event_attributes.attempt
         for e in history.events

@@ -28,7 +28,7 @@ from purge_dev.servers import (
     runs_as,
     shared_install_copy,
 )
-from tests.support.procs import REPO, clean_env, run_process
+from tests.support.procs import DEV_PORT, REPO, clean_env, run_process
 
 CODE = ("worker.py", "workflows", "activities", "purge_config", "purge_ops", "purge_dev")
 
@@ -62,6 +62,7 @@ def _private_checkout(private: Path) -> tuple[Path, Path]:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="reproduces a root-only case: PostgreSQL runs as "
                     f"the account {PG_SYSTEM_USER!r} only when we are root")  # fmt: skip
+@DEV_PORT
 def test_dev_once_as_root_from_a_checkout_only_root_may_enter() -> None:
     private = Path(tempfile.mkdtemp())  # 0700, like /root
     assert stat.S_IMODE(private.stat().st_mode) == 0o700

@@ -13,7 +13,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -24,7 +23,7 @@ from activities.targets import TargetRegistry
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import open_pool
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.direct_caller import DirectCaller
 from tests.support.history import history
 from tests.support.passes import failed_pass, run_pass
@@ -46,19 +45,14 @@ def seed_every_kind(db: psycopg.Connection[Any], now: int) -> None:
 
 
 async def test_a_role_with_only_select_and_delete_sweeps_every_kind(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    db: psycopg.Connection[Any],
-    schema_url: str,
+    harness: Harness,
     role: str,
-    real_now: int,
 ) -> None:
     """The GRANTs the README gives are enough: SELECT and DELETE on the target tables."""
-    seed_every_kind(db, real_now)
+    seed_every_kind(harness.db, harness.now_ms)
     tables = "x_idempotency, x_rate_limit, x_auth_failures, x_auth_lockouts, sessions"
-    db.execute(f'GRANT SELECT, DELETE ON {tables} TO "{role}"')
-    pool = await open_pool(make_conninfo(schema_url, user=role))
+    harness.db.execute(f'GRANT SELECT, DELETE ON {tables} TO "{role}"')
+    pool = await open_pool(make_conninfo(harness.url, user=role))
     try:
         targets = [
             kinds.idempotency(pool),
@@ -66,9 +60,11 @@ async def test_a_role_with_only_select_and_delete_sweeps_every_kind(
             kinds.auth(pool),
             kinds.expiring(pool, "sessions", TableName("sessions"), "expires_at"),
         ]
-        async with run_worker(targets):
-            result = await run_pass(client, task_queue, {"targets": ALL_KINDS})
-            dry = await run_pass(client, task_queue, {"targets": ALL_KINDS, "dry_run": True})
+        async with harness.run_worker(targets):
+            result = await run_pass(harness.client, harness.task_queue, {"targets": ALL_KINDS})
+            dry = await run_pass(
+                harness.client, harness.task_queue, {"targets": ALL_KINDS, "dry_run": True}
+            )
     finally:
         await pool.close()
 
@@ -76,27 +72,25 @@ async def test_a_role_with_only_select_and_delete_sweeps_every_kind(
         ("x_idempotency", 1), ("x_rate_limit", 1), ("x_auth", 2), ("sessions", 1),
     ]  # fmt: skip
     assert dry["removed"] == 0
-    assert keys(db, "x_idempotency") == {"new"}
-    assert keys(db, "sessions") == {"s-new"}
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "sessions") == {"s-new"}
 
 
 async def test_a_role_without_delete_fails_that_target_saying_what_it_needs(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    db: psycopg.Connection[Any],
-    schema_url: str,
+    harness: Harness,
     role: str,
-    real_now: int,
 ) -> None:
-    seed_every_kind(db, real_now)
-    db.execute(f'GRANT SELECT ON x_idempotency TO "{role}"')
-    db.execute(f'GRANT SELECT, DELETE ON x_auth_failures, x_auth_lockouts TO "{role}"')
-    pool = await open_pool(make_conninfo(schema_url, user=role))
+    seed_every_kind(harness.db, harness.now_ms)
+    harness.db.execute(f'GRANT SELECT ON x_idempotency TO "{role}"')
+    harness.db.execute(f'GRANT SELECT, DELETE ON x_auth_failures, x_auth_lockouts TO "{role}"')
+    pool = await open_pool(make_conninfo(harness.url, user=role))
     try:
-        async with run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
+        async with harness.run_worker([kinds.idempotency(pool), kinds.auth(pool)]):
             error = await failed_pass(
-                client, task_queue, {"targets": ["x_idempotency", "x_auth"]}, f"p-{uuid.uuid4()}"
+                harness.client,
+                harness.task_queue,
+                {"targets": ["x_idempotency", "x_auth"]},
+                f"p-{uuid.uuid4()}",
             )
     finally:
         await pool.close()
@@ -106,7 +100,7 @@ async def test_a_role_without_delete_fails_that_target_saying_what_it_needs(
     assert "permission denied for table x_idempotency" in failure.message
     assert "needs SELECT and DELETE" in failure.message
     assert [s.name for s in report.swept] == ["x_auth"]
-    assert keys(db, "x_idempotency") == {"old", "new"}
+    assert keys(harness.db, "x_idempotency") == {"old", "new"}
 
 
 # -- no secrets ------------------------------------------------------------------------------
@@ -117,10 +111,7 @@ SECRET = "hunter2-purge-s3cret"
 def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
-    schema_url: str,
-    task_queue: str,
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """A worker and every command run with a password-bearing URL (trust authentication
     ignores the password; the point is where the string goes). Everything a person or a
@@ -129,8 +120,8 @@ def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     The worker is a process of its own (its log is what an operator reads); the commands run
     in this process (`worker.main`), from this synchronous test's main thread, since `run`
     installs signal handlers."""
-    seed_every_kind(db, real_now)
-    parts = conninfo_to_dict(schema_url)
+    seed_every_kind(harness.db, harness.now_ms)
+    parts = conninfo_to_dict(harness.url)
     secret_url = (
         f"postgresql://{parts['user']}:{SECRET}@{parts['host']}:{parts['port']}/{parts['dbname']}"
         f"?options={parts['options'].replace(' ', '%20').replace('=', '%3D')}"
@@ -141,10 +132,13 @@ def test_the_database_password_appears_in_no_log_input_result_error_or_history(
         'column = "expires_at"\n'
     )
     placeholder = "postgresql://placeholder@localhost/none"
-    config = worker_config(tmp_path / "purge.toml", placeholder, task_queue, targets)
+    config = worker_config(tmp_path / "purge.toml", placeholder, harness.task_queue, targets)
     # The unreachable database is given up on after database_wait, not the default 30 s.
     impatient = worker_config(
-        tmp_path / "impatient.toml", placeholder, task_queue, f'database_wait = "1s"\n{targets}'
+        tmp_path / "impatient.toml",
+        placeholder,
+        harness.task_queue,
+        f'database_wait = "1s"\n{targets}',
     )
     [metrics_port] = free_ports(1)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, PURGE_DATABASE_URL=secret_url)
@@ -171,7 +165,7 @@ def test_the_database_password_appears_in_no_log_input_result_error_or_history(
         )  # fmt: skip
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as page:
             texts["metrics"] = page.read().decode()
-        texts.update(asyncio.run(histories(temporal_server.address, task_queue)))
+        texts.update(asyncio.run(histories(temporal_server.address, harness.task_queue)))
     finally:
         stop(worker)
     texts["worker log"] = log.read_text()
@@ -218,28 +212,25 @@ async def histories(temporal_address: str, task_queue: str) -> dict[str, str]:
          "name-not-string", "unknown-key", "not-an-object"],
 )  # fmt: skip
 async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_nothing(
-    client: Client,
-    task_queue: str,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
+    harness: Harness,
     step: Any,
     complaint: str,
 ) -> None:
-    idempotency_rows(db, {"a": 1, "b": 2})  # expired at any plausible instant
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    idempotency_rows(harness.db, {"a": 1, "b": 2})  # expired at any plausible instant
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
     async with Worker(
-        client, task_queue=task_queue, workflows=[DirectCaller],
+        harness.client, task_queue=harness.task_queue, workflows=[DirectCaller],
         activities=[activities.purge_target],
     ):  # fmt: skip
-        outcome = await client.execute_workflow(
-            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=task_queue
+        outcome = await harness.client.execute_workflow(
+            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=harness.task_queue
         )
 
     assert outcome["type"] == "BadPurgeInput", outcome
     assert outcome["retryable"] is False
     assert complaint in outcome["message"]
     assert "\n" not in outcome["message"]
-    assert keys(db, "x_idempotency") == {"a", "b"}
+    assert keys(harness.db, "x_idempotency") == {"a", "b"}
 
 
 def test_redacted_forms_keep_the_rest_of_the_url() -> None:

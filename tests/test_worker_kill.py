@@ -17,12 +17,9 @@ import signal
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import psycopg
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.field_mask_pb2 import FieldMask
-from psycopg_pool import AsyncConnectionPool
 from temporalio.api.activity.v1 import ActivityOptions
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -34,7 +31,7 @@ from temporalio.client import Client
 
 from activities import builtin_targets as kinds
 from purge_dev.servers import TemporalDevServer
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.history import events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
@@ -93,22 +90,27 @@ async def notice_the_dead_worker_sooner(client: Client, workflow_id: str) -> Non
 
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     tmp_path: Path,
-    client: Client,
+    harness: Harness,
     temporal_server: TemporalDevServer,
-    task_queue: str,
-    schema_url: str,
-    db: psycopg.Connection[Any],
-    real_now: int,
 ) -> None:
-    idempotency_rows(db, {"old": real_now - HOUR, "new": real_now + HOUR})
-    auth_rows(db, {"f-old": real_now - HOUR, "f-new": real_now + HOUR}, {"l-old": real_now - 1})
-    bucket_rows(db, {"full": (0.0, 4.0, 1.0, real_now - HOUR), "empty": (0.0, 4.0, 1e-9, real_now)})
-    db.execute("CREATE TABLE sessions (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)")
-    db.execute(
-        "INSERT INTO sessions VALUES ('s-old', %s), ('s-new', %s)",
-        (real_now - HOUR, real_now + HOUR),
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    auth_rows(
+        harness.db,
+        {"f-old": harness.now_ms - HOUR, "f-new": harness.now_ms + HOUR},
+        {"l-old": harness.now_ms - 1},
     )
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    bucket_rows(
+        harness.db,
+        {"full": (0.0, 4.0, 1.0, harness.now_ms - HOUR), "empty": (0.0, 4.0, 1e-9, harness.now_ms)},
+    )
+    harness.db.execute(
+        "CREATE TABLE sessions (key text PRIMARY KEY, expires_at_ms bigint NOT NULL)"
+    )
+    harness.db.execute(
+        "INSERT INTO sessions VALUES ('s-old', %s), ('s-new', %s)",
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
+    )
+    config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, TARGETS)
     gate_dir = tmp_path / "gate"
     gate_dir.mkdir()
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, PURGE_TEST_GATE_DIR=str(gate_dir))
@@ -117,20 +119,20 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     second = None
     try:
         workflow_id = f"purge-kill-{uuid.uuid4()}"
-        handle = await client.start_workflow(
+        handle = await harness.client.start_workflow(
             "Purge",
             {"targets": ["x_idempotency", "x_auth", "gate", "x_rate_limit", "sessions"]},
             id=workflow_id,
-            task_queue=task_queue,
+            task_queue=harness.task_queue,
         )
         wait_for((gate_dir / "hanging").exists, 60, "the first worker to reach the gate")
         # Completed before the kill, by the first worker:
-        assert keys(db, "x_idempotency") == {"new"}
-        assert keys(db, "sessions") == {"s-old", "s-new"}
+        assert keys(harness.db, "x_idempotency") == {"new"}
+        assert keys(harness.db, "sessions") == {"s-old", "s-new"}
 
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
-        await notice_the_dead_worker_sooner(client, workflow_id)
+        await notice_the_dead_worker_sooner(harness.client, workflow_id)
         second = start_worker(config, env, tmp_path / "second.log")
         result = await handle.result()
     finally:
@@ -141,9 +143,9 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     assert [s["name"] for s in result["swept"]] == [
         "x_idempotency", "x_auth", "gate", "x_rate_limit", "sessions",
     ]  # fmt: skip
-    history = await events(client, workflow_id)
+    history = await events(harness.client, workflow_id)
     first_id, second_id = identity(first), identity(second)
-    runs = target_runs(client, history)
+    runs = target_runs(harness.client, history)
     assert all(run.completions == 1 for run in runs.values())
     assert {name: (run.identity, run.attempt) for name, run in runs.items()} == {
         "x_idempotency": (first_id, 1),
@@ -164,20 +166,15 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     timeout = retried.last_failure.timeout_failure_info.timeout_type
     assert timeout == TimeoutType.TIMEOUT_TYPE_HEARTBEAT, retried.last_failure
     assert len(list(gate_dir.glob("run-*"))) == 2  # one hung attempt, one that finished
-    assert keys(db, "x_idempotency") == {"new"}
-    assert keys(db, "x_auth_failures") == {"f-new"}
-    assert keys(db, "x_auth_lockouts") == set()
-    assert keys(db, "x_rate_limit") == {"empty"}
-    assert keys(db, "sessions") == {"s-new"}
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_auth_failures") == {"f-new"}
+    assert keys(harness.db, "x_auth_lockouts") == set()
+    assert keys(harness.db, "x_rate_limit") == {"empty"}
+    assert keys(harness.db, "sessions") == {"s-new"}
 
 
 async def test_worker_sends_sweep_progress_at_least_once_a_second(
-    client: Client,
-    run_worker: RunWorker,
-    task_queue: str,
-    db: psycopg.Connection[Any],
-    pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """A retry resumes from the last progress the server got: with the SDK's default throttle
     (12 s here) a killed worker's last 12 s of deleted rows would be missing from the report's
@@ -185,21 +182,21 @@ async def test_worker_sends_sweep_progress_at_least_once_a_second(
     activity's last heartbeat, as the server stamped it, moves on at least every second or so."""
     # 2,000 expired rows among 20,000, in no order (index batches, small), each taking a
     # millisecond to delete.
-    db.execute(
+    harness.db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s ELSE %s END"
         " FROM generate_series(1, 20_000) i ORDER BY random()",
-        (real_now - HOUR, real_now + HOUR),
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
-    db.execute("ANALYZE x_idempotency")
-    slow_deletes(db, "x_idempotency")
+    harness.db.execute("ANALYZE x_idempotency")
+    slow_deletes(harness.db, "x_idempotency")
     received: set[datetime] = set()
-    async with run_worker([kinds.idempotency(pool)]):
-        handle = await client.start_workflow(
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        handle = await harness.client.start_workflow(
             "Purge",
             {"targets": ["x_idempotency"]},
             id=f"purge-beats-{uuid.uuid4()}",
-            task_queue=task_queue,
+            task_queue=harness.task_queue,
         )
         result = asyncio.ensure_future(handle.result())
         while not result.done():

@@ -10,11 +10,10 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import Client
 
 from activities import builtin_targets as kinds
 from activities.payloads import MAX_TARGETS_PER_PASS
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
 from tests.support.passes import failed_pass, run_pass
@@ -36,17 +35,14 @@ def seed_expired_and_live(db: psycopg.Connection[Any], now_ms: int) -> None:
 
 
 async def test_pass_sweeps_targets_in_input_order_and_reports_each(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    seed_expired_and_live(db, real_now)
-    async with run_worker(builtins(pool)):
+    seed_expired_and_live(harness.db, harness.now_ms)
+    async with harness.run_worker(builtins(harness.pool)):
         result = await run_pass(
-            client, task_queue, {"targets": ["x_auth", "x_idempotency", "x_rate_limit"]}
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_auth", "x_idempotency", "x_rate_limit"]},
         )
 
     assert [(s["name"], s["removed"]) for s in result["swept"]] == [
@@ -56,14 +52,14 @@ async def test_pass_sweeps_targets_in_input_order_and_reports_each(
     ]
     assert result["removed"] == 5
     assert result["failed"] == []
-    assert keys(db, "x_idempotency") == {"new"}
-    assert keys(db, "x_rate_limit") == {"empty"}
-    assert keys(db, "x_auth_failures") == {"f-new"}
-    assert keys(db, "x_auth_lockouts") == set()
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert keys(harness.db, "x_rate_limit") == {"empty"}
+    assert keys(harness.db, "x_auth_failures") == {"f-new"}
+    assert keys(harness.db, "x_auth_lockouts") == set()
 
 
 async def test_every_target_is_handed_the_one_instant_read_at_the_start(
-    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+    harness: Harness,
 ) -> None:
     seen: list[int] = []
 
@@ -75,16 +71,16 @@ async def test_every_target_is_handed_the_one_instant_read_at_the_start(
             return 0
 
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker([*builtins(pool), Recorder()]):
+    async with harness.run_worker([*builtins(harness.pool), Recorder()]):
         result = await run_pass(
-            client,
-            task_queue,
+            harness.client,
+            harness.task_queue,
             {"targets": ["x_idempotency", "recorder", "x_rate_limit", "x_auth"]},
             workflow_id,
         )
 
-    history = await events(client, workflow_id)
-    converter = client.data_converter.payload_converter
+    history = await events(harness.client, workflow_id)
+    converter = harness.client.data_converter.payload_converter
     handed = [
         converter.from_payloads(e.activity_task_scheduled_event_attributes.input.payloads)[0]
         for e in history
@@ -99,13 +95,13 @@ async def test_every_target_is_handed_the_one_instant_read_at_the_start(
 
 
 async def test_duplicate_names_fail_before_any_activity(
-    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+    harness: Harness,
 ) -> None:
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker(builtins(pool)):
+    async with harness.run_worker(builtins(harness.pool)):
         error = await failed_pass(
-            client,
-            task_queue,
+            harness.client,
+            harness.task_queue,
             {"targets": ["x_auth", "x_idempotency", "x_auth", "x_rate_limit", "x_idempotency"]},
             workflow_id,
         )
@@ -113,24 +109,19 @@ async def test_duplicate_names_fail_before_any_activity(
     assert error.type == "DuplicatePurgeTarget"
     assert error.non_retryable
     assert "x_auth, x_idempotency" in error.message
-    history = event_kinds(await events(client, workflow_id))
+    history = event_kinds(await events(harness.client, workflow_id))
     assert "ACTIVITY_TASK_SCHEDULED" not in history
     assert history[-1] == "WORKFLOW_EXECUTION_FAILED"
 
 
 async def test_dry_run_counts_and_deletes_nothing(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
-    seed_expired_and_live(db, real_now)
-    async with run_worker(builtins(pool)):
+    seed_expired_and_live(harness.db, harness.now_ms)
+    async with harness.run_worker(builtins(harness.pool)):
         result = await run_pass(
-            client,
-            task_queue,
+            harness.client,
+            harness.task_queue,
             {"targets": ["x_idempotency", "x_rate_limit", "x_auth"], "dry_run": True},
         )
 
@@ -140,21 +131,21 @@ async def test_dry_run_counts_and_deletes_nothing(
         ("x_auth", 2),
     ]
     assert result["dry_run"] is True
-    assert len(keys(db, "x_idempotency")) == 3
-    assert len(keys(db, "x_rate_limit")) == 2
-    assert len(keys(db, "x_auth_failures")) + len(keys(db, "x_auth_lockouts")) == 3
+    assert len(keys(harness.db, "x_idempotency")) == 3
+    assert len(keys(harness.db, "x_rate_limit")) == 2
+    assert len(keys(harness.db, "x_auth_failures")) + len(keys(harness.db, "x_auth_lockouts")) == 3
 
 
 async def test_empty_target_list_is_a_pass_that_removes_nothing(
-    client: Client, task_queue: str, run_worker: RunWorker, pool: AsyncConnectionPool[Any]
+    harness: Harness,
 ) -> None:
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker(builtins(pool)):
-        result = await run_pass(client, task_queue, {"targets": []}, workflow_id)
+    async with harness.run_worker(builtins(harness.pool)):
+        result = await run_pass(harness.client, harness.task_queue, {"targets": []}, workflow_id)
 
     assert result["swept"] == []
     assert result["removed"] == 0
-    assert "ACTIVITY_TASK_SCHEDULED" not in event_kinds(await events(client, workflow_id))
+    assert "ACTIVITY_TASK_SCHEDULED" not in event_kinds(await events(harness.client, workflow_id))
 
 
 @pytest.mark.parametrize(
@@ -173,40 +164,32 @@ async def test_empty_target_list_is_a_pass_that_removes_nothing(
          "not-an-object", "too-many"],
 )  # fmt: skip
 async def test_bad_input_fails_the_pass_at_once_with_one_clear_error(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
+    harness: Harness,
     request_: Any,
     complaint: str,
 ) -> None:
     workflow_id = f"purge-{uuid.uuid4()}"
-    async with run_worker(builtins(pool)):
-        error = await failed_pass(client, task_queue, request_, workflow_id)
+    async with harness.run_worker(builtins(harness.pool)):
+        error = await failed_pass(harness.client, harness.task_queue, request_, workflow_id)
 
     assert error.type == "BadPurgeInput"
     assert complaint in error.message
     assert "\n" not in error.message
-    assert scheduled_targets(client, await events(client, workflow_id)) == []
+    assert scheduled_targets(harness.client, await events(harness.client, workflow_id)) == []
 
 
 async def test_one_log_line_when_rows_were_removed_and_none_otherwise(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    pool: AsyncConnectionPool[Any],
-    db: psycopg.Connection[Any],
-    real_now: int,
+    harness: Harness,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    seed_expired_and_live(db, real_now)
+    seed_expired_and_live(harness.db, harness.now_ms)
     request = {"targets": ["x_idempotency", "x_auth"]}
     with caplog.at_level(logging.INFO, logger="temporalio.workflow"):
-        async with run_worker(builtins(pool)):
-            await run_pass(client, task_queue, request)
+        async with harness.run_worker(builtins(harness.pool)):
+            await run_pass(harness.client, harness.task_queue, request)
             first = [r.getMessage() for r in caplog.records if r.name == "temporalio.workflow"]
             caplog.clear()
-            await run_pass(client, task_queue, request)  # nothing left to remove
+            await run_pass(harness.client, harness.task_queue, request)  # nothing left to remove
             second = [r.getMessage() for r in caplog.records if r.name == "temporalio.workflow"]
 
     assert len(first) == 1

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +37,34 @@ class Tally:
         self.faults[kind] += 1
         self.in_target[kind] += in_target
 
+    def merge(self, other: Tally) -> None:
+        """Add `other`'s figures (another pytest-xdist worker's) to these."""
+        self.faults.update(other.faults)
+        self.in_target.update(other.in_target)
+        self.passes += other.passes
+        self.rows += other.rows
+        self.seeds.update(other.seeds)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain values, as pytest-xdist carries a worker's output to the controller."""
+        return {
+            "faults": dict(self.faults),
+            "in_target": dict(self.in_target),
+            "passes": self.passes,
+            "rows": self.rows,
+            "seeds": dict(self.seeds),
+        }
+
+    @classmethod
+    def from_wire(cls, raw: Mapping[str, Any]) -> Tally:
+        return cls(
+            faults=Counter(raw["faults"]),
+            in_target=Counter(raw["in_target"]),
+            passes=raw["passes"],
+            rows=raw["rows"],
+            seeds=dict(raw["seeds"]),
+        )
+
     def lines(self) -> list[str]:
         kinds = "; ".join(
             f"{kind} {n} ({self.in_target[kind]} in a target)"
@@ -50,6 +79,16 @@ class Tally:
         ]
 
 
+#: The key of a worker's tally in pytest-xdist's `workeroutput`.
+TALLY_KEY = "purge_fault_tally"
+
+
+def write_tally(terminalreporter: pytest.TerminalReporter, tally: Tally) -> None:
+    terminalreporter.write_sep("=", "fault injection")
+    for line in tally.lines():
+        terminalreporter.write_line(line)
+
+
 class TallyReport:
     """A pytest plugin printing a tally in the terminal summary, where `pytest -m slow` shows it
     without -s."""
@@ -57,10 +96,35 @@ class TallyReport:
     def __init__(self, tally: Tally) -> None:
         self.tally = tally
 
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # On a pytest-xdist worker, whose summary nobody sees: the figures (the seeds above
+        # all) go to the controller, which prints every worker's together (WorkersTally).
+        output = getattr(session.config, "workeroutput", None)
+        if output is not None:
+            output[TALLY_KEY] = self.tally.to_wire()
+
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        terminalreporter.write_sep("=", "fault injection")
-        for line in self.tally.lines():
-            terminalreporter.write_line(line)
+        write_tally(terminalreporter, self.tally)
+
+
+class WorkersTally:
+    """On pytest-xdist's controller: the fault tallies of its workers, merged and printed in
+    the terminal summary (none when no worker ran a fault test)."""
+
+    def __init__(self) -> None:
+        self.tally: Tally | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        raw = getattr(node, "workeroutput", {}).get(TALLY_KEY)
+        if raw is not None:
+            if self.tally is None:
+                self.tally = Tally()
+            self.tally.merge(Tally.from_wire(raw))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.tally is not None:
+            write_tally(terminalreporter, self.tally)
 
 
 class Fleet:

@@ -26,6 +26,10 @@ from temporalio import activity, workflow
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: `dev` takes Temporal's default port 7233 when it is free: the tests that run it share one
+#: pytest-xdist worker, so one test's `dev` never takes or frees the port under another's.
+DEV_PORT = pytest.mark.xdist_group("dev-port-7233")
+
 
 @dataclass(frozen=True)
 class Done:
