@@ -3,8 +3,8 @@ with the password replaced.
 
 psycopg is imported inside the functions that read a string, never when this module loads:
 configuration stays free of the driver until it has a connection string to check.
-tests/test_house.py checks both: that a fresh interpreter loads configuration without psycopg,
-and that these functions read strings as libpq does.
+tests/test_house.py checks that a fresh interpreter loads configuration without psycopg, and
+tests/unit/test_dsn.py that these functions read strings as libpq does.
 """
 
 from __future__ import annotations
