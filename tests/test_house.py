@@ -8,6 +8,8 @@ import importlib
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.procs import REPO
 
 

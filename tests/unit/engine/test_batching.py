@@ -11,7 +11,6 @@ from activities.engine.batching import (
     FIRST_ROWS,
     PAGES_RANGE,
     ROWS_RANGE,
-    TableSweep,
     _resize,
     _walk_backlog,
     first_index_rows,
@@ -87,21 +86,19 @@ class TestFirstIndexRows:
 
 class TestWalkBacklog:
     def test_the_pages_not_walked_at_the_density_met_so_far(self) -> None:
-        sweep = TableSweep(plan=plan(pages=1_000, expired=50_000), removed=300)
+        table = plan(pages=1_000, expired=50_000)
 
         # 300 rows in the 100 pages walked: 3 a page over the 900 left.
-        assert _walk_backlog(sweep, walked=100, page=100) == 2_700
+        assert _walk_backlog(table, removed=300, walked=100, page=100) == 2_700
 
     def test_a_resumed_walk_counts_only_this_attempts_pages(self) -> None:
-        sweep = TableSweep(plan=plan(pages=1_000), removed=300)
-
         # This attempt walked pages 500 to 600: the earlier attempt's pages do not dilute it.
-        assert _walk_backlog(sweep, walked=100, page=600) == 1_200
+        assert _walk_backlog(plan(pages=1_000), removed=300, walked=100, page=600) == 1_200
 
     def test_before_any_page_the_planners_estimate_spread_over_the_table(self) -> None:
-        sweep = TableSweep(plan=plan(pages=1_000, expired=50_000))
+        table = plan(pages=1_000, expired=50_000)
 
-        assert _walk_backlog(sweep, walked=0, page=250) == 37_500
+        assert _walk_backlog(table, removed=0, walked=0, page=250) == 37_500
 
     def test_a_table_without_pages_has_no_backlog(self) -> None:
-        assert _walk_backlog(TableSweep(plan=plan(pages=0, expired=10)), walked=0, page=0) == 0
+        assert _walk_backlog(plan(pages=0, expired=10), removed=0, walked=0, page=0) == 0
