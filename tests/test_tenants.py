@@ -371,3 +371,29 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         rows = [ln.split() for ln in tables.stdout.splitlines() if ln.startswith("sessions@")]
         assert [r[0] for r in rows] == [f"sessions@{prefix}_{i:04d}" for i in range(6)]
         assert [int(r[1]) for r in rows] == [expired_of(i) for i in range(6)]
+
+
+async def test_a_spent_budget_skips_the_matches_and_deletes_nothing(
+    pg_url: str,
+    client: Client,
+    task_queue: str,
+    run_worker: RunWorker,
+    root_pool: AsyncConnectionPool[Any],
+    real_now: int,
+) -> None:
+    """The pass's budget is the children's: spent before a child starts, its targets are
+    reported `skipped` (not failed) and no child is started for them."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(5), real_now)
+        config = pattern_config(prefix)
+        workflow_id = f"purge-tenants-{uuid.uuid4()}"
+        request = {**config.pass_input(), "budget_ms": 1}
+        async with run_worker(build_registry(config, root_pool)):
+            result = await run_pass(client, task_queue, request, workflow_id)
+        assert result["statuses"] == {"skipped": 5}
+        assert result["patterns"][0]["skipped"] == 5
+        assert result["removed"] == 0
+        assert result["children"] == []
+        left = counts(conn, prefix, real_now)
+        assert all(left[f"{prefix}_{i:04d}"] == (expired_of(i), 2) for i in range(5))
