@@ -52,6 +52,8 @@ class Shape:
     """The error type the pass failed with, if it failed."""
     activity_types: list[str]
     """The activity type of each ActivityTaskScheduled, in order."""
+    activity_queues: list[str]
+    """The task queue of each ActivityTaskScheduled, in order."""
     workflow_type: str
 
 
@@ -60,7 +62,7 @@ def shape_of(path: Path) -> Shape:
     [request] = CONVERTER.from_payloads(
         events[0].workflow_execution_started_event_attributes.input.payloads
     )
-    scheduled, activity_types, activity_failures = [], [], []
+    scheduled, activity_types, activity_queues, activity_failures = [], [], [], []
     result, failure = None, None
     for e in events:
         if e.HasField("activity_task_scheduled_event_attributes"):
@@ -68,6 +70,7 @@ def shape_of(path: Path) -> Shape:
             [step] = CONVERTER.from_payloads(attrs.input.payloads)
             scheduled.append(step["name"])
             activity_types.append(attrs.activity_type.name)
+            activity_queues.append(attrs.task_queue.name)
         elif e.HasField("activity_task_failed_event_attributes"):
             cause = e.activity_task_failed_event_attributes.failure
             activity_failures.append(cause.application_failure_info.type)
@@ -87,6 +90,7 @@ def shape_of(path: Path) -> Shape:
         result,
         failure,
         activity_types,
+        activity_queues,
         workflow_type,
     )
 
@@ -194,7 +198,20 @@ def is_spread_duplicate(shape: Shape) -> None:
     assert shape.failure == "DuplicatePurgeTarget"
 
 
+def is_routed(shape: Shape) -> None:
+    """A pass with a routed database: its target's activity on that database's task queue,
+    the other on the pass's own queue."""
+    queues = shape.request["queues"]
+    databases = shape.request["databases"]
+    expected = [queues.get(databases.get(name, ""), "purge") for name in shape.scheduled]
+    assert shape.activity_queues == expected != ["purge"] * len(expected)
+    assert shape.failure is None
+    assert shape.result is not None
+    assert [s["name"] for s in shape.result["swept"]] == shape.request["targets"]
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "routed": is_routed,
     "spread": is_spread,
     "chunk": is_chunk,
     "spread-duplicate": is_spread_duplicate,

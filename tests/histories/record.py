@@ -22,7 +22,7 @@ from activities.targets import TargetRegistry
 from purge_config.file import parse_config
 from purge_dev.dev import epoch_ms_now
 from purge_ops.connect import open_pool
-from purge_ops.runner import new_worker
+from purge_ops.runner import activity_worker, new_worker
 from tests.support.history import history
 from tests.support.servers import running_postgres, running_temporal
 
@@ -72,6 +72,20 @@ SCENARIOS: dict[str, dict[str, dict[str, Any]]] = {
     },
 }
 
+# v4: a pass whose targets' activities go to their database's own task queue (workers next
+# to their databases): one routed target beside one on the pass's own queue.
+SCENARIOS["v4"] = {
+    "routed": {
+        "targets": ["x_idempotency", "x_auth@eu"],
+        "databases": {"x_auth@eu": "eu"},
+        "queues": {"eu": "purge-eu"},
+        "worker_wait_ms": 60_000,
+        "max_concurrent": 2,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+}
+
 #: The config of the v3 worker: the built-in kinds and a pattern over the tenants.
 V3_CONFIG = {
     "targets": [
@@ -109,10 +123,18 @@ async def record(prefix: str) -> None:
                 build_registry(parse_config(V3_CONFIG), pool)
                 if prefix == "v3"
                 else TargetRegistry(
-                    [kinds.idempotency(pool), kinds.rate_limit(pool), kinds.auth(pool)]
+                    [
+                        kinds.idempotency(pool),
+                        kinds.rate_limit(pool),
+                        kinds.auth(pool),
+                        kinds.auth(pool, name="x_auth@eu"),
+                    ]
                 )
             )
-            async with new_worker(client, registry, "purge"):
+            async with (
+                new_worker(client, registry, "purge"),
+                activity_worker(client, registry, "purge-eu"),
+            ):
                 for scenario, request in SCENARIOS[prefix].items():
                     handle = await client.start_workflow(
                         "Purge", request, id=f"purge-{prefix}-{scenario}", task_queue="purge"
