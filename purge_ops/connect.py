@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -54,7 +56,10 @@ async def connect_temporal(
     prometheus = PrometheusConfig(
         bind_address=metrics, histogram_bucket_overrides=HISTOGRAM_BUCKETS
     )
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=prometheus))
+    # Every series names the worker that served it, as Temporal knows it (the SDK's default
+    # identity, pid@host): with workers next to several databases, one query tells them apart.
+    worker = f"{os.getpid()}@{socket.gethostname()}"
+    runtime = Runtime(telemetry=TelemetryConfig(metrics=prometheus, global_tags={"worker": worker}))
     return await Client.connect(**settings, runtime=runtime)
 
 

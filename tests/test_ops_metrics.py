@@ -3,6 +3,7 @@ exists from the worker's start or its first sweep, at 0 until something happens.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,10 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
         after_two = await scrape(port)
 
     queue = {"task_queue": task_queue, "workflow_type": "Purge"}
+    # Every series names the worker that served it (pid@host, Temporal's identity for it).
+    workers = {labels.get("worker") for series in after_one.values() for labels, _ in series}
+    assert len(workers) == 1
+    assert re.fullmatch(r"\d+@.+", str(workers.pop()))
     assert value(at_start, "purge_passes_completed", **queue) == 0
     assert value(at_start, "purge_passes_failed", **queue) == 0
 
