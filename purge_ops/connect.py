@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -11,7 +12,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
+from temporalio.converter import DataConverter, DefaultFailureConverter, PayloadConverter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 
@@ -28,6 +31,35 @@ HISTOGRAM_BUCKETS = {
     "purge_target_seconds": SECONDS_BUCKETS,
     "purge_pass_seconds": (*SECONDS_BUCKETS, 7200, 14400),
 }
+
+
+#: Characters of a failure's stack trace kept, its innermost frames (where it was raised). The
+#: server keeps a retrying activity's last failure only up to 4 KB, stack trace and causes
+#: included, and past that shows "Failure exceeds size limit." instead of the message: a deep
+#: stack (the SDK's frames, interceptors, long install paths) must not hide why a sweep failed.
+STACK_TRACE_KEPT = 800
+
+
+class TrimmedStackFailures(DefaultFailureConverter):
+    """Failures as Temporal's default converter makes them, each stack trace in the cause
+    chain cut to its last STACK_TRACE_KEPT characters; messages and types untouched."""
+
+    def to_failure(
+        self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
+    ) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        current: Failure | None = failure
+        while current is not None:
+            if len(current.stack_trace) > STACK_TRACE_KEPT:
+                current.stack_trace = "...\n" + current.stack_trace[-STACK_TRACE_KEPT:]
+            current = current.cause if current.HasField("cause") else None
+
+
+#: The data converter of every client this package connects: the default one, stack traces
+#: trimmed (see TrimmedStackFailures).
+DATA_CONVERTER = dataclasses.replace(
+    DataConverter.default, failure_converter_class=TrimmedStackFailures
+)
 
 
 async def connect_temporal(
@@ -52,7 +84,7 @@ async def connect_temporal(
         settings["namespace"] = namespace
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
     if metrics is None:
-        return await Client.connect(**settings)
+        return await Client.connect(**settings, data_converter=DATA_CONVERTER)
     prometheus = PrometheusConfig(
         bind_address=metrics, histogram_bucket_overrides=HISTOGRAM_BUCKETS
     )
@@ -60,7 +92,7 @@ async def connect_temporal(
     # identity, pid@host): with workers next to several databases, one query tells them apart.
     worker = f"{os.getpid()}@{socket.gethostname()}"
     runtime = Runtime(telemetry=TelemetryConfig(metrics=prometheus, global_tags={"worker": worker}))
-    return await Client.connect(**settings, runtime=runtime)
+    return await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
 
 
 async def open_pool(
