@@ -7,22 +7,17 @@ import asyncio
 import json
 import re
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
-from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
 
 from activities.builtin_targets import build_registry
 from activities.targets import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_dev.servers import TemporalDevServer
-from purge_ops.connect import open_pool
-from tests.conftest import RunWorker
+from tests.conftest import Harness
 from tests.support.history import child_runs, events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, run_main
@@ -53,38 +48,23 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
     )
 
 
-@pytest.fixture
-async def root_pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    """A worker's pool whose search path holds the test's own `purge_progress` ledger; the
-    tenants' schemas are named by the pattern."""
-    pool = await open_pool(schema_url)
-    try:
-        yield pool
-    finally:
-        await pool.close()
-
-
 async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_as_new(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """300 tenant schemas, one pattern target: every expired row goes, every live row stays,
     over 3 children of 120 targets whose runs of 50 continue as new; a tenant created after
     the pass is swept by the next pass."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(300), real_now)
+        create_tenants(conn, prefix, range(300), harness.now_ms)
         config = pattern_config(prefix)
-        registry = build_registry(config, root_pool)
+        registry = build_registry(config, harness.pool)
         request = {**config.pass_input(), "child_size": 120, "run_size": 50}
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
-        async with run_worker(registry):
-            result = await run_pass(client, task_queue, request, workflow_id)
-            parent = await events(client, workflow_id)
+        async with harness.run_worker(registry):
+            result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
+            parent = await events(harness.client, workflow_id)
 
             expected = sum(expired_of(i) for i in range(300))
             assert result["removed"] == expected
@@ -107,12 +87,12 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
             assert 0 < len(result["swept"]) <= 20
             assert all(s["name"].startswith(f"sessions@{prefix}_") for s in result["swept"])
             assert {s["removed"] for s in result["swept"]} == {3}
-            left = counts(conn, prefix, real_now)
+            left = counts(conn, prefix, harness.now_ms)
             assert len(left) == 300
             assert all(expired == 0 for expired, _ in left.values())
             assert all(live == 2 for _, live in left.values())
 
-            runs = await child_runs(client, parent)
+            runs = await child_runs(harness.client, parent)
             assert len(runs) == 3 == len(result["children"])
             assert [len(r) for r in runs.values()] == [3, 3, 2]  # 120, 120, 60 targets by 50
             swept = [
@@ -125,31 +105,30 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
             assert swept == ["purge_target"] * 300
 
             # A tenant created since is matched by the next pass's own expansion.
-            create_tenants(conn, prefix, range(300, 301), real_now + 10)
-            again = await run_pass(client, task_queue, request)
+            create_tenants(conn, prefix, range(300, 301), harness.now_ms + 10)
+            again = await run_pass(harness.client, harness.task_queue, request)
             assert again["targets"] == 301
             assert again["removed"] == expired_of(300)
-            assert counts(conn, prefix, real_now)[f"{prefix}_0300"] == (0, 2)
+            assert counts(conn, prefix, harness.now_ms)[f"{prefix}_0300"] == (0, 2)
 
 
 async def test_a_matched_table_without_the_column_fails_alone(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """One tenant's table lacks the column: that match fails with the line naming it, every
     other tenant is swept, and the pass fails for that one only."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(5), real_now)
-        create_tenants(conn, prefix, range(5, 6), real_now, column="valid_until")
+        create_tenants(conn, prefix, range(5), harness.now_ms)
+        create_tenants(conn, prefix, range(5, 6), harness.now_ms, column="valid_until")
         config = pattern_config(prefix)
-        async with run_worker(build_registry(config, root_pool)):
+        async with harness.run_worker(build_registry(config, harness.pool)):
             error = await failed_pass(
-                client, task_queue, config.pass_input(), f"purge-tenants-{uuid.uuid4()}"
+                harness.client,
+                harness.task_queue,
+                config.pass_input(),
+                f"purge-tenants-{uuid.uuid4()}",
             )
         assert error.type == "PurgeTargetsFailed"
         report = error.details[0]
@@ -161,7 +140,7 @@ async def test_a_matched_table_without_the_column_fails_alone(
         assert report["removed"] == sum(expired_of(i) for i in range(5))
         assert report["patterns"][0]["failed"] == 1
         assert report["patterns"][0]["tables"] == 6
-        left = counts(conn, prefix, real_now, range(5))
+        left = counts(conn, prefix, harness.now_ms, range(5))
         assert all(left[f"{prefix}_{i:04d}"] == (0, 2) for i in range(5))
 
 
@@ -182,17 +161,13 @@ class Gate:
 
 async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """A tenant matched by the pass, then dropped before its sweep: reported `gone`, not a
     failure; the other tenants are swept."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(4), real_now)
+        create_tenants(conn, prefix, range(4), harness.now_ms)
         config = parse_config(
             {
                 "targets": [
@@ -207,13 +182,13 @@ async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes
             }
         )
         gate = Gate()
-        patterns = build_registry(config, root_pool).patterns
+        patterns = build_registry(config, harness.pool).patterns
         registry = TargetRegistry([gate], patterns=patterns)
         # The gate first, one target at a time: the tenants wait behind it, matched already.
         request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
-        async with run_worker(registry):
-            handle = await client.start_workflow(
-                "Purge", request, id=f"purge-tenants-{uuid.uuid4()}", task_queue=task_queue
+        async with harness.run_worker(registry):
+            handle = await harness.client.start_workflow(
+                "Purge", request, id=f"purge-tenants-{uuid.uuid4()}", task_queue=harness.task_queue
             )
             await asyncio.wait_for(gate.reached.wait(), 30)
             conn.execute(f'DROP SCHEMA "{prefix}_0002" CASCADE')
@@ -226,15 +201,10 @@ async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes
         assert [s["name"] for s in gone] == [f"sessions@{prefix}_0002"]
 
 
-async def test_a_pattern_matching_nothing_is_reported_not_failed(
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-) -> None:
+async def test_a_pattern_matching_nothing_is_reported_not_failed(harness: Harness) -> None:
     config = pattern_config(tenant_prefix())
-    async with run_worker(build_registry(config, root_pool)):
-        result = await run_pass(client, task_queue, config.pass_input())
+    async with harness.run_worker(build_registry(config, harness.pool)):
+        result = await run_pass(harness.client, harness.task_queue, config.pass_input())
     assert result["targets"] == 0
     assert result["removed"] == 0
     assert result["patterns"][0]["tables"] == 0
@@ -242,25 +212,21 @@ async def test_a_pattern_matching_nothing_is_reported_not_failed(
 
 async def test_a_match_taking_an_explicit_targets_name_is_refused_before_any_sweep(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """The pattern's expansion runs, and then the pass fails `DuplicatePurgeTarget` without
     scheduling a single sweep."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(3), real_now)
+        create_tenants(conn, prefix, range(3), harness.now_ms)
         config = pattern_config(prefix)
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
         request = {"targets": [f"sessions@{prefix}_0001", "sessions"], "patterns": ["sessions"]}
-        async with run_worker(build_registry(config, root_pool)):
-            error = await failed_pass(client, task_queue, request, workflow_id)
+        async with harness.run_worker(build_registry(config, harness.pool)):
+            error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
         assert error.type == "DuplicatePurgeTarget"
         assert f"sessions@{prefix}_0001" in error.message
-        history = await events(client, workflow_id)
+        history = await events(harness.client, workflow_id)
         scheduled = [
             e.activity_task_scheduled_event_attributes.activity_type.name
             for e in history
@@ -271,48 +237,42 @@ async def test_a_match_taking_an_explicit_targets_name_is_refused_before_any_swe
             e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
             for e in history
         )
-        assert counts(conn, prefix, real_now)[f"{prefix}_0001"] == (1, 2)
+        assert counts(conn, prefix, harness.now_ms)[f"{prefix}_0001"] == (1, 2)
 
 
 async def test_a_dry_run_counts_every_match_and_deletes_nothing(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(8), real_now)
+        create_tenants(conn, prefix, range(8), harness.now_ms)
         config = pattern_config(prefix)
-        async with run_worker(build_registry(config, root_pool)):
-            result = await run_pass(client, task_queue, config.pass_input(dry_run=True))
+        async with harness.run_worker(build_registry(config, harness.pool)):
+            result = await run_pass(
+                harness.client, harness.task_queue, config.pass_input(dry_run=True)
+            )
         assert result["dry_run"] is True
         assert result["removed"] == sum(expired_of(i) for i in range(8))
-        left = counts(conn, prefix, real_now)
+        left = counts(conn, prefix, harness.now_ms)
         assert all(left[f"{prefix}_{i:04d}"] == (expired_of(i), 2) for i in range(8))
 
 
 async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(4), real_now)
+        create_tenants(conn, prefix, range(4), harness.now_ms)
         for i in range(4):
             conn.execute(
                 f'CREATE TABLE "{prefix}_{i:04d}".sessions_archive '
                 f'(LIKE "{prefix}_{i:04d}".sessions)'
             )
         config = pattern_config(prefix, archive_table=f"{prefix}_*.sessions_archive")
-        async with run_worker(build_registry(config, root_pool)):
-            result = await run_pass(client, task_queue, config.pass_input())
+        async with harness.run_worker(build_registry(config, harness.pool)):
+            result = await run_pass(harness.client, harness.task_queue, config.pass_input())
         assert result["removed"] == sum(expired_of(i) for i in range(4))
         for i in range(4):
             [(archived,)] = conn.execute(
@@ -321,7 +281,7 @@ async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
             assert archived == expired_of(i)
             assert conn.execute(
                 f'SELECT count(*) FILTER (WHERE expires_at > %s) FROM "{prefix}_{i:04d}".sessions',
-                (real_now + HOUR_MS - 1,),
+                (harness.now_ms + HOUR_MS - 1,),
             ).fetchone() == (2,)
 
 
@@ -330,28 +290,25 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
     temporal_server: TemporalDevServer,
     pg_url: str,
     schema_url: str,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """`pg-purge sweep` starts the spread pass and prints the pattern's line; `report` shows
     the pattern as one column and one line; `report --tables` lists every matched table."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix):
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            create_tenants(conn, prefix, range(6), real_now)
+            create_tenants(conn, prefix, range(6), harness.now_ms)
         path = tmp_path / "purge.toml"
         path.write_text(
             f"database_url = {json.dumps(schema_url)}\n"
-            f"task_queue = {json.dumps(task_queue)}\n"
+            f"task_queue = {json.dumps(harness.task_queue)}\n"
             "[[targets]]\n"
             'kind = "expiring"\nname = "sessions"\n'
             f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
         )
         config = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        async with run_worker(build_registry(config, root_pool)):
+        async with harness.run_worker(build_registry(config, harness.pool)):
             swept = await asyncio.to_thread(run_main, "sweep", "--config", str(path), env=env)
         expected = sum(expired_of(i) for i in range(6))
         assert swept.returncode == 0, swept.stderr
@@ -375,25 +332,21 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
 
 async def test_a_spent_budget_skips_the_matches_and_deletes_nothing(
     pg_url: str,
-    client: Client,
-    task_queue: str,
-    run_worker: RunWorker,
-    root_pool: AsyncConnectionPool[Any],
-    real_now: int,
+    harness: Harness,
 ) -> None:
     """The pass's budget is the children's: spent before a child starts, its targets are
     reported `skipped` (not failed) and no child is started for them."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(5), real_now)
+        create_tenants(conn, prefix, range(5), harness.now_ms)
         config = pattern_config(prefix)
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
         request = {**config.pass_input(), "budget_ms": 1}
-        async with run_worker(build_registry(config, root_pool)):
-            result = await run_pass(client, task_queue, request, workflow_id)
+        async with harness.run_worker(build_registry(config, harness.pool)):
+            result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
         assert result["statuses"] == {"skipped": 5}
         assert result["patterns"][0]["skipped"] == 5
         assert result["removed"] == 0
         assert result["children"] == []
-        left = counts(conn, prefix, real_now)
+        left = counts(conn, prefix, harness.now_ms)
         assert all(left[f"{prefix}_{i:04d}"] == (expired_of(i), 2) for i in range(5))
