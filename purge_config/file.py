@@ -31,7 +31,7 @@ from purge_config.values import (
     cron_ok,
     cron_period_ms,
     default_catchup_ms,
-    duration_text,
+    duration_within,
     no_unknown,
     opt_str,
     read_duration,
@@ -290,16 +290,9 @@ def _check_not_a_match(
 
 
 def _parse_database_wait(where: str, raw: Mapping[str, Any]) -> int:
-    if "database_wait" not in raw:
-        return DEFAULT_DATABASE_WAIT_MS
-    wait_ms = read_duration(where, "database_wait", raw, "database_wait")
-    low, high = DATABASE_WAIT_RANGE_MS
-    if not low <= wait_ms <= high:
-        raise ConfigError(
-            f"{where}: database_wait: must be from {duration_text(low)} to "
-            f"{duration_text(high)}, got {raw['database_wait']!r}"
-        )
-    return wait_ms
+    return duration_within(
+        where, "database_wait", raw, DATABASE_WAIT_RANGE_MS, DEFAULT_DATABASE_WAIT_MS
+    )
 
 
 def _parse_schedule(where: str, raw: object) -> ScheduleConfig:

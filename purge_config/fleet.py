@@ -11,7 +11,13 @@ from typing import Any
 from purge_config.dsn import BadDsn, parse_dsn, redact
 from purge_config.errors import ConfigError
 from purge_config.names import QUEUE_NAME
-from purge_config.values import duration_text, no_unknown, opt_str, read_duration
+from purge_config.values import (
+    duration_text,
+    duration_within,
+    no_unknown,
+    opt_str,
+    read_duration,
+)
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
 DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
@@ -128,15 +134,9 @@ def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
         raise ConfigError(f"{where}: pass: must be a [pass] table, got {raw!r}")
     no_unknown(where, "pass.", raw, _PASS_KEYS)
     counts = {key: _at_least_one(where, key, raw) for key in ("max_concurrent", "max_per_database")}
-    worker_wait = DEFAULT_WORKER_WAIT_MS
-    if "worker_wait" in raw:
-        worker_wait = read_duration(where, "pass.worker_wait", raw, "worker_wait")
-        low, high = WORKER_WAIT_RANGE_MS
-        if not low <= worker_wait <= high:
-            raise ConfigError(
-                f"{where}: pass.worker_wait: must be from {duration_text(low)} to "
-                f"{duration_text(high)}, got {raw['worker_wait']!r}"
-            )
+    worker_wait = duration_within(
+        where, "pass.worker_wait", raw, WORKER_WAIT_RANGE_MS, DEFAULT_WORKER_WAIT_MS
+    )
     if "budget" in raw:
         budget = read_duration(where, "pass.budget", raw, "budget")
         if budget < MIN_BUDGET_MS:

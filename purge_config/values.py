@@ -213,3 +213,21 @@ def read_rate(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> 
     if rate < 64 * 1024:
         raise ConfigError(f"{where}: {key}: at least 64kB/s, got {value!r}")
     return rate
+
+
+def duration_within(
+    where: str, key: str, raw: Mapping[str, Any], bounds: tuple[int, int], default: int
+) -> int:
+    """The duration at `raw[key]` in ms (`default` when absent), or a ConfigError naming
+    `key` when it is outside `bounds`."""
+    name = key.rpartition(".")[2]
+    if name not in raw:
+        return default
+    value = read_duration(where, key, raw, name)
+    low, high = bounds
+    if not low <= value <= high:
+        raise ConfigError(
+            f"{where}: {key}: must be from {duration_text(low)} to {duration_text(high)}, "
+            f"got {raw[name]!r}"
+        )
+    return value
