@@ -11,7 +11,7 @@ from psycopg import sql
 from activities.chunks import EXPAND_PAGE, PatternPage, PatternStep
 from activities.errors import BadPurgeTarget
 from activities.targets import PurgeTarget
-from purge_config.patterns import SYSTEM_SCHEMA, TablePattern
+from purge_config.patterns import TablePattern
 from purge_config.targets import TargetSpec
 
 #: Ordinary and partitioned tables, never a partition (its parent's target sweeps it), in a
@@ -113,9 +113,10 @@ class PatternTargets:
         rows = rows[: min(step.limit, EXPAND_PAGE)]
         matches = []
         for schema, table in rows:
+            # A second check in Python of what the catalog matched (and never a system schema).
             match = pattern.match(schema if by_schema else None, table)
-            if match is None or (by_schema and SYSTEM_SCHEMA.fullmatch(schema)):
-                continue  # the regex dialects agree on these names; this is a second check
+            if match is None:
+                continue
             matches.append(f"{spec.name}@{pattern.suffix(match)}")
         last = [rows[-1][0], rows[-1][1]] if rows else []
         return PatternPage(name=step.name, matches=matches, last=last, more=more)

@@ -440,21 +440,21 @@ class PurgeReport:
     def from_json(cls, raw: dict[str, Any]) -> PurgeReport:
         """Rebuild a report from the plain dict a client or an error's details hand back."""
         return cls(
-            swept=[PurgeSweep(**_known(PurgeSweep, s)) for s in raw.get("swept", [])],
+            swept=[PurgeSweep(**known_fields(PurgeSweep, s)) for s in raw.get("swept", [])],
             removed=int(raw.get("removed", 0)),
             now_ms=int(raw.get("now_ms", 0)),
             dry_run=bool(raw.get("dry_run", False)),
-            failed=[FailedTarget(**_known(FailedTarget, f)) for f in raw.get("failed", [])],
+            failed=[FailedTarget(**known_fields(FailedTarget, f)) for f in raw.get("failed", [])],
             compact=bool(raw.get("compact", False)),
             targets=int(raw.get("targets", 0)),
             statuses={str(k): int(v) for k, v in raw.get("statuses", {}).items()},
-            patterns=[PatternLine(**_known(PatternLine, p)) for p in raw.get("patterns", [])],
+            patterns=[PatternLine(**known_fields(PatternLine, p)) for p in raw.get("patterns", [])],
             failed_total=int(raw.get("failed_total", 0)),
             children=[str(c) for c in raw.get("children", [])],
         )
 
 
-def _known(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
+def known_fields(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
     # A newer worker may have added fields this caller does not know; keep what it does know.
     names = {f.name for f in fields(kind)}
     return {key: value for key, value in raw.items() if key in names}

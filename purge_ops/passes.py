@@ -22,7 +22,7 @@ from temporalio.worker import Replayer
 
 from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
-from activities.payloads import FailedTarget, PurgeReport, PurgeSweep
+from activities.payloads import FailedTarget, PurgeReport, PurgeSweep, known_fields
 from purge_ops.render import (
     LOWER_BOUND_NOTE,
     human_duration,
@@ -281,7 +281,7 @@ def _outcomes(client: Client, events: list[Any], prefix: str) -> list[PurgeSweep
             done = event.activity_task_completed_event_attributes
             if done.scheduled_event_id in names:
                 [raw] = converter.from_payloads(done.result.payloads)
-                found.append(PurgeSweep(**_known_fields(PurgeSweep, raw)))
+                found.append(PurgeSweep(**known_fields(PurgeSweep, raw)))
         else:
             for field_ in ("activity_task_failed", "activity_task_timed_out"):
                 if event.HasField(f"{field_}_event_attributes"):
@@ -292,11 +292,6 @@ def _outcomes(client: Client, events: list[Any], prefix: str) -> list[PurgeSweep
                         kind = failure.application_failure_info.type or field_
                         found.append(FailedTarget(name, kind, failure.message))
     return found
-
-
-def _known_fields(kind: type, raw: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in dataclasses.fields(kind)}
-    return {key: value for key, value in raw.items() if key in names}
 
 
 def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarget]) -> str:
