@@ -109,24 +109,15 @@ class ChunkReport:
             self.patterns.setdefault(name, PatternLine(name)).merge(line)
         self.lower_bound = self.lower_bound or other.lower_bound
 
-    def skip(
-        self, names: list[str], first: int, reason: str, dry_run: bool, patterns: set[str]
-    ) -> None:
-        """Targets never started because the pass's budget was spent."""
-        for i, name in enumerate(names):
-            sweep = PurgeSweep(
-                name=name, removed=0, dry_run=dry_run, status="skipped", reason=reason
-            )
-            self.add(first + i, sweep, patterns)
-
 
 def _first(failures: list[RankedFailure]) -> list[RankedFailure]:
     return sorted(failures, key=lambda f: f.position)[:FAILED_CAP]
 
 
 def _largest(sweeps: list[RankedSweep]) -> list[RankedSweep]:
-    kept = sorted(sweeps, key=lambda s: (-s.sweep.removed, s.position))[:LARGEST_CAP]
-    return [s for s in kept if s.sweep.removed > 0 or s.sweep.status != "skipped"]
+    # A skipped target removed nothing and is counted in `statuses`: it takes no place here.
+    swept = [s for s in sweeps if s.sweep.status != "skipped"]
+    return sorted(swept, key=lambda s: (-s.sweep.removed, s.position))[:LARGEST_CAP]
 
 
 @dataclass(frozen=True)

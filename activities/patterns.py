@@ -58,17 +58,19 @@ class PatternTargets:
         found = self._built.get(name)
         if found is not None:
             return found
-        base = name.rpartition("@")[0]
-        entry = self._specs.get(base)
-        if entry is None:
+        match = self._match(name)
+        if match is None:
             return None
-        spec, pool = entry
-        matched = spec.matched(name)
-        if matched is None:
-            return None
-        target = self._build(matched, pool)
+        target = self._build(*match)
         self._built[name] = target
         return target
+
+    def _match(self, name: str) -> tuple[TargetSpec, Any] | None:
+        """The config entry of the match `name` (its tables filled in) and its pool, or None
+        when `name` is no match of a pattern here."""
+        entry = self._specs.get(name.rpartition("@")[0])
+        matched = entry[0].matched(name) if entry else None
+        return (matched, entry[1]) if matched and entry else None
 
     def _pattern(self, name: str) -> tuple[TargetSpec, TablePattern, Any]:
         entry = self._specs.get(name)
@@ -122,11 +124,11 @@ class PatternTargets:
         return PatternPage(name=step.name, matches=matches, last=last, more=more)
 
     async def gone(self, name: str) -> bool:
-        """Whether the table the match `name` stands for has been dropped since it matched."""
-        spec, _, pool = self._pattern(name.rpartition("@")[0])
-        matched = spec.matched(name)
-        if matched is None:
+        """Whether `name` is a match of a pattern here whose table has been dropped since."""
+        match = self._match(name)
+        if match is None:
             return False
+        matched, pool = match
         table = matched.tables[0]
         qualified = sql.Identifier(*([table.schema] if table.schema else []), table.table)
         async with pool.connection() as conn:

@@ -16,7 +16,6 @@ from activities.chunks import PatternPage, PatternStep
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
-from activities.patterns import PatternTargets
 from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
 from activities.progress import LedgerKey, Progress, SweepStats
 from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
@@ -130,7 +129,7 @@ class PurgeActivities:
                 return sweep
         except BadPurgeTarget as err:
             patterns = self.registry.patterns
-            if patterns is None or not await _gone(patterns, step.name):
+            if patterns is None or not await patterns.gone(step.name):
                 raise
             # A pattern's match dropped since the pass matched it (a tenant deleted): there is
             # nothing left to sweep, which is not a failure of the pass. Handled here, in this
@@ -232,12 +231,6 @@ def _identity() -> str:
         return activity.client().identity
     except RuntimeError:  # run without a client (ActivityEnvironment)
         return ""
-
-
-async def _gone(patterns: PatternTargets, name: str) -> bool:
-    """Whether `name` is a pattern's match whose table no longer exists."""
-    base = name.rpartition("@")[0]
-    return patterns.is_pattern(base) and await patterns.gone(name)
 
 
 def _partition_fields(sweep: PurgeSweep, stats: SweepStats) -> None:

@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
-    from workflows.steps import TARGET_RETRY, routed, unpolled
+    from workflows.steps import TARGET_RETRY, routed, skipped, unpolled
 
 #: Limits a pass with some but not all of them takes for the others (the config's defaults).
 DEFAULT_MAX_CONCURRENT = 4
@@ -109,9 +109,7 @@ def _chunks(order: PurgeInput, names: list[str], now_ms: int) -> dict[str, list[
     by_database: dict[str, list[str]] = {}
     for name in names:
         by_database.setdefault(database_of(name), []).append(name)
-    limited = order.limited
-    most = order.max_concurrent or DEFAULT_MAX_CONCURRENT if limited else 1
-    per_database = order.max_per_database or DEFAULT_MAX_PER_DATABASE if limited else 1
+    most, per_database = _limits(order)
     budget_ms = order.budget_ms or MAX_BUDGET_MS
     size = order.child_size or DEFAULT_CHILD_SIZE
     chunks: dict[str, list[ChunkInput]] = {}
@@ -137,13 +135,24 @@ def _chunks(order: PurgeInput, names: list[str], now_ms: int) -> dict[str, list[
     return chunks
 
 
+def _limits(order: PurgeInput) -> tuple[int, int]:
+    """(targets at once, targets at once on one database): the input's limits, the config's
+    defaults for those it lacks, or one at a time for a pass without limits."""
+    if not order.limited:
+        return 1, 1
+    return (
+        order.max_concurrent or DEFAULT_MAX_CONCURRENT,
+        order.max_per_database or DEFAULT_MAX_PER_DATABASE,
+    )
+
+
 async def _run_children(
     order: PurgeInput, chunks: dict[str, list[ChunkInput]], report: ChunkReport
 ) -> list[str]:
     """Run the children, one at a time per database and as many databases at once as
     `max_concurrent` allows; merge each one's report into `report`. Their ids, in order."""
     info = workflow.info()
-    most = order.max_concurrent or DEFAULT_MAX_CONCURRENT if order.limited else 1
+    most, _ = _limits(order)
     started: list[str] = []
     running: dict[asyncio.Task[ChunkReport], tuple[str, ChunkInput]] = {}
     patterns = set(order.patterns)
@@ -159,11 +168,10 @@ async def _run_children(
                 break
             waiting.pop(0)
             if epoch_ms(workflow.now()) >= chunk.deadline_ms:
-                reason = (
-                    f"the pass's budget ({chunk.budget_ms} ms) was spent before it started; "
-                    "the next pass sweeps it"
-                )
-                report.skip(chunk.targets, chunk.first, reason, order.dry_run, patterns)
+                for i, name in enumerate(chunk.targets):
+                    report.add(
+                        chunk.first + i, skipped(name, order.dry_run, chunk.budget_ms), patterns
+                    )
                 continue
             # From the run id, not the workflow id: a history saved under another name (what
             # `pg-purge replay FILE` reads) must replay to the same child ids.
