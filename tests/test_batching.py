@@ -119,6 +119,40 @@ async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_
     assert scattered.batches >= 2
 
 
+async def test_keyset_batches_split_a_run_of_equal_keys_and_keep_every_live_row(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Index batches go by key ranges of the expiry column; a run of equal keys longer than a
+    batch cannot be split by a range, so it goes a batch at a time by ctid. 6,000 rows share
+    the cutoff instant itself (expired: expiry is inclusive), 2,000 lie before it and 2,000
+    after: every expired row goes, no live one, and no batch takes more rows than it asked
+    for (a batch deleting every row of the run at once would take 6,000)."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, '{}', CASE WHEN i < 2000 THEN %s - 2000 + i"
+        " WHEN i < 8000 THEN %s ELSE %s + i END FROM generate_series(0, 9999) i",
+        (NOW, NOW, NOW),
+    )
+    # A share below a fifth, so the index serves (the plan's choice, asserted below).
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'live' || i, '{}', %s + 1 + i FROM generate_series(0, 49999) i",
+        (NOW,),
+    )
+    analyze(db, "x_idempotency")
+    batches: list[tuple[int, int]] = []
+    target = kinds.idempotency(pool, settings=SweepSettings(batch_target_ms=1))
+    stats = await target.sweep(NOW, on_batch=lambda p: batches.append((p.batch_removed, p.batches)))
+
+    assert (stats.strategy, stats.removed) == ("index", 8_000)
+    assert db.execute(
+        "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
+    ).fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (52_000,)
+    assert stats.batches == len(batches) >= 3
+    assert max(removed for removed, _ in batches) < 6_000
+
+
 def run_activity(
     pool: AsyncConnectionPool[Any],
     settings: SweepSettings,

@@ -9,7 +9,9 @@ the activity is cancelled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor, errors, sql
@@ -21,11 +23,14 @@ from activities.engine.rules import Predicate
 from activities.engine.statements import (
     count_expired,
     index_batch,
+    key_bounds,
+    key_delete,
     ledger_add,
     local_bounds,
     pipeline_flush,
     range_batch,
     range_delete,
+    tie_delete,
 )
 from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
@@ -71,7 +76,9 @@ class BatchSweeper:
         self.progress.strategy = self.plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
-        if self.plan.strategy == "index":
+        if self.plan.strategy == "index" and keyset(pred, self.plan):
+            await self._by_key(pred, result)
+        elif self.plan.strategy == "index":
             await self._by_index(pred, result)
         else:
             await self._walk(pred, result)
@@ -135,6 +142,25 @@ class BatchSweeper:
                 return  # the index held fewer expired rows than asked for: that was all
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
+    async def _by_key(self, pred: Predicate, result: SweepStats) -> None:
+        # Each batch finds where the next `rows` expired rows end in the expiry index, then
+        # deletes that key range as one plain DELETE counted by its tag; the next starts at the
+        # key this one stopped below, so no batch steps over the index entries of rows that
+        # earlier batches deleted.
+        self.plain = True
+        rows, after = first_index_rows(self.plan), None
+        while True:
+            if await self._out_of_time():
+                result.complete = False
+                result.backlog = await self._count_left(pred, result)
+                return
+            keyed = KeyBatch(pred, rows, after)
+            found, ms = await self._batch(result, functools.partial(self._run_key, keyed))
+            if found < rows:
+                return  # fewer expired rows than asked for were left: that was all of them
+            after = keyed.next_after
+            rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
+
     def _advance(
         self, result: SweepStats, removed: int, total: int | None, ms: float, page: int
     ) -> None:
@@ -154,10 +180,10 @@ class BatchSweeper:
     async def _batch(
         self,
         result: SweepStats,
-        statement: sql.Composed,
-        params: dict[str, object],
-        walk: bool,
-        page: int,
+        statement: sql.Composed | Callable[[], Awaitable[_Ran]],
+        params: dict[str, object] | None = None,
+        walk: bool = False,
+        page: int = 0,
     ) -> tuple[int, float]:
         """One batch in its own transaction, recorded in `result` and the progress: (rows it
         found, ms). A walk's batch reports what it deleted as found.
@@ -169,7 +195,8 @@ class BatchSweeper:
         if current is not None and current.cancelling():
             # Cancelled since the last batch: start no other.
             raise asyncio.CancelledError
-        task = asyncio.ensure_future(self._run(statement, params, walk))
+        run = statement() if callable(statement) else self._run(statement, params or {}, walk)
+        task = asyncio.ensure_future(run)
         try:
             found, removed, total, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -179,9 +206,7 @@ class BatchSweeper:
         self._advance(result, removed, total, ms, page)
         return found, ms
 
-    async def _run(
-        self, statement: sql.Composed, params: dict[str, object], walk: bool
-    ) -> tuple[int, int, int | None, float]:
+    async def _run(self, statement: sql.Composed, params: dict[str, object], walk: bool) -> _Ran:
         """(rows found, rows deleted, the ledger's total or None, ms)."""
         started = time.perf_counter()
         # One round trip: the bounds and the DELETE pipelined up to one Sync, which makes them
@@ -209,6 +234,33 @@ class BatchSweeper:
         total = int(row[2]) if row[2] is not None else None
         return int(row[0]), int(row[1]), total, ms
 
+    async def _run_key(self, keyed: KeyBatch) -> _Ran:
+        """One keyset batch in one implicit transaction: its boundary read (one round trip,
+        the pipeline flushed without a Sync), then the DELETE of that key range and the
+        ledger's row, committed at the Sync."""
+        started = time.perf_counter()
+        params = {**keyed.pred.params, **(self.ledger or {})}
+        async with self.conn.pipeline():
+            await self.conn.execute(
+                local_bounds(False),
+                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
+            )
+            bounds = await self.conn.execute(
+                key_bounds(keyed.pred, keyed.rows, keyed.after is not None),
+                {**params, "key_after": keyed.after},
+            )
+            found, least, greatest = await bounds.fetchone() or (0, None, None)
+            added = None
+            if found:
+                cur = await self.conn.execute(*keyed.delete(int(found), least, greatest))
+                added = await self._add_to_ledger(cur)
+        ms = (time.perf_counter() - started) * 1000
+        if not found:
+            return 0, 0, None, ms
+        removed = max(cur.rowcount, 0)
+        row = await added.fetchone() if added is not None else None
+        return int(found), removed, int(row[0]) if row else None, ms
+
     async def _add_to_ledger(self, deleted: AsyncCursor[Any]) -> AsyncCursor[Any] | None:
         """With the ledger, in a plain batch's transaction (its pipeline, before the Sync):
         the DELETE's count, read by flushing the pipeline up to it (one round trip more), added
@@ -223,6 +275,48 @@ class BatchSweeper:
 
     async def _count_left(self, pred: Predicate, result: SweepStats) -> int:
         return await count_left(self.conn, self.settings, pred, self.plan, result.removed)
+
+
+#: (rows found, rows deleted, the ledger's total or None, ms) of one batch.
+_Ran = tuple[int, int, int | None, float]
+
+
+def keyset(pred: Predicate, plan: TablePlan) -> bool:
+    """Whether an index sweep goes by keyset batches: the index is the expiry column's own (a
+    composite filter index orders by other keys first), the table is not swept through a
+    partitioned parent, and no archive needs the deleted rows returned."""
+    return (
+        pred.column is not None
+        and pred.archive is None
+        and not plan.partitioned
+        and plan.order in ((), (pred.column,))
+    )
+
+
+class KeyBatch:
+    """One keyset batch's inputs, and the statement its boundary calls for."""
+
+    def __init__(self, pred: Predicate, rows: int, after: object | None) -> None:
+        self.pred, self.rows, self.after = pred, rows, after
+        self.next_after: object | None = after
+
+    def delete(
+        self, found: int, least: object, greatest: object
+    ) -> tuple[sql.Composed, dict[str, object]]:
+        """The DELETE for a boundary of `found` rows keyed `least` to `greatest`."""
+        params = {**self.pred.params, "key_after": self.after}
+        after = self.after is not None
+        if found < self.rows:
+            # The rest: fewer than a batch were left.
+            return key_delete(self.pred, after, below=False), params
+        if least == greatest:
+            # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
+            # from that key again, until fewer than a batch of it are left.
+            self.next_after = least
+            return tie_delete(self.pred, self.rows), {**params, "key_at": least}
+        # Up to the last key found, not including it: its rows (and ties) open the next batch.
+        self.next_after = greatest
+        return key_delete(self.pred, after, below=True), {**params, "key_below": greatest}
 
 
 async def count_left(

@@ -136,6 +136,59 @@ def index_batch(
     )
 
 
+def key_bounds(pred: Predicate, limit: int, after: bool) -> sql.Composed:
+    """A keyset batch's boundary: how many of the next `limit` expired rows in the expiry
+    column's order there are (from `%(key_after)s` on, when `after`: where the last batch stopped),
+    and their least and greatest value. It reads only index entries (an index-only scan where
+    the heap is all-visible), so the DELETE that follows does the heap's work once."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    return sql.SQL(
+        "SELECT count(*), min(k), max(k) FROM ("
+        "SELECT {column} AS k FROM {table} WHERE {where}{after} ORDER BY {column} LIMIT {limit}"
+        ") AS next"
+    ).format(
+        column=column,
+        table=ident(pred.table),
+        where=pred.where,
+        after=_from_key(column, after),
+        limit=sql.Literal(limit),
+    )
+
+
+def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:
+    """A keyset batch: the expired rows from `%(key_after)s` (when `after`) up to, not including,
+    `%(key_below)s` (when `below`; without it, the rest: fewer than a batch remain). A range the
+    expiry index serves, the predicate checked on each row, no RETURNING: counted by its
+    command tag, as one DELETE typed by hand is."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    upto = sql.SQL(" AND {} < %(key_below)s").format(column) if below else sql.SQL("")
+    return sql.SQL("DELETE FROM {table} WHERE {where}{after}{upto}").format(
+        table=ident(pred.table), where=pred.where, after=_from_key(column, after), upto=upto
+    )
+
+
+def tie_delete(pred: Predicate, limit: int) -> sql.Composed:
+    """A keyset batch over one value: `limit` expired rows whose key is `%(key_at)s` (more than a
+    batch share it, so a range cannot split them), picked by ctid, checked on the row."""
+    assert pred.column is not None
+    return sql.SQL(
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+        "SELECT ctid FROM {table} WHERE {where} AND {column} = %(key_at)s LIMIT {limit}"
+        ")) AND {where}"
+    ).format(
+        table=ident(pred.table),
+        where=pred.where,
+        column=sql.Identifier(pred.column),
+        limit=sql.Literal(limit),
+    )
+
+
+def _from_key(column: sql.Identifier, after: bool) -> sql.Composable:
+    return sql.SQL(" AND {} >= %(key_after)s").format(column) if after else sql.SQL("")
+
+
 def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
     """The range batch: every expired row in pages [lo, hi), checked on the row itself. The
     same three columns as `index_batch`, what it deleted standing for what it found."""
