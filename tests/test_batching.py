@@ -153,6 +153,34 @@ async def test_keyset_batches_split_a_run_of_equal_keys_and_keep_every_live_row(
     assert max(removed for removed, _ in batches) < 6_000
 
 
+async def test_half_expired_table_in_expiry_order_goes_by_the_index_and_in_no_order_walks(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Half the rows expired is far above the share an index pays for when rows are spread
+    (every page holds some), but in expiry order they fill the front half of the heap: keyset
+    batches through the index read only those pages, a walk would read all of them."""
+
+    def fill(order: str) -> None:
+        db.execute("TRUNCATE x_idempotency")
+        db.execute(
+            "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+            " SELECT 'k' || i, '{}', %s + i FROM generate_series(0, 19_999) i"
+            f" ORDER BY {order}",
+            (NOW - 9_999,),  # k0..k9999 expired
+        )
+        analyze(db, "x_idempotency")
+
+    fill("i")
+    ordered = await kinds.idempotency(pool).sweep(NOW)
+    left_ordered = keys(db, "x_idempotency")
+    fill("random()")
+    scattered = await kinds.idempotency(pool).sweep(NOW)
+
+    assert (ordered.strategy, ordered.removed) == ("index", 10_000)
+    assert (scattered.strategy, scattered.removed) == ("range", 10_000)
+    assert left_ordered == keys(db, "x_idempotency") == {f"k{i}" for i in range(10_000, 20_000)}
+
+
 def run_activity(
     pool: AsyncConnectionPool[Any],
     settings: SweepSettings,

@@ -18,7 +18,7 @@ from psycopg import AsyncConnection, AsyncCursor, errors, sql
 
 from activities.engine.context import SweepContext
 from activities.engine.pacing import Pacer
-from activities.engine.planning import TablePlan
+from activities.engine.planning import TablePlan, keyset
 from activities.engine.rules import Predicate
 from activities.engine.statements import (
     count_expired,
@@ -76,7 +76,7 @@ class BatchSweeper:
         self.progress.strategy = self.plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
-        if self.plan.strategy == "index" and keyset(pred, self.plan):
+        if self.plan.strategy == "index" and keyset(pred, self.plan.partitioned, self.plan.order):
             await self._by_key(pred, result)
         elif self.plan.strategy == "index":
             await self._by_index(pred, result)
@@ -279,18 +279,6 @@ class BatchSweeper:
 
 #: (rows found, rows deleted, the ledger's total or None, ms) of one batch.
 _Ran = tuple[int, int, int | None, float]
-
-
-def keyset(pred: Predicate, plan: TablePlan) -> bool:
-    """Whether an index sweep goes by keyset batches: the index is the expiry column's own (a
-    composite filter index orders by other keys first), the table is not swept through a
-    partitioned parent, and no archive needs the deleted rows returned."""
-    return (
-        pred.column is not None
-        and pred.archive is None
-        and not plan.partitioned
-        and plan.order in ((), (pred.column,))
-    )
 
 
 class KeyBatch:

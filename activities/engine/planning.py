@@ -26,8 +26,15 @@ from activities.engine.rules import Predicate, ident
 from activities.engine.statements import index_batch
 from activities.progress import Strategy
 
-#: Above this share of expired rows the walk is cheaper than the index, even with one.
+#: Above this share of expired rows the walk is cheaper than the index, even with one...
 INDEX_MAX_SHARE = 0.2
+#: ... unless the heap is in the expiry column's order (|correlation| at least IN_ORDER, as a
+#: fixed TTL or an append-only log leaves it): the expired rows then lie together at one end,
+#: and keyset batches through the index read only their pages, where a walk reads every page
+#: (the edge partition of a daily-partitioned log, half expired: half the pages). Up to
+#: IN_ORDER_MAX_SHARE: past it the walk reads little more than the index would.
+IN_ORDER = 0.9
+IN_ORDER_MAX_SHARE = 0.75
 #: A table this large (8 MB of heap) read whole for a small share is worth an index; smaller
 #: tables cost too little to bother anyone with advice.
 LARGE_PAGES = 1024
@@ -100,7 +107,14 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         # A filter wants an index that serves it too (activities.engine.filter_plan).
         index, order = await filtered_index(conn, relation, pred, index, known.expired)
     share = None if not known.rows else min(1.0, known.expired / known.rows)
-    use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE)
+    in_order = (
+        known.correlation is not None
+        and abs(known.correlation) >= IN_ORDER
+        and share is not None
+        and share <= IN_ORDER_MAX_SHARE
+        and keyset(pred, partitioned=known.partitioned, order=order)
+    )
+    use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE or in_order)
     if use_index and pred.row_filter is not None:
         # A filter's rows are spread among rows it leaves: the index pays only when sparse.
         use_index = index_pays(known.expired, known.pages)
@@ -116,6 +130,18 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         correlation=known.correlation,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
+
+
+def keyset(pred: Predicate, partitioned: bool, order: tuple[str, ...]) -> bool:
+    """Whether an index sweep of this table goes by keyset batches: the index is the expiry
+    column's own (a composite filter index orders by other keys first), the table is not swept
+    through a partitioned parent, and no archive needs the deleted rows returned."""
+    return (
+        pred.column is not None
+        and pred.archive is None
+        and not partitioned
+        and order in ((), (pred.column,))
+    )
 
 
 async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: str) -> _Catalog:
