@@ -40,7 +40,8 @@ class TableSweeper:
         """With `check`, first what `check_partitions` says of this table (a target of one
         table is checked here, once its lock is held, before anything is detached)."""
         stats = SweepStats()
-        layout = await read_layout(self.conn, pred)
+        # A plain table (the plan read its kind) has no partitions to read.
+        layout = await read_layout(self.conn, pred) if plan.partitioned else None
         if check:
             inert = await check_partitions(self.conn, pred, layout, self.policy)
             if inert:
