@@ -292,8 +292,11 @@ class KeyBatch:
         self, found: int, least: object, greatest: object
     ) -> tuple[sql.Composed, dict[str, object]]:
         """The DELETE for a boundary of `found` rows keyed `least` to `greatest`."""
-        params = {**self.pred.params, "key_after": self.after}
-        after = self.after is not None
+        # From the least key found, not the last batch's bound: the first batch's DELETE then
+        # starts where the live index entries do, not over every entry of rows deleted before
+        # (by earlier passes, not yet vacuumed), which its boundary read already stepped over.
+        params = {**self.pred.params, "key_after": least}
+        after = True
         if found < self.rows:
             # The rest: fewer than a batch were left.
             return key_delete(self.pred, after, below=False), params
