@@ -195,8 +195,9 @@ def ledger_writable() -> sql.SQL:
     which table that is (its OID); then the same of `purge_shares`, the partition advice's
     memory. One row, four columns: two optional tables found in one round trip."""
     return sql.SQL(
-        "SELECT coalesce(has_table_privilege(to_regclass('purge_progress'),"
-        " 'SELECT, INSERT, UPDATE, DELETE'), false), to_regclass('purge_progress')::oid, "
+        "SELECT "
+        + _may_use("purge_progress")
+        + ", to_regclass('purge_progress')::oid, "
         + _may_use("purge_shares")
         + ", to_regclass('purge_shares')::oid"
     )
