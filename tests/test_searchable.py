@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowExecution
 from temporalio.worker import Replayer
 
 from activities import builtin_targets as kinds
+from activities.builtin_targets import build_registry
 from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
 from activities.targets import TargetRegistry
 from purge_config import parse_config
@@ -35,6 +36,7 @@ from purge_ops.searchable import namespace_defines
 from tests.conftest import Harness
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import running_temporal
+from tests.support.tenants import create_tenants, expired_of, tenant_prefix, tenant_schemas
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
@@ -103,6 +105,39 @@ async def test_a_failed_pass_is_found_by_the_target_it_failed_on(
     types = [event.event_type for event in history.events]
     assert EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES in types
     await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(history)
+
+
+async def test_a_spread_pass_is_found_by_the_tenant_it_failed_on(
+    pg_url: str, harness: Harness, searchable_client: Client
+) -> None:
+    """A pattern over tenants, one of whose tables lacks the column: the pass, spread over
+    children, records that tenant's target, and the query for it finds the pass."""
+    prefix = tenant_prefix()
+    config = parse_config(
+        {
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                }
+            ]
+        }
+    )
+    queue = harness.task_queue
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        create_tenants(conn, prefix, range(42, 43), harness.now_ms, column="valid_until")
+        async with new_worker(searchable_client, build_registry(config, harness.pool), queue):
+            status = await sweep(searchable_client, queue, config.pass_input(), print)
+
+    assert status == 1
+    failed = f"sessions@{prefix}_0042"
+    [execution] = await found(searchable_client, f'PurgeFailedTargets = "{failed}"')
+    assert execution.task_queue == queue
+    removed = sum(expired_of(i) for i in range(3))
+    assert execution.typed_search_attributes.get(ROWS_REMOVED) == removed
 
 
 async def test_a_namespace_without_the_attributes_runs_passes_as_before(
