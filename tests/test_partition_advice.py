@@ -181,3 +181,17 @@ async def test_a_pass_through_temporal_carries_the_advice_to_its_result_and_repo
     assert "feed: 4 of the last day's 4 passes removed more than 10%" in swept["advice"]
     assert 'set partitions = "drop" on target "feed"' in swept["advice"]
     assert "feed: 4 of the last day's 4 passes" in report_table(PurgeReport.from_json(result))
+
+
+async def test_without_the_ledger_the_shares_still_remember(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two optional tables are independent: counts from heartbeats, advice from shares."""
+    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    db.execute("DROP TABLE purge_progress")
+    feed = Feed(db, "feed", slot_rows=1_000, slots=5, origin=PAST_NOW)
+
+    results = await hourly_passes(feed, pool, 3)
+
+    assert [r.removed for r in results] == [2_000] * 3
+    assert [ADVICE in r.advice for r in results] == [False, False, True]
