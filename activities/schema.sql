@@ -50,3 +50,19 @@ CREATE TABLE purge_progress (
 );
 -- For removing old passes' rows (once per pass and database) without reading the whole ledger.
 CREATE INDEX ON purge_progress (now_ms);
+
+-- The partition advice's memory: per table and pass, the rows the pass removed and the live rows
+-- it left, so a table that loses a large share in most of a day's passes is told to partition
+-- even when no single pass removed much. One row per table and pass; the sweep removes rows a
+-- day (by the pass's clock) after their pass. Without this table (or SELECT/INSERT/UPDATE/DELETE
+-- on it), sweeps run as before and that advice is never given.
+CREATE TABLE purge_shares (
+  target     text   NOT NULL,
+  table_name text   NOT NULL,
+  now_ms     bigint NOT NULL,
+  removed    bigint NOT NULL,
+  live       bigint NOT NULL,
+  PRIMARY KEY (target, table_name, now_ms)
+);
+-- For removing old passes' rows (once per pass and database) without reading the whole table.
+CREATE INDEX ON purge_shares (now_ms);

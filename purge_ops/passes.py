@@ -33,6 +33,7 @@ from purge_ops.render import (
     report_table,
     table,
 )
+from purge_ops.searchable import start_attributes
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
@@ -69,6 +70,7 @@ async def sweep(client: Client, task_queue: str, request: dict[str, Any], say: S
             id=f"purge-sweep-{task_queue}",
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            search_attributes=await start_attributes(client),
         )
         say(f"started pass {handle.id} on task queue {task_queue!r}")
     try:

@@ -27,9 +27,12 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 
+from activities.searchable import at_start
 from purge_config import PurgeConfig
+from purge_ops.searchable import namespace_defines
 
 WORKFLOW_TYPE = "Purge"
 #: The action memo key holding the fingerprint of the config the schedule was made from. In the
@@ -48,8 +51,9 @@ class ScheduleOutcome:
     """What will run, when: the config's schedule and the server's next fire times."""
 
 
-def desired(config: PurgeConfig) -> Schedule:
-    """The schedule the config asks for."""
+def desired(config: PurgeConfig, searchable: bool = False) -> Schedule:
+    """The schedule the config asks for; with `searchable`, its passes start with the search
+    attributes they record (`activities.searchable`)."""
     spec = config.schedule
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
@@ -58,7 +62,8 @@ def desired(config: PurgeConfig) -> Schedule:
             # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
             id=spec.id,
             task_queue=config.task_queue,
-            memo={MEMO_KEY: fingerprint(config)},
+            memo={MEMO_KEY: fingerprint(config, searchable)},
+            typed_search_attributes=at_start() if searchable else TypedSearchAttributes.empty,
         ),
         spec=ScheduleSpec(
             cron_expressions=[spec.cron],
@@ -73,10 +78,10 @@ def desired(config: PurgeConfig) -> Schedule:
     return schedule
 
 
-def fingerprint(config: PurgeConfig) -> str:
+def fingerprint(config: PurgeConfig, searchable: bool = False) -> str:
     """A digest of everything the schedule is made from: equal configs, equal schedules."""
     spec = config.schedule
-    material = {
+    material: dict[str, object] = {
         "cron": spec.cron,
         "time_zone": spec.time_zone,
         "jitter_ms": spec.jitter_ms,
@@ -87,6 +92,10 @@ def fingerprint(config: PurgeConfig) -> str:
         "workflow": WORKFLOW_TYPE,
         "overlap": "skip",
     }
+    if searchable:
+        # Only when set: a schedule made before the attributes existed stays `unchanged`
+        # until they are defined, then is updated to start its passes with them.
+        material["searchable"] = True
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -116,7 +125,7 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
 async def ensure_schedule(client: Client, config: PurgeConfig) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs; safe to run from many workers
     at once (the loser of a create race updates, which is idempotent)."""
-    want = desired(config)
+    want = desired(config, await namespace_defines(client))
     schedule_id = config.schedule.id
     try:
         handle = await client.create_schedule(schedule_id, want)

@@ -275,3 +275,24 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     ordered = sorted(durations)
     assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
     assert result.p95_batch_ms < 200  # one slow batch in 20+ is above the 95th percentile
+
+
+async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbeats(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    """has_table_privilege asked of several privileges at once says whether ANY is held: the
+    ledger is asked one privilege at a time, so a role that may only read it is not taken for
+    one that may write it (whose first batch would then fail the target)."""
+    expired = fill(db, 1_000)
+    db.execute(f'GRANT SELECT, DELETE ON x_idempotency TO "{role}"')
+    db.execute(f'GRANT SELECT ON purge_progress TO "{role}"')
+    url = psycopg.conninfo.make_conninfo(schema_url, user=role)
+    async with AsyncConnectionPool(url, kwargs={"autocommit": True}, open=False) as pool:
+        activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+        result = await activity_env().run(
+            activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+        )
+
+    assert result.removed == expired
+    assert expired_left(db) == 0
+    assert db.execute("SELECT count(*) FROM purge_progress").fetchone() == (0,)

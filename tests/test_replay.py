@@ -210,7 +210,18 @@ def is_routed(shape: Shape) -> None:
     assert [s["name"] for s in shape.result["swept"]] == shape.request["targets"]
 
 
+def is_searchable(shape: Shape) -> None:
+    """A pass started with its search attributes: the searchable-pass marker, then the upsert
+    of its outcome (after every target, before it fails for the one that failed)."""
+    assert "MARKER_RECORDED" in shape.events
+    upsert = shape.events.index("UPSERT_WORKFLOW_SEARCH_ATTRIBUTES")
+    assert shape.events[:upsert].count("ACTIVITY_TASK_SCHEDULED") == len(shape.request["targets"])
+    assert shape.activity_failures != []
+    assert shape.failure == "PurgeTargetsFailed"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "searchable": is_searchable,
     "routed": is_routed,
     "spread": is_spread,
     "chunk": is_chunk,

@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
         duplicate_names,
         epoch_ms,
     )
+    from workflows.searchable import record_outcome
     from workflows.spread import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_PER_DATABASE, spread_pass
     from workflows.steps import sweep_limited, sweep_one
 
@@ -84,6 +85,7 @@ class PurgeWorkflow:
                 report.removed,
                 ", ".join(f"{s.name}={s.removed}" for s in report.swept),
             )
+        record_outcome(report)
         if report.failed:
             raise PurgeTargetsFailed(
                 "purge targets failed: "

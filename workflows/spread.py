@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
+    from workflows.searchable import record_outcome
     from workflows.steps import TARGET_RETRY, routed, skipped, unpolled
 
 #: Limits a pass with some but not all of them takes for the others (the config's defaults).
@@ -225,6 +226,7 @@ def _finish(
         result.targets,
         len(children),
     )
+    record_outcome(result)
     if result.failed_total:
         named = ", ".join(f"{f.name} ({f.type})" for f in result.failed[:NAMED_IN_MESSAGE])
         more = result.failed_total - min(len(result.failed), NAMED_IN_MESSAGE)

@@ -39,6 +39,9 @@ class SweepContext:
     ledger: dict[str, object] | None = None
     """The ledger row's parameters (`LedgerKey.params`) when `purge_progress` counts the
     batches (each adds its count in its own transaction); None: counted from heartbeats."""
+    remember: bool = False
+    """Whether each table's share removed is recorded in `purge_shares` (and the partition
+    advice reads the day's passes from it): only in a pass, where the table is there."""
 
     @staticmethod
     def deadline_in(budget_ms: int) -> float:

@@ -245,17 +245,57 @@ def ledger_entry() -> sql.SQL:
 
 def ledger_writable() -> sql.SQL:
     """Whether `purge_progress` exists (by the search_path) and this role may use it, and
-    which table that is (its OID)."""
+    which table that is (its OID); then the same of `purge_shares`, the partition advice's
+    memory. One row, four columns: two optional tables found in one round trip."""
     return sql.SQL(
-        "SELECT coalesce(has_table_privilege(to_regclass('purge_progress'),"
-        " 'SELECT, INSERT, UPDATE, DELETE'), false), to_regclass('purge_progress')::oid"
+        "SELECT "
+        + _may_use("purge_progress")
+        + ", to_regclass('purge_progress')::oid, "
+        + _may_use("purge_shares")
+        + ", to_regclass('purge_shares')::oid"
     )
+
+
+def _may_use(table: str) -> str:
+    # has_table_privilege with a list of privileges is true when ANY of them is held: each
+    # is asked on its own, so a role that may only read the table is not told it may write.
+    checks = " AND ".join(
+        f"has_table_privilege(to_regclass('{table}'), '{privilege}')"
+        for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
+    )
+    return f"coalesce({checks}, false)"
 
 
 def ledger_expire() -> sql.SQL:
     """Remove ledger rows of passes older than `keep_ms` before this pass's instant: the
     ledger is retention data too, judged by the caller's clock like every other table."""
     return sql.SQL("DELETE FROM purge_progress WHERE now_ms < %(ledger_now)s - %(keep_ms)s")
+
+
+def shares_expire() -> sql.SQL:
+    """Remove `purge_shares` rows of passes a window (`%(window_ms)s`) or more before this
+    pass's instant: the advice reads no further back."""
+    return sql.SQL("DELETE FROM purge_shares WHERE now_ms <= %(ledger_now)s - %(window_ms)s")
+
+
+def share_record() -> sql.SQL:
+    """Record what this pass removed from one table and the live rows it left (`%(removed)s`,
+    `%(live)s`; a retried attempt adds its rows to the pass's), and return the table's passes
+    within the window before this pass's instant `%(now_ms)s`, this one included, oldest
+    first: (now_ms, removed, live). Through the primary key only: a read of a day's rows of
+    one table, whatever else the table holds."""
+    return sql.SQL(
+        "WITH this AS ("
+        "INSERT INTO purge_shares AS s (target, table_name, now_ms, removed, live)"
+        " VALUES (%(target)s, %(table)s, %(now_ms)s, %(removed)s, %(live)s)"
+        " ON CONFLICT (target, table_name, now_ms) DO UPDATE"
+        " SET removed = s.removed + EXCLUDED.removed, live = EXCLUDED.live"
+        " RETURNING now_ms, removed, live"
+        ") SELECT now_ms, removed, live FROM purge_shares"
+        " WHERE target = %(target)s AND table_name = %(table)s"
+        " AND now_ms > %(now_ms)s - %(window_ms)s AND now_ms < %(now_ms)s"
+        " UNION ALL SELECT now_ms, removed, live FROM this ORDER BY 1"
+    )
 
 
 def count_expired(pred: Predicate, cap: int | None = None) -> sql.Composed:

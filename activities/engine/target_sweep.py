@@ -13,6 +13,7 @@ from activities.engine.context import SweepContext, partition_action
 from activities.engine.detaching import marked_done
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
+from activities.engine.shares import record_share, remembered_advice
 from activities.engine.tables import TableSweeper
 from activities.engine.upkeep import (
     analyze_after,
@@ -62,7 +63,7 @@ class TargetSweeper:
                 try:
                     sweeper = TableSweeper(ctx, conn)
                     table = await sweeper.sweep(pred, plan, check=not several)
-                    stats.merge(await self._after(conn, pred, plan, table, ctx.now_ms))
+                    stats.merge(await self._after(conn, pred, plan, table, ctx))
                 finally:
                     await self.access.unlock(conn)
             stats.merge(table)
@@ -78,11 +79,12 @@ class TargetSweeper:
         if ctx.ledger is None:
             return ctx, SweepStats()
         async with self.access.pool.connection() as conn:
-            counted = await open_ledger(conn, ctx.ledger, self.settings)
-        if counted is None:
+            ledger = await open_ledger(conn, ctx.ledger, self.settings)
+        ctx = replace(ctx, remember=ledger.shares)
+        if ledger.counted is None:
             return replace(ctx, ledger=None), SweepStats()
-        ctx.progress.removed = counted
-        return ctx, SweepStats(ledger=True, ledger_start=counted)
+        ctx.progress.removed = ledger.counted
+        return ctx, SweepStats(ledger=True, ledger_start=ledger.counted)
 
     async def _totals(self, ctx: SweepContext, stats: SweepStats) -> None:
         """The counts of every attempt of the pass, from the progress (or the ledger)."""
@@ -100,10 +102,10 @@ class TargetSweeper:
         pred: Predicate,
         plan: TablePlan,
         table: SweepStats,
-        now_ms: int,
+        ctx: SweepContext,
     ) -> SweepStats:
         """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
-        left = await leftover(conn, pred, now_ms, table.complete)
+        left = await leftover(conn, pred, ctx.now_ms, table.complete)
         after = SweepStats(
             oldest_expired_age_ms=left.oldest_age_ms, live_rows=left.live, dead_rows=left.dead
         )
@@ -113,10 +115,15 @@ class TargetSweeper:
             )
             after.analyzed = analyzed
             after.advice += [warning] if warning else []
-        for advice in (
-            vacuum_advice(pred, table.removed, left),
-            await partition_advice(conn, pred, plan, table.removed, left),
-        ):
+        partition = await partition_advice(conn, pred, plan, table.removed, left)
+        if not partition and ctx.remember and pred.range_key and not plan.partitioned:
+            # One pass's evidence said nothing: the day's passes may.
+            passes = await record_share(
+                conn, ctx.target, str(pred.table), ctx.now_ms, table.removed, left.live
+            )
+            column = pred.range_key.column
+            partition = remembered_advice(ctx.target, str(pred.table), column, passes)
+        for advice in (vacuum_advice(pred, table.removed, left), partition):
             if advice:
                 after.advice.append(advice)
         return after

@@ -10,6 +10,7 @@ from psycopg import AsyncConnection, errors
 
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
+from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
 from activities.engine.statements import (
     analyze,
     flush_statistics,
@@ -19,6 +20,8 @@ from activities.engine.statements import (
     local_bounds,
     may_analyze,
     oldest_expired,
+    pipeline_flush,
+    shares_expire,
     table_tuples,
     value_span_days,
 )
@@ -40,33 +43,50 @@ READ_TIMEOUT_MS = 2_000
 _EXPIRED: set[tuple[object, ...]] = set()
 
 
+@dataclass(frozen=True)
+class Ledger:
+    """What a sweep found of its optional tables when it opened its pass's ledger."""
+
+    counted: int | None
+    """The pass's count so far (0 for a first attempt); None when `purge_progress` is missing
+    or this role may not use it."""
+    shares: bool
+    """Whether `purge_shares` is there for this role to record the pass in."""
+
+
 async def open_ledger(
     conn: AsyncConnection[Any], key: dict[str, object], settings: SweepSettings
-) -> int | None:
-    """The pass's count so far for `key` (`LedgerKey.params`; 0 for a first attempt), after
-    removing ledger rows of old passes; None when `purge_progress` is missing or this role may
-    not use it."""
+) -> Ledger:
+    """The pass's count so far for `key` (`LedgerKey.params`), after removing ledger rows (and
+    `purge_shares` rows) of old passes, and whether the shares may be recorded."""
     cur = await conn.execute(ledger_writable())
     row = await cur.fetchone()
-    if not row or not row[0]:
-        return None
-    params = {**key, "keep_ms": LEDGER_KEEP_MS}
+    ledger, shares = bool(row and row[0]), bool(row and row[2])
+    if not ledger and not shares:
+        return Ledger(None, False)
+    assert row is not None
+    params = {**key, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
     # Old passes' rows go once per pass and database on this worker, not before every target:
     # the delete reads the whole ledger (up to 7 days of passes), 95 ms at 840,000 rows.
     info = conn.info
-    expiry = (info.host, info.port, info.dbname, row[1], key.get("ledger_now"))
+    expiry = (info.host, info.port, info.dbname, row[1], row[3], key.get("ledger_now"))
     # One round trip: pipelined up to one Sync, these are one implicit transaction.
     async with conn.pipeline():
         await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))
         if expiry not in _EXPIRED:
-            await conn.execute(ledger_expire(), params)
-        cur = await conn.execute(ledger_entry(), params)
+            if ledger:
+                await conn.execute(ledger_expire(), params)
+            if shares:
+                await conn.execute(shares_expire(), params)
+        cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), params)
     _EXPIRED.add(expiry)
     if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
         _EXPIRED.clear()
         _EXPIRED.add(expiry)
     entry = await cur.fetchone()
-    return int(entry[0]) if entry else 0
+    if not ledger:
+        return Ledger(None, shares)
+    return Ledger(int(entry[0]) if entry else 0, shares)
 
 
 @dataclass(frozen=True)

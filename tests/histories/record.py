@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,11 @@ from temporalio.client import Client, WorkflowFailureError
 from activities import builtin_targets as kinds
 from activities.builtin_targets import build_registry
 from activities.schema import reference_ddl
+from activities.searchable import at_start
 from activities.targets import TargetRegistry
 from purge_config.file import parse_config
 from purge_dev.dev import epoch_ms_now
+from purge_dev.servers import venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
 from tests.support.history import history
@@ -86,6 +89,20 @@ SCENARIOS["v4"] = {
     },
 }
 
+# v5: a pass started with its search attributes on a namespace that defines them (the
+# searchable-pass patch), one target failing: it records the failed target and the rows
+# removed, then fails.
+SCENARIOS["v5"] = {
+    "searchable": {"targets": ["x_idempotency", "no_such_target", "x_auth"]},
+}
+#: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
+#: start them where the namespace defines them (docs/operating.md gives these commands).
+SEARCHABLE = {"v5"}
+CREATE_ATTRIBUTES = [
+    ["--name", "PurgeFailedTargets", "--type", "KeywordList"],
+    ["--name", "PurgeRowsRemoved", "--type", "Int"],
+]
+
 #: The config of the v3 worker: the built-in kinds and a pattern over the tenants.
 V3_CONFIG = {
     "targets": [
@@ -116,6 +133,9 @@ async def record(prefix: str) -> None:
                     f"CREATE TABLE tenant_{i:04d}.sessions (at bigint NOT NULL); "
                     f"INSERT INTO tenant_{i:04d}.sessions VALUES ({now - 1000}), ({now + 60_000})"
                 )
+        for command in CREATE_ATTRIBUTES if prefix in SEARCHABLE else []:
+            create = [venv_executable("temporal"), "operator", "search-attribute", "create"]
+            subprocess.run([*create, *command, "--address", temporal.address], check=True)
         pool = await open_pool(pg.url())
         try:
             client = await Client.connect(temporal.address)
@@ -137,7 +157,11 @@ async def record(prefix: str) -> None:
             ):
                 for scenario, request in SCENARIOS[prefix].items():
                     handle = await client.start_workflow(
-                        "Purge", request, id=f"purge-{prefix}-{scenario}", task_queue="purge"
+                        "Purge",
+                        request,
+                        id=f"purge-{prefix}-{scenario}",
+                        task_queue="purge",
+                        search_attributes=at_start() if prefix in SEARCHABLE else None,
                     )
                     # The failures are what some of these histories are for.
                     with contextlib.suppress(WorkflowFailureError):

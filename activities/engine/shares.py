@@ -1,0 +1,143 @@
+"""The partition advice that remembers: what share of a plain table each pass removed, kept
+for a day in `purge_shares`, and the advice to partition a table that loses a large share in
+most passes of that day, even when no single pass removes much.
+
+One row per table and pass, written and read back in one statement through the primary key:
+a pass of thousands of tables pays one short indexed round trip per table, never a read of
+the whole record or the catalog. Without the table, or without the rights on it, sweeps run as
+before and this advice is never given.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, errors
+
+from activities.engine.statements import local_bounds, share_record
+
+#: How far back the advice looks, and how long a pass's row is kept (by the pass's clock).
+WINDOW_MS = 86_400_000
+#: A pass "removed a large share" of a table when it removed more than this of the rows the
+#: table held before it (the rows it removed and the live rows it left).
+SHARE = 0.10
+#: The advice needs this many passes in the window: "most" of one or two is no pattern.
+MIN_PASSES = 3
+#: ... and this many rows removed over the window, in all: below it a day's batched deletes
+#: cost a fraction of a second (the one-pass advice's own bar, `PARTITION_ADVICE_ROWS`).
+WINDOW_ROWS = 100_000
+#: Partition widths offered, narrowest first: round widths an operator's tooling makes.
+WIDTHS_MS = (
+    (300_000, "5-minute"),
+    (900_000, "15-minute"),
+    (3_600_000, "hourly"),
+    (21_600_000, "6-hour"),
+    (86_400_000, "daily"),
+    (604_800_000, "weekly"),
+)
+#: A partition's width is at most this share of the time between passes: the partition that
+#: straddles the cutoff (about W/2P of a pass's rows) is still deleted row by row.
+WIDTH_OF_PERIOD = 0.25
+#: How long the record may take: a report, never worth holding up a pass.
+RECORD_TIMEOUT_MS = 2_000
+
+
+@dataclass(frozen=True)
+class SharePass:
+    """One pass over one table, as `purge_shares` keeps it."""
+
+    now_ms: int
+    """The pass's instant."""
+    removed: int
+    live: int
+    """The live rows the sweep left (PostgreSQL's estimate, after the sweep's own deletes)."""
+
+    @property
+    def share(self) -> float:
+        """The share of the table this pass removed."""
+        before = self.removed + self.live
+        return self.removed / before if before else 0.0
+
+
+async def record_share(
+    conn: AsyncConnection[Any],
+    target: str,
+    table: str,
+    now_ms: int,
+    removed: int,
+    live: int,
+) -> list[SharePass]:
+    """Record this pass over `table` and return the table's passes of the window, oldest
+    first, this one last; empty if the record could not be made (then no advice)."""
+    params = {
+        "target": target,
+        "table": table,
+        "now_ms": now_ms,
+        "removed": removed,
+        "live": live,
+        "window_ms": WINDOW_MS,
+    }
+    try:
+        # One round trip: pipelined up to one Sync, the bound and the record are one
+        # implicit transaction.
+        async with conn.pipeline():
+            await conn.execute(local_bounds(), (RECORD_TIMEOUT_MS, RECORD_TIMEOUT_MS))
+            cur = await conn.execute(share_record(), params)
+        rows = await cur.fetchall()
+    except (errors.InsufficientPrivilege, errors.UndefinedTable, errors.QueryCanceled):
+        # Rights revoked or the table dropped since the pass looked, or a lock held on the
+        # record: the advice waits; the sweep it is about has already succeeded.
+        return []
+    return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows]
+
+
+def remembered_advice(target: str, table: str, column: str, passes: list[SharePass]) -> str:
+    """The advice to partition `table` when more than SHARE of it went in most of the
+    window's passes (MIN_PASSES or more, WINDOW_ROWS or more removed in all), with the
+    `partitions = "drop"` line for `target` and a partition width that fits its passes."""
+    if len(passes) < MIN_PASSES:
+        return ""
+    large = sum(1 for p in passes if p.share > SHARE)
+    removed = sum(p.removed for p in passes)
+    if large * 2 <= len(passes) or removed < WINDOW_ROWS:
+        return ""
+    period_ms = (passes[-1].now_ms - passes[0].now_ms) / (len(passes) - 1)
+    if period_ms <= 0:
+        return ""
+    share = statistics.median(p.share for p in passes)
+    # In a steady state a pass removes what arrived since the last one, so a row stays about
+    # the time between passes over the share a pass removes.
+    kept_ms = period_ms / share
+    width_ms, width = _width(period_ms)
+    per_pass = removed / len(passes)
+    per_partition = per_pass * width_ms / period_ms
+    edge = width_ms / (2 * period_ms)
+    return (
+        f"{table}: {large} of the last day's {len(passes)} passes removed more than "
+        f"{SHARE:.0%} of the table (median {share:.0%}, {removed:,} rows in all, a pass about "
+        f"every {_span(period_ms)}, so a row stays about {_span(kept_ms)}); partition it by "
+        f"RANGE on {column} in {width} partitions (about {per_partition:,.0f} rows each, "
+        f"{kept_ms / width_ms:,.0f} of them live at a time, and a few made ahead) and set "
+        f'partitions = "drop" on target "{target}": a partition wholly expired then goes with '
+        "one DROP instead of a DELETE of each row; the partition straddling the cutoff, "
+        f"about {edge:.0%} of a pass's rows, is still deleted row by row"
+    )
+
+
+def _width(period_ms: float) -> tuple[int, str]:
+    """The widest offered width within WIDTH_OF_PERIOD of the period (else the narrowest)."""
+    fitting = [w for w in WIDTHS_MS if w[0] <= period_ms * WIDTH_OF_PERIOD]
+    return fitting[-1] if fitting else WIDTHS_MS[0]
+
+
+def _span(ms: float) -> str:
+    """A duration as a person says it: 40 min, 2.5 h, 3 d."""
+    minutes = ms / 60_000
+    if minutes < 90:
+        return f"{minutes:.0f} min"
+    hours = minutes / 60
+    if hours < 48:
+        return f"{hours:.1f} h".replace(".0 h", " h")
+    return f"{hours / 24:.1f} d".replace(".0 d", " d")

@@ -1,0 +1,177 @@
+"""Passes an operator can search for: where the namespace defines `PurgeFailedTargets` and
+`PurgeRowsRemoved` (made with the `temporal operator search-attribute create` commands the docs
+give), a pass records its failed targets and rows removed, and "the passes that failed on
+tenant_0042" is one visibility query. Where it does not, passes run exactly as before.
+
+The namespace with the attributes is a dev server of this module's own: defining them on the
+session's server would change every other test's passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import tomllib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecution
+from temporalio.worker import Replayer
+
+from activities import builtin_targets as kinds
+from activities.builtin_targets import build_registry
+from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
+from activities.targets import TargetRegistry
+from purge_config import parse_config
+from purge_config.names import TableName
+from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_ops.passes import sweep
+from purge_ops.runner import new_worker
+from purge_ops.schedule import ensure_schedule
+from purge_ops.searchable import namespace_defines
+from tests.conftest import Harness
+from tests.support.rows import HOUR, idempotency_rows
+from tests.support.servers import running_temporal
+from tests.support.tenants import create_tenants, expired_of, tenant_prefix, tenant_schemas
+from workflows.chunk import PurgeChunkWorkflow
+from workflows.purge import PurgeWorkflow
+
+#: The commands docs/operating.md gives, run here as written there.
+CREATE_COMMAND = ["operator", "search-attribute", "create"]
+CREATE = [
+    ["--name", "PurgeFailedTargets", "--type", "KeywordList"],
+    ["--name", "PurgeRowsRemoved", "--type", "Int"],
+]
+
+
+@pytest.fixture(scope="module")
+def searchable_server() -> Iterator[TemporalDevServer]:
+    """A dev server whose `default` namespace defines the pass's search attributes."""
+    with running_temporal("purge-test-searchable-") as server:
+        address = server.address
+        for command in CREATE:
+            subprocess.run(
+                [venv_executable("temporal"), *CREATE_COMMAND, *command, "--address", address],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+        yield server
+
+
+@pytest.fixture
+async def searchable_client(searchable_server: TemporalDevServer) -> Client:
+    return await Client.connect(searchable_server.address)
+
+
+async def found(client: Client, query: str) -> list[WorkflowExecution]:
+    """The executions `query` finds, once visibility has caught up (it lags a moment)."""
+    for _ in range(100):
+        executions = [e async for e in client.list_workflows(query)]
+        if executions:
+            return executions
+        await asyncio.sleep(0.1)
+    return []
+
+
+def registry(pool: AsyncConnectionPool[Any]) -> TargetRegistry:
+    """x_idempotency, and a target whose table does not exist: it fails with BadPurgeTarget."""
+    broken = kinds.expiring(pool, "tenant_0042", TableName("no_such_table"), "expires_at_ms")
+    return TargetRegistry([kinds.idempotency(pool), broken])
+
+
+async def test_a_failed_pass_is_found_by_the_target_it_failed_on(
+    harness: Harness, searchable_client: Client
+) -> None:
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    queue = harness.task_queue
+    async with new_worker(searchable_client, registry(harness.pool), queue):
+        status = await sweep(
+            searchable_client, queue, {"targets": ["x_idempotency", "tenant_0042"]}, print
+        )
+
+    assert status == 1
+    query = f'TaskQueue = "{queue}" AND PurgeFailedTargets = "tenant_0042"'
+    [execution] = await found(searchable_client, query)
+    assert execution.typed_search_attributes.get(FAILED_TARGETS) == ["tenant_0042"]
+    assert execution.typed_search_attributes.get(ROWS_REMOVED) == 1
+    assert not await found(searchable_client, f'TaskQueue = "{queue}" AND PurgeRowsRemoved > 1')
+    # The recorded history replays on this code (the upsert is behind its patch).
+    history = await searchable_client.get_workflow_handle(execution.id).fetch_history()
+    types = [event.event_type for event in history.events]
+    assert EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES in types
+    await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(history)
+
+
+async def test_a_spread_pass_is_found_by_the_tenant_it_failed_on(
+    pg_url: str, harness: Harness, searchable_client: Client
+) -> None:
+    """A pattern over tenants, one of whose tables lacks the column: the pass, spread over
+    children, records that tenant's target, and the query for it finds the pass."""
+    prefix = tenant_prefix()
+    config = parse_config(
+        {
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                }
+            ]
+        }
+    )
+    queue = harness.task_queue
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        create_tenants(conn, prefix, range(42, 43), harness.now_ms, column="valid_until")
+        async with new_worker(searchable_client, build_registry(config, harness.pool), queue):
+            status = await sweep(searchable_client, queue, config.pass_input(), print)
+
+    assert status == 1
+    failed = f"sessions@{prefix}_0042"
+    [execution] = await found(searchable_client, f'PurgeFailedTargets = "{failed}"')
+    assert execution.task_queue == queue
+    removed = sum(expired_of(i) for i in range(3))
+    assert execution.typed_search_attributes.get(ROWS_REMOVED) == removed
+
+
+async def test_a_namespace_without_the_attributes_runs_passes_as_before(
+    harness: Harness,
+) -> None:
+    assert not await namespace_defines(harness.client)
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR})
+    async with harness.run_worker(registry(harness.pool)):
+        status = await sweep(
+            harness.client, harness.task_queue, {"targets": ["x_idempotency"]}, print
+        )
+
+    assert status == 0
+    [execution] = await found(harness.client, f'TaskQueue = "{harness.task_queue}"')
+    assert execution.typed_search_attributes.get(ROWS_REMOVED) is None
+
+
+async def test_the_schedule_starts_its_passes_with_the_attributes_where_they_are_defined(
+    searchable_client: Client, task_queue: str
+) -> None:
+    schedule_id = f"purge-searchable-{uuid.uuid4().hex[:8]}"
+    config = parse_config(
+        tomllib.loads(
+            f'task_queue = "{task_queue}"\n[schedule]\nid = "{schedule_id}"\n'
+            '[[targets]]\nkind = "idempotency"\n'
+        ),
+        env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
+    )
+
+    first = await ensure_schedule(searchable_client, config)
+    again = await ensure_schedule(searchable_client, config)
+
+    assert (first.action, again.action) == ("created", "unchanged")
+    handle = searchable_client.get_schedule_handle(schedule_id)
+    action = (await handle.describe()).schedule.action
+    assert action.typed_search_attributes.get(ROWS_REMOVED) == 0  # type: ignore[union-attr]
+    await handle.delete()
