@@ -249,17 +249,19 @@ class BatchSweeper:
                 key_bounds(keyed.pred, keyed.rows, keyed.after is not None),
                 {**params, "key_after": keyed.after},
             )
-            found, least, greatest = await bounds.fetchone() or (0, None, None)
+            least, last = await bounds.fetchone() or (None, None)
             added = None
-            if found:
-                cur = await self.conn.execute(*keyed.delete(int(found), least, greatest))
+            if least is not None:
+                cur = await self.conn.execute(*keyed.delete(least, last))
                 added = await self._add_to_ledger(cur)
         ms = (time.perf_counter() - started) * 1000
-        if not found:
+        if least is None:
             return 0, 0, None, ms
         removed = max(cur.rowcount, 0)
         row = await added.fetchone() if added is not None else None
-        return int(found), removed, int(row[0]) if row else None, ms
+        # A whole batch was there (its last key was found); else what was left, all deleted.
+        found = keyed.rows if last is not None else removed
+        return found, removed, int(row[0]) if row else None, ms
 
     async def _add_to_ledger(self, deleted: AsyncCursor[Any]) -> AsyncCursor[Any] | None:
         """With the ledger, in a plain batch's transaction (its pipeline, before the Sync):
@@ -288,26 +290,24 @@ class KeyBatch:
         self.pred, self.rows, self.after = pred, rows, after
         self.next_after: object | None = after
 
-    def delete(
-        self, found: int, least: object, greatest: object
-    ) -> tuple[sql.Composed, dict[str, object]]:
-        """The DELETE for a boundary of `found` rows keyed `least` to `greatest`."""
+    def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
+        """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
+        when fewer are left)."""
         # From the least key found, not the last batch's bound: the first batch's DELETE then
         # starts where the live index entries do, not over every entry of rows deleted before
         # (by earlier passes, not yet vacuumed), which its boundary read already stepped over.
         params = {**self.pred.params, "key_after": least}
-        after = True
-        if found < self.rows:
+        if last is None:
             # The rest: fewer than a batch were left.
-            return key_delete(self.pred, after, below=False), params
-        if least == greatest:
+            return key_delete(self.pred, after=True, below=False), params
+        if least == last:
             # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
             # from that key again, until fewer than a batch of it are left.
             self.next_after = least
             return tie_delete(self.pred, self.rows), {**params, "key_at": least}
         # Up to the last key found, not including it: its rows (and ties) open the next batch.
-        self.next_after = greatest
-        return key_delete(self.pred, after, below=True), {**params, "key_below": greatest}
+        self.next_after = last
+        return key_delete(self.pred, after=True, below=True), {**params, "key_below": last}
 
 
 async def count_left(
