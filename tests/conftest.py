@@ -21,8 +21,8 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.registry import PurgeTarget, TargetRegistry
 from activities.schema import reference_ddl
-from activities.targets import PurgeTarget, TargetRegistry
 from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable

@@ -143,7 +143,7 @@ class TestRequests:
 
 async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue: str) -> None:
     """Pollers gone while the process lives on: /livez says which task queue's worker stopped."""
-    from activities.targets import TargetRegistry
+    from activities.registry import TargetRegistry
 
     real = new_worker(client, TargetRegistry([]), task_queue)
     health = Health(workers=[real])

@@ -13,8 +13,8 @@ from typing import Any
 import psycopg
 from temporalio.api.enums.v1 import EventType
 
-from activities.builtin_targets import build_registry
-from activities.targets import TargetRegistry
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
