@@ -13,7 +13,7 @@ from purge_config import PurgeConfig
 from purge_config.filters import RowFilter
 from purge_config.kinds import BUILTIN_KINDS
 from purge_config.names import TableName
-from purge_config.settings import Guards, PartitionPolicy, SweepSettings
+from purge_config.settings import EpochUnit, Guards, PartitionPolicy, SweepSettings
 from purge_config.specs import TargetSpec
 
 # Each kind's default tables, from the one table of kinds (frozen, so shared defaults are safe).
@@ -91,7 +91,7 @@ def expiring(
     settings: SweepSettings | None = None,
     guards: Guards | None = None,
     partitions: PartitionPolicy | None = None,
-    unit: str = "ms",
+    unit: EpochUnit = "ms",
     row_filter: RowFilter | None = None,
     archive: TableName | None = None,
 ) -> SqlTarget:
@@ -106,7 +106,7 @@ def _expiring_rule(
     table: TableName,
     column: str,
     max_age_ms: int,
-    unit: str,
+    unit: EpochUnit,
     row_filter: RowFilter | None,
     archive: TableName | None,
 ) -> ExpiryRule:

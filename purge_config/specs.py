@@ -16,10 +16,18 @@ from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
 from purge_config.patterns import TablePattern, parse_table, pattern_of, split_match_name
-from purge_config.settings import PARTITION_MODES, Guards, PartitionPolicy, SweepSettings
+from purge_config.settings import (
+    EPOCH_UNITS,
+    PARTITION_MODES,
+    EpochUnit,
+    Guards,
+    PartitionPolicy,
+    SweepSettings,
+)
 from purge_config.values import (
     duration_text,
     no_unknown,
+    one_of,
     opt_str,
     read_duration,
     read_rate,
@@ -69,7 +77,6 @@ SWEEP_FLAGS = ("analyze_after", "refuse_unindexed_children")
 #: The pacing keys of `[sweep]` (also allowed per target).
 SWEEP_PACING = ("max_replica_lag", "max_wal_rate")
 #: The units an `expiring` target's integer epoch column may hold.
-EPOCH_UNITS = ("ms", "s", "us")
 
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -84,7 +91,7 @@ class TargetSpec:
     tables: tuple[TableName, ...] = ()
     column: str = ""
     max_age_ms: int = 0
-    unit: str = "ms"
+    unit: EpochUnit = "ms"
     """For `expiring` over an integer column: the epoch unit it holds (ms, s, us)."""
     factory: Factory | None = None
     names: tuple[str, ...] = ()
@@ -194,11 +201,11 @@ def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
 
 
 def _partitions(at: str, raw: Mapping[str, Any]) -> PartitionPolicy:
-    mode = raw.get("partitions", "delete")
-    if mode not in PARTITION_MODES:
+    mode = one_of(raw.get("partitions", "delete"), PARTITION_MODES)
+    if mode is None:
         raise ConfigError(
             f"{at}: partitions: must be one of {', '.join(map(repr, PARTITION_MODES))}, "
-            f"got {mode!r}"
+            f"got {raw['partitions']!r}"
         )
     schema = raw.get("detached_schema")
     if schema is None:
@@ -297,11 +304,11 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     max_age_ms = 0
     if "max_age" in raw:
         max_age_ms = read_duration(at, "max_age", raw, "max_age")
-    unit = raw.get("unit", "ms")
-    if unit not in EPOCH_UNITS:
+    unit = one_of(raw.get("unit", "ms"), EPOCH_UNITS)
+    if unit is None:
         raise ConfigError(
             f"{at}: unit: the unit of an integer epoch column, one of {', '.join(EPOCH_UNITS)}, "
-            f"got {unit!r}"
+            f"got {raw['unit']!r}"
         )
     archive = archive_table(at, "archive_table", raw, table)
     return TargetSpec(
