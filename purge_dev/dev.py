@@ -101,7 +101,7 @@ async def run_dev(once: bool, out: TextIO | None = None) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        temporal.stop()
+        temporal.stop(immediate=True)  # in memory: nothing in it outlives this pass
         postgres.remove()
         shutil.rmtree(base, ignore_errors=True)
     return 0

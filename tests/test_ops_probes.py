@@ -81,7 +81,7 @@ class TestProbes:
         with running_temporal("purge-test-probe-temporal-") as temporal:
             async with worker(config, temporal, port):
                 assert (await http(port, "/readyz")).status == 200
-                await asyncio.to_thread(temporal.stop)
+                await asyncio.to_thread(temporal.stop, immediate=True)  # as if it crashed
                 await asyncio.sleep(1.1)  # past the reuse of the last answer
                 ready = await http(port, "/readyz")
 
