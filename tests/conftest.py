@@ -61,19 +61,24 @@ def pg_url(pg_server: EmbeddedPostgres | None) -> str:
     return os.environ.get("PURGE_TEST_DATABASE_URL") or (pg_server.url() if pg_server else "")
 
 
+@pytest.fixture(scope="session")
+def pg_admin(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """One autocommit connection that makes and drops the tests' schemas: two new connections a
+    test (a server process forked for each) were half of a schema's cost."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
 @pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
+def schema(pg_admin: psycopg.Connection[Any]) -> Iterator[str]:
     """A fresh schema holding the built-in tables, dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-        conn.execute(f'SET search_path = "{name}"')
-        conn.execute(reference_ddl())
+    pg_admin.execute(f'CREATE SCHEMA "{name}"; SET search_path = "{name}"; {reference_ddl()}')
+    pg_admin.execute("RESET search_path")
     try:
         yield name
     finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+        pg_admin.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
 @pytest.fixture
