@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     )
     from activities.payloads import PurgeInput, PurgeReport, PurgeStep, PurgeSweep
     from activities.progress import LedgerKey, Progress, SweepStats
-    from activities.sweep import PurgeActivities, contract_errors
-    from activities.targets import (
+    from activities.registry import (
         BatchedTarget,
         CountingTarget,
         PurgeTarget,
         TargetFactory,
         TargetRegistry,
     )
+    from activities.sweep import PurgeActivities, contract_errors
 
 _HOME = {
     # The wire: one dataclass in and one out for the workflow and the activity.
@@ -48,11 +48,11 @@ _HOME = {
     "PurgeGuardRefused": "errors",
     "PurgeTargetsFailed": "errors",
     # Targets, and how a worker finds one by name.
-    "PurgeTarget": "targets",
-    "CountingTarget": "targets",
-    "BatchedTarget": "targets",
-    "TargetFactory": "targets",
-    "TargetRegistry": "targets",
+    "PurgeTarget": "registry",
+    "CountingTarget": "registry",
+    "BatchedTarget": "registry",
+    "TargetFactory": "registry",
+    "TargetRegistry": "registry",
     # The activity, its edge, and what a batched sweep reports to it.
     "PurgeActivities": "sweep",
     "contract_errors": "sweep",

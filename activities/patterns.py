@@ -10,9 +10,9 @@ from psycopg import sql
 
 from activities.chunks import EXPAND_PAGE, PatternPage, PatternStep
 from activities.errors import BadPurgeTarget
-from activities.targets import PurgeTarget
+from activities.registry import PurgeTarget
 from purge_config.patterns import TablePattern
-from purge_config.targets import TargetSpec
+from purge_config.specs import TargetSpec
 
 #: Ordinary and partitioned tables, never a partition (its parent's target sweeps it), in a
 #: schema that is no catalog, TOAST or temporary one, and that the role may see.

@@ -18,7 +18,7 @@ from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
 from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
 from activities.progress import LedgerKey, Progress, SweepStats
-from activities.targets import BatchedTarget, CountingTarget, TargetRegistry
+from activities.registry import BatchedTarget, CountingTarget, TargetRegistry
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).

@@ -27,8 +27,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
-from activities.engine.target import SqlTarget
+from activities import builtin_kinds as kinds
+from activities.engine.sql_target import SqlTarget
 from bench import data as tables
 from bench.cases import Bench, Case, measure_form
 from bench.data import _SPREAD_MS, Dataset

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
-from activities.engine.target import SqlTarget
+from activities import builtin_kinds as kinds
+from activities.engine.sql_target import SqlTarget
 from purge_config.names import TableName
 
 Kind = Literal["idempotency", "rate_limit"]

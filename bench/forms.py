@@ -15,8 +15,8 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.payloads import PurgeStep, PurgeSweep
+from activities.registry import PurgeTarget, TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import PurgeTarget, TargetRegistry
 from bench.data import Dataset
 from bench.stats import FormRun
 from purge_config.names import TableName

@@ -29,7 +29,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings

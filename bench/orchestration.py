@@ -35,10 +35,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.payloads import PurgeStep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from bench.cases import Bench
 from bench.cpu import CpuMeter, postmaster_pid
 from bench.services import (

@@ -26,7 +26,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from bench.cases import Bench, _lsn, _wal_since
 from bench.forms import run_target
 from bench.stats import FormResult, FormRun, median_of, summarize

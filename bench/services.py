@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.schema import reference_ddl
 from purge_config import PurgeConfig, parse_config
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer

@@ -47,7 +47,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.payloads import PurgeStep
 from activities.sweep import PurgeActivities
 from bench.cases import Bench

@@ -18,7 +18,7 @@ from purge_config.errors import ConfigError
 from purge_config.fleet import PassLimits, check_dsn, parse_databases, parse_pass, parse_queues
 from purge_config.names import QUEUE_NAME
 from purge_config.settings import SweepSettings
-from purge_config.targets import (
+from purge_config.specs import (
     SWEEP_FLAGS,
     SWEEP_KEYS,
     SWEEP_PACING,

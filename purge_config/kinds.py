@@ -1,8 +1,8 @@
 """The one table of built-in kinds: each kind's default target name, its tables (the config key
 naming each, its default, the column its rule reads) and the shape of that rule.
 
-The config reads it for keys and defaults (`purge_config.targets`); the worker reads it to build
-each table's rule (`activities.builtin_targets`), the SQL of each shape living there.
+The config reads it for keys and defaults (`purge_config.specs`); the worker reads it to build
+each table's rule (`activities.builtin_kinds`), the SQL of each shape living there.
 """
 
 from __future__ import annotations

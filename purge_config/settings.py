@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,13 @@ class SweepSettings:
 
 #: What `partitions` may say: rows deleted as before, or whole expired partitions dropped, or
 #: detached and kept.
-PARTITION_MODES = ("delete", "drop", "detach")
+PartitionMode = Literal["delete", "drop", "detach"]
+PARTITION_MODES: tuple[PartitionMode, ...] = get_args(PartitionMode)
+
+#: The unit of an integer epoch column (`unit` of an `expiring` target): what a stored value
+#: counts since 1970.
+EpochUnit = Literal["ms", "s", "us"]
+EPOCH_UNITS: tuple[EpochUnit, ...] = get_args(EpochUnit)
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class PartitionPolicy:
     """What a sweep does with a range partition of its table whose every possible row is expired
     (`partitions` and `detached_schema` of a target)."""
 
-    mode: str = "delete"
+    mode: PartitionMode = "delete"
     """`delete`: its rows are deleted in batches like any others; `drop`: it is detached, then
     dropped; `detach`: it is detached and moved to `detached_schema`, kept as a plain table."""
     detached_schema: str = ""

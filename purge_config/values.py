@@ -8,7 +8,7 @@ import itertools
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from purge_config.errors import ConfigError
 
@@ -33,6 +33,15 @@ _CRON_FIELDS: tuple[tuple[int, int, tuple[str, ...], int], ...] = (
     (1, 12, _MONTHS, 3),
     (0, 7, _WEEKDAYS, 2),
 )
+
+
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def one_of(value: object, choices: tuple[_Choice, ...]) -> _Choice | None:
+    """`value` as the member of the closed set `choices` it equals, else None: how a string read
+    from the file becomes one of a `Literal`'s values, checked once, at the config's edge."""
+    return next((choice for choice in choices if choice == value), None)
 
 
 def parse_duration(text: str) -> int:

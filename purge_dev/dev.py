@@ -15,7 +15,7 @@ from typing import TextIO
 
 import psycopg
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.payloads import epoch_ms
 from purge_dev.demo import create_demo, demo_config, rows_that_stayed
 from purge_dev.servers import (
@@ -101,7 +101,7 @@ async def run_dev(once: bool, out: TextIO | None = None) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-        temporal.stop()
+        temporal.stop(immediate=True)  # in memory: nothing in it outlives this pass
         postgres.remove()
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -408,6 +408,7 @@ class TemporalDevServer(_Child):
         ui_port: int | None = None,
         db_filename: Path | None = None,
         headless: bool = True,
+        dynamic_config: Mapping[str, str] | None = None,
     ) -> None:
         self.log_dir = log_dir
         ports = free_ports(4)
@@ -417,6 +418,9 @@ class TemporalDevServer(_Child):
         self.http_port, self.metrics_port = ports[2], ports[3]
         self.db_filename = db_filename
         self.headless = headless
+        self.dynamic_config = dict(dynamic_config or {})
+        """Server settings (`--dynamic-config-value KEY=VALUE`), for tests that need other than
+        the defaults."""
 
     @property
     def address(self) -> str:
@@ -444,6 +448,8 @@ class TemporalDevServer(_Child):
             argv.append("--headless")
         if self.db_filename is not None:
             argv += ["--db-filename", str(self.db_filename)]
+        for key, value in self.dynamic_config.items():
+            argv += ["--dynamic-config-value", f"{key}={value}"]
         self._spawn(argv, self.log_dir / "temporal.log")
         self._wait_ready(timeout)
         return self
@@ -464,9 +470,16 @@ class TemporalDevServer(_Child):
                 raise EmbeddedServerError(f"temporal not ready after {timeout:.0f} s")
             time.sleep(0.05)
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL if it lingers)."""
-        self._signal_and_wait(signal.SIGTERM, timeout=15)
+    def stop(self, *, immediate: bool = False) -> None:
+        """Stop the server: SIGTERM (then SIGKILL if it lingers), or SIGKILL at once.
+
+        `immediate` is for a server kept in memory, whose state goes with it however it stops:
+        a graceful stop spends about a second draining what nobody will read.
+        """
+        if immediate and self.db_filename is None:
+            self._signal_and_wait(signal.SIGKILL, timeout=15)
+        else:
+            self._signal_and_wait(signal.SIGTERM, timeout=15)
 
     def __enter__(self) -> Self:
         return self.start() if not self.running else self

@@ -11,9 +11,9 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule

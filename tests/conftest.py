@@ -21,8 +21,8 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.registry import PurgeTarget, TargetRegistry
 from activities.schema import reference_ddl
-from activities.targets import PurgeTarget, TargetRegistry
 from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
@@ -61,19 +61,24 @@ def pg_url(pg_server: EmbeddedPostgres | None) -> str:
     return os.environ.get("PURGE_TEST_DATABASE_URL") or (pg_server.url() if pg_server else "")
 
 
+@pytest.fixture(scope="session")
+def pg_admin(pg_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """One autocommit connection that makes and drops the tests' schemas: two new connections a
+    test (a server process forked for each) were half of a schema's cost."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
 @pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
+def schema(pg_admin: psycopg.Connection[Any]) -> Iterator[str]:
     """A fresh schema holding the built-in tables, dropped after the test."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-        conn.execute(f'SET search_path = "{name}"')
-        conn.execute(reference_ddl())
+    pg_admin.execute(f'CREATE SCHEMA "{name}"; SET search_path = "{name}"; {reference_ddl()}')
+    pg_admin.execute("RESET search_path")
     try:
         yield name
     finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+        pg_admin.execute(f'DROP SCHEMA "{name}" CASCADE')
 
 
 @pytest.fixture

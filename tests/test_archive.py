@@ -17,11 +17,11 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.errors import BadPurgeTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities, contract_errors
-from activities.targets import TargetRegistry
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings

@@ -17,10 +17,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings

@@ -9,9 +9,9 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeReport
-from activities.targets import TargetRegistry
+from activities.registry import TargetRegistry
 from purge_config.names import TableName
 from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.engine.planning import plan_table
-from activities.engine.target import SqlTarget
+from activities.engine.sql_target import SqlTarget
 from activities.errors import BadPurgeTarget
 from activities.sweep import contract_errors
 from purge_config import parse_config

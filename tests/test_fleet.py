@@ -19,12 +19,12 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.engine.statements import LOCK_SPACE
 from activities.payloads import PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config import ConfigError, parse_config
 from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, venv_executable

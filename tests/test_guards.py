@@ -11,10 +11,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeReport, PurgeStep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config.settings import Guards
 from tests.conftest import Harness
 from tests.support.activity import activity_env

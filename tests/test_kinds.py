@@ -16,7 +16,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from purge_config.names import TableName
 from purge_config.values import parse_duration
 from tests.support.rows import (

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config.settings import SweepSettings
 from tests.conftest import Harness
 from tests.support.activity import activity_env

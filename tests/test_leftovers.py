@@ -18,10 +18,10 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import worker
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config import parse_config
 from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, free_ports

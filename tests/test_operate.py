@@ -21,9 +21,9 @@ import pytest
 from temporalio.client import ScheduleOverlapPolicy, ScheduleRange
 from temporalio.worker import Worker
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_dev.servers import TemporalDevServer, free_ports, venv_executable
 from purge_ops.runner import new_worker
 from tests.conftest import Harness

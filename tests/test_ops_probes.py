@@ -81,7 +81,7 @@ class TestProbes:
         with running_temporal("purge-test-probe-temporal-") as temporal:
             async with worker(config, temporal, port):
                 assert (await http(port, "/readyz")).status == 200
-                await asyncio.to_thread(temporal.stop)
+                await asyncio.to_thread(temporal.stop, immediate=True)  # as if it crashed
                 await asyncio.sleep(1.1)  # past the reuse of the last answer
                 ready = await http(port, "/readyz")
 
@@ -143,7 +143,7 @@ class TestRequests:
 
 async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue: str) -> None:
     """Pollers gone while the process lives on: /livez says which task queue's worker stopped."""
-    from activities.targets import TargetRegistry
+    from activities.registry import TargetRegistry
 
     real = new_worker(client, TargetRegistry([]), task_queue)
     health = Health(workers=[real])

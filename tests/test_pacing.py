@@ -15,7 +15,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
 from purge_config import parse_config
 from purge_dev.servers import EmbeddedPostgres

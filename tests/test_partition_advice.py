@@ -15,11 +15,11 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
-from activities.engine.target import SqlTarget
+from activities import builtin_kinds as kinds
+from activities.engine.sql_target import SqlTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
+from activities.registry import TargetRegistry
 from purge_config.names import TableName
 from purge_ops.render import report_table
 from tests.conftest import Harness

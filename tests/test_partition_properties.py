@@ -26,7 +26,7 @@ import psycopg
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import EARLIEST_NOW_MS
 from activities.progress import LedgerKey, SweepStats
 from purge_config.names import TableName

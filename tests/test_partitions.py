@@ -22,12 +22,12 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.engine.detaching import mark_key
-from activities.engine.target import SqlTarget
+from activities.engine.sql_target import SqlTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy
 from purge_dev.servers import TemporalDevServer

@@ -31,11 +31,11 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.errors import BadPurgeTarget
 from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
+from activities.registry import CountingTarget
 from activities.sweep import contract_errors
-from activities.targets import CountingTarget
 from purge_config.file import parse_config
 from purge_config.values import parse_duration
 from purge_ops.connect import open_pool

@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.payloads import PurgeReport
-from activities.targets import TargetRegistry
+from activities.registry import TargetRegistry
 from purge_config.file import load_config
 from tests.conftest import Harness
 from tests.support import apptargets
@@ -96,7 +96,7 @@ async def test_factory_target_clashing_with_a_configured_name_is_refused(
         async def purge_expired(self, now_ms: int) -> int:
             raise AssertionError("must never run")
 
-    from activities import builtin_targets as kinds
+    from activities import builtin_kinds as kinds
 
     registry = TargetRegistry([kinds.idempotency(harness.pool)], [lambda: [Impostor()]])
     async with harness.run_worker(registry):
@@ -114,7 +114,7 @@ async def test_factory_target_clashing_with_a_configured_name_is_refused(
 def test_two_fixed_targets_under_one_name_are_refused_at_start(
     pool: AsyncConnectionPool[Any],
 ) -> None:
-    from activities import builtin_targets as kinds
+    from activities import builtin_kinds as kinds
     from activities.errors import DuplicatePurgeTarget
 
     with pytest.raises(DuplicatePurgeTarget, match="two targets are named 'x_auth'"):

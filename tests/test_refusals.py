@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.errors import BadPurgeTarget
 from activities.sweep import contract_errors
 from purge_config import ConfigError, parse_config

@@ -22,10 +22,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecution
 from temporalio.worker import Replayer
 
-from activities import builtin_targets as kinds
-from activities.builtin_targets import build_registry
+from activities import builtin_kinds as kinds
+from activities.builtin_kinds import build_registry
 from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
-from activities.targets import TargetRegistry
+from activities.registry import TargetRegistry
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable

@@ -16,10 +16,10 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import PurgeReport
+from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from activities.targets import TargetRegistry
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, free_ports
 from purge_ops.connect import open_pool

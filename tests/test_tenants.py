@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from temporalio.api.enums.v1 import EventType
 
-from activities.builtin_targets import build_registry
-from activities.targets import TargetRegistry
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
@@ -48,34 +49,42 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
     )
 
 
+@pytest.mark.parametrize(
+    ("tenants", "child_size", "run_size"),
+    [
+        # Children of 40, 40 and 20 in runs of 15 continue as new as those of 120, 120 and 60 in
+        # runs of 50 do; the 25 tenants with 3 expired rows outnumber the report's cap of 20.
+        (100, 40, 15),
+        pytest.param(300, 120, 50, marks=pytest.mark.slow),
+    ],
+)
 async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_as_new(
-    pg_url: str,
-    harness: Harness,
+    pg_url: str, harness: Harness, tenants: int, child_size: int, run_size: int
 ) -> None:
-    """300 tenant schemas, one pattern target: every expired row goes, every live row stays,
-    over 3 children of 120 targets whose runs of 50 continue as new; a tenant created after
-    the pass is swept by the next pass."""
+    """Tenant schemas, one pattern target: every expired row goes, every live row stays, over 3
+    children of `child_size` targets whose runs of `run_size` continue as new; a tenant created
+    after the pass is swept by the next pass."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(300), harness.now_ms)
+        create_tenants(conn, prefix, range(tenants), harness.now_ms)
         config = pattern_config(prefix)
         registry = build_registry(config, harness.pool)
-        request = {**config.pass_input(), "child_size": 120, "run_size": 50}
+        request = {**config.pass_input(), "child_size": child_size, "run_size": run_size}
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
         async with harness.run_worker(registry):
             result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
             parent = await events(harness.client, workflow_id)
 
-            expected = sum(expired_of(i) for i in range(300))
+            expected = sum(expired_of(i) for i in range(tenants))
             assert result["removed"] == expected
             assert result["compact"] is True
-            assert result["targets"] == 300
-            assert result["statuses"] == {"ok": 300}
+            assert result["targets"] == tenants
+            assert result["statuses"] == {"ok": tenants}
             assert result["failed_total"] == 0
             [line] = result["patterns"]
             assert line == {
                 "name": "sessions",
-                "tables": 300,
+                "tables": tenants,
                 "removed": expected,
                 "failed": 0,
                 "busy": 0,
@@ -88,13 +97,13 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
             assert all(s["name"].startswith(f"sessions@{prefix}_") for s in result["swept"])
             assert {s["removed"] for s in result["swept"]} == {3}
             left = counts(conn, prefix, harness.now_ms)
-            assert len(left) == 300
+            assert len(left) == tenants
             assert all(expired == 0 for expired, _ in left.values())
             assert all(live == 2 for _, live in left.values())
 
             runs = await child_runs(harness.client, parent)
             assert len(runs) == 3 == len(result["children"])
-            assert [len(r) for r in runs.values()] == [3, 3, 2]  # 120, 120, 60 targets by 50
+            assert [len(r) for r in runs.values()] == [3, 3, 2]
             swept = [
                 e.activity_task_scheduled_event_attributes.activity_type.name
                 for r in runs.values()
@@ -102,14 +111,14 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
                 for e in history
                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
             ]
-            assert swept == ["purge_target"] * 300
+            assert swept == ["purge_target"] * tenants
 
             # A tenant created since is matched by the next pass's own expansion.
-            create_tenants(conn, prefix, range(300, 301), harness.now_ms + 10)
+            create_tenants(conn, prefix, range(tenants, tenants + 1), harness.now_ms + 10)
             again = await run_pass(harness.client, harness.task_queue, request)
-            assert again["targets"] == 301
-            assert again["removed"] == expired_of(300)
-            assert counts(conn, prefix, harness.now_ms)[f"{prefix}_0300"] == (0, 2)
+            assert again["targets"] == tenants + 1
+            assert again["removed"] == expired_of(tenants)
+            assert counts(conn, prefix, harness.now_ms)[f"{prefix}_{tenants:04d}"] == (0, 2)
 
 
 async def test_a_matched_table_without_the_column_fails_alone(

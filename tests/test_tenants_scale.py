@@ -15,7 +15,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 
-from activities.builtin_targets import build_registry
+from activities.builtin_kinds import build_registry
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
 from purge_dev.dev import epoch_ms_now

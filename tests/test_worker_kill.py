@@ -29,7 +29,7 @@ from temporalio.api.workflowservice.v1 import (
 )
 from temporalio.client import Client
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
 from tests.support.history import events, target_runs

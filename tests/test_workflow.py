@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.payloads import MAX_TARGETS_PER_PASS
 from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets

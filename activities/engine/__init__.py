@@ -3,6 +3,7 @@ the batches, and every statement they run (`statements`). It knows nothing of Te
 raises its own errors, which the activity turns into the contract's at its edge."""
 
 from activities.engine.access import ConnectionSource, TableAccess
+from activities.engine.attempt import TargetSweeper
 from activities.engine.context import SweepContext
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.engine.rules import (
@@ -13,8 +14,7 @@ from activities.engine.rules import (
     Predicate,
     Rule,
 )
-from activities.engine.target import SqlTarget
-from activities.engine.target_sweep import TargetSweeper
+from activities.engine.sql_target import SqlTarget
 
 __all__ = [  # noqa: RUF022 (grouped by role, the order a reader learns the package in)
     # A target: what the activity asks of the built-in kinds.

@@ -17,6 +17,7 @@ from activities.engine.errors import BadTable
 from activities.engine.filters import BoundFilter, bind_filter
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
+from purge_config.settings import EpochUnit
 
 #: Column types an epoch-millisecond rule accepts.
 MS_TYPES = ("bigint", "integer")
@@ -29,10 +30,10 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 #: Milliseconds per unit of an integer epoch column.
-_UNIT_MS = {"ms": 1.0, "s": 1000.0, "us": 0.001}
+_UNIT_MS: dict[EpochUnit, float] = {"ms": 1.0, "s": 1000.0, "us": 0.001}
 
 
-def _in_unit(cutoff_ms: int, unit: str) -> int:
+def _in_unit(cutoff_ms: int, unit: EpochUnit) -> int:
     """The cutoff in the column's unit, exactly: a row is expired when its instant is at or
     before `cutoff_ms` (`col * 1000 <= cutoff_ms` for seconds: round down)."""
     if unit == "s":
@@ -83,7 +84,7 @@ class Predicate:
     """Set only when `where` is exactly `column <= cutoff`, so that a partition's bounds alone
     can say every row it may hold is expired. A rule with any other condition (the full-bucket
     arithmetic, a filter) leaves it None: its partitions are never dropped whole."""
-    epoch_columns: tuple[tuple[str, str], ...] = ()
+    epoch_columns: tuple[tuple[str, EpochUnit], ...] = ()
     """(column, unit) of each integer epoch column the rule compares: checked for a wrong unit
     before anything is deleted (activities.engine.units)."""
     row_filter: BoundFilter | None = None
@@ -118,7 +119,7 @@ class ExpiryRule:
     column: str
     max_age_ms: int = 0
     accepts: tuple[str, ...] = MS_TYPES
-    unit: str = "ms"
+    unit: EpochUnit = "ms"
     row_filter: RowFilter | None = None
     """Only rows that also match this (`match`, `match_null`, `match_not_null`) expire."""
     archive: TableName | None = None

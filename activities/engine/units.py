@@ -17,6 +17,7 @@ from activities.engine.errors import BadTable
 from activities.engine.rules import ident
 from activities.engine.statements import column_sample, column_statistics
 from purge_config.names import TableName
+from purge_config.settings import EPOCH_UNITS, EpochUnit
 
 #: The plausible instants in each unit, as exact integers: from 1e11 ms (1973) to 1e14 ms (the
 #: year 5138). Below, an instant is in 1973 or before; above, after the year 5000.
@@ -32,7 +33,9 @@ SENTINELS = frozenset({2**63 - 1, 2**31 - 1, -(2**63), -(2**31)})
 SAMPLE_ROWS = 200
 
 
-async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, unit: str) -> None:
+async def check_unit(
+    conn: AsyncConnection[Any], table: TableName, column: str, unit: EpochUnit
+) -> None:
     """BadTable, before anything is deleted, when most of `column`'s values do not read as
     plausible instants in `unit`; an empty column passes."""
     weighted = await _sample(conn, table, column)
@@ -48,7 +51,7 @@ async def check_unit(conn: AsyncConnection[Any], table: TableName, column: str, 
     looks = _looks_like(typical)
     fix = (
         f'set unit = "{looks}" on this target (kind expiring)'
-        if looks in ("s", "ms", "us")
+        if looks in EPOCH_UNITS
         else "store epoch milliseconds in it"
     )
     raise BadTable(
@@ -68,7 +71,7 @@ def _looks_like(value: int) -> str:
     return "?"
 
 
-def _reads_as(value: int, unit: str) -> str:
+def _reads_as(value: int, unit: EpochUnit) -> str:
     if value < WINDOW[unit][0]:
         return "a time before 1973"
     return "a time after the year 5000"

@@ -16,11 +16,11 @@ from typing import Any
 import psycopg
 from temporalio.client import Client, WorkflowFailureError
 
-from activities import builtin_targets as kinds
-from activities.builtin_targets import build_registry
+from activities import builtin_kinds as kinds
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
 from activities.schema import reference_ddl
 from activities.searchable import at_start
-from activities.targets import TargetRegistry
 from purge_config.file import parse_config
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import venv_executable

@@ -16,6 +16,7 @@ from purge_config.values import (
     cron_period_ms,
     default_catchup_ms,
     duration_text,
+    one_of,
     parse_duration,
     read_rate,
 )
@@ -104,3 +105,12 @@ class TestReadRate:
     def test_a_number_alone_or_a_unit_not_a_second_is_refused(self, value: object) -> None:
         with pytest.raises(ConfigError, match="want a rate like '32MB/s'"):
             read_rate("f.toml", "max_wal_rate", {"r": value}, "r")
+
+
+class TestOneOf:
+    def test_a_member_comes_back_as_the_set_s_own_value(self) -> None:
+        assert one_of("drop", ("delete", "drop", "detach")) == "drop"
+
+    @pytest.mark.parametrize("value", ["DROP", "drop ", "", None, 1, ["drop"]])
+    def test_anything_else_is_none(self, value: object) -> None:
+        assert one_of(value, ("delete", "drop", "detach")) is None

@@ -1,0 +1,155 @@
+"""One attempt at a target's sweep: table after table, each under its advisory lock, from where
+the progress says, until done, out of time, or at a table another sweep holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from activities.engine.access import TableAccess
+from activities.engine.context import SweepContext, partition_action
+from activities.engine.detaching import marked_done
+from activities.engine.planning import TablePlan
+from activities.engine.rules import Predicate, Rule
+from activities.engine.shares import record_share, remembered_advice
+from activities.engine.tables import TableSweeper
+from activities.engine.upkeep import (
+    analyze_after,
+    leftover,
+    open_ledger,
+    partition_advice,
+    vacuum_advice,
+)
+from activities.progress import SweepStats
+
+
+class TargetSweeper:
+    """Sweeps a target's tables, in order, through its `TableAccess`."""
+
+    def __init__(self, access: TableAccess, rules: list[Rule]) -> None:
+        self.access = access
+        self.rules = rules
+        self.settings = access.settings
+        self.partitions = access.partitions
+
+    async def sweep(self, ctx: SweepContext) -> SweepStats:
+        """What this attempt did; its `removed` (and `archived`, and the partitions) count
+        every attempt of the pass, as the ledger (or the progress) holds them."""
+        ctx, stats = await self._open_ledger(ctx)
+        progress = ctx.progress
+        # One table checks itself once locked; several are all checked before the first delete:
+        # a target refused for its second table (a column in the wrong unit, rights its
+        # partitions need) must not have swept its first.
+        several = len(self.rules) > 1
+        if several:
+            stats.advice += await self.access.check(self.rules[progress.table :], ctx.now_ms)
+        for index, rule in enumerate(self.rules):
+            if index < progress.table:
+                continue  # finished by an earlier attempt
+            if index > progress.table:
+                progress.table, progress.page, progress.leaf = index, 0, 0
+            # Inline, not a method of its own: a failed batch's stack goes into the activity's
+            # failure, of which the server keeps 4 KB (see activities.sweep).
+            async with self.access.connection(rule) as conn:
+                pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
+                if plan.pages == 0 and not plan.partitioned:
+                    stats.merge(_nothing_to_sweep(plan))
+                    continue
+                if not await self.access.lock(conn, pred):
+                    stats.busy = _held(rule, self.settings.busy_wait_ms)
+                    break
+                try:
+                    sweeper = TableSweeper(ctx, conn)
+                    table = await sweeper.sweep(pred, plan, check=not several)
+                    stats.merge(await self._after(conn, pred, plan, table, ctx))
+                finally:
+                    await self.access.unlock(conn)
+            stats.merge(table)
+            if not table.complete:
+                break  # out of time: the tables after this one wait for the next pass
+        await self._totals(ctx, stats)
+        return stats
+
+    async def _open_ledger(self, ctx: SweepContext) -> tuple[SweepContext, SweepStats]:
+        """With a ledger key, the count so far from `purge_progress` (exact, whatever an earlier
+        attempt's worker did before it died); without the table, the context without the key
+        (counts come from the progress resumed)."""
+        if ctx.ledger is None:
+            return ctx, SweepStats()
+        async with self.access.pool.connection() as conn:
+            ledger = await open_ledger(conn, ctx.ledger, self.settings)
+        ctx = replace(ctx, remember=ledger.shares)
+        if ledger.counted is None:
+            return replace(ctx, ledger=None), SweepStats()
+        ctx.progress.removed = ledger.counted
+        return ctx, SweepStats(ledger=True, ledger_start=ledger.counted)
+
+    async def _totals(self, ctx: SweepContext, stats: SweepStats) -> None:
+        """The counts of every attempt of the pass, from the progress (or the ledger)."""
+        progress = ctx.progress
+        stats.removed = progress.removed
+        # With an archive on every table, every row removed was archived: the ledger's exact
+        # count says both. Otherwise the archived tables' share comes from the heartbeats.
+        archives_all = all(rule.archive is not None for rule in self.rules)
+        stats.archived = progress.removed if archives_all else progress.archived
+        await self._partitions_gone(ctx, stats)
+
+    async def _after(
+        self,
+        conn: AsyncConnection[Any],
+        pred: Predicate,
+        plan: TablePlan,
+        table: SweepStats,
+        ctx: SweepContext,
+    ) -> SweepStats:
+        """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
+        left = await leftover(conn, pred, ctx.now_ms, table.complete)
+        after = SweepStats(
+            oldest_expired_age_ms=left.oldest_age_ms, live_rows=left.live, dead_rows=left.dead
+        )
+        if self.settings.analyze_after:
+            analyzed, warning = await analyze_after(
+                conn, pred, table.removed, left, self.settings.statement_timeout_ms
+            )
+            after.analyzed = analyzed
+            after.advice += [warning] if warning else []
+        partition = await partition_advice(conn, pred, plan, table.removed, left)
+        if not partition and ctx.remember and pred.range_key and not plan.partitioned:
+            # One pass's evidence said nothing: the day's passes may.
+            passes = await record_share(
+                conn, ctx.target, str(pred.table), ctx.now_ms, table.removed, left.live
+            )
+            column = pred.range_key.column
+            partition = remembered_advice(ctx.target, str(pred.table), column, passes)
+        for advice in (vacuum_advice(pred, table.removed, left), partition):
+            if advice:
+                after.advice.append(advice)
+        return after
+
+    async def _partitions_gone(self, ctx: SweepContext, stats: SweepStats) -> None:
+        """The partitions this pass took out, by every attempt: from the ledger's marks when
+        there is one (exact), else from the heartbeats this attempt resumed from."""
+        if not self.partitions.removes:
+            return
+        names, rows = ctx.progress.partition_names, ctx.progress.partition_rows
+        if ctx.ledger is not None:
+            async with self.access.pool.connection() as conn:
+                names, rows = await marked_done(conn, ctx.ledger)
+        stats.partitions, stats.partition_rows = list(names), rows
+        if names:
+            stats.partition_action = partition_action(self.partitions)
+
+
+def _nothing_to_sweep(plan: TablePlan) -> SweepStats:
+    # Not a page (pg_relation_size is exact): nothing to delete, so nothing to lock, walk or
+    # read after. Most of a fleet's tables on most passes.
+    return SweepStats(strategies=[plan.strategy], advice=[plan.advice] if plan.advice else [])
+
+
+def _held(rule: Rule, busy_wait_ms: int) -> str:
+    return (
+        f"another sweep held {rule.table} for longer than {busy_wait_ms} ms; "
+        "the next pass sweeps it"
+    )

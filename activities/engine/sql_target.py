@@ -1,0 +1,131 @@
+"""The built-in targets: tables with expiry rules, swept in batches through the worker's pool.
+
+`SqlTarget` is the front: what the activity asks of a target. Behind it, `TableAccess` is the
+way into each table, `TargetSweeper` (`attempt`) one attempt at its sweep, table by table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+from activities.engine.access import ConnectionSource, TableAccess
+from activities.engine.attempt import TargetSweeper
+from activities.engine.context import SweepContext, ignore_batch, partition_action
+from activities.engine.partitions import read_layout
+from activities.engine.rules import Rule
+from activities.engine.statements import count_expired, count_expired_and_all, count_rows
+from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
+from purge_config.settings import Guards, PartitionPolicy, SweepSettings
+
+__all__ = ["ConnectionSource", "SqlTarget"]
+
+
+class SqlTarget:
+    """A target made of tables, each with the rule that says which of its rows are expired."""
+
+    def __init__(
+        self,
+        name: str,
+        pool: ConnectionSource,
+        rules: list[Rule],
+        settings: SweepSettings | None = None,
+        guards: Guards | None = None,
+        partitions: PartitionPolicy | None = None,
+    ) -> None:
+        self._name = name
+        self._pool = pool
+        self.rules = rules
+        self.settings = settings or SweepSettings()
+        self.guards = guards or Guards()
+        self.partitions = partitions or PartitionPolicy()
+        self._access = TableAccess(pool, self.settings, self.partitions)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"SqlTarget({self._name!r}, tables={[str(r.table) for r in self.rules]})"
+
+    async def purge_expired(self, now_ms: int) -> int:
+        """Delete every row the rules call expired at `now_ms` (within the time budget)."""
+        return (await self.sweep(now_ms)).removed
+
+    def sweep(
+        self,
+        now_ms: int,
+        resume: Progress | None = None,
+        on_batch: OnBatch | None = None,
+        ledger: LedgerKey | None = None,
+        budget_ms: int | None = None,
+    ) -> Coroutine[Any, Any, SweepStats]:
+        """Sweep every table in batches, starting where `resume` (a previous attempt's last
+        heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
+        ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
+
+        Each table is swept under an advisory lock on it, so no two sweeps of one table run at
+        once, from whatever pass; a table another sweep holds for longer than `busy_wait` ends
+        the sweep with `busy` set.
+
+        With `ledger`, every batch also adds its count to `purge_progress` in its own
+        transaction, and the count starts from what the ledger holds: exact, whatever an earlier
+        attempt's worker did before it died. Without the table, counts come from `resume`.
+        """
+        budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
+        ctx = SweepContext(
+            target=self._name,
+            now_ms=now_ms,
+            settings=self.settings,
+            partitions=self.partitions,
+            progress=resume or Progress(),
+            on_batch=on_batch or ignore_batch,
+            deadline=SweepContext.deadline_in(budget),
+            ledger=ledger.params() if ledger is not None else None,
+        )
+        # Returned, not awaited here: no frame more in a failed batch's stack, which goes into
+        # the activity's failure, of which the server keeps 4 KB (see activities.sweep).
+        return TargetSweeper(self._access, self.rules).sweep(ctx)
+
+    async def count_expired(self, now_ms: int) -> int:
+        """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
+        return (await self.measure(now_ms, total=False))[0]
+
+    async def measure(self, now_ms: int, total: bool = True) -> tuple[int, int]:
+        """(expired rows, all rows) over the target's tables, counted exactly in one read of
+        each table; all rows is 0 unless asked for."""
+        expired = everything = 0
+        for rule in self.rules:
+            async with self._access.connection(rule) as conn, conn.transaction():
+                # A count reads what a whole sweep would: give it the sweep's time budget.
+                await self._access.bound(conn, self.settings.time_budget_ms)
+                pred = await self._access.bind(conn, rule, now_ms)
+                query = count_expired_and_all(pred) if total else count_expired(pred)
+                cur = await conn.execute(query, pred.params)
+                row = await cur.fetchone()
+                if row:
+                    expired += int(row[0])
+                    everything += int(row[1]) if total else 0
+        return expired, everything
+
+    async def preview(self, now_ms: int) -> SweepStats:
+        """What a sweep at `now_ms` would remove, changing nothing: every expired row (those of
+        whole partitions included), and the partitions that would leave whole, with their rows.
+        """
+        stats = SweepStats(advice=await self._access.check(self.rules, now_ms))
+        for rule in self.rules:
+            async with self._access.connection(rule) as conn, conn.transaction():
+                await self._access.bound(conn, self.settings.time_budget_ms)
+                pred = await self._access.bind(conn, rule, now_ms)
+                cur = await conn.execute(count_expired(pred), pred.params)
+                row = await cur.fetchone()
+                stats.removed += int(row[0]) if row else 0
+                layout = await read_layout(conn, pred) if self.partitions.removes else None
+                for child in layout.expired if layout is not None and layout.judged else []:
+                    cur = await conn.execute(count_rows(child.table))
+                    row = await cur.fetchone()
+                    stats.partitions.append(str(child.table))
+                    stats.partition_rows += int(row[0]) if row else 0
+        if stats.partitions:
+            stats.partition_action = partition_action(self.partitions)
+        return stats
