@@ -363,9 +363,7 @@ def write_json(
                 form: orchestration.per_target_ms(form) for form in orchestration.seconds
             },
         },
-        "fleet": None
-        if fleet is None
-        else {**asdict(fleet), "ratio": fleet.ratio, "slowest_alone_seconds": fleet.slowest_alone},
+        "fleet": None if fleet is None else {**asdict(fleet), "ratios": fleet.ratios},
         "steady_profiles": None if steady is None else [asdict(p) for p in steady.profiles],
         "tenants": None
         if tenants is None
