@@ -234,7 +234,9 @@ FORMS: dict[str, tuple[str, FormFn]] = {
 #: Every form's label in the report: the ones above, and the partitioned case's own.
 LABELS: dict[str, str] = {
     **{name: label for name, (label, _) in FORMS.items()},
+    "hand": "(h) by hand: DETACH CONCURRENTLY + DROP, edge DELETE",
     "drop": "(b) this package, partitions = drop",
+    "drop_temporal": "(b) partitions = drop, through Temporal",
     "sweep": "(c) this package, partitions = delete",
     "whole": "(d) partitions = drop, no edge",
 }

@@ -7,28 +7,39 @@ created_ms)`). The target is `expiring` on `created_ms` with `max_age = 19d`; th
 bounds are placed from the cutoff (`now - 19 days`) so that 10 partitions end before it and the
 eleventh holds it in its middle: half of that one's rows are expired.
 
-Forms: (a) one DELETE; (b) the activity with `partitions = "drop"`; (c) the activity with
-`partitions = "delete"`; (d) `partitions = "drop"` at an instant half a day earlier, its cutoff
-one millisecond before a partition bound, so that 10 whole partitions are expired and no row at
-the edge: the partition mechanism alone (its ratios are still taken against (a), which removes
-5% more rows). After each: expired rows left, live rows lost (the table's own and the writer's),
+Forms: (a) one DELETE; (h) by hand, what a careful DBA types: `ALTER TABLE ... DETACH PARTITION
+... CONCURRENTLY` and `DROP TABLE` of each of the ten expired partitions, then one `DELETE` of the
+edge rows through the edge partition itself (issue 20's floor); (b) the activity with
+`partitions = "drop"`; (b) the same through Temporal: a `Purge` pass started by a client, run by an
+in-process worker built from a config (its instant is the workflow's clock, minutes after the
+bench's: its edge holds a few hundred rows more, out of 2,100,000 at the default); (c) the
+activity with `partitions = "delete"`; (d) `partitions = "drop"` at an instant half a day earlier,
+its cutoff one millisecond before a partition bound, so that 10 whole partitions are expired and
+no row at the edge: the partition mechanism alone (its ratios are still taken against (a), which
+removes 5% more rows). Ratios are against (a); the notes give each form against (h) too, in time
+and in WAL. After each: expired rows left, live rows lost (the table's own and the writer's),
 and partitions left half-detached.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
 
 from activities import builtin_kinds as kinds
 from bench.cases import Bench, _lsn, _wal_since
-from bench.forms import run_target
+from bench.forms import LABELS, TemporalPass, run_target
+from bench.services import TargetEntry, config_worker, fleet_config, temporal_dev_server
 from bench.stats import FormResult, FormRun, median_of, summarize
 from bench.writer import EVENT_IDS, WriterConfig, running_writer
 from purge_config.names import TableName
@@ -43,7 +54,9 @@ MAX_AGE_MS = 19 * DAY_MS
 #: The cutoff lies this many days after the first partition begins: 10 whole days expired, and
 #: half of the eleventh.
 EXPIRED_DAYS = 10.5
-FORMS = ("delete", "drop", "sweep", "whole")
+FORMS = ("delete", "hand", "drop", "drop_temporal", "sweep", "whole")
+#: The partitions of the ten whole expired days, and the edge's (the eleventh).
+WHOLE_DAYS = 10
 
 
 @dataclass(frozen=True)
@@ -84,7 +97,16 @@ class Events:
         return self.start + 10 * DAY_MS - 1 + MAX_AGE_MS
 
     def expired_for(self, form: str) -> int:
-        return 10 * self.per_day if form == "whole" else self.expired
+        return self.whole if form == "whole" else self.expired
+
+    def expired_at(self, cutoff: int) -> int:
+        """Rows at or before `cutoff` (inside the edge partition)."""
+        return (cutoff - self.start) // self.step + 1
+
+    @property
+    def whole(self) -> int:
+        """Rows in the ten wholly expired partitions: row j is in them when j * step < 10 days."""
+        return (WHOLE_DAYS * DAY_MS - 1) // self.step + 1
 
     @property
     def label(self) -> str:
@@ -136,7 +158,7 @@ async def build(conn: AsyncConnection[Any], schema: str, name: str, data: Events
     )
 
 
-async def run_partitioned(bench: Bench, rows: int) -> list[FormResult]:
+async def run_partitioned(bench: Bench, rows: int, scratch: Path) -> list[FormResult]:
     """Every form `bench.repeat` times, each on a fresh copy, alternating their order."""
     data = Events(rows=rows, now_ms=bench.now_ms)
     # The package's pool with the bench schema first on the path: the sweep then keeps its
@@ -144,38 +166,71 @@ async def run_partitioned(bench: Bench, rows: int) -> list[FormResult]:
     pool = await open_pool(make_conninfo(bench.url, options=f"-c search_path={bench.schema}"))
     runs: dict[str, list[FormResult]] = {form: [] for form in FORMS}
     try:
-        await _warm_up(bench, pool, data)
-        for repeat in range(bench.repeat):
-            order = FORMS if repeat % 2 == 0 else tuple(reversed(FORMS))
-            for form in order:
-                runs[form].append(await _measure(bench, pool, data, form))
+        async with (
+            temporal_dev_server(scratch) as (client, _),
+            _temporal_worker(bench, client) as temporal,
+        ):
+            await _warm_up(bench, pool, data, temporal)
+            for repeat in range(bench.repeat):
+                order = FORMS if repeat % 2 == 0 else tuple(reversed(FORMS))
+                for form in order:
+                    runs[form].append(await _measure(bench, pool, data, form, temporal))
     finally:
         await pool.close()
     bench.all_runs.extend(r for form in FORMS for r in runs[form])
     measured = [median_of(runs[form]) for form in FORMS]
     base = measured[0]
+    hand = measured[FORMS.index("hand")]
     for result in measured:
         result.ratio = result.seconds / base.seconds if base.seconds > 0 else None
         result.notes["wal_share_of_delete"] = (
             result.wal_bytes / base.wal_bytes if base.wal_bytes > 0 else None
         )
+        result.notes["x_hand"] = result.seconds / hand.seconds if hand.seconds > 0 else None
+        result.notes["wal_x_hand"] = (
+            result.wal_bytes / hand.wal_bytes if hand.wal_bytes > 0 else None
+        )
     return measured
 
 
-async def _warm_up(bench: Bench, pool: Any, data: Events) -> None:
+@contextlib.asynccontextmanager
+async def _temporal_worker(bench: Bench, client: Any) -> AsyncIterator[TemporalPass]:
+    """A worker built from a config naming the copy the `drop_temporal` form runs on, its
+    database URL with the bench schema on the path (so it keeps its ledger there)."""
+    url = f"{bench.url}{'&' if '?' in bench.url else '?'}options=" + quote(
+        f"-c search_path={bench.schema}"
+    )
+    entry = TargetEntry(
+        "events",
+        f"{bench.schema}.events_drop_temporal",
+        "created_ms",
+        max_age="19d",
+        partitions="drop",
+    )
+    config = fleet_config(url, {}, [entry])
+    async with config_worker(client, config):
+        yield TemporalPass(client, config.task_queue, config.pass_input())
+
+
+async def _warm_up(bench: Bench, pool: Any, data: Events, temporal: TemporalPass) -> None:
     """One sweep of a small copy first, unmeasured: whichever form runs first would otherwise
-    pay for the pool's first connections and psycopg's first statements (~200 ms here)."""
+    pay for the pool's first connections and psycopg's first statements (~200 ms here); and one
+    pass through Temporal, on a small copy under the name its form's copies take."""
     small = Events(rows=PARTITIONS * 10, now_ms=data.now_ms)
-    await build(bench.conn, bench.schema, "events_warm_up", small)
-    try:
-        await _form(bench.conn, pool, bench.schema, "events_warm_up", small, "drop")
-    finally:
-        await bench.conn.execute(
-            sql.SQL("DROP TABLE {}").format(sql.Identifier(bench.schema, "events_warm_up"))
-        )
+    for name, form in (("events_warm_up", "drop"), ("events_drop_temporal", "drop_temporal")):
+        await build(bench.conn, bench.schema, name, small)
+        try:
+            await _form(bench.conn, pool, bench.schema, name, small, form, temporal)
+        finally:
+            await bench.conn.execute(
+                sql.SQL("DROP TABLE {}").format(sql.Identifier(bench.schema, name))
+            )
+            await _drop_detached(bench.conn, bench.schema, name)
 
 
-async def _measure(bench: Bench, pool: Any, data: Events, form: str) -> FormResult:
+async def _measure(
+    bench: Bench, pool: Any, data: Events, form: str, temporal: TemporalPass
+) -> FormResult:
     conn = bench.conn
     name = f"events_{form}"
     started = time.perf_counter()
@@ -200,16 +255,17 @@ async def _measure(bench: Bench, pool: Any, data: Events, form: str) -> FormResu
             lsn = await _lsn(conn)
             await writer.go()
             try:
-                run = await _form(conn, pool, bench.schema, name, data, form)
+                run = await _form(conn, pool, bench.schema, name, data, form, temporal)
             finally:
                 writer_run = await writer.stop()
             wal_total = await _wal_since(conn, lsn)
-        cutoff = data.now_for(form) - MAX_AGE_MS
+        now_ms = run.notes.get("now_ms")
+        cutoff = (now_ms if isinstance(now_ms, int) else data.now_for(form)) - MAX_AGE_MS
         left, live, pending = await _after(conn, bench.schema, name, cutoff)
         written = {int(key) for key in writer_run.renewed}
         present = await _present(conn, bench.schema, name, sorted(written))
         # The table's own live rows, and every row the writer inserted, must all be there.
-        expired = data.expired_for(form)
+        expired = data.expired_at(cutoff) if form == "drop_temporal" else data.expired_for(form)
         lost = (data.rows - expired + len(written) - live) + (len(written) - present)
         run.notes["pending"] = pending
     finally:
@@ -242,8 +298,18 @@ async def _measure(bench: Bench, pool: Any, data: Events, form: str) -> FormResu
 
 
 async def _form(
-    conn: AsyncConnection[Any], pool: Any, schema: str, name: str, data: Events, form: str
+    conn: AsyncConnection[Any],
+    pool: Any,
+    schema: str,
+    name: str,
+    data: Events,
+    form: str,
+    temporal: TemporalPass,
 ) -> FormRun:
+    if form == "hand":
+        return await _by_hand(conn, schema, name, data)
+    if form == "drop_temporal":
+        return await _through_temporal(temporal, name)
     if form == "delete":
         statement = sql.SQL("DELETE FROM {} WHERE created_ms <= %s").format(
             sql.Identifier(schema, name)
@@ -262,6 +328,93 @@ async def _form(
         partitions=PartitionPolicy(mode),
     )
     return await run_target(target, data.now_for(form))
+
+
+async def _by_hand(conn: AsyncConnection[Any], schema: str, name: str, data: Events) -> FormRun:
+    """What a careful DBA types: each expired partition detached concurrently (two
+    transactions, inserts never wait) and dropped, then the edge's rows deleted through the edge
+    partition itself, in one statement. The rows the drops remove are known from the data (the
+    writer inserts into today's partition only), so no count is timed."""
+    parent = sql.Identifier(schema, name)
+    times: list[float] = []
+    started = time.perf_counter()
+    for n in range(WHOLE_DAYS):
+        part = sql.Identifier(schema, f"{name}_d{n:02}")
+        t0 = time.perf_counter()
+        await conn.execute(
+            sql.SQL("ALTER TABLE {} DETACH PARTITION {} CONCURRENTLY").format(parent, part)
+        )
+        await conn.execute(sql.SQL("DROP TABLE {}").format(part))
+        times.append(1000 * (time.perf_counter() - t0))
+    t0 = time.perf_counter()
+    cur = await conn.execute(
+        sql.SQL("DELETE FROM {} WHERE created_ms <= %s").format(
+            sql.Identifier(schema, f"{name}_d{WHOLE_DAYS:02}")
+        ),
+        (data.cutoff,),
+    )
+    edge_ms = 1000 * (time.perf_counter() - t0)
+    seconds = time.perf_counter() - started
+    edge = max(cur.rowcount, 0)
+    notes: dict[str, object] = {
+        "partitions": WHOLE_DAYS,
+        "partition_rows": data.whole,
+        "edge_removed": edge,
+        "edge_ms": edge_ms,
+        "partitions_done_ms": sum(times),
+    }
+    return FormRun(data.whole + edge, seconds, [*times, edge_ms], notes)
+
+
+async def _through_temporal(temporal: TemporalPass, name: str) -> FormRun:
+    """A `Purge` pass through the dev server over the config's one target, which names this
+    copy; timed from the client's start to its result."""
+    started = time.perf_counter()
+    report = await temporal.client.execute_workflow(
+        "Purge",
+        temporal.request,
+        id=f"bench-{name}-{uuid.uuid4().hex[:8]}",
+        task_queue=temporal.task_queue,
+    )
+    seconds = time.perf_counter() - started
+    [sweep] = report["swept"]
+    if sweep.get("status", "ok") != "ok":
+        raise RuntimeError(f"partitioned: the pass reported {sweep}")
+    activity = float(sweep.get("seconds") or 0.0)
+    notes: dict[str, object] = {
+        "strategy": sweep.get("strategy"),
+        "batches": sweep.get("batches"),
+        "now_ms": int(report["now_ms"]),
+        "activity_seconds": activity,
+        "temporal_ms": 1000 * (seconds - activity),
+    }
+    return FormRun(int(sweep["removed"]), seconds, [seconds * 1000], notes)
+
+
+def partitioned_lines(results: Sequence[FormResult]) -> list[str]:
+    """Issue 20's goals for the partitioned case: each form against the hand-typed floor."""
+    lines: list[str] = []
+    by_form = {r.form: r for r in results if r.case == "partitioned"}
+    hand = by_form.get("hand")
+    if hand is None:
+        return lines
+    for form, limit in (("drop", 1.5), ("drop_temporal", None)):
+        r = by_form.get(form)
+        if r is None:
+            continue
+        x, wal = r.notes.get("x_hand"), r.notes.get("wal_x_hand")
+        if isinstance(x, float):
+            verdict = "info" if limit is None else ("met" if x <= limit else "NOT met")
+            goal = "" if limit is None else f" (target <= {limit:g}x)"
+            lines.append(f"{verdict:7} partitioned: {LABELS[form]} vs (h) by hand: {x:.2f}x{goal}")
+        if isinstance(wal, float) and form == "drop":
+            verdict = "met" if wal <= 1.5 else "NOT met"
+            lines.append(
+                f"{verdict:7} partitioned: {LABELS[form]} WAL vs (h) by hand: {wal:.2f}x"
+                f" ({r.wal_bytes / 1e6:.1f} MB against {hand.wal_bytes / 1e6:.1f} MB;"
+                " target <= 1.5x)"
+            )
+    return lines
 
 
 async def _after(

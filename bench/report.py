@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def _notes(result: FormResult) -> str:
     notes = result.notes
     if result.case == "partitioned":
         parts = []
-        if result.form != "delete":
+        if result.form not in ("delete", "hand"):
             parts = [f"strategy={notes.get('strategy')}", f"batches={notes.get('batches')}"]
         if notes.get("partitions"):
             parts.append(f"{notes['partitions']} partitions ({notes.get('partition_rows'):,} rows)")
@@ -53,8 +53,19 @@ def _notes(result: FormResult) -> str:
         share = notes.get("wal_share_of_delete")
         if isinstance(share, float) and result.form != "delete":
             parts.append(f"WAL {share:.2%} of (a)")
+        x_hand, wal_x_hand = notes.get("x_hand"), notes.get("wal_x_hand")
+        if isinstance(x_hand, float) and isinstance(wal_x_hand, float) and result.form != "hand":
+            parts.append(f"{x_hand:.2f}x (h), WAL {wal_x_hand:.2f}x (h)")
+        if isinstance(notes.get("temporal_ms"), float):
+            parts.append(
+                f"activity {notes.get('activity_seconds')} s, Temporal's"
+                f" {notes['temporal_ms']:.0f} ms"
+            )
         parts.append(f"pending {notes.get('pending', 0)}")
         return " ".join(parts)
+    if result.case == "steady":
+        per_row = f"{notes.get('us_per_row', 0.0):.2f} us a row (median of rounds); "
+        return per_row + _notes(replace(result, case="")).replace("backlog=None", "").strip()
     if result.form == "ours_temporal":
         return (
             f"strategy={notes.get('strategy')} batches={notes.get('batches')}"
@@ -338,6 +349,7 @@ def write_json(
     orchestration: OrchestrationResult | None,
     fleet: Any = None,
     tenants: Any = None,
+    steady: Any = None,
 ) -> None:
     document = {
         "environment": environment,
@@ -351,9 +363,8 @@ def write_json(
                 form: orchestration.per_target_ms(form) for form in orchestration.seconds
             },
         },
-        "fleet": None
-        if fleet is None
-        else {**asdict(fleet), "ratio": fleet.ratio, "slowest_alone_seconds": fleet.slowest_alone},
+        "fleet": None if fleet is None else {**asdict(fleet), "ratios": fleet.ratios},
+        "steady_profiles": None if steady is None else [asdict(p) for p in steady.profiles],
         "tenants": None
         if tenants is None
         else {

@@ -33,8 +33,10 @@ from bench.backlog import run_backlog
 from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
-from bench.partitioned import run_partitioned
+from bench.partitioned import partitioned_lines, run_partitioned
 from bench.stats import FormResult
+from bench.steady import SCALE as STEADY_SCALE
+from bench.steady import SteadyResult, run_steady, steady_lines, steady_profile_lines
 from bench.tenants import (
     DEFAULT_TENANTS,
     TenantsResult,
@@ -55,7 +57,7 @@ QUICK_ROWS = 200_000
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
 CASE_ORDER = (
     "interleaved", "clustered", "rate_limit", "scaling", "orchestration", "partitioned",
-    *ARCHIVE_CASES, "backlog", "fleet", "tenants",
+    *ARCHIVE_CASES, "backlog", "fleet", "tenants", "steady",
 )  # fmt: skip
 #: The partitioned case's table is this many times --rows (6,000,000 at the default).
 PARTITIONED_SCALE = 3
@@ -85,6 +87,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help=f"tenant schemas of the tenants case (default {DEFAULT_TENANTS:,})",
     )
+    parser.add_argument(
+        "--steady-rows",
+        type=int,
+        metavar="N",
+        help=f"the steady case's table (default {STEADY_SCALE} x --rows)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument(
         "--repeat",
@@ -111,6 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     if args.rows < 100:
         parser.error(f"--rows must be at least 100, got {args.rows}")
+    args.steady_rows = args.steady_rows or STEADY_SCALE * args.rows
+    if args.steady_rows < 10_000:
+        parser.error(f"--steady-rows must be at least 10000, got {args.steady_rows}")
     if args.tenants < 1:
         parser.error(f"--tenants must be at least 1, got {args.tenants}")
     if args.repeat < 1:
@@ -146,6 +157,7 @@ class Outcome:
     orchestration: OrchestrationResult | None = None
     fleet: FleetResult | None = None
     tenants: TenantsResult | None = None
+    steady: SteadyResult | None = None
 
 
 async def run_bench(
@@ -214,7 +226,7 @@ async def run_bench(
                     outcome.orchestration = await run_orchestration(bench, scratch)
                 elif name == "partitioned":
                     rows = args.rows * PARTITIONED_SCALE
-                    outcome.results.extend(await run_partitioned(bench, rows))
+                    outcome.results.extend(await run_partitioned(bench, rows, scratch))
                 elif name in ARCHIVE_CASES:
                     outcome.results.extend(await run_archive_case(bench, name, args.rows))
                 elif name == "backlog":
@@ -225,6 +237,11 @@ async def run_bench(
                     outcome.fleet = await run_fleet(bench, scratch, args.rows, args.fsync == "on")
                 elif name == "tenants":
                     outcome.tenants = await run_tenants(bench, scratch, args.tenants)
+                elif name == "steady":
+                    outcome.steady = await run_steady(
+                        bench, scratch, args.steady_rows, args.fsync == "on"
+                    )
+                    outcome.results.extend(outcome.steady.results)
                 else:
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
@@ -332,6 +349,10 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
         out += ["issue targets (ratios and latencies from this run):"]
         out += ["  " + line for line in report.issue_targets(results)]
         out += ["  " + line for line in archive_targets(results)]
+        out += ["  " + line for line in partitioned_lines(results)]
+    if outcome.steady is not None:
+        out += ["  " + line for line in steady_lines(outcome.steady)]
+        out += ["", *steady_profile_lines(outcome.steady)]
     sys.stdout.write("\n".join(out) + "\n")
 
 
@@ -391,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome.orchestration,
             outcome.fleet,
             outcome.tenants,
+            outcome.steady,
         )
         log.info("wrote %s", args.json)
     return 0

@@ -116,6 +116,10 @@ class TargetEntry:
     database: str = ""
     """A `[databases.NAME]`, or "" for the default database."""
     kind: str = "expiring"
+    max_age: str = ""
+    """An `expiring` target's `max_age` ("19d", "360000000ms"), or "" for none."""
+    partitions: str = ""
+    """`partitions = "drop"` and the like, or "" for the default."""
 
 
 def fleet_config(
@@ -133,6 +137,10 @@ def fleet_config(
         entry: dict[str, Any] = {"kind": t.kind, "name": t.name, "table": t.table}
         if t.kind == "expiring":
             entry["column"] = t.column
+        if t.max_age:
+            entry["max_age"] = t.max_age
+        if t.partitions:
+            entry["partitions"] = t.partitions
         if t.database:
             entry["database"] = t.database
         entries.append(entry)
