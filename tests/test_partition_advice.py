@@ -18,8 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 from activities import builtin_kinds as kinds
 from activities.engine.sql_target import SqlTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
-from activities.sweep import PurgeActivities
 from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_ops.render import report_table
 from tests.conftest import Harness

@@ -24,8 +24,8 @@ from temporalio.worker import Replayer
 
 from activities import builtin_kinds as kinds
 from activities.builtin_kinds import build_registry
-from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
 from activities.registry import TargetRegistry
+from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable
