@@ -43,7 +43,7 @@ from bench.services import TargetEntry, config_worker, fleet_config, temporal_de
 from bench.stats import FormResult, FormRun, median_of, summarize
 from bench.writer import EVENT_IDS, WriterConfig, running_writer
 from purge_config.names import TableName
-from purge_config.settings import PartitionPolicy
+from purge_config.settings import PartitionMode, PartitionPolicy
 from purge_ops.connect import open_pool
 
 log = logging.getLogger("bench")
@@ -318,7 +318,7 @@ async def _form(
         cur = await conn.execute(statement, (data.cutoff,))
         seconds = time.perf_counter() - started
         return FormRun(max(cur.rowcount, 0), seconds, [seconds * 1000])
-    mode = "delete" if form == "sweep" else "drop"
+    mode: PartitionMode = "delete" if form == "sweep" else "drop"
     target = kinds.expiring(
         pool,
         f"bench_{name}_{uuid.uuid4().hex[:6]}",

@@ -442,6 +442,10 @@ async def _recording_pool(url: str, logged: bool) -> AsyncIterator[AsyncConnecti
         await pool.close()
 
 
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) else None
+
+
 _LOG_ENTRY = re.compile(r"\d{4}-\d\d-\d\d ")
 _DURATION = re.compile(r"duration: ([0-9.]+) ms\s+(parse|bind|execute|statement)[^:]*: (.*)")
 
@@ -470,8 +474,8 @@ async def _profile(where: _Where, data: Hours, hour: int, total: int) -> SteadyP
         where.setting,
         run.removed,
         run.seconds,
-        run.notes.get("batches"),
-        recorded,  # type: ignore[arg-type]
+        _int_or_none(run.notes.get("batches")),
+        recorded,
     )
     if logged and where.log_path is not None:
         # The server writes its log asynchronously to us: give it a moment.
