@@ -14,24 +14,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncCursor, errors, sql
+from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.context import SweepContext
+from activities.engine.keyset import KeyBatch, Ran, run_key_batch
 from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan, keyset
 from activities.engine.rules import Predicate
 from activities.engine.statements import (
     count_expired,
     index_batch,
-    key_bounds,
-    key_delete,
-    ledger_add,
     local_bounds,
-    pipeline_flush,
     range_batch,
     range_delete,
-    tie_delete,
 )
+from activities.engine.upkeep import add_to_ledger
 from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
 
@@ -143,10 +140,7 @@ class BatchSweeper:
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
     async def _by_key(self, pred: Predicate, result: SweepStats) -> None:
-        # Each batch finds where the next `rows` expired rows end in the expiry index, then
-        # deletes that key range as one plain DELETE counted by its tag; the next starts at the
-        # key this one stopped below, so no batch steps over the index entries of rows that
-        # earlier batches deleted.
+        # See activities.engine.keyset.
         self.plain = True
         rows, after = first_index_rows(self.plan), None
         while True:
@@ -155,7 +149,8 @@ class BatchSweeper:
                 result.backlog = await self._count_left(pred, result)
                 return
             keyed = KeyBatch(pred, rows, after)
-            found, ms = await self._batch(result, functools.partial(self._run_key, keyed))
+            run = functools.partial(run_key_batch, self.conn, self.settings, self.ledger, keyed)
+            found, ms = await self._batch(result, run)
             if found < rows:
                 return  # fewer expired rows than asked for were left: that was all of them
             after = keyed.next_after
@@ -180,7 +175,7 @@ class BatchSweeper:
     async def _batch(
         self,
         result: SweepStats,
-        statement: sql.Composed | Callable[[], Awaitable[_Ran]],
+        statement: sql.Composed | Callable[[], Awaitable[Ran]],
         params: dict[str, object] | None = None,
         walk: bool = False,
         page: int = 0,
@@ -206,7 +201,7 @@ class BatchSweeper:
         self._advance(result, removed, total, ms, page)
         return found, ms
 
-    async def _run(self, statement: sql.Composed, params: dict[str, object], walk: bool) -> _Ran:
+    async def _run(self, statement: sql.Composed, params: dict[str, object], walk: bool) -> Ran:
         """(rows found, rows deleted, the ledger's total or None, ms)."""
         started = time.perf_counter()
         # One round trip: the bounds and the DELETE pipelined up to one Sync, which makes them
@@ -221,7 +216,7 @@ class BatchSweeper:
             )
             cur = await self.conn.execute(statement, params)
             if self.plain:
-                added = await self._add_to_ledger(cur)
+                added = await add_to_ledger(self.conn, self.ledger, cur)
         ms = (time.perf_counter() - started) * 1000
         if self.plain:
             removed = max(cur.rowcount, 0)
@@ -234,80 +229,8 @@ class BatchSweeper:
         total = int(row[2]) if row[2] is not None else None
         return int(row[0]), int(row[1]), total, ms
 
-    async def _run_key(self, keyed: KeyBatch) -> _Ran:
-        """One keyset batch in one implicit transaction: its boundary read (one round trip,
-        the pipeline flushed without a Sync), then the DELETE of that key range and the
-        ledger's row, committed at the Sync."""
-        started = time.perf_counter()
-        params = {**keyed.pred.params, **(self.ledger or {})}
-        async with self.conn.pipeline():
-            await self.conn.execute(
-                local_bounds(False),
-                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
-            )
-            bounds = await self.conn.execute(
-                key_bounds(keyed.pred, keyed.rows, keyed.after is not None),
-                {**params, "key_after": keyed.after},
-            )
-            least, last = await bounds.fetchone() or (None, None)
-            added = None
-            if least is not None:
-                cur = await self.conn.execute(*keyed.delete(least, last))
-                added = await self._add_to_ledger(cur)
-        ms = (time.perf_counter() - started) * 1000
-        if least is None:
-            return 0, 0, None, ms
-        removed = max(cur.rowcount, 0)
-        row = await added.fetchone() if added is not None else None
-        # A whole batch was there (its last key was found); else what was left, all deleted.
-        found = keyed.rows if last is not None else removed
-        return found, removed, int(row[0]) if row else None, ms
-
-    async def _add_to_ledger(self, deleted: AsyncCursor[Any]) -> AsyncCursor[Any] | None:
-        """With the ledger, in a plain batch's transaction (its pipeline, before the Sync):
-        the DELETE's count, read by flushing the pipeline up to it (one round trip more), added
-        to the pass's row. The upsert's cursor; None without the ledger, or when the batch
-        deleted nothing (no ledger row is written: the count stays)."""
-        if self.ledger is None:
-            return None
-        await (await self.conn.execute(pipeline_flush())).fetchone()
-        if deleted.rowcount <= 0:
-            return None
-        return await self.conn.execute(ledger_add(), {**self.ledger, "n": deleted.rowcount})
-
     async def _count_left(self, pred: Predicate, result: SweepStats) -> int:
         return await count_left(self.conn, self.settings, pred, self.plan, result.removed)
-
-
-#: (rows found, rows deleted, the ledger's total or None, ms) of one batch.
-_Ran = tuple[int, int, int | None, float]
-
-
-class KeyBatch:
-    """One keyset batch's inputs, and the statement its boundary calls for."""
-
-    def __init__(self, pred: Predicate, rows: int, after: object | None) -> None:
-        self.pred, self.rows, self.after = pred, rows, after
-        self.next_after: object | None = after
-
-    def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
-        """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
-        when fewer are left)."""
-        # From the least key found, not the last batch's bound: the first batch's DELETE then
-        # starts where the live index entries do, not over every entry of rows deleted before
-        # (by earlier passes, not yet vacuumed), which its boundary read already stepped over.
-        params = {**self.pred.params, "key_after": least}
-        if last is None:
-            # The rest: fewer than a batch were left.
-            return key_delete(self.pred, after=True, below=False), params
-        if least == last:
-            # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
-            # from that key again, until fewer than a batch of it are left.
-            self.next_after = least
-            return tie_delete(self.pred, self.rows), {**params, "key_at": least}
-        # Up to the last key found, not including it: its rows (and ties) open the next batch.
-        self.next_after = last
-        return key_delete(self.pred, after=True, below=True), {**params, "key_below": last}
 
 
 async def count_left(

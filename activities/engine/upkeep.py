@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, AsyncCursor, errors
 
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
@@ -14,6 +14,7 @@ from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
 from activities.engine.statements import (
     analyze,
     flush_statistics,
+    ledger_add,
     ledger_entry,
     ledger_expire,
     ledger_writable,
@@ -223,3 +224,18 @@ async def analyze_after(
         await conn.execute(local_bounds(), (READ_TIMEOUT_MS, budget_ms))
         await conn.execute(analyze(pred))
     return True, ""
+
+
+async def add_to_ledger(
+    conn: AsyncConnection[Any], ledger: dict[str, object] | None, deleted: AsyncCursor[Any]
+) -> AsyncCursor[Any] | None:
+    """With the ledger, in a plain batch's transaction (its pipeline, before the Sync): the
+    DELETE's count, read by flushing the pipeline up to it (one round trip more), added to the
+    pass's row. The upsert's cursor; None without the ledger, or when the batch deleted nothing
+    (no ledger row is written: the count stays)."""
+    if ledger is None:
+        return None
+    await (await conn.execute(pipeline_flush())).fetchone()
+    if deleted.rowcount <= 0:
+        return None
+    return await conn.execute(ledger_add(), {**ledger, "n": deleted.rowcount})
