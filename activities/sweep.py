@@ -95,38 +95,8 @@ class PurgeActivities:
                             removed = await target.count_expired(step.now_ms)
                         else:
                             removed = await target.purge_expired(step.now_ms)
-                if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
-                    raise BadPurgeTarget(
-                        f"target {step.name!r} returned {removed!r}, "
-                        "want a count of rows (an int >= 0)"
-                    )
-                sweep.removed = removed
-                sweep.seconds = round(time.monotonic() - started, 6)
-                sweep.worker = _identity()
                 batched = isinstance(target, BatchedTarget) and not step.dry_run
-                _record_metrics(step, removed, sweep.seconds, batched)
-                activity.logger.info(
-                    "purge target %s %s %d rows in %.3f s",
-                    step.name,
-                    "would remove" if step.dry_run else "removed",
-                    removed,
-                    sweep.seconds,
-                    extra={
-                        "purge_target": step.name,
-                        "purge_removed": removed,
-                        "purge_dry_run": step.dry_run,
-                        "purge_seconds": sweep.seconds,
-                        "purge_strategy": sweep.strategy,
-                        "purge_batches": sweep.batches,
-                        "purge_p95_batch_ms": sweep.p95_batch_ms,
-                        "purge_backlog": sweep.backlog,
-                        "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
-                        "purge_partition_rows": sweep.partition_rows,
-                        "purge_edge_removed": sweep.edge_removed,
-                        "purge_archived": sweep.archived,
-                    },
-                )
-                return sweep
+                return _finished(step, sweep, removed, time.monotonic() - started, batched)
         except BadPurgeTarget as err:
             patterns = self.registry.patterns
             if patterns is None or not await patterns.gone(step.name):
@@ -135,13 +105,7 @@ class PurgeActivities:
             # nothing left to sweep, which is not a failure of the pass. Handled here, in this
             # frame, not a helper's: see the frame note above.
             activity.logger.info("purge target %s: its table is gone (%s)", step.name, err)
-            return PurgeSweep(
-                name=step.name,
-                removed=0,
-                dry_run=step.dry_run,
-                status="gone",
-                reason="its table was dropped after the pass matched it",
-            )
+            return _gone(step)
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or
@@ -159,20 +123,9 @@ class PurgeActivities:
             info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms
         )
         async with _heartbeating(beat, at_once=info.attempt > 1):
-            guards = target.guards
-            # Before the first delete only: a resumed attempt already passed them.
-            if not resumed.batches and guards.max_clock_jump_ms is not None:
-                await check_clock(
-                    step.name,
-                    guards,
-                    step.now_ms,
-                    activity.client(),
-                    info.task_queue,
-                    info.workflow_id or "",
-                )
-            if not resumed.batches and guards.counts:
-                expired, total = await target.measure(step.now_ms)
-                check_counts(step.name, guards, expired, total)
+            if not resumed.batches:
+                # Before the first delete only: a resumed attempt already passed them.
+                await _guard(target, step, info)
             try:
                 stats = await target.sweep(
                     step.now_ms,
@@ -192,37 +145,42 @@ class PurgeActivities:
             # commit; the ledger also holds any batch whose commit reply it lost (a server
             # crash after COMMIT). Only those are missing from the metric: add them now.
             _rows_removed().add(stats.ledger_start - heartbeat_count, {"target": step.name})
-        sweep.strategy, sweep.batches = stats.strategy, stats.batches
-        if stats.busy:
-            sweep.status, sweep.reason = "busy", stats.busy
-        elif stats.reason:
-            sweep.reason = stats.reason  # a backlog left because pacing spent the budget
-        sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
-        sweep.archived = stats.archived
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
-        sweep.lower_bound = not stats.ledger and resumed.short
-        age = stats.oldest_expired_age_ms
-        sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
-        sweep.dead_tuple_share = stats.dead_share
-        sweep.paused_s = round(stats.paused_s, 3)
-        sweep.analyzed = stats.analyzed
-        if not stats.ledger:
-            activity.logger.warning(
-                "purge target %s counted from heartbeats: its database has no purge_progress "
-                "table this role may write (create it from activities/schema.sql); %s",
-                step.name,
-                "an earlier attempt died, so the count is a LOWER BOUND"
-                if sweep.lower_bound
-                else "exact unless a worker dies mid-sweep",
-                extra={"purge_target": step.name, "purge_lower_bound": sweep.lower_bound},
-            )
-        _partition_fields(sweep, stats)
-        sweep.advice = " ".join(stats.advice)
-        for advice in stats.advice:
-            activity.logger.warning(advice, extra={"purge_target": step.name})
+        _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+def _sweep_fields(step: PurgeStep, sweep: PurgeSweep, stats: SweepStats, lower_bound: bool) -> None:
+    """A batched sweep's figures into its report, and its warnings into the log."""
+    sweep.strategy, sweep.batches = stats.strategy, stats.batches
+    if stats.busy:
+        sweep.status, sweep.reason = "busy", stats.busy
+    elif stats.reason:
+        sweep.reason = stats.reason  # a backlog left because pacing spent the budget
+    sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+    sweep.archived = stats.archived
+    sweep.lower_bound = lower_bound
+    age = stats.oldest_expired_age_ms
+    sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
+    sweep.dead_tuple_share = stats.dead_share
+    sweep.paused_s = round(stats.paused_s, 3)
+    sweep.analyzed = stats.analyzed
+    if not stats.ledger:
+        activity.logger.warning(
+            "purge target %s counted from heartbeats: its database has no purge_progress "
+            "table this role may write (create it from activities/schema.sql); %s",
+            step.name,
+            "an earlier attempt died, so the count is a LOWER BOUND"
+            if sweep.lower_bound
+            else "exact unless a worker dies mid-sweep",
+            extra={"purge_target": step.name, "purge_lower_bound": sweep.lower_bound},
+        )
+    _partition_fields(sweep, stats)
+    sweep.advice = " ".join(stats.advice)
+    for advice in stats.advice:
+        activity.logger.warning(advice, extra={"purge_target": step.name})
 
 
 def _identity() -> str:
@@ -345,3 +303,72 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
         task.cancel()
         # gather, not a bare await: a cancellation of this activity itself must still propagate.
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def _guard(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> None:
+    """The target's guards: the clock against earlier passes', then its counts."""
+    guards = target.guards
+    if guards.max_clock_jump_ms is not None:
+        await check_clock(
+            step.name,
+            guards,
+            step.now_ms,
+            activity.client(),
+            info.task_queue,
+            info.workflow_id or "",
+        )
+    if guards.counts:
+        expired, total = await target.measure(step.now_ms)
+        check_counts(step.name, guards, expired, total)
+
+
+def _finished(
+    step: PurgeStep, sweep: PurgeSweep, removed: object, seconds: float, batched: bool
+) -> PurgeSweep:
+    """The report of a sweep that returned `removed`, refused unless a count of rows; its
+    metrics recorded and its line logged."""
+    if isinstance(removed, bool) or not isinstance(removed, int) or removed < 0:
+        raise BadPurgeTarget(
+            f"target {step.name!r} returned {removed!r}, want a count of rows (an int >= 0)"
+        )
+    sweep.removed = removed
+    sweep.seconds = round(seconds, 6)
+    sweep.worker = _identity()
+    _record_metrics(step, removed, sweep.seconds, batched)
+    _log_done(step, sweep)
+    return sweep
+
+
+def _gone(step: PurgeStep) -> PurgeSweep:
+    return PurgeSweep(
+        name=step.name,
+        removed=0,
+        dry_run=step.dry_run,
+        status="gone",
+        reason="its table was dropped after the pass matched it",
+    )
+
+
+def _log_done(step: PurgeStep, sweep: PurgeSweep) -> None:
+    """One line a sweep, its figures as structured fields for a JSON log."""
+    activity.logger.info(
+        "purge target %s %s %d rows in %.3f s",
+        step.name,
+        "would remove" if step.dry_run else "removed",
+        sweep.removed,
+        sweep.seconds,
+        extra={
+            "purge_target": step.name,
+            "purge_removed": sweep.removed,
+            "purge_dry_run": step.dry_run,
+            "purge_seconds": sweep.seconds,
+            "purge_strategy": sweep.strategy,
+            "purge_batches": sweep.batches,
+            "purge_p95_batch_ms": sweep.p95_batch_ms,
+            "purge_backlog": sweep.backlog,
+            "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
+            "purge_partition_rows": sweep.partition_rows,
+            "purge_edge_removed": sweep.edge_removed,
+            "purge_archived": sweep.archived,
+        },
+    )
