@@ -231,6 +231,43 @@ def _partitions(at: str, raw: Mapping[str, Any]) -> PartitionPolicy:
 
 
 def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -> TargetSpec:
+    at, kind, raw = _entry(where, index, raw)
+    if kind == "python":
+        return _python_spec(at, raw)
+    name = opt_str(at, "name", raw) if kind != "expiring" else req_str(at, "name", raw)
+    name = name or BUILTIN_KINDS[kind].default_name
+    if not TARGET_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{at}: name: letters, digits and _ . : @ - (at most 100), starting with a letter, "
+            f"digit or _, got {name!r}"
+        )
+    settings = sweep_settings(at, "", raw, defaults)
+    guards, partitions = _guards(at, raw), _partitions(at, raw)
+    database = opt_str(at, "database", raw) or ""
+    if database and not DATABASE_NAME.fullmatch(database):
+        raise ConfigError(f"{at}: database: not a database name, got {database!r}")
+    common = TargetSpec(
+        kind, name, settings=settings, guards=guards, database=database, partitions=partitions
+    )
+    builtin = BUILTIN_KINDS.get(kind)
+    if builtin is not None:
+        tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
+        archives = tuple(
+            archive_table(at, key, raw, table)
+            for key, table in zip(builtin.archive_keys, tables, strict=True)
+        )
+        return replace(
+            common,
+            tables=tables,
+            archives=_copied(at, common.partitions, archives),
+            allow_any=_check_pattern(at, raw, tables, archives),
+        )
+    return _expiring_spec(at, raw, common)
+
+
+def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any]]:
+    """A `[[targets]]` entry's label for messages (its name once it is a valid one), its kind,
+    and the entry itself, refused for a key its kind does not take."""
     at = f"{where}: [[targets]] #{index}"
     if not isinstance(raw, dict):
         raise ConfigError(f"{at}: must be a table, got {raw!r}")
@@ -250,50 +287,22 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
         else frozenset()
     )
     no_unknown(at, "", raw, _TARGET_KEYS[kind] | _ROW_KEYS[kind] | sweep_keys | {"kind"})
+    return at, kind, raw
 
-    if kind == "python":
-        path = req_str(at, "factory", raw)
-        names = raw.get("names", [])
-        if not isinstance(names, list) or not all(
-            isinstance(n, str) and TARGET_NAME.fullmatch(n) for n in names
-        ):
-            raise ConfigError(f"{at}: names: must be a list of target names, got {names!r}")
-        return TargetSpec(
-            kind=kind, name=path, factory=_resolve_factory(at, path), names=tuple(names)
-        )
 
-    name = opt_str(at, "name", raw) if kind != "expiring" else req_str(at, "name", raw)
-    name = name or BUILTIN_KINDS[kind].default_name
-    if not TARGET_NAME.fullmatch(name):
-        raise ConfigError(
-            f"{at}: name: letters, digits and _ . : @ - (at most 100), starting with a letter, "
-            f"digit or _, got {name!r}"
-        )
-    settings = sweep_settings(at, "", raw, defaults)
-    guards = _guards(at, raw)
-    partitions = _partitions(at, raw)
-    database = opt_str(at, "database", raw) or ""
-    if database and not DATABASE_NAME.fullmatch(database):
-        raise ConfigError(f"{at}: database: not a database name, got {database!r}")
-    builtin = BUILTIN_KINDS.get(kind)
-    if builtin is not None:
-        tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
-        archives = tuple(
-            archive_table(at, key, raw, table)
-            for key, table in zip(builtin.archive_keys, tables, strict=True)
-        )
-        return TargetSpec(
-            kind=kind,
-            name=name,
-            tables=tables,
-            settings=settings,
-            guards=guards,
-            database=database,
-            partitions=partitions,
-            archives=_copied(at, partitions, archives),
-            allow_any=_check_pattern(at, raw, tables, archives),
-        )
+def _python_spec(at: str, raw: Mapping[str, Any]) -> TargetSpec:
+    path = req_str(at, "factory", raw)
+    names = raw.get("names", [])
+    if not isinstance(names, list) or not all(
+        isinstance(n, str) and TARGET_NAME.fullmatch(n) for n in names
+    ):
+        raise ConfigError(f"{at}: names: must be a list of target names, got {names!r}")
+    factory = _resolve_factory(at, path)
+    return TargetSpec(kind="python", name=path, factory=factory, names=tuple(names))
 
+
+def _expiring_spec(at: str, raw: Mapping[str, Any], common: TargetSpec) -> TargetSpec:
+    """An `expiring` entry: one table, its column, and the rule's age and unit."""
     table = _table(at, "table", raw, None)
     column = req_str(at, "column", raw)
     if not SQL_NAME.fullmatch(column):
@@ -311,17 +320,13 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             f"got {raw['unit']!r}"
         )
     archive = archive_table(at, "archive_table", raw, table)
-    return TargetSpec(
-        kind=kind,
-        name=name,
+    partitions = common.partitions
+    return replace(
+        common,
         tables=(table,),
         column=column,
         max_age_ms=max_age_ms,
         unit=unit,
-        settings=settings,
-        guards=guards,
-        database=database,
-        partitions=partitions,
         row_filter=_filtered(at, partitions, parse_filter(at, raw, column)),
         archives=_copied(at, partitions, (archive,)),
         allow_any=_check_pattern(at, raw, (table,), (archive,)),
