@@ -206,15 +206,7 @@ def parse_config(
     where = str(path or "<config>")
     no_unknown(where, "", raw, _TOP_KEYS)
 
-    # The file's own value is checked even when the environment overrides it: the file is
-    # checked whole, and it is what the next deployment without the variable will use.
-    file_url = opt_str(where, "database_url", raw)
-    if file_url is not None:
-        check_dsn(where, "database_url", file_url)
-    env_url = env.get("PURGE_DATABASE_URL") or None
-    if env_url is not None:
-        check_dsn(where, "PURGE_DATABASE_URL", env_url)
-    database_url = env_url or file_url
+    database_url = _database_url(where, raw, env)
 
     database_wait_ms = _parse_database_wait(where, raw)
 
@@ -228,37 +220,11 @@ def parse_config(
     if metrics is not None:
         check_metrics_address(metrics, f"{where}: metrics")
 
-    entries = raw.get("targets", [])
-    if not isinstance(entries, list):
-        raise ConfigError(
-            f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
-        )
     queues = parse_queues(where, raw.get("databases", {}), task_queue)
     databases = parse_databases(where, raw.get("databases", {}), env, routed=set(queues))
     limits = parse_pass(where, raw.get("pass", {}), cron_period_ms(schedule.cron))
-    sweep = raw.get("sweep", {})
-    if isinstance(sweep, dict):
-        no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING}))
-    defaults = sweep_settings(where, "sweep.", sweep, SweepSettings())
-    targets = tuple(parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
-    seen: dict[str, int] = {}
-    wild = [spec for spec in targets if spec.pattern is not None]
-    for i, spec in enumerate(targets, 1):
-        key = "names" if spec.kind == "python" else "name"
-        for name in spec.names if spec.kind == "python" else (spec.name,):
-            if name in seen:
-                raise ConfigError(
-                    f"{where}: [[targets]] #{i}: {key}: {name!r} is already a name of "
-                    f"[[targets]] #{seen[name]}; two targets cannot share a name"
-                )
-            seen[name] = i
-        _check_not_a_match(where, i, spec, wild)
-        if spec.database and spec.database not in {*databases, *queues}:
-            known = ", ".join(sorted({*databases, *queues})) or "none"
-            raise ConfigError(
-                f"{where}: [[targets]] #{i} ({spec.name}): database: no [databases.{spec.database}]"
-                f" in this file (it has: {known})"
-            )
+    targets = _parse_targets(where, raw)
+    _check_targets(where, targets, {*databases, *queues})
     return PurgeConfig(
         path=path,
         database_url=database_url,
@@ -271,6 +237,57 @@ def parse_config(
         limits=limits,
         database_wait_ms=database_wait_ms,
     )
+
+
+def _parse_targets(where: str, raw: Mapping[str, Any]) -> tuple[TargetSpec, ...]:
+    """Every [[targets]] entry, under the `[sweep]` defaults."""
+    entries = raw.get("targets", [])
+    if not isinstance(entries, list):
+        raise ConfigError(
+            f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
+        )
+    sweep = raw.get("sweep", {})
+    if isinstance(sweep, dict):
+        no_unknown(where, "sweep.", sweep, frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING}))
+    defaults = sweep_settings(where, "sweep.", sweep, SweepSettings())
+    return tuple(parse_target(where, i, entry, defaults) for i, entry in enumerate(entries, 1))
+
+
+def _database_url(where: str, raw: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+    """`PURGE_DATABASE_URL` if set, else the file's `database_url`; both checked."""
+    # The file's own value is checked even when the environment overrides it: the file is
+    # checked whole, and it is what the next deployment without the variable will use.
+    file_url = opt_str(where, "database_url", raw)
+    if file_url is not None:
+        check_dsn(where, "database_url", file_url)
+    env_url = env.get("PURGE_DATABASE_URL") or None
+    if env_url is not None:
+        check_dsn(where, "PURGE_DATABASE_URL", env_url)
+    database_url = env_url or file_url
+    return database_url
+
+
+def _check_targets(where: str, targets: tuple[TargetSpec, ...], known_databases: set[str]) -> None:
+    """Across entries: no name twice, none a pattern's match could take, every `database` one
+    this file defines."""
+    seen: dict[str, int] = {}
+    wild = [spec for spec in targets if spec.pattern is not None]
+    for i, spec in enumerate(targets, 1):
+        key = "names" if spec.kind == "python" else "name"
+        for name in spec.names if spec.kind == "python" else (spec.name,):
+            if name in seen:
+                raise ConfigError(
+                    f"{where}: [[targets]] #{i}: {key}: {name!r} is already a name of "
+                    f"[[targets]] #{seen[name]}; two targets cannot share a name"
+                )
+            seen[name] = i
+        _check_not_a_match(where, i, spec, wild)
+        if spec.database and spec.database not in known_databases:
+            known = ", ".join(sorted(known_databases)) or "none"
+            raise ConfigError(
+                f"{where}: [[targets]] #{i} ({spec.name}): database: no [databases.{spec.database}]"
+                f" in this file (it has: {known})"
+            )
 
 
 def _check_not_a_match(
@@ -320,6 +337,12 @@ def _parse_schedule(where: str, raw: object) -> ScheduleConfig:
         else DEFAULT_JITTER_MS,
         ensure=ensure,
     )
+    _check_schedule(where, raw, spec)
+    return spec
+
+
+def _check_schedule(where: str, raw: Mapping[str, Any], spec: ScheduleConfig) -> None:
+    """The bounds of a [schedule] Temporal (or a pass's timeliness) sets on its values."""
     if spec.catchup_window_ms < MIN_CATCHUP_MS:
         raise ConfigError(
             f"{where}: schedule.catchup_window: at least 10s (Temporal's minimum), "
@@ -338,7 +361,6 @@ def _parse_schedule(where: str, raw: object) -> ScheduleConfig:
         raise ConfigError(
             f"{where}: schedule.time_zone: not an IANA time zone, got {spec.time_zone!r}"
         ) from None
-    return spec
 
 
 def check_metrics_address(text: str, where: str) -> str:
