@@ -34,46 +34,11 @@ def report_table(report: PurgeReport) -> str:
     rows deleted at the edge, and a note names them."""
     verb = "would remove" if report.dry_run else "removed"
     whole = any(partitions_text(s) for s in report.swept)
-    rows: list[list[object]] = []
-    for s in report.swept:
-        batched = bool(s.batches)
-        parts: list[object] = (
-            [partitions_text(s), s.partition_rows or "", s.edge_removed if s.partition_rows else ""]
-            if whole
-            else []
-        )
-        rows.append(
-            [
-                s.name,
-                removed_text(s),
-                f"{s.seconds:.3f}",
-                s.strategy,
-                *parts,
-                s.batches if batched else "",
-                f"{s.p95_batch_ms:.1f}" if batched else "",
-                s.backlog or "",
-                oldest_text(s.oldest_expired_age_s),
-                f"{s.dead_tuple_share:.0%}" if batched else "",
-                _status(s),
-            ]
-        )
     extra = 3 if whole else 0
+    rows = [_swept_row(s, whole) for s in report.swept]
     for f in report.failed:
-        rows.append(
-            [
-                f.name,
-                "-",
-                "-",
-                "",
-                *[""] * extra,
-                "",
-                "",
-                "",
-                "",
-                "",
-                f"FAILED {f.type}: {f.message}",
-            ]
-        )
+        failure = f"FAILED {f.type}: {f.message}"
+        rows.append([f.name, "-", "-", "", *[""] * extra, "", "", "", "", "", failure])
     total = f">={report.removed}" if any(s.lower_bound for s in report.swept) else report.removed
     rows.append(["total", total, "", "", *[""] * extra, "", "", "", "", "", _failed(report)])
     head = f"purge pass as of {iso_ms(report.now_ms)}" + (" (dry run)" if report.dry_run else "")
@@ -94,14 +59,40 @@ def report_table(report: PurgeReport) -> str:
             row.insert(2, count)
         header.insert(2, "archived")
         right = {2} | {c + 1 if c >= 2 else c for c in right}
+    lines = [head, *(compact_lines(report) if report.compact else [])]
+    return "\n".join([*lines, table(header, rows, right=right), *_notes(report)])
+
+
+def _swept_row(s: PurgeSweep, whole: bool) -> list[object]:
+    batched = bool(s.batches)
+    parts: list[object] = (
+        [partitions_text(s), s.partition_rows or "", s.edge_removed if s.partition_rows else ""]
+        if whole
+        else []
+    )
+    return [
+        s.name,
+        removed_text(s),
+        f"{s.seconds:.3f}",
+        s.strategy,
+        *parts,
+        s.batches if batched else "",
+        f"{s.p95_batch_ms:.1f}" if batched else "",
+        s.backlog or "",
+        oldest_text(s.oldest_expired_age_s),
+        f"{s.dead_tuple_share:.0%}" if batched else "",
+        _status(s),
+    ]
+
+
+def _notes(report: PurgeReport) -> list[str]:
+    """The lines below the table: reasons, partitions taken out, advice, a lower bound."""
     notes = [f"{s.status}: {s.name}: {s.reason}" for s in report.swept if s.reason]
     notes += [partitions_note(s, report.dry_run) for s in report.swept if partitions_text(s)]
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
-    if report.compact:
-        return "\n".join([head, *compact_lines(report), table(header, rows, right=right), *notes])
-    return "\n".join([head, table(header, rows, right=right), *notes])
+    return notes
 
 
 def compact_lines(report: PurgeReport) -> list[str]:
