@@ -6,8 +6,11 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -17,7 +20,7 @@ from activities.sweep import PurgeActivities
 from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
-from purge_ops.connect import connect_temporal, lazy_pools, open_pool
+from purge_ops.connect import LazyPool, connect_temporal, lazy_pools, open_pool
 from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
 from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
@@ -118,13 +121,7 @@ async def run_worker(
     try:
         if metrics and probes:
             await probes.start(metrics)  # first: a taken port stops the start before any connect
-        # A connection for each sweep `max_per_database` lets run at once on a database (four
-        # at least, for the guards' and probes' reads beside them).
-        size = max(4, config.limits.max_per_database)
-        wait = config.database_wait_ms / 1000
-        pool = await open_pool(url, wait_seconds=wait, max_size=size) if url else None
-        named = lazy_pools(config.databases, max_size=size)
-        try:
+        async with _pools(config, url) as (pool, named):
             registry = build_registry(config, pool, named)
             client = await connect_temporal(
                 temporal_address,
@@ -136,28 +133,56 @@ async def run_worker(
                 log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
-            queues = polled_queues(config)
-            workers = [new_worker(client, registry, config.task_queue)] + [
-                activity_worker(client, registry, queue) for queue in queues
-            ]
-            async with contextlib.AsyncExitStack() as running:
-                for worker in workers:
-                    await running.enter_async_context(worker)
-                health.workers = workers
-                _say_what_it_polls(config, client, url, registry, queues)
-                await stop.wait()
-                health.stopping = True
-                log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
-        finally:
-            if pool is not None:
-                await pool.close()
-            for opened in named.values():
-                await opened.close()
+            await _poll(client, config, registry, health, stop, url)
     finally:
         if probes is not None:
             await probes.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+@contextlib.asynccontextmanager
+async def _pools(
+    config: PurgeConfig, url: str | None
+) -> AsyncIterator[tuple[AsyncConnectionPool[Any] | None, dict[str, LazyPool]]]:
+    """The default database's pool (opened now, waiting up to `database_wait`) and the named
+    databases' (each opened on first use), all closed on the way out."""
+    # A connection for each sweep `max_per_database` lets run at once on a database (four
+    # at least, for the guards' and probes' reads beside them).
+    size = max(4, config.limits.max_per_database)
+    wait = config.database_wait_ms / 1000
+    pool = await open_pool(url, wait_seconds=wait, max_size=size) if url else None
+    named = lazy_pools(config.databases, max_size=size)
+    try:
+        yield pool, named
+    finally:
+        if pool is not None:
+            await pool.close()
+        for opened in named.values():
+            await opened.close()
+
+
+async def _poll(
+    client: Client,
+    config: PurgeConfig,
+    registry: TargetRegistry,
+    health: Health,
+    stop: asyncio.Event,
+    url: str | None,
+) -> None:
+    """Poll the config's queues until `stop`, then let running sweeps finish."""
+    queues = polled_queues(config)
+    workers = [new_worker(client, registry, config.task_queue)] + [
+        activity_worker(client, registry, queue) for queue in queues
+    ]
+    async with contextlib.AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
+        health.workers = workers
+        _say_what_it_polls(config, client, url, registry, queues)
+        await stop.wait()
+        health.stopping = True
+        log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
 
 
 def _say_what_it_polls(
