@@ -63,41 +63,7 @@ async def run_dev(once: bool, out: TextIO | None = None) -> int:
         say(f"Temporal dev server at {temporal.address}")
         say(f"servers up in {time.monotonic() - started:.1f} s")
 
-        config = demo_config(postgres.url())
-        async with await psycopg.AsyncConnection.connect(postgres.url(), autocommit=True) as conn:
-            await create_demo(conn, epoch_ms_now())
-        say("created the built-in tables from activities/schema.sql and demo rows")
-
-        pool = await open_pool(postgres.url())
-        try:
-            client = await connect_temporal(temporal.address)
-            worker = new_worker(client, build_registry(config, pool), config.task_queue)
-            async with worker:
-                workflow_id = f"purge-dev-{time.strftime('%Y%m%dT%H%M%S')}"
-                report = await client.execute_workflow(
-                    PurgeWorkflow.run,
-                    config.pass_input(),
-                    id=workflow_id,
-                    task_queue=config.task_queue,
-                )
-                say("")
-                say(report_table(report))
-                say("")
-                async with pool.connection() as conn:
-                    say(await rows_that_stayed(conn, report.now_ms))
-                if not once:
-                    say("")
-                    outcome = await ensure_schedule(client, config)
-                    say(f"{outcome.action} {outcome.summary}")
-                    say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
-                    say(
-                        f"worker running on task queue {config.task_queue!r}; Ctrl-C stops "
-                        "it and both servers"
-                    )
-                    await stop.wait()
-                    say("stopping")
-        finally:
-            await pool.close()
+        await _demo_pass(postgres.url(), temporal, once, stop, say)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -105,6 +71,46 @@ async def run_dev(once: bool, out: TextIO | None = None) -> int:
         postgres.remove()
         shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+async def _demo_pass(
+    url: str,
+    temporal: TemporalDevServer,
+    once: bool,
+    stop: asyncio.Event,
+    say: Callable[[str], None],
+) -> None:
+    """The demo's tables and rows, one pass through Temporal and its report; unless `once`,
+    the schedule and the worker kept up until `stop`."""
+    config = demo_config(url)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await create_demo(conn, epoch_ms_now())
+    say("created the built-in tables from activities/schema.sql and demo rows")
+    pool = await open_pool(url)
+    try:
+        client = await connect_temporal(temporal.address)
+        async with new_worker(client, build_registry(config, pool), config.task_queue):
+            workflow_id = f"purge-dev-{time.strftime('%Y%m%dT%H%M%S')}"
+            report = await client.execute_workflow(
+                PurgeWorkflow.run, config.pass_input(), id=workflow_id, task_queue=config.task_queue
+            )
+            say("")
+            say(report_table(report))
+            say("")
+            async with pool.connection() as conn:
+                say(await rows_that_stayed(conn, report.now_ms))
+            if once:
+                return
+            say("")
+            outcome = await ensure_schedule(client, config)
+            say(f"{outcome.action} {outcome.summary}")
+            say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
+            queue = config.task_queue
+            say(f"worker running on task queue {queue!r}; Ctrl-C stops it and both servers")
+            await stop.wait()
+            say("stopping")
+    finally:
+        await pool.close()
 
 
 def _scratch_dir() -> Path:
