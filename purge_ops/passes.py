@@ -192,30 +192,7 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
     if not sweeps:
         return ""
     whole = any(partitions_text(s) for s in sweeps)
-    rows: list[list[object]] = []
-    for sweep in sweeps:
-        parts: list[object] = (
-            [
-                partitions_text(sweep),
-                sweep.partition_rows or "",
-                sweep.edge_removed if sweep.partition_rows else "",
-            ]
-            if whole
-            else []
-        )
-        rows.append(
-            [
-                sweep.name,
-                removed_text(sweep),
-                sweep.strategy,
-                *parts,
-                sweep.backlog,
-                oldest_text(sweep.oldest_expired_age_s) or "0",
-                f"{sweep.dead_tuple_share:.0%}",
-                "yes" if sweep.analyzed else "",
-                "lower bound" if sweep.lower_bound else "exact",
-            ]
-        )
+    rows = [_last_sweep_row(sweep, whole) for sweep in sweeps]
     header = [
         "target (last sweep)", "removed", "strategy",
         *(["partitions", "their rows", "edge rows"] if whole else []),
@@ -230,6 +207,29 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
         f"{worker} ({', '.join(names)})" for worker, names in by_worker.items()
     )
     return table(header, rows, right=right) + "\n" + swept_by
+
+
+def _last_sweep_row(sweep: PurgeSweep, whole: bool) -> list[object]:
+    parts: list[object] = (
+        [
+            partitions_text(sweep),
+            sweep.partition_rows or "",
+            sweep.edge_removed if sweep.partition_rows else "",
+        ]
+        if whole
+        else []
+    )
+    return [
+        sweep.name,
+        removed_text(sweep),
+        sweep.strategy,
+        *parts,
+        sweep.backlog,
+        oldest_text(sweep.oldest_expired_age_s) or "0",
+        f"{sweep.dead_tuple_share:.0%}",
+        "yes" if sweep.analyzed else "",
+        "lower bound" if sweep.lower_bound else "exact",
+    ]
 
 
 async def pattern_tables(
