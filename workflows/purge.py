@@ -59,7 +59,6 @@ class PurgeWorkflow:
         if order.spread and workflow.patched(SPREAD_PATCH):
             return await spread_pass(order, now_ms)
 
-        report = PurgeReport(now_ms=now_ms, dry_run=order.dry_run)
         # A pass with limits (from a config) runs its targets concurrently under a budget; one
         # without them (the temporal CLI, every pass recorded before) is the sequential pass,
         # its commands unchanged, so their histories replay.
@@ -70,21 +69,7 @@ class PurgeWorkflow:
                 await sweep_one(name, now_ms, order.dry_run, route=order.route_of(name))
                 for name in order.targets
             ]
-        for outcome in outcomes:
-            if isinstance(outcome, FailedTarget):
-                report.failed.append(outcome)
-            else:
-                report.swept.append(outcome)
-                report.removed += outcome.removed
-
-        if report.removed:
-            verb = "would remove" if order.dry_run else "removed"
-            workflow.logger.info(
-                "purge pass %s %d rows: %s",
-                verb,
-                report.removed,
-                ", ".join(f"{s.name}={s.removed}" for s in report.swept),
-            )
+        report = _collected(order, now_ms, outcomes)
         record_outcome(report)
         if report.failed:
             raise PurgeTargetsFailed(
@@ -111,3 +96,25 @@ class PurgeWorkflow:
             database_of=order.database_of,
             route_of=order.route_of,
         )
+
+
+def _collected(
+    order: PurgeInput, now_ms: int, outcomes: list[PurgeSweep | FailedTarget]
+) -> PurgeReport:
+    """The pass's report from its targets' outcomes, in order; its rows logged."""
+    report = PurgeReport(now_ms=now_ms, dry_run=order.dry_run)
+    for outcome in outcomes:
+        if isinstance(outcome, FailedTarget):
+            report.failed.append(outcome)
+        else:
+            report.swept.append(outcome)
+            report.removed += outcome.removed
+    if report.removed:
+        verb = "would remove" if order.dry_run else "removed"
+        workflow.logger.info(
+            "purge pass %s %d rows: %s",
+            verb,
+            report.removed,
+            ", ".join(f"{s.name}={s.removed}" for s in report.swept),
+        )
+    return report

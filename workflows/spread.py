@@ -170,9 +170,8 @@ async def _run_children(
             waiting.pop(0)
             if epoch_ms(workflow.now()) >= chunk.deadline_ms:
                 for i, name in enumerate(chunk.targets):
-                    report.add(
-                        chunk.first + i, skipped(name, order.dry_run, chunk.budget_ms), patterns
-                    )
+                    gone = skipped(name, order.dry_run, chunk.budget_ms)
+                    report.add(chunk.first + i, gone, patterns)
                 continue
             # From the run id, not the workflow id: a history saved under another name (what
             # `pg-purge replay FILE` reads) must replay to the same child ids.
@@ -187,18 +186,24 @@ async def _run_children(
         done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
         for task in sorted(done, key=lambda t: running[t][1].first):
             _, chunk = running.pop(task)
-            try:
-                report.merge(task.result())
-            except ChildWorkflowError as err:
-                # A child that failed as a whole (terminated, say): its targets are failed, the
-                # other children's sweeps stand.
-                cause = err.cause
-                kind = type(cause).__name__ if cause else type(err).__name__
-                message = cause.message if isinstance(cause, FailureError) else str(err)
-                for i, name in enumerate(chunk.targets):
-                    failed = FailedTarget(name=name, type=kind, message=f"child failed: {message}")
-                    report.add(chunk.first + i, failed, patterns)
+            _merge_child(task, chunk, report, patterns)
     return started
+
+
+def _merge_child(
+    task: asyncio.Task[ChunkReport], chunk: ChunkInput, report: ChunkReport, patterns: set[str]
+) -> None:
+    """A finished child's report merged into the pass's; a child that failed as a whole
+    (terminated, say) leaves its targets failed, the other children's sweeps standing."""
+    try:
+        report.merge(task.result())
+    except ChildWorkflowError as err:
+        cause = err.cause
+        kind = type(cause).__name__ if cause else type(err).__name__
+        message = cause.message if isinstance(cause, FailureError) else str(err)
+        for i, name in enumerate(chunk.targets):
+            failed = FailedTarget(name=name, type=kind, message=f"child failed: {message}")
+            report.add(chunk.first + i, failed, patterns)
 
 
 def _finish(
