@@ -8,7 +8,7 @@ the oracle gives it; and each removed row of an archiving target is in its archi
 once, byte for byte, its identity value kept.
 
 Run as tests/test_properties.py runs its own: one pool for every example, tables made once per
-test and emptied by each example. `HYPOTHESIS_PROFILE=ci` (as `.ci/run` sets it) runs twenty
+test and emptied by each example. `HYPOTHESIS_PROFILE=ci` (as `.ci/run` sets it) runs fifty
 times the examples.
 """
 

@@ -3,6 +3,7 @@ whatever the test did."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -11,11 +12,26 @@ from pathlib import Path
 
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 
+#: Where the test servers keep their data: PURGE_TEST_SCRATCH if set, else the memory-backed
+#: /dev/shm where there is one, else the system's temporary directory. Measured here (ext4 mounted
+#: with `discard`), the built-in tables of a test's schema took 45 ms to create on disk and 11 ms
+#: in /dev/shm, and every test makes a schema: the disk is not what the tests are about.
+SCRATCH_ENV = "PURGE_TEST_SCRATCH"
+
+
+def scratch_root() -> str | None:
+    """The directory scratch directories are made in (None: the system's temporary one)."""
+    chosen = os.environ.get(SCRATCH_ENV)
+    if chosen:
+        return chosen
+    shm = Path("/dev/shm")  # noqa: S108 - mkdtemp makes a private directory in it
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK) else None
+
 
 def scratch_dir(prefix: str) -> Path:
-    """A new directory under /tmp that PostgreSQL, running as its own account when the tests
-    run as root, may enter."""
-    path = Path(tempfile.mkdtemp(prefix=prefix))
+    """A new directory that PostgreSQL, running as its own account when the tests run as root,
+    may enter."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_root()))
     path.chmod(0o755)
     return path
 
