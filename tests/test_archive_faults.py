@@ -27,6 +27,7 @@ from temporalio.client import Client
 from activities.schema import reference_ddl
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.conftest import Harness
+from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.faults import Fleet
 from tests.support.procs import clean_env, worker_config
 from tests.support.servers import running_postgres
@@ -35,12 +36,13 @@ pytestmark = pytest.mark.slow
 
 ROWS = 100_000
 HOUR = 3_600_000
-#: A target has 5 attempts: at most three faults a pass leave one spare. A kill costs the 15 s
-#: heartbeat timeout before the retry, a crash only the retry's backoff.
+#: A target has 5 attempts: at most three faults a pass leave one spare. A kill costs the killed
+#: attempt's heartbeat timeout before the retry (cut from the workflow's 15 s to 5 s once the
+#: worker is dead: tests.support.dead_worker), a crash only the retry's backoff.
 KILLS_PER_PASS = 2
 CRASHES_PER_PASS = 3
-#: How long a pass may take: each killed attempt waits out the 15 s heartbeat timeout and a
-#: retry backoff of up to 18 s.
+#: How long a pass may take: each faulted attempt waits out a heartbeat timeout and a retry
+#: backoff of up to 18 s.
 PASS_TIMEOUT = 300.0
 
 
@@ -193,7 +195,7 @@ def fleet(tmp_path: Path) -> Iterator[Callable[[Path, dict[str, str]], Fleet]]:
 async def run_pass(
     client: Client,
     task_queue: str,
-    fault: Callable[[], Any],
+    fault: Callable[[str], Any],
     faults: int,
     watch: Watch,
     expired: int,
@@ -211,7 +213,7 @@ async def run_pass(
             if not await watch.until(int(expired * point), result):
                 break
             await asyncio.sleep(rng.uniform(0, 0.03))
-            await fault()
+            await fault(handle.id)
         out: dict[str, Any] = await asyncio.wait_for(result, PASS_TIMEOUT)
         return out
     finally:
@@ -236,10 +238,11 @@ async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
     watch = Watch(harness.url, archive)
     kills = 0
 
-    async def kill() -> None:
+    async def kill(workflow_id: str) -> None:
         nonlocal kills
         workers.kill()
         kills += 1
+        await notice_the_dead_worker_sooner(harness.client, workflow_id)
         workers.start()
 
     try:
@@ -289,7 +292,7 @@ async def test_postgres_crashed_mid_archive_leaves_every_row_once(
     watch = Watch(url, archive)
     crashes = 0
 
-    async def crash() -> None:
+    async def crash(_workflow_id: str) -> None:
         nonlocal crashes
         await asyncio.to_thread(own_postgres.stop, immediate=True)
         crashes += 1

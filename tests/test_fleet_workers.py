@@ -16,6 +16,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from purge_config import parse_config
 from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
+from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR
@@ -119,6 +120,7 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         assert sweeping, f"{victim} never swept a target of the pass"
         workers[1].send_signal(signal.SIGKILL)
         workers[1].wait(10)
+        await notice_the_dead_worker_sooner(harness.client, killed)
         second = await asyncio.wait_for(handle.result(), 120)
     finally:
         for proc in workers:

@@ -35,6 +35,7 @@ from purge_ops.connect import open_pool
 from purge_ops.render import report_table
 from tests.conftest import Harness
 from tests.support.activity import activity_env
+from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.passes import run_pass
 from tests.support.procs import clean_env, start_worker, stop, worker_config
 from tests.support.rows import HOUR, PAST_NOW, auth_rows
@@ -562,6 +563,7 @@ async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_cou
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             reader.execute("ROLLBACK")
+        await notice_the_dead_worker_sooner(harness.client, handle.id)
         await _detach_done(harness.db)
         # What the dead worker left: the oldest partition out of the table, not dropped.
         assert "p_m6" not in children(harness.db)

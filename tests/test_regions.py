@@ -233,8 +233,8 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
 ) -> None:
     """A second worker on the same regional queue takes the killed attempt's retry; the
     count is exact from the database's ledger."""
+    from tests.support.dead_worker import notice_the_dead_worker_sooner
     from tests.test_batching import slow_deletes
-    from tests.test_worker_kill import notice_the_dead_worker_sooner
 
     # 3,000 expired keys among 30,000, in no order (index batches, small ones), each taking a
     # millisecond to delete: seconds of short batches, each committed with its ledger count.

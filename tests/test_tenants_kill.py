@@ -14,10 +14,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from purge_dev.servers import TemporalDevServer
+from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import child_runs, events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.tenants import counts, create_tenants, expired_of, tenant_prefix, tenant_schemas
-from tests.test_worker_kill import notice_the_dead_worker_sooner
 
 pytestmark = pytest.mark.slow
 

@@ -3,9 +3,8 @@ history, the targets completed before the kill are not run again, and every tabl
 
 The server notices a dead worker only by timeouts: the running activity's missed heartbeats (the
 workflow's 15 s) and, for the next workflow task, the dead worker's sticky queue (10 s). The test
-shortens both for its own pass once the worker is dead, through Temporal's own operator APIs
-(UpdateActivityOptions, ResetStickyTaskQueue), instead of waiting them out: the retry still
-comes from the server timing out the killed attempt, on a real process killed mid-target.
+shortens both for its own pass once the worker is dead (tests.support.dead_worker) instead of
+waiting them out: the retry still comes from the server timing out the killed attempt.
 """
 
 from __future__ import annotations
@@ -18,20 +17,12 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.field_mask_pb2 import FieldMask
-from temporalio.api.activity.v1 import ActivityOptions
-from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType, TimeoutType
-from temporalio.api.workflowservice.v1 import (
-    ResetStickyTaskQueueRequest,
-    UpdateActivityOptionsRequest,
-)
-from temporalio.client import Client
 
 from activities import builtin_kinds as kinds
 from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
+from tests.support.dead_worker import QUICK_RETRY_NOTICED_AFTER, notice_the_dead_worker_sooner
 from tests.support.history import events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
@@ -58,34 +49,6 @@ name = "sessions"
 table = "sessions"
 column = "expires_at_ms"
 """
-
-
-#: The heartbeat timeout the killed attempt gets: its last heartbeat is at most 3 s old
-#: (activities.sweep.HEARTBEAT_EVERY_S), so the server times it out within this of being told.
-#: The retry on the new worker keeps it too, and heartbeats as it starts.
-NOTICED_AFTER = Duration(seconds=2)
-
-
-async def notice_the_dead_worker_sooner(client: Client, workflow_id: str) -> None:
-    """What the server would find out by itself 15 s (heartbeat) and 10 s (sticky queue) after
-    the kill, told now: the pass's running activity gets a heartbeat timeout of 2 s, and its next
-    workflow task goes to the task queue rather than the dead worker's sticky queue. Neither
-    writes to the history."""
-    execution = WorkflowExecution(workflow_id=workflow_id)
-    described = await client.get_workflow_handle(workflow_id).describe()
-    [running] = described.raw_description.pending_activities
-    await client.workflow_service.update_activity_options(
-        UpdateActivityOptionsRequest(
-            namespace=client.namespace,
-            execution=execution,
-            id=running.activity_id,
-            activity_options=ActivityOptions(heartbeat_timeout=NOTICED_AFTER),
-            update_mask=FieldMask(paths=["heartbeat_timeout"]),
-        )
-    )
-    await client.workflow_service.reset_sticky_task_queue(
-        ResetStickyTaskQueueRequest(namespace=client.namespace, execution=execution)
-    )
 
 
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
@@ -132,7 +95,8 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
 
         os.kill(first.pid, signal.SIGKILL)
         first.wait(10)
-        await notice_the_dead_worker_sooner(harness.client, workflow_id)
+        # The retry sweeps the gate, which returns at once.
+        await notice_the_dead_worker_sooner(harness.client, workflow_id, QUICK_RETRY_NOTICED_AFTER)
         second = start_worker(config, env, tmp_path / "second.log")
         result = await handle.result()
     finally:
