@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 PROG = "pg-purge"
 
@@ -101,6 +101,9 @@ from purge_ops.passes import (
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ensure_schedule
 
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
 __all__ = ["cli", "main", "new_worker"]
 
 COMMANDS = ("run", "schedule", "sweep", "report", "replay", "dev")
@@ -115,7 +118,18 @@ def parser() -> argparse.ArgumentParser:
         "(default localhost:7233). Database: database_url in the config or PURGE_DATABASE_URL.",
     )
     sub = top.add_subparsers(dest="command", metavar="command")
+    _worker_commands(sub)
+    _reading_commands(sub)
+    dev = sub.add_parser(
+        "dev",
+        help="embedded Temporal and PostgreSQL with demo rows, a worker, and one pass now",
+    )
+    dev.add_argument("--once", action="store_true", help="exit after the first pass")
+    return top
 
+
+def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that run or start work: run, schedule, sweep."""
     run = sub.add_parser("run", help="run a worker on the task queue until SIGINT/SIGTERM")
     _config_option(run)
     run.add_argument(
@@ -143,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
         help="sweep only this target (repeatable); default: every target of the config",
     )
 
+
+def _reading_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that read what passes did: report, replay."""
     report = sub.add_parser("report", help="recent passes, removed per target, as a table")
     _config_option(report)
     report.add_argument("--last", type=_positive, default=10, metavar="N", help="default 10")
@@ -167,13 +184,6 @@ def parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="history JSON (as `temporal workflow show -o json` writes it) instead of the cluster",
     )
-
-    dev = sub.add_parser(
-        "dev",
-        help="embedded Temporal and PostgreSQL with demo rows, a worker, and one pass now",
-    )
-    dev.add_argument("--once", action="store_true", help="exit after the first pass")
-    return top
 
 
 def _config_option(command: argparse.ArgumentParser) -> None:
@@ -225,24 +235,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-async def _dispatch(opts: argparse.Namespace) -> int:
-    def say(text: str) -> None:
-        print(text, flush=True)
+def _say(text: str) -> None:
+    print(text, flush=True)
 
+
+async def _dispatch(opts: argparse.Namespace) -> int:
     command: str = opts.command
     if command == "dev":
-        # The dev harness only here: a production worker never loads it.
-        from purge_dev.dev import run_dev
-        from purge_dev.servers import EmbeddedServerError
-
-        try:
-            return await run_dev(once=opts.once)
-        except EmbeddedServerError as err:
-            # The servers could not start: the message says why and what to do, no traceback.
-            print(f"{PROG}: {err}", file=sys.stderr)
-            return 1
+        return await _dev(opts.once)
     if command == "replay" and opts.files:
-        return await replay(None, "", opts.last, opts.files, say)
+        return await replay(None, "", opts.last, opts.files, _say)
 
     config = load_config(config_path(opts.config))
     if command in ("run", "schedule", "sweep"):
@@ -252,28 +254,45 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     client = await connect_temporal()
     if command == "schedule":
         outcome = await ensure_schedule(client, config)
-        say(f"{outcome.action} {outcome.summary}")
+        _say(f"{outcome.action} {outcome.summary}")
         return 0
     if command == "sweep":
         request = config.pass_input(opts.target, opts.dry_run)
-        return await sweep(client, config.task_queue, request, say)
+        return await sweep(client, config.task_queue, request, _say)
     if command == "report":
-        if opts.tables:
-            found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
-            if found is None:
-                say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")
-                return 1
-            say(tables_table(*found))
-            return 0
-        passes = await recent_passes(client, config.task_queue, opts.last)
-        if opts.json:
-            say(passes_json(passes))
-        elif not passes:
-            say(f"no passes on task queue {config.task_queue!r} yet")
-        else:
-            say(passes_table(passes, config.target_names))
+        return await _report(client, config, opts)
+    return await replay(client, config.task_queue, opts.last, [], _say)
+
+
+async def _dev(once: bool) -> int:
+    # The dev harness only here: a production worker never loads it.
+    from purge_dev.dev import run_dev
+    from purge_dev.servers import EmbeddedServerError
+
+    try:
+        return await run_dev(once=once)
+    except EmbeddedServerError as err:
+        # The servers could not start: the message says why and what to do, no traceback.
+        print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+
+
+async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
+    if opts.tables:
+        found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
+        if found is None:
+            _say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")
+            return 1
+        _say(tables_table(*found))
         return 0
-    return await replay(client, config.task_queue, opts.last, [], say)
+    passes = await recent_passes(client, config.task_queue, opts.last)
+    if opts.json:
+        _say(passes_json(passes))
+    elif not passes:
+        _say(f"no passes on task queue {config.task_queue!r} yet")
+    else:
+        _say(passes_table(passes, config.target_names))
+    return 0
 
 
 async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
