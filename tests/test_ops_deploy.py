@@ -1,6 +1,7 @@
 """The files an operator drops in (deploy/): the Prometheus rules pass `promtool`'s checks and
-their own unit tests, and every metric and label that the rules and the Grafana dashboard use is
-one a real worker serves, so a renamed metric fails here instead of blanking a panel or an alert."""
+their own unit tests, the Grafana dashboard has a panel for each thing it is for and parses as
+PromQL, and every metric and label that the rules and the dashboard use is one a real worker
+serves, so a renamed metric fails here instead of blanking a panel or an alert."""
 
 from __future__ import annotations
 
@@ -149,6 +150,61 @@ def test_the_expression_reader_finds_what_the_files_use() -> None:
     } <= metrics
     assert {"target", "task_queue", "le", "instance", "workflow_type"} <= labels
     assert Uses('sum by (target, le) (rate(x_bucket{a="b"}[5m])) offset 1h').metrics == {"x_bucket"}
+
+
+#: What the dashboard is for (issue 21), each as the metric one of its panels must read.
+DASHBOARD_SHOWS = {
+    "rows removed per target": "purge_rows_removed",
+    "backlog": "purge_backlog_rows",
+    "oldest expired age": "purge_oldest_expired_age_seconds",
+    "batch p95": "purge_batch_p95_seconds",
+    "pass duration": "purge_pass_seconds_bucket",
+    "failures": "purge_target_failures",
+}
+
+
+class TestDashboard:
+    def test_a_panel_shows_each_thing_the_dashboard_is_for(self) -> None:
+        """Per target where a target has it; the pass duration beside the schedule's period."""
+        panels = json.loads(DASHBOARD.read_text())["panels"]
+        reads = [[Uses(t["expr"]) for t in panel["targets"]] for panel in panels]
+        for what, metric in DASHBOARD_SHOWS.items():
+            showing = [uses for uses in reads if any(metric in u.metrics for u in uses)]
+            assert showing, f"no panel shows {what}"
+            if what != "pass duration":
+                assert any("target" in u.labels for u in showing[0]), f"{what}: not per target"
+        [durations] = [
+            p for p in panels if any("purge_pass_seconds_bucket" in t["expr"] for t in p["targets"])
+        ]
+        assert "$period" in [t["expr"].strip() for t in durations["targets"]]
+
+    def test_every_panel_expression_is_valid_promql(self, tmp_path: Path) -> None:
+        """Each panel's query, Grafana's variables filled in, as promtool parses a rule's."""
+        exprs = [
+            expr.replace("$target", ".*").replace("$period", "3600")
+            for expr in dashboard_expressions()
+        ]
+        rules = {
+            "groups": [
+                {
+                    "name": "dashboard",
+                    "rules": [
+                        {"record": f"dashboard:panel_{i}", "expr": expr}
+                        for i, expr in enumerate(exprs)
+                    ],
+                }
+            ]
+        }
+        path = tmp_path / "dashboard-rules.yml"
+        path.write_text(yaml.safe_dump(rules))
+        done = subprocess.run(
+            [promtool(), "check", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
