@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ RULES = DEPLOY / "prometheus" / "purge-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
 KUBERNETES = DEPLOY / "kubernetes"
+OPERATING = REPO / "docs" / "operating.md"
 #: Labels Prometheus itself puts on every scraped series; `up` is Prometheus' own metric.
 SCRAPE_LABELS = {"instance", "job"}
 PROMETHEUS_METRICS = {"up"}
@@ -254,6 +256,25 @@ def manifest(name: str) -> dict[str, Any]:
     return loaded
 
 
+def within(shown: object, real: object) -> bool:
+    """Whether `shown` is part of `real`: a mapping's keys with their values (recursively),
+    each item of a list somewhere in the real list, any other value equal."""
+    if isinstance(shown, dict):
+        return isinstance(real, dict) and all(
+            key in real and within(value, real[key]) for key, value in shown.items()
+        )
+    if isinstance(shown, list):
+        return isinstance(real, list) and all(any(within(s, r) for r in real) for s in shown)
+    return shown == real
+
+
+def docs_excerpts() -> dict[str, Any]:
+    """The YAML blocks of docs/operating.md#kubernetes, by their first line (a comment)."""
+    section = OPERATING.read_text().split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+    return {block.split("\n", 1)[0]: yaml.safe_load(block) for block in blocks}
+
+
 class TestKubernetes:
     @pytest.mark.parametrize("name", sorted(p.name for p in KUBERNETES.glob("*.yaml")))
     def test_manifest_is_valid_against_the_kubernetes_schemas(self, name: str) -> None:
@@ -306,3 +327,19 @@ class TestKubernetes:
         assert container["args"][-2:] == ["--config", "/etc/pg-purge/purge.toml"]
         [mount] = [m for m in container["volumeMounts"] if m["name"] == "config"]
         assert mount["mountPath"] == "/etc/pg-purge"
+
+    def test_the_docs_show_the_manifests_as_they_are(self) -> None:
+        """The deploying docs' excerpts: the config with its url_env, and the container with
+        that variable from the Secret, its config mount and its three probes, each key and
+        value as the manifests have it."""
+        excerpts = docs_excerpts()
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        shown = excerpts["# deployment.yaml, the worker's container (abridged)"]
+        assert {"env", "volumeMounts", "startupProbe", "livenessProbe", "readinessProbe"} <= set(
+            shown
+        )
+        assert within(shown, container), shown
+        config = tomllib.loads(manifest("configmap.yaml")["data"]["purge.toml"])
+        shown_config = tomllib.loads(excerpts["# configmap.yaml (abridged)"]["data"]["purge.toml"])
+        assert shown_config["databases"]["app"]["url_env"] == shown["env"][0]["name"]
+        assert within(shown_config, config), shown_config
