@@ -76,11 +76,22 @@ class TestAlertRules:
         assert done.returncode == 0, done.stdout + done.stderr
 
     def test_every_alert_is_unit_tested_and_carries_a_summary_and_a_runbook(self) -> None:
-        rules, tests = RULES.read_text(), RULE_TESTS.read_text()
+        """Each alert has a promtool case where it fires (its annotations checked) and one
+        where it stays quiet, and a summary and a runbook annotation."""
+        rules = RULES.read_text()
+        cases = [
+            case
+            for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+            for case in test.get("alert_rule_test", [])
+        ]
         alerts = _alert_names(rules)
         assert len(alerts) >= 6
         for alert in alerts:
-            assert f"alertname: {alert}\n" in tests, f"{alert} has no promtool test"
+            expected = [case["exp_alerts"] for case in cases if case["alertname"] == alert]
+            assert [] in expected, f"{alert} has no promtool case where it stays quiet"
+            fired = [e for exp in expected for e in exp]
+            assert fired, f"{alert} has no promtool case where it fires"
+            assert all({"summary", "runbook"} <= set(e["exp_annotations"]) for e in fired), alert
             block = rules.split(f"- alert: {alert}\n", 1)[1].split("- alert:", 1)[0]
             assert "summary:" in block, alert
             assert "runbook:" in block, alert
