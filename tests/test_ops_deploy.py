@@ -1,6 +1,7 @@
 """The files an operator drops in (deploy/): the Prometheus rules pass `promtool`'s checks and
-their own unit tests, and every metric and label that the rules and the Grafana dashboard use is
-one a real worker serves, so a renamed metric fails here instead of blanking a panel or an alert."""
+their own unit tests, the Grafana dashboard has a panel for each thing it is for and parses as
+PromQL, and every metric and label that the rules and the dashboard use is one a real worker
+serves, so a renamed metric fails here instead of blanking a panel or an alert."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ RULES = DEPLOY / "prometheus" / "purge-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
 KUBERNETES = DEPLOY / "kubernetes"
+OPERATING = REPO / "docs" / "operating.md"
 #: Labels Prometheus itself puts on every scraped series; `up` is Prometheus' own metric.
 SCRAPE_LABELS = {"instance", "job"}
 PROMETHEUS_METRICS = {"up"}
@@ -73,11 +76,22 @@ class TestAlertRules:
         assert done.returncode == 0, done.stdout + done.stderr
 
     def test_every_alert_is_unit_tested_and_carries_a_summary_and_a_runbook(self) -> None:
-        rules, tests = RULES.read_text(), RULE_TESTS.read_text()
+        """Each alert has a promtool case where it fires (its annotations checked) and one
+        where it stays quiet, and a summary and a runbook annotation."""
+        rules = RULES.read_text()
+        cases = [
+            case
+            for test in yaml.safe_load(RULE_TESTS.read_text())["tests"]
+            for case in test.get("alert_rule_test", [])
+        ]
         alerts = _alert_names(rules)
         assert len(alerts) >= 6
         for alert in alerts:
-            assert f"alertname: {alert}\n" in tests, f"{alert} has no promtool test"
+            expected = [case["exp_alerts"] for case in cases if case["alertname"] == alert]
+            assert [] in expected, f"{alert} has no promtool case where it stays quiet"
+            fired = [e for exp in expected for e in exp]
+            assert fired, f"{alert} has no promtool case where it fires"
+            assert all({"summary", "runbook"} <= set(e["exp_annotations"]) for e in fired), alert
             block = rules.split(f"- alert: {alert}\n", 1)[1].split("- alert:", 1)[0]
             assert "summary:" in block, alert
             assert "runbook:" in block, alert
@@ -151,6 +165,61 @@ def test_the_expression_reader_finds_what_the_files_use() -> None:
     assert Uses('sum by (target, le) (rate(x_bucket{a="b"}[5m])) offset 1h').metrics == {"x_bucket"}
 
 
+#: What the dashboard is for (issue 21), each as the metric one of its panels must read.
+DASHBOARD_SHOWS = {
+    "rows removed per target": "purge_rows_removed",
+    "backlog": "purge_backlog_rows",
+    "oldest expired age": "purge_oldest_expired_age_seconds",
+    "batch p95": "purge_batch_p95_seconds",
+    "pass duration": "purge_pass_seconds_bucket",
+    "failures": "purge_target_failures",
+}
+
+
+class TestDashboard:
+    def test_a_panel_shows_each_thing_the_dashboard_is_for(self) -> None:
+        """Per target where a target has it; the pass duration beside the schedule's period."""
+        panels = json.loads(DASHBOARD.read_text())["panels"]
+        reads = [[Uses(t["expr"]) for t in panel["targets"]] for panel in panels]
+        for what, metric in DASHBOARD_SHOWS.items():
+            showing = [uses for uses in reads if any(metric in u.metrics for u in uses)]
+            assert showing, f"no panel shows {what}"
+            if what != "pass duration":
+                assert any("target" in u.labels for u in showing[0]), f"{what}: not per target"
+        [durations] = [
+            p for p in panels if any("purge_pass_seconds_bucket" in t["expr"] for t in p["targets"])
+        ]
+        assert "$period" in [t["expr"].strip() for t in durations["targets"]]
+
+    def test_every_panel_expression_is_valid_promql(self, tmp_path: Path) -> None:
+        """Each panel's query, Grafana's variables filled in, as promtool parses a rule's."""
+        exprs = [
+            expr.replace("$target", ".*").replace("$period", "3600")
+            for expr in dashboard_expressions()
+        ]
+        rules = {
+            "groups": [
+                {
+                    "name": "dashboard",
+                    "rules": [
+                        {"record": f"dashboard:panel_{i}", "expr": expr}
+                        for i, expr in enumerate(exprs)
+                    ],
+                }
+            ]
+        }
+        path = tmp_path / "dashboard-rules.yml"
+        path.write_text(yaml.safe_dump(rules))
+        done = subprocess.run(
+            [promtool(), "check", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
 async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
     tmp_path: Path,
     temporal_server: TemporalDevServer,
@@ -196,6 +265,25 @@ async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
 def manifest(name: str) -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load((KUBERNETES / name).read_text())
     return loaded
+
+
+def within(shown: object, real: object) -> bool:
+    """Whether `shown` is part of `real`: a mapping's keys with their values (recursively),
+    each item of a list somewhere in the real list, any other value equal."""
+    if isinstance(shown, dict):
+        return isinstance(real, dict) and all(
+            key in real and within(value, real[key]) for key, value in shown.items()
+        )
+    if isinstance(shown, list):
+        return isinstance(real, list) and all(any(within(s, r) for r in real) for s in shown)
+    return shown == real
+
+
+def docs_excerpts() -> dict[str, Any]:
+    """The YAML blocks of docs/operating.md#kubernetes, by their first line (a comment)."""
+    section = OPERATING.read_text().split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
+    return {block.split("\n", 1)[0]: yaml.safe_load(block) for block in blocks}
 
 
 class TestKubernetes:
@@ -250,3 +338,19 @@ class TestKubernetes:
         assert container["args"][-2:] == ["--config", "/etc/pg-purge/purge.toml"]
         [mount] = [m for m in container["volumeMounts"] if m["name"] == "config"]
         assert mount["mountPath"] == "/etc/pg-purge"
+
+    def test_the_docs_show_the_manifests_as_they_are(self) -> None:
+        """The deploying docs' excerpts: the config with its url_env, and the container with
+        that variable from the Secret, its config mount and its three probes, each key and
+        value as the manifests have it."""
+        excerpts = docs_excerpts()
+        [container] = manifest("deployment.yaml")["spec"]["template"]["spec"]["containers"]
+        shown = excerpts["# deployment.yaml, the worker's container (abridged)"]
+        assert {"env", "volumeMounts", "startupProbe", "livenessProbe", "readinessProbe"} <= set(
+            shown
+        )
+        assert within(shown, container), shown
+        config = tomllib.loads(manifest("configmap.yaml")["data"]["purge.toml"])
+        shown_config = tomllib.loads(excerpts["# configmap.yaml (abridged)"]["data"]["purge.toml"])
+        assert shown_config["databases"]["app"]["url_env"] == shown["env"][0]["name"]
+        assert within(shown_config, config), shown_config
