@@ -53,16 +53,21 @@ def promtool() -> str:
     pytest.skip(message)
 
 
+def check_rules(path: Path) -> None:
+    """`promtool check rules PATH` passes."""
+    done = subprocess.run(
+        [promtool(), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 class TestAlertRules:
     def test_rules_are_valid_prometheus_rules(self) -> None:
-        done = subprocess.run(
-            [promtool(), "check", "rules", str(RULES)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        check_rules(RULES)
 
     def test_each_alert_fires_on_its_series_and_stays_quiet_on_near_misses(self) -> None:
         done = subprocess.run(
@@ -210,14 +215,7 @@ class TestDashboard:
         }
         path = tmp_path / "dashboard-rules.yml"
         path.write_text(yaml.safe_dump(rules))
-        done = subprocess.run(
-            [promtool(), "check", "rules", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        check_rules(path)
 
 
 async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
