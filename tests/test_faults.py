@@ -53,8 +53,6 @@ PG_RESTARTS = 5
 TEMPORAL_RESTARTS = 3
 #: A target has 5 attempts: kill none that is already on its third, so two stay spare.
 KILLABLE_ATTEMPTS = 2
-# Each kill is followed by tests.support.dead_worker's notice: 20 kills each waiting out the
-# workflow's 15 s heartbeat timeout were most of this suite's time.
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +153,7 @@ async def _kill_and_replace(watch: PassWatch, fleet: Fleet, tally: Tally) -> Non
     await asyncio.sleep(0.2)  # whatever the dead worker had sent lands first
     fault = await watch.record_kill("worker SIGKILL", killed)
     tally.add(fault.kind, in_target=fault.target is not None)
+    # 20 kills each waiting out the workflow's 15 s heartbeat timeout were most of this suite.
     await notice_the_dead_worker_sooner(watch.client, watch.handle.id)
     fleet.start()
 
