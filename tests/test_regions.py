@@ -19,6 +19,7 @@ from temporalio.client import Client
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
 from purge_dev.servers import TemporalDevServer
+from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
@@ -233,7 +234,6 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
 ) -> None:
     """A second worker on the same regional queue takes the killed attempt's retry; the
     count is exact from the database's ledger."""
-    from tests.support.dead_worker import notice_the_dead_worker_sooner
     from tests.test_batching import slow_deletes
 
     # 3,000 expired keys among 30,000, in no order (index batches, small ones), each taking a
