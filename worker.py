@@ -142,6 +142,13 @@ def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (also: metrics = ...)",
     )
+    run.add_argument(
+        "--max-sweeps",
+        type=_positive,
+        metavar="N",
+        help="run at most N sweeps at once on each queue this worker polls (default: the SDK's "
+        "100); a machine's own size, where [pass] limits are the whole pass's",
+    )
 
     schedule = sub.add_parser("schedule", help="create or update the schedule from the config")
     _config_option(schedule)
@@ -302,6 +309,7 @@ async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
         config,
         ensure_schedule=opts.schedule or config.schedule.ensure,
         metrics=opts.metrics or config.metrics,
+        max_sweeps=opts.max_sweeps,
     )
     return 0
 

@@ -99,6 +99,7 @@ async def run_worker(
     temporal_address: str | None = None,
     ensure_schedule: bool = False,
     metrics: str | None = None,
+    max_sweeps: int | None = None,
 ) -> None:
     """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set).
 
@@ -106,7 +107,8 @@ async def run_worker(
     of their own, and the queue of every routed database whose URL it has. With
     `ensure_schedule`, create or update the config's schedule first, so a deployment needs no
     separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there, and the probes
-    `/livez` and `/readyz` (`purge_ops.probes`).
+    `/livez` and `/readyz` (`purge_ops.probes`); with `max_sweeps`, run at most that many
+    activities at once on each queue it polls (the SDK's `max_concurrent_activities`).
     """
     url = config.require_database_url() if config.needs_default_database else None
     url = url or config.database_url
@@ -133,7 +135,7 @@ async def run_worker(
                 log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
-            await _poll(client, config, registry, health, stop, url)
+            await _poll(client, config, registry, health, stop, url, max_sweeps)
     finally:
         if probes is not None:
             await probes.close()
@@ -169,11 +171,17 @@ async def _poll(
     health: Health,
     stop: asyncio.Event,
     url: str | None,
+    max_sweeps: int | None,
 ) -> None:
-    """Poll the config's queues until `stop`, then let running sweeps finish."""
+    """Poll the config's queues until `stop`, then let running sweeps finish; at most
+    `max_sweeps` activities at once on each queue, when given."""
     queues = polled_queues(config)
-    workers = [new_worker(client, registry, config.task_queue)] + [
-        activity_worker(client, registry, queue) for queue in queues
+    options: dict[str, object] = {}
+    if max_sweeps is not None:
+        options["max_concurrent_activities"] = max_sweeps
+        log.info("at most %d sweeps at once on each queue (--max-sweeps)", max_sweeps)
+    workers = [new_worker(client, registry, config.task_queue, **options)] + [
+        activity_worker(client, registry, queue, **options) for queue in queues
     ]
     async with contextlib.AsyncExitStack() as running:
         for worker in workers:

@@ -4,6 +4,7 @@ pass, and never two sweeps of one table at a time."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import time
 import uuid
@@ -28,11 +29,14 @@ from activities.sweep import PurgeActivities
 from purge_config import ConfigError, parse_config
 from purge_config.settings import SweepSettings
 from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_ops import runner
 from purge_ops.connect import lazy_pools
 from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
+from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
+from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
 from tests.test_batching import slow_deletes
 
@@ -464,3 +468,58 @@ def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: 
         "budget_ms": 3_000_000,
         "databases": {"x_idempotency@shard1": "shard1"},
     }
+
+
+async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(
+    harness: Harness, temporal_server: TemporalDevServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --max-sweeps 1`: a pass that would run three tables at once runs them one after
+    another on this worker (each sweep's start comes after the one before it completed)."""
+    tables = [f"slow_{n}" for n in range(3)]
+    for table in tables:
+        harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
+        harness.db.execute(
+            f"INSERT INTO {table} SELECT 'k' || i, %s FROM generate_series(1, 150) i",
+            (harness.now_ms - HOUR,),
+        )
+        slow_deletes(harness.db, table)  # 150 ms a sweep: three at once would overlap
+    config = parse_config(
+        {"database_url": harness.url, "task_queue": harness.task_queue,
+         "pass": {"max_concurrent": 3, "max_per_database": 3},
+         "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
+                     for t in tables]},
+        env={},
+    )  # fmt: skip
+    use_env(monkeypatch, clean_env())
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1)
+    )
+    workflow_id = f"purge-one-at-a-time-{uuid.uuid4()}"
+    try:
+        passing = asyncio.create_task(
+            run_pass(harness.client, harness.task_queue, config.pass_input(), workflow_id)
+        )
+        await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
+        assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
+        result = await passing
+    finally:
+        stop.set()
+        await worker
+
+    assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(tables, 150)
+    history = await events(harness.client, workflow_id)
+    started = {
+        e.activity_task_started_event_attributes.scheduled_event_id: e.event_time.ToDatetime()
+        for e in history
+        if e.HasField("activity_task_started_event_attributes")
+    }
+    completed = {
+        e.activity_task_completed_event_attributes.scheduled_event_id: e.event_time.ToDatetime()
+        for e in history
+        if e.HasField("activity_task_completed_event_attributes")
+    }
+    spans = sorted((started[k], completed[k]) for k in completed)
+    assert len(spans) == 3
+    for (_, previous_end), (start, _) in itertools.pairwise(spans):
+        assert start >= previous_end, spans

@@ -69,9 +69,9 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     harness: Harness,
     temporal_server: TemporalDevServer,
 ) -> None:
-    """Eight targets, eight at once: more than one worker's pollers take, so both workers
-    sweep (the history names both). Then a second pass, one worker SIGKILLed while it sweeps:
-    its target is retried on the other, and every count is exact."""
+    """Eight targets, eight at once, on two workers that each run at most four (`--max-sweeps
+    4`): both workers sweep (the history names both). Then a second pass, one worker SIGKILLed
+    while it sweeps: its target is retried on the other, and every count is exact."""
     harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
         " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
@@ -93,7 +93,12 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
                      for t in TABLES]},
         env={},
     ).pass_input()  # fmt: skip
-    workers = [start_worker(config, env, tmp_path / f"worker-{n}.log") for n in range(2)]
+    # Without a cap one worker's pollers may take all eight (they did once, in CI); with four
+    # slots each, the second worker must take the four the first cannot.
+    workers = [
+        start_worker(config, env, tmp_path / f"worker-{n}.log", "--max-sweeps", "4")
+        for n in range(2)
+    ]
     try:
         for n in range(2):
             log = tmp_path / f"worker-{n}.log"
