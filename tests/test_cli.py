@@ -90,6 +90,8 @@ def test_worker_shuts_down_gracefully_on_signal(
     assert "Traceback" not in text
 
 
+# In the slow suite: a second whole `dev` (servers, schedule, UI) beside the `--once` above.
+@pytest.mark.slow
 @DEV_PORT
 def test_dev_keeps_a_worker_and_the_ui_up_until_ctrl_c(tmp_path: Path) -> None:
     """Without --once: the schedule is created, it prints the UI's address, the UI answers, and

@@ -153,6 +153,8 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
     await handle.delete()
 
 
+# In the slow suite with the other multi-process fleet tests (tests/test_fleet_workers.py).
+@pytest.mark.slow
 async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
     tmp_path: Path,
     temporal_server: TemporalDevServer,

@@ -60,6 +60,8 @@ def _private_checkout(private: Path) -> tuple[Path, Path]:
     return app, site
 
 
+# In the slow suite with the installed-wheel tests: a checkout copied whole, then `dev`.
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="reproduces a root-only case: PostgreSQL runs as "
                     f"the account {PG_SYSTEM_USER!r} only when we are root")  # fmt: skip
 @DEV_PORT

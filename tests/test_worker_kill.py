@@ -17,6 +17,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
+import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
 
 from activities import builtin_kinds as kinds
@@ -51,6 +52,8 @@ column = "expires_at_ms"
 """
 
 
+# Fault injection, in the slow suite: worker processes, a SIGKILL and the server's timeout.
+@pytest.mark.slow
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     tmp_path: Path,
     harness: Harness,
