@@ -53,7 +53,7 @@ from tests.support.rows import (
 #: run every few minutes. CI runs the property files again with HYPOTHESIS_PROFILE=ci (1000).
 settings.register_profile(
     "purge-properties",
-    max_examples=20,
+    max_examples=10,
     # A first example pays for the pool's first connection; timing says nothing here.
     deadline=None,
     # Safe: every example empties (or creates afresh) the tables it uses before writing rows.

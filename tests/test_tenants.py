@@ -52,9 +52,9 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
 @pytest.mark.parametrize(
     ("tenants", "child_size", "run_size"),
     [
-        # Children of 24, 24 and 12 in runs of 9 continue as new as those of 120, 120 and 60 in
-        # runs of 50 do; the 60 tenants' 30 sweeps of 2 or 3 rows outnumber the report's cap of 20.
-        (60, 24, 9),
+        # Children of 12, 12 and 6 in runs of 5 continue as new as those of 120, 120 and 60 in
+        # runs of 50 do; the 30 tenants' sweeps outnumber the report's cap of 20.
+        (30, 12, 5),
         pytest.param(300, 120, 50, marks=pytest.mark.slow),
     ],
 )
