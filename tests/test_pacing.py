@@ -152,6 +152,7 @@ def replay_lag_ms(primary: EmbeddedPostgres) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_a_sweep_waits_while_the_replica_lags_and_finishes_when_it_catches_up(
     primary: EmbeddedPostgres, standby: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
 ) -> None:
@@ -182,6 +183,7 @@ async def test_a_sweep_waits_while_the_replica_lags_and_finishes_when_it_catches
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_a_replica_lagging_past_the_budget_leaves_a_backlog_with_the_reason(
     primary: EmbeddedPostgres, standby: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
 ) -> None:
@@ -207,6 +209,7 @@ async def test_a_replica_lagging_past_the_budget_leaves_a_backlog_with_the_reaso
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
     primary: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
 ) -> None:
