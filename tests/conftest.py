@@ -32,15 +32,21 @@ from tests.support.faults import WorkersTally
 from tests.support.servers import cluster_template, running_postgres, running_temporal
 
 REPO = Path(__file__).resolve().parent.parent
+#: Where in pytest's cache the cluster template is kept (tests.support.servers.cluster_template).
+TEMPLATE_CACHE = "purge-pg-template"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """As root, make PostgreSQL's account once, before pytest-xdist starts its workers: each
-    worker starts a server of its own, and two `useradd`s at once fail the loser's session.
+    worker starts a server of its own, and two `useradd`s at once fail the loser's session. Make
+    the cluster template then too (once per PostgreSQL version: a cache, like the bytecode).
     And print the fault tests' figures, which run on the workers, in the controller's summary."""
     is_xdist_worker = hasattr(config, "workerinput")
     if not is_xdist_worker and not os.environ.get("PURGE_TEST_DATABASE_URL"):
         embedded_servers._pg_user()
+        cache = getattr(config, "cache", None)
+        if cache is not None and not config.option.help:
+            cluster_template(cache.mkdir(TEMPLATE_CACHE))
     if not is_xdist_worker:
         config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
 
@@ -52,7 +58,7 @@ def pg_server(pytestconfig: pytest.Config) -> Iterator[EmbeddedPostgres | None]:
         yield None
         return
     cache = getattr(pytestconfig, "cache", None)  # none under `-p no:cacheprovider`: initdb
-    template = cluster_template(cache.mkdir("purge-pg-template")) if cache else None
+    template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
     with running_postgres("purge-test-pg-", template) as server:
         yield server
 
