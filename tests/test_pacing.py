@@ -124,7 +124,7 @@ def primary() -> Iterator[EmbeddedPostgres]:
 @pytest.fixture
 def standby(primary: EmbeddedPostgres) -> Iterator[EmbeddedPostgres]:
     """A streaming replica for one test: a module's would go on replaying every later test's
-    WAL, taking a core from the WAL-rate test (which read 18 of 40 MB/s so, in CI)."""
+    WAL, taking a core from the WAL-rate test (which read 18 MB/s under a 40 MB/s cap so, in CI)."""
     base = scratch_dir("purge-pacing-standby-")
     replica = primary.standby(base)
     try:
@@ -229,13 +229,15 @@ async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
         )
         db.execute("CHECKPOINT")  # the full-page images of the first touch come from here
         stats, written, took = await paced_sweep(
-            primary_pool, db, max_wal_rate="40MB/s", time_budget="5m"
+            primary_pool, db, max_wal_rate="20MB/s", time_budget="5m"
         )
 
     assert stats.removed == 400_000
     assert written >= 200 * 1024**2, written
-    rate, cap = written / took, 40 * 1024**2
-    # Below the cap by no more than a fifth, unless this machine cannot write 40 MB/s at all:
+    # 20 MB/s: about half what this machine writes unpaced (38-45 MB/s in /dev/shm). At 40 the
+    # cap was the machine's own speed: bursts above it paused the sweep and the whole fell to 31.
+    rate, cap = written / took, 20 * 1024**2
+    # Below the cap by no more than a fifth, unless this machine cannot write 20 MB/s at all:
     # then the sweep's rate while it was not paused is the most any pacing could reach.
     reachable = written / max(took - stats.paused_s, 1e-9)
     assert 0.8 * min(cap, reachable) <= rate <= 1.2 * cap, (rate / 1024**2, stats.paused_s)

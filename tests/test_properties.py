@@ -12,7 +12,7 @@ writing its rows. The tests are async, on pytest-asyncio's
 session loop, and every example of a test sweeps through the same pool (one per session time
 zone): a new loop and pool per example cost more than the sweep itself.
 
-`HYPOTHESIS_PROFILE=ci` (as `.ci/run` sets it) runs fifty times the examples.
+`HYPOTHESIS_PROFILE=ci` (as `.ci/run` sets it) runs a hundred times the examples.
 """
 
 from __future__ import annotations

@@ -52,9 +52,9 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
 @pytest.mark.parametrize(
     ("tenants", "child_size", "run_size"),
     [
-        # Children of 12, 12 and 6 in runs of 5 continue as new as those of 120, 120 and 60 in
-        # runs of 50 do; the 30 tenants' sweeps outnumber the report's cap of 20.
-        (30, 12, 5),
+        # Children of 9, 9 and 6 in runs of 4 continue as new as those of 120, 120 and 60 in
+        # runs of 50 do; the 24 tenants' sweeps outnumber the report's cap of 20.
+        (24, 9, 4),
         pytest.param(300, 120, 50, marks=pytest.mark.slow),
     ],
 )
