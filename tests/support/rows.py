@@ -46,8 +46,11 @@ def auth_rows(
 ) -> None:
     """Failures keyed by label with expires_at_ms; lockouts keyed by label with until_ms."""
     with db.cursor() as cur:
+        # As bigint: psycopg sends an int that fits in four bytes as int4, and int4 arithmetic
+        # overflows within 1000 of -2**31 (hypothesis found -2,147,482,649).
         cur.executemany(
-            "INSERT INTO x_auth_failures (key, at_ms, expires_at_ms) VALUES (%s, %s - 1000, %s)",
+            "INSERT INTO x_auth_failures (key, at_ms, expires_at_ms)"
+            " VALUES (%s, %s::bigint - 1000, %s)",
             [(key, expires, expires) for key, expires in failures.items()],
         )
         cur.executemany(
