@@ -8,7 +8,6 @@ and check that no row went.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import tomllib
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from purge_dev.servers import TemporalDevServer
 from purge_ops import runner
 from tests.conftest import Harness
 from tests.support import apptargets
-from tests.support.passes import run_pass
+from tests.support.passes import run_pass_beside
 from tests.support.procs import Done, clean_env, run_main, use_env
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
@@ -877,20 +876,16 @@ async def test_the_readme_config_example_is_accepted(
     apptargets.start_app(
         harness.pool
     )  # the application's own store, as the README's start() makes it
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address)
-    )
     try:
-        passing = asyncio.create_task(
-            run_pass(harness.client, config.task_queue, {"targets": config.target_names})
+        result = await run_pass_beside(
+            lambda stop: runner.run_worker(
+                config, stop=stop, temporal_address=temporal_server.address
+            ),
+            harness.client,
+            config.task_queue,
+            {"targets": config.target_names},
         )
-        await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
-        assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
-        result = await passing
     finally:
-        stop.set()
-        await worker
         apptargets.stop_app()
 
     assert {s["name"]: s["removed"] for s in result["swept"]} == {

@@ -35,7 +35,7 @@ from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.history import events
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, run_pass, run_pass_beside
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
 from tests.test_batching import slow_deletes
@@ -491,21 +491,16 @@ async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(
         env={},
     )  # fmt: skip
     use_env(monkeypatch, clean_env())
-    stop = asyncio.Event()
-    worker = asyncio.create_task(
-        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1)
-    )
     workflow_id = f"purge-one-at-a-time-{uuid.uuid4()}"
-    try:
-        passing = asyncio.create_task(
-            run_pass(harness.client, harness.task_queue, config.pass_input(), workflow_id)
-        )
-        await asyncio.wait([worker, passing], return_when=asyncio.FIRST_COMPLETED)
-        assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
-        result = await passing
-    finally:
-        stop.set()
-        await worker
+    result = await run_pass_beside(
+        lambda stop: runner.run_worker(
+            config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1
+        ),
+        harness.client,
+        harness.task_queue,
+        config.pass_input(),
+        workflow_id,
+    )
 
     assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(tables, 150)
     history = await events(harness.client, workflow_id)
