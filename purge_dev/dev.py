@@ -21,10 +21,10 @@ from purge_dev.demo import create_demo, demo_config, rows_that_stayed
 from purge_dev.servers import (
     EmbeddedPostgres,
     TemporalDevServer,
-    free_ports,
     port_is_free,
 )
 from purge_ops.connect import connect_temporal, open_pool
+from purge_ops.ports import free_ports
 from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from purge_ops.schedule import ensure_schedule

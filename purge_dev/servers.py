@@ -12,7 +12,6 @@ import hashlib
 import importlib.util
 import os
 import pwd
-import random
 import shutil
 import signal
 import socket
@@ -27,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
+
+from purge_ops.ports import free_ports
 
 #: The unprivileged account PostgreSQL runs as when we are root: it refuses to run as root.
 PG_SYSTEM_USER = "embedded_postgres"
@@ -44,50 +45,6 @@ _WHAT_TO_DO = (
 
 class EmbeddedServerError(RuntimeError):
     """An embedded server could not be found, started or reached."""
-
-
-#: Where the kernel reads the ports it hands to outgoing connections (Linux).
-_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-#: Ports below this are left to the services a machine runs by name.
-_LOWEST_CHOSEN = 10000
-
-
-def _unclaimed_ports() -> range | None:
-    """Ports outside the kernel's ephemeral range, or None where it cannot be read. A port the
-    kernel picked for bind(0) is one it also gives to outgoing connections: a test's database or
-    Temporal client took one between our choosing it and a worker binding it (CI's metrics port,
-    "Address already in use")."""
-    try:
-        low, high = map(int, _EPHEMERAL_RANGE.read_text().split())
-    except (OSError, ValueError):
-        return None
-    below = range(_LOWEST_CHOSEN, low)
-    above = range(high + 1, 65536)
-    widest = below if len(below) >= len(above) else above
-    return widest if len(widest) >= 1000 else None
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports free right now (held together while chosen, so none repeats),
-    outside the ephemeral range where there is room, so no client's connection takes one before
-    the server it was chosen for binds it."""
-    unclaimed = _unclaimed_ports()
-    pick = random.SystemRandom()
-    with contextlib.ExitStack() as stack:
-        chosen: list[int] = []
-        tries = count * 50 if unclaimed else 0
-        while len(chosen) < count:
-            sock = stack.enter_context(socket.socket())
-            port = pick.choice(unclaimed) if unclaimed and tries > 0 else 0  # 0: kernel's pick
-            tries -= 1
-            try:
-                sock.bind((host, port))
-            except OSError:
-                if port == 0:
-                    raise
-                continue  # taken; a port already chosen is held, so it is refused here too
-            chosen.append(sock.getsockname()[1])
-        return chosen
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from purge_ops.connect import APPLICATION_NAME
+from purge_ops.ports import free_ports
 
 #: How long Temporal and each database get to answer a readiness check. Shorter than the probe
 #: timeout of the shipped Deployment (5 s), so a slow database is reported by name rather than
@@ -262,7 +262,7 @@ def split_address(address: str) -> tuple[str, int]:
 
 def loopback_port() -> tuple[str, int]:
     """A free port on 127.0.0.1 for the runtime's own metrics endpoint, which only this server
-    reads (a port taken between here and the runtime's bind fails the worker's start)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return "127.0.0.1", sock.getsockname()[1]
+    reads (a port taken between here and the runtime's bind fails the worker's start: chosen
+    where outgoing connections, the worker's own among them, are never given one)."""
+    [port] = free_ports(1)
+    return "127.0.0.1", port

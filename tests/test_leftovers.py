@@ -24,9 +24,10 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config import parse_config
 from purge_config.settings import SweepSettings
-from purge_dev.servers import TemporalDevServer, free_ports
+from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.passes import PassSummary, passes_table
+from purge_ops.ports import free_ports
 from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness

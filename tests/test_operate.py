@@ -24,7 +24,8 @@ from temporalio.worker import Worker
 from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from purge_dev.servers import TemporalDevServer, free_ports, venv_executable
+from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import history

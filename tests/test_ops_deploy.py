@@ -20,7 +20,8 @@ import yaml
 from temporalio.client import Client
 
 from purge_config.file import load_config
-from purge_dev.servers import TemporalDevServer, free_ports
+from purge_dev.servers import TemporalDevServer
+from purge_ops.ports import free_ports
 from purge_ops.probes import READY_WITHIN
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker

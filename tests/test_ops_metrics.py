@@ -11,7 +11,8 @@ import psycopg
 import pytest
 from temporalio.client import Client
 
-from purge_dev.servers import TemporalDevServer, free_ports
+from purge_dev.servers import TemporalDevServer
+from purge_ops.ports import free_ports
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker
 from tests.support.procs import worker_config

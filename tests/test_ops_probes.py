@@ -15,7 +15,8 @@ import pytest
 from temporalio.client import Client
 
 from purge_config.file import load_config
-from purge_dev.servers import TemporalDevServer, free_ports
+from purge_dev.servers import TemporalDevServer
+from purge_ops.ports import free_ports
 from purge_ops.probes import Health, ProbeServer, loopback_port
 from purge_ops.runner import new_worker, run_worker
 from tests.support.probes import http, worker

@@ -21,8 +21,9 @@ from activities.payloads import PurgeReport
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
-from purge_dev.servers import TemporalDevServer, free_ports
+from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
+from purge_ops.ports import free_ports
 from tests.conftest import Harness
 from tests.support.direct_caller import DirectCaller
 from tests.support.history import history

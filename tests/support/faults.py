@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from purge_dev.servers import free_ports
+from purge_ops.ports import free_ports
 from tests.support.procs import identity, start_worker, stop
 
 
