@@ -1,10 +1,15 @@
 """Workers next to their databases: one pass, each database's activities on its own task
-queue, swept by worker processes whose configs hold only their own database's URL."""
+queue, swept by workers whose configs hold only their own database's URL. The default run's
+workers are `run_worker` in this process (what `pg-purge run` runs, from a config read with only
+that region's URL in its environment); the slow SIGKILL test's are worker processes."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import signal
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +24,7 @@ from temporalio.client import Client
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
 from purge_dev.servers import TemporalDevServer
+from purge_ops.runner import run_worker
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
@@ -64,8 +70,6 @@ def region_toml(task_queue: str, regions: tuple[str, ...], worker_wait: str = "5
 
 def full_config(task_queue: str, worker_wait: str = "5m") -> PurgeConfig:
     """The scheduler's view: every region, no URL at all."""
-    import tomllib
-
     return parse_config(tomllib.loads(region_toml(task_queue, REGIONS, worker_wait)), env={})
 
 
@@ -121,6 +125,38 @@ class Region:
             stop(self.proc)
 
 
+class RegionWorker:
+    """`pg-purge run` next to one region's database, in this process: `run_worker` with a config
+    that names only that region, read with only that region's URL in its environment."""
+
+    def __init__(
+        self, region: str, url: str, task_queue: str, address: str, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        self.config = parse_config(
+            tomllib.loads(region_toml(task_queue, (region,))), env={f"{region.upper()}_URL": url}
+        )
+        self.polls = f"also polling task queue '{task_queue}-{region}' for the activities of "
+        self.address = address
+        self.caplog = caplog
+        self.stopping = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> RegionWorker:
+        self.caplog.set_level(logging.INFO, logger="purge.worker")
+        self.task = asyncio.create_task(
+            run_worker(self.config, stop=self.stopping, temporal_address=self.address)
+        )
+        while self.polls not in self.caplog.text:  # logged once every queue is polled
+            assert not self.task.done(), f"the worker stopped: {self.task.exception()!r}"
+            await asyncio.sleep(0.02)
+        return self
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        if self.task is not None:
+            await self.task
+
+
 def activity_runs(client: Client, history: list[Any]) -> dict[str, tuple[str, str]]:
     """Per swept target: (the task queue its activity was scheduled on, the worker that ran
     its last attempt)."""
@@ -140,65 +176,63 @@ def activity_runs(client: Client, history: list[Any]) -> dict[str, tuple[str, st
 
 
 async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next_to_it(
-    tmp_path: Path,
     client: Client,
     temporal_server: TemporalDevServer,
     task_queue: str,
     regions: dict[str, str],
     real_now: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     expected = {
         region: add_rows(url, real_now, count)
         for (region, url), count in zip(regions.items(), (3, 5), strict=True)
     }
     workers = {
-        region: Region(tmp_path, region, url, task_queue, temporal_server.address)
+        region: RegionWorker(region, url, task_queue, temporal_server.address, caplog)
         for region, url in regions.items()
     }
     try:
         for worker in workers.values():
-            worker.start()
+            await worker.start()
         # Each says which queue it polls, for which database, and that it has no other's URL.
         assert f"also polling task queue '{task_queue}-eu' for the activities of database eu" in (
-            workers["eu"].text()
+            caplog.text
         )
         config = full_config(task_queue)
         workflow_id = f"purge-regions-{uuid.uuid4()}"
         result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
     finally:
         for worker in workers.values():
-            worker.stop()
+            await worker.stop()
 
     assert {s["name"]: s["removed"] for s in result["swept"]} == {
         f"x_idempotency@{region}": count for region, count in expected.items()
     }
     for url in regions.values():
         assert left(url, real_now) == (0, 1)
+    # Each region's sweep was scheduled on, and taken from, its own queue, which only the worker
+    # with that region's URL polls.
     runs = activity_runs(client, await events(client, workflow_id))
-    assert runs == {
-        f"x_idempotency@{region}": (f"{task_queue}-{region}", identity(workers[region].proc))
-        for region in REGIONS
-    }
-    assert {s["worker"] for s in result["swept"]} == {
-        identity(workers[region].proc) for region in REGIONS
+    assert {name: queue for name, (queue, _) in runs.items()} == {
+        f"x_idempotency@{region}": f"{task_queue}-{region}" for region in REGIONS
     }
 
 
 async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_swept_again(
-    tmp_path: Path,
     client: Client,
     temporal_server: TemporalDevServer,
     task_queue: str,
     regions: dict[str, str],
     real_now: int,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     add_rows(regions["eu"], real_now)
     us_expired = add_rows(regions["us"], real_now, 4)
-    eu = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address)
-    us = Region(tmp_path, "us", regions["us"], task_queue, temporal_server.address)
+    eu = RegionWorker("eu", regions["eu"], task_queue, temporal_server.address, caplog)
+    us = RegionWorker("us", regions["us"], task_queue, temporal_server.address, caplog)
     config = full_config(task_queue, worker_wait="2s")
     try:
-        eu.start()
+        await eu.start()
         error = await failed_pass(
             client, task_queue, config.pass_input(), f"purge-regions-{uuid.uuid4()}"
         )
@@ -212,11 +246,11 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
         assert left(regions["eu"], real_now) == (0, 1)
         assert left(regions["us"], real_now) == (us_expired, 1)
 
-        us.start()
+        await us.start()
         result = await run_pass(client, task_queue, config.pass_input())
     finally:
-        eu.stop()
-        us.stop()
+        await eu.stop()
+        await us.stop()
     assert {s["name"]: s["removed"] for s in result["swept"]} == {
         "x_idempotency@eu": 0,
         "x_idempotency@us": us_expired,
