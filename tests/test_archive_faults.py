@@ -25,12 +25,12 @@ from psycopg import sql
 from temporalio.client import Client
 
 from activities.schema import reference_ddl
-from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
+from purge_dev.servers import EmbeddedPostgres
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.faults import Fleet
 from tests.support.procs import clean_env, worker_config
-from tests.support.servers import running_postgres
+from tests.support.servers import RunningTemporal, running_postgres
 
 pytestmark = pytest.mark.slow
 
@@ -225,7 +225,7 @@ async def run_pass(
 async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     fleet: Callable[[Path, dict[str, str]], Fleet],
     rng: random.Random,
 ) -> None:
@@ -272,7 +272,7 @@ def own_postgres() -> Iterator[EmbeddedPostgres]:
 async def test_postgres_crashed_mid_archive_leaves_every_row_once(
     tmp_path: Path,
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     own_postgres: EmbeddedPostgres,
     fleet: Callable[[Path, dict[str, str]], Fleet],

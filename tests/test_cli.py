@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from purge_dev.servers import TemporalDevServer, port_is_free
+from purge_dev.servers import port_is_free
 from tests.support.procs import (
     DEV_PORT,
     clean_env,
@@ -21,6 +21,7 @@ from tests.support.procs import (
     wait_for,
     worker_config,
 )
+from tests.support.servers import RunningTemporal
 
 
 @DEV_PORT
@@ -66,7 +67,7 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_worker_shuts_down_gracefully_on_signal(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     schema_url: str,
     task_queue: str,
     sig: signal.Signals,

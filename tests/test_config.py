@@ -22,13 +22,13 @@ from purge_config.file import PurgeConfig, config_path, load_config, parse_confi
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 from purge_config.values import MAX_AGE_LIMIT_MS
-from purge_dev.servers import TemporalDevServer
 from purge_ops import runner
 from tests.conftest import Harness
 from tests.support import apptargets
 from tests.support.passes import run_pass_beside
 from tests.support.procs import Done, clean_env, run_main, use_env
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -823,7 +823,7 @@ def test_partitions_default_to_delete_and_detach_keeps_its_schema(tmp_path: Path
 
 async def test_the_readme_config_example_is_accepted(
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The README's example file, run: pointed at the test's servers (its database_url and

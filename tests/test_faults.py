@@ -38,7 +38,7 @@ from tests.support.oracle import (
     targets_toml,
 )
 from tests.support.procs import clean_env, worker_config
-from tests.support.servers import running_postgres, running_temporal
+from tests.support.servers import RunningTemporal, running_postgres, running_temporal
 from tests.support.watch import Fault, PassWatch, Probe, Run, assert_ledger, watching
 
 pytestmark = pytest.mark.slow
@@ -161,7 +161,7 @@ async def _kill_and_replace(watch: PassWatch, fleet: Fleet, tally: Tally) -> Non
 async def test_worker_sigkilled_at_random_points_of_passes(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     fleets: FleetFactory,
     probes: Callable[[str], Probe],
     rng: random.Random,
@@ -209,7 +209,7 @@ async def test_worker_sigkilled_at_random_points_of_passes(
 async def test_postgres_restarted_in_the_middle_of_targets(
     tmp_path: Path,
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     own_postgres: EmbeddedPostgres,
     fleets: FleetFactory,
@@ -323,7 +323,7 @@ async def _blocked_by(probe: Probe, holder: psycopg.AsyncConnection[Any]) -> Non
 async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     fleets: FleetFactory,
     probes: Callable[[str], Probe],
     rng: random.Random,

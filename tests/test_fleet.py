@@ -28,7 +28,7 @@ from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
 from purge_config import ConfigError, parse_config
 from purge_config.settings import SweepSettings
-from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_dev.servers import venv_executable
 from purge_ops import runner
 from purge_ops.connect import lazy_pools
 from purge_ops.runner import new_worker
@@ -38,6 +38,7 @@ from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass, run_pass_beside
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 from tests.test_batching import slow_deletes
 
 NOW = PAST_NOW
@@ -398,7 +399,7 @@ def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> Non
 
 async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
 ) -> None:
     """One pass started by the client, another by the `temporal` CLI, on a table whose
     deletes are slow: one of them sweeps it, the other finds it busy (or nothing left), and
@@ -471,7 +472,7 @@ def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: 
 
 
 async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(
-    harness: Harness, temporal_server: TemporalDevServer, monkeypatch: pytest.MonkeyPatch
+    harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`run --max-sweeps 1`: a pass that would run three tables at once runs them one after
     another on this worker (each sweep's start comes after the one before it completed)."""

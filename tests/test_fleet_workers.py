@@ -14,12 +14,12 @@ import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 
 from purge_config import parse_config
-from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR
+from tests.support.servers import RunningTemporal
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def started_by(history: list[Any]) -> set[str]:
 async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
 ) -> None:
     """Eight targets, eight at once, on two workers that each run at most four (`--max-sweeps
     4`): both workers sweep (the history names both). Then a second pass, one worker SIGKILLed

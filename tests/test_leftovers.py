@@ -24,7 +24,6 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config import parse_config
 from purge_config.settings import SweepSettings
-from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.passes import PassSummary, passes_table
 from purge_ops.ports import free_ports
@@ -35,6 +34,7 @@ from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
+from tests.support.servers import RunningTemporal
 from tests.test_batching import slow_deletes
 from tests.test_fleet import hold_table_lock
 
@@ -159,7 +159,7 @@ def test_the_report_table_marks_a_short_count_and_says_why() -> None:
 
 
 @pytest.fixture
-def main_env(monkeypatch: pytest.MonkeyPatch, temporal_server: TemporalDevServer) -> Iterator[None]:
+def main_env(monkeypatch: pytest.MonkeyPatch, temporal_server: RunningTemporal) -> Iterator[None]:
     """`worker.main` in this process against the test's Temporal, its logging undone after."""
     monkeypatch.setenv("TEMPORAL_ADDRESS", temporal_server.address)
     handlers, level = logging.getLogger().handlers[:], logging.getLogger().level
@@ -209,7 +209,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     """The config's smallest budget (1s) on a table whose deletes take a millisecond a row:
@@ -251,7 +251,7 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
 
 
 async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them(
-    temporal_server: TemporalDevServer, harness: Harness
+    temporal_server: RunningTemporal, harness: Harness
 ) -> None:
     """A sweep that finds its table held by another sweep measured nothing: it must not set
     the backlog to 0 and the oldest expired row's age to 0, clearing an alert that fires on

@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
-from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_dev.servers import venv_executable
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
@@ -44,17 +44,18 @@ from tests.support.procs import (
     worker_config,
 )
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 
 BUILTINS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 
 
-def cli(temporal: TemporalDevServer, *args: str) -> Done:
+def cli(temporal: RunningTemporal, *args: str) -> Done:
     """`pg-purge ARGS` against the test's Temporal server, in this process (`worker.main`); from
     an async test, in a thread: `await asyncio.to_thread(cli, ...)`."""
     return run_main(*args, env=clean_env(TEMPORAL_ADDRESS=temporal.address))
 
 
-def cli_process(temporal: TemporalDevServer, *args: str) -> Done:
+def cli_process(temporal: RunningTemporal, *args: str) -> Done:
     """`python worker.py ARGS` as a user runs it, against the test's Temporal server."""
     return run_process(*args, env=clean_env(TEMPORAL_ADDRESS=temporal.address))
 
@@ -77,7 +78,7 @@ def schedule_id() -> str:
 
 async def test_schedule_is_created_with_the_cron_and_retention_policies(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
     schedule_id: str,
 ) -> None:
@@ -120,7 +121,7 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
 
 async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
     schedule_id: str,
 ) -> None:
@@ -158,7 +159,7 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
 @pytest.mark.slow
 async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
     schedule_id: str,
 ) -> None:
@@ -194,7 +195,7 @@ def readme_command(prefix: str) -> list[str]:
 
 
 async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     """The exact `temporal schedule create` of the README, then `temporal schedule trigger`:
@@ -250,7 +251,7 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
 
 async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
@@ -280,7 +281,7 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
 
 async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_another(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     release = asyncio.Event()
@@ -330,7 +331,7 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
 
 async def test_report_shows_recent_passes_with_removed_per_target(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     idempotency_rows(
@@ -371,7 +372,7 @@ async def test_report_shows_recent_passes_with_removed_per_target(
 
 async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     idempotency_rows(
@@ -407,7 +408,7 @@ async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
 
 async def test_replay_checks_recent_passes_and_history_files(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     async with harness.run_worker([kinds.idempotency(harness.pool)]):
@@ -442,7 +443,7 @@ async def test_replay_checks_recent_passes_and_history_files(
 
 
 def test_commands_connect_through_a_temporal_toml_profile(
-    tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+    tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
 ) -> None:
     """Temporal's environment configuration is honoured: a profile in a temporal.toml chosen with
     TEMPORAL_PROFILE, with no TEMPORAL_ADDRESS anywhere."""

@@ -20,13 +20,13 @@ import yaml
 from temporalio.client import Client
 
 from purge_config.file import load_config
-from purge_dev.servers import TemporalDevServer
 from purge_ops.ports import free_ports
 from purge_ops.probes import READY_WITHIN
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker
 from tests.support.procs import REPO, worker_config
 from tests.support.rows import HOUR, idempotency_rows
+from tests.support.servers import RunningTemporal
 
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "purge-rules.yml"
@@ -221,7 +221,7 @@ class TestDashboard:
 
 async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     client: Client,
     schema_url: str,
     task_queue: str,

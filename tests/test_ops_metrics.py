@@ -11,12 +11,12 @@ import psycopg
 import pytest
 from temporalio.client import Client
 
-from purge_dev.servers import TemporalDevServer
 from purge_ops.ports import free_ports
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, idempotency_rows
+from tests.support.servers import RunningTemporal
 
 TARGETS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 
@@ -30,7 +30,7 @@ def value(page: dict[str, list[tuple[dict[str, str], float]]], name: str, **labe
 
 async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     client: Client,
     schema_url: str,
     task_queue: str,

@@ -15,13 +15,12 @@ import pytest
 from temporalio.client import Client
 
 from purge_config.file import load_config
-from purge_dev.servers import TemporalDevServer
 from purge_ops.ports import free_ports
 from purge_ops.probes import Health, ProbeServer, loopback_port
 from purge_ops.runner import new_worker, run_worker
 from tests.support.probes import http, worker
 from tests.support.procs import worker_config
-from tests.support.servers import running_temporal
+from tests.support.servers import RunningTemporal, running_temporal
 
 SESSIONS = '[[targets]]\nkind = "idempotency"\n'
 PASSWORD = "s3cret-never-shown"
@@ -47,7 +46,7 @@ def eu_down(tmp_path: Path, schema_url: str, task_queue: str) -> Path:
 
 class TestProbes:
     async def test_a_healthy_worker_is_live_ready_and_serves_its_metrics(
-        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+        self, tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
     ) -> None:
         """/livez and /readyz say 200; /metrics is the SDK's Prometheus page, passed on whole."""
         [port] = free_ports(1)
@@ -64,7 +63,7 @@ class TestProbes:
         assert "# TYPE temporal_worker_task_slots_available gauge" in metrics.body
 
     async def test_readyz_names_the_database_that_is_down_and_nothing_of_its_url(
-        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+        self, tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
     ) -> None:
         """A database that does not answer: 503 naming it by its config name; still live."""
         [port] = free_ports(1)
@@ -101,7 +100,7 @@ class TestRequests:
 
     @pytest.fixture
     async def port(
-        self, tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+        self, tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
     ) -> AsyncIterator[int]:
         [port] = free_ports(1)
         config = eu_down(tmp_path, schema_url, task_queue)
@@ -170,7 +169,7 @@ async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue:
 
 
 async def test_livez_is_answered_by_the_worker_s_own_event_loop(
-    tmp_path: Path, temporal_server: TemporalDevServer, schema_url: str, task_queue: str
+    tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
 ) -> None:
     """A loop stuck in a blocking call answers no probe, so the kubelet's timeout restarts the
     container: /livez is no thread of its own that would say 200 over a stuck worker."""

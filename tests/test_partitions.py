@@ -30,7 +30,6 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy
-from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
 from tests.conftest import Harness
@@ -39,6 +38,7 @@ from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.passes import run_pass
 from tests.support.procs import clean_env, start_worker, stop, worker_config
 from tests.support.rows import HOUR, PAST_NOW, auth_rows
+from tests.support.servers import RunningTemporal
 
 NOW = PAST_NOW
 DAY = 24 * HOUR
@@ -529,7 +529,7 @@ partitions = "drop"
 async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_counted_once(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     pg_url: str,
 ) -> None:
     """A real worker process is SIGKILLed while its first DETACH ... CONCURRENTLY waits out an

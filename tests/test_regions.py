@@ -23,13 +23,13 @@ from temporalio.client import Client
 
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
-from purge_dev.servers import TemporalDevServer
 from purge_ops.runner import run_worker
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
 from tests.support.rows import HOUR
+from tests.support.servers import RunningTemporal
 
 REGIONS = ("eu", "us")
 
@@ -177,7 +177,7 @@ def activity_runs(client: Client, history: list[Any]) -> dict[str, tuple[str, st
 
 async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next_to_it(
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     regions: dict[str, str],
     real_now: int,
@@ -220,7 +220,7 @@ async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next
 
 async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_swept_again(
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     regions: dict[str, str],
     real_now: int,
@@ -261,7 +261,7 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
 async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
     tmp_path: Path,
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     regions: dict[str, str],
     real_now: int,

@@ -21,7 +21,6 @@ from activities.payloads import PurgeReport
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
-from purge_dev.servers import TemporalDevServer
 from purge_ops.connect import open_pool
 from purge_ops.ports import free_ports
 from tests.conftest import Harness
@@ -30,6 +29,7 @@ from tests.support.history import history
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 
 ALL_KINDS = ["x_idempotency", "x_rate_limit", "x_auth", "sessions"]
 
@@ -111,7 +111,7 @@ SECRET = "hunter2-purge-s3cret"
 
 def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
     """A worker and every command run with a password-bearing URL (trust authentication

@@ -17,11 +17,11 @@ from temporalio.api.enums.v1 import EventType
 from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
-from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
 from tests.support.history import child_runs, events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, run_main
+from tests.support.servers import RunningTemporal
 from tests.support.tenants import (
     HOUR_MS,
     counts,
@@ -302,7 +302,7 @@ async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
 
 async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its_tables(
     tmp_path: Path,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     pg_url: str,
     schema_url: str,
     harness: Harness,

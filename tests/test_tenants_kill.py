@@ -13,10 +13,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from purge_dev.servers import TemporalDevServer
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import child_runs, events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
+from tests.support.servers import RunningTemporal
 from tests.support.tenants import counts, create_tenants, expired_of, tenant_prefix, tenant_schemas
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 async def test_sigkill_mid_spread_pass_loses_nothing_and_sweeps_no_table_twice(
     tmp_path: Path,
     client: Client,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
     task_queue: str,
     pg_url: str,
     schema_url: str,

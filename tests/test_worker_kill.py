@@ -21,12 +21,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
 
 from activities import builtin_kinds as kinds
-from purge_dev.servers import TemporalDevServer
 from tests.conftest import Harness
 from tests.support.dead_worker import QUICK_RETRY_NOTICED_AFTER, notice_the_dead_worker_sooner
 from tests.support.history import events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 from tests.test_batching import slow_deletes
 
 TARGETS = """
@@ -57,7 +57,7 @@ column = "expires_at_ms"
 async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     tmp_path: Path,
     harness: Harness,
-    temporal_server: TemporalDevServer,
+    temporal_server: RunningTemporal,
 ) -> None:
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
     auth_rows(

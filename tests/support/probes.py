@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from purge_config.file import load_config
-from purge_dev.servers import TemporalDevServer
 from purge_ops.runner import run_worker
 from tests.support.procs import clean_env, use_env
+from tests.support.servers import RunningTemporal
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ async def http(port: int, path: str, method: str = "GET", raw: bytes | None = No
 
 @contextlib.asynccontextmanager
 async def worker(
-    config: Path, temporal: TemporalDevServer, port: int
+    config: Path, temporal: RunningTemporal, port: int
 ) -> AsyncIterator[asyncio.Task[None]]:
     """`run_worker` for `config` with its metrics port at 127.0.0.1:`port`, until the block ends."""
     stop = asyncio.Event()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Protocol
 
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer, _pg_user
 
@@ -93,6 +94,16 @@ def running_postgres(prefix: str, template: Path | None = None) -> Iterator[Embe
     finally:
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+class RunningTemporal(Protocol):
+    """A Temporal server the tests reach: a TemporalDevServer of their own, or the one the xdist
+    controller shares with its workers (tests/conftest.py); a test may only connect to it."""
+
+    @property
+    def address(self) -> str:
+        """The gRPC address a client connects to."""
+        ...
 
 
 #: The test servers' settings. A run that continues as new (a chunk of a spread pass) is held
