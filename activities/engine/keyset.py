@@ -43,7 +43,7 @@ class KeyBatch:
             # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
             # from that key again, until fewer than a batch of it are left.
             self.next_after = least
-            return tie_delete(self.pred, self.rows), {**params, "key_at": least}
+            return tie_delete(self.pred), {**params, "key_at": least, "key_rows": self.rows}
         # Up to the last key found, not including it: its rows (and ties) open the next batch.
         self.next_after = last
         return key_delete(self.pred, after=True, below=True), {**params, "key_below": last}
@@ -65,8 +65,8 @@ async def run_key_batch(
             local_bounds(False), (settings.lock_timeout_ms, settings.statement_timeout_ms)
         )
         bounds = await conn.execute(
-            key_bounds(keyed.pred, keyed.rows, keyed.after is not None),
-            {**params, "key_after": keyed.after},
+            key_bounds(keyed.pred, keyed.after is not None),
+            {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},
         )
         least, last = await bounds.fetchone() or (None, None)
         added = None
