@@ -154,13 +154,14 @@ async def test_keyset_batches_split_a_run_of_equal_keys_and_keep_every_live_row(
     assert max(removed for removed, _ in batches) < 6_000
 
 
-async def test_keyset_batches_of_every_size_share_one_prepared_boundary_read(
+async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_generic_plan(
     db: psycopg.Connection[Any], schema_url: str
 ) -> None:
     """Batches resized every time (a 1 ms target) read their boundary with one statement text,
-    the batch's size a parameter, which psycopg prepares on the connection after its fifth use:
-    written into the text, each size was a statement planned anew (1.5 ms of a 3.9 ms read in
-    bench/README.md's steady profile)."""
+    the batch's size a parameter, prepared at its first use and run by its generic plan, as is
+    the DELETE: the size written into the text made each batch a statement planned anew, and
+    planning a batch's boundary read probed the index over every entry earlier batches had
+    deleted (1.5-2.7 ms a batch in bench/README.md's steady profile)."""
     db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, '{}', CASE WHEN i %% 10 = 0 THEN %s ELSE %s END"
@@ -174,15 +175,23 @@ async def test_keyset_batches_of_every_size_share_one_prepared_boundary_read(
         target = kinds.idempotency(one, settings=SweepSettings(batch_target_ms=1))
         stats = await target.sweep(NOW, on_batch=lambda p: sizes.append(p.batch_removed))
         async with one.connection() as conn:
-            cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
-            prepared = [text for (text,) in await cur.fetchall()]
+            cur = await conn.execute(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            )
+            prepared = await cur.fetchall()
     finally:
         await one.close()
 
     assert (stats.strategy, stats.removed) == ("index", 6_000)
     assert len(set(sizes)) >= 3, sizes  # the batches did differ in size
-    [bounds] = [text for text in prepared if "OFFSET" in text]
-    assert re.search(r"OFFSET \$\d+ LIMIT 1", bounds), bounds
+    bounds = [row for row in prepared if "OFFSET" in row[0]]
+    deletes = [row for row in prepared if row[0].startswith("DELETE")]
+    # The first batch's (from the least key) and the others' (from where the last stopped).
+    assert len(bounds) == 2, prepared
+    assert all(re.search(r"OFFSET \$\d+ LIMIT 1", text) for text, _, _ in bounds), bounds
+    assert sum(generic for _, generic, _ in bounds) == stats.batches, bounds
+    assert deletes, prepared
+    assert all(custom == 0 for _, _, custom in bounds + deletes), prepared
 
 
 async def test_half_expired_table_in_expiry_order_goes_by_the_index_and_in_no_order_walks(

@@ -14,7 +14,13 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine.rules import Predicate
-from activities.engine.statements import key_bounds, key_delete, local_bounds, tie_delete
+from activities.engine.statements import (
+    generic_plans,
+    key_bounds,
+    key_delete,
+    local_bounds,
+    tie_delete,
+)
 from activities.engine.upkeep import add_to_ledger
 from purge_config.settings import SweepSettings
 
@@ -64,14 +70,17 @@ async def run_key_batch(
         await conn.execute(
             local_bounds(False), (settings.lock_timeout_ms, settings.statement_timeout_ms)
         )
+        # Prepared at once and planned once for all batches (statements.generic_plans).
+        await conn.execute(generic_plans())
         bounds = await conn.execute(
             key_bounds(keyed.pred, keyed.after is not None),
             {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},
+            prepare=True,
         )
         least, last = await bounds.fetchone() or (None, None)
         added = None
         if least is not None:
-            cur = await conn.execute(*keyed.delete(least, last))
+            cur = await conn.execute(*keyed.delete(least, last), prepare=True)
             added = await add_to_ledger(conn, ledger, cur)
     ms = (time.perf_counter() - started) * 1000
     if least is None:

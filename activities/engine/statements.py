@@ -228,6 +228,16 @@ def ledger_add() -> sql.SQL:
     )
 
 
+def generic_plans() -> sql.SQL:
+    """Has the current transaction run prepared statements by their generic plan (SET LOCAL
+    plan_cache_mode), for a keyset batch's boundary read and DELETE: planned with its values,
+    each batch's boundary read probed the expiry index's end for its actual least value, over
+    the entries of every row earlier batches had deleted (not yet vacuumed), 1.5-2.7 ms of
+    planning a batch against 1 ms of executing (bench/README.md, issue 20). Their generic plan
+    is the one they are written for: the expiry index, in order, from a key on."""
+    return sql.SQL("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
+
+
 def pipeline_flush() -> sql.SQL:
     """A statement of no cost whose result, fetched, flushes a pipeline up to it without a
     Sync: the statements before it have run and their command tags are read, and their
