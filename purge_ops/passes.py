@@ -13,6 +13,7 @@ from typing import Any
 from temporalio.client import (
     Client,
     WorkflowExecution,
+    WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
     WorkflowHistory,
@@ -43,7 +44,12 @@ Say = Callable[[str], None]
 async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | None:
     """A `Purge` running on `task_queue` now (scheduled or by hand), if any."""
     async for execution in client.list_workflows(purge_query(task_queue, "Running"), limit=1):
-        return execution
+        # Visibility lags the history: a pass that closed a moment ago may still be listed as
+        # running, and waiting for it would print that pass's report (a dry run's, say) as this
+        # sweep's. Its own description says whether it still runs.
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        described = await handle.describe()
+        return execution if described.status == WorkflowExecutionStatus.RUNNING else None
     return None
 
 
