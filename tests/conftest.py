@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -49,17 +50,22 @@ def pytest_configure(config: pytest.Config) -> None:
     """As root, make PostgreSQL's account once, before pytest-xdist starts its workers: each
     worker starts a server of its own, and two `useradd`s at once fail the loser's session. Make
     the cluster template then too (once per PostgreSQL version: a cache, like the bytecode).
-    And print the fault tests' figures, which run on the workers, in the controller's summary."""
+    And print the fault tests' figures, which run on the workers, in the controller's summary;
+    and start the Temporal dev server the workers share (_Controller)."""
     is_xdist_worker = hasattr(config, "workerinput")
-    if not is_xdist_worker and not os.environ.get("PURGE_TEST_DATABASE_URL"):
+    if is_xdist_worker:
+        return
+    config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
+    workers = getattr(config.option, "numprocesses", None)
+    listing = config.option.help or config.option.collectonly
+    if config.pluginmanager.hasplugin("xdist") and workers and not listing:
+        # First: its server starts while the rest of the run does.
+        config.pluginmanager.register(_Controller(), "purge-shared-servers")
+    if not os.environ.get("PURGE_TEST_DATABASE_URL"):
         embedded_servers._pg_user()
         cache = getattr(config, "cache", None)
         if cache is not None and not config.option.help:
             cluster_template(cache.mkdir(TEMPLATE_CACHE))
-    if not is_xdist_worker:
-        config.pluginmanager.register(WorkersTally(), "purge-workers-fault-tally")
-        if config.pluginmanager.hasplugin("xdist"):
-            config.pluginmanager.register(_Controller(), "purge-shared-servers")
 
 
 @pytest.fixture(scope="session")
@@ -139,26 +145,35 @@ async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
 
 class _Controller:
     """The controller's share of the xdist workers' servers: one Temporal dev server for all of
-    them, started when the first worker is set up and stopped when the run ends. Each test uses
-    task queues, workflow and schedule ids of its own and lists passes by its task queue, so the
-    workers need no server each: two servers fewer were 4 s of CPU and a second of each worker's
-    first test (tests/README.md)."""
+    them, started in the background as the run starts (while the workers start and collect)
+    and stopped when the run ends. Each test uses task queues, workflow and schedule ids of its
+    own and lists passes by its task queue, so the workers need no server each: two servers
+    fewer were 4 s of CPU and a second of each worker's first test (tests/README.md)."""
 
     def __init__(self) -> None:
-        self.temporal: contextlib.ExitStack | None = None
+        self.servers = contextlib.ExitStack()
         self.address = ""
+        self.failed: BaseException | None = None
+        self.starting = threading.Thread(target=self._start, name="purge-shared-temporal")
+        self.starting.start()
 
-    def pytest_configure_node(self, node: Any) -> None:
-        if self.temporal is None:
-            self.temporal = contextlib.ExitStack()
-            self.address = self.temporal.enter_context(
+    def _start(self) -> None:
+        try:
+            self.address = self.servers.enter_context(
                 running_temporal("purge-test-temporal-")
             ).address
+        except BaseException as err:  # handed to the workers' setup, which fails with it
+            self.failed = err
+
+    def pytest_configure_node(self, node: Any) -> None:
+        self.starting.join()
+        if self.failed is not None:
+            raise self.failed
         node.workerinput[SHARED_TEMPORAL] = self.address
 
     def pytest_unconfigure(self) -> None:
-        if self.temporal is not None:
-            self.temporal.close()
+        self.starting.join()
+        self.servers.close()
 
 
 @dataclass(frozen=True)
