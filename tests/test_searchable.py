@@ -40,6 +40,10 @@ from tests.support.tenants import create_tenants, expired_of, tenant_prefix, ten
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
+#: The module's tests on one pytest-xdist worker, so its server (and the commands run on it) is
+#: made once, not by every worker that runs one of them: two did in CI's log, 3.4-3.6 s each.
+pytestmark = pytest.mark.xdist_group("searchable-server")
+
 #: The commands docs/operating.md gives, run here as written there.
 CREATE_COMMAND = ["operator", "search-attribute", "create"]
 CREATE = [
