@@ -14,13 +14,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine.rules import Predicate
-from activities.engine.statements import (
-    generic_plans,
-    key_bounds,
-    key_delete,
-    local_bounds,
-    tie_delete,
-)
+from activities.engine.statements import key_bounds, key_delete, local_bounds, tie_delete
 from activities.engine.upkeep import add_to_ledger
 from purge_config.settings import SweepSettings
 
@@ -67,11 +61,10 @@ async def run_key_batch(
     started = time.perf_counter()
     params = {**keyed.pred.params, **(ledger or {})}
     async with conn.pipeline():
+        # Its statements prepared at once, planned once for all batches (local_bounds).
         await conn.execute(
-            local_bounds(False), (settings.lock_timeout_ms, settings.statement_timeout_ms)
+            local_bounds(generic=True), (settings.lock_timeout_ms, settings.statement_timeout_ms)
         )
-        # Prepared at once and planned once for all batches (statements.generic_plans).
-        await conn.execute(generic_plans())
         bounds = await conn.execute(
             key_bounds(keyed.pred, keyed.after is not None),
             {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},

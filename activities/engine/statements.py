@@ -15,7 +15,7 @@ from activities.engine.rules import Predicate, ident
 from purge_config.names import TableName
 
 
-def local_bounds(walk: bool = False) -> sql.Composed:
+def local_bounds(walk: bool = False, generic: bool = False) -> sql.Composed:
     """The statement that bounds the current transaction: its parameters are the lock and the
     statement timeout in ms. Every transaction of a sweep starts with it."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
@@ -38,6 +38,14 @@ def local_bounds(walk: bool = False) -> sql.Composed:
                 " set_config('enable_bitmapscan', 'off', true)"
             )
         )
+    if generic:
+        # A keyset batch's prepared boundary read and DELETE run by their generic plan: planned
+        # with its values, each batch's boundary read probed the expiry index's end for its
+        # actual least value, over the entries of every row earlier batches had deleted (not
+        # yet vacuumed), 1.5-2.7 ms of planning a batch against 1 ms of executing
+        # (bench/README.md, issue 20). Their generic plan is the one they are written for: the
+        # expiry index, in order, from a key on.
+        parts.append(sql.SQL(", set_config('plan_cache_mode', 'force_generic_plan', true)"))
     return sql.Composed(parts)
 
 
@@ -226,16 +234,6 @@ def ledger_add() -> sql.SQL:
         + " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
         " %(n)s, 1)" + _LEDGER_ACCUMULATE
     )
-
-
-def generic_plans() -> sql.SQL:
-    """Has the current transaction run prepared statements by their generic plan (SET LOCAL
-    plan_cache_mode), for a keyset batch's boundary read and DELETE: planned with its values,
-    each batch's boundary read probed the expiry index's end for its actual least value, over
-    the entries of every row earlier batches had deleted (not yet vacuumed), 1.5-2.7 ms of
-    planning a batch against 1 ms of executing (bench/README.md, issue 20). Their generic plan
-    is the one they are written for: the expiry index, in order, from a key on."""
-    return sql.SQL("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
 
 
 def pipeline_flush() -> sql.SQL:
