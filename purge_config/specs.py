@@ -8,7 +8,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from purge_config.errors import ConfigError, first_line
 from purge_config.filters import FILTER_KEYS, RowFilter, archive_table, parse_filter
@@ -76,7 +76,18 @@ SWEEP_KEYS: dict[str, tuple[str, int, int]] = {
 SWEEP_FLAGS = ("analyze_after", "refuse_unindexed_children")
 #: The pacing keys of `[sweep]` (also allowed per target).
 SWEEP_PACING = ("max_replica_lag", "max_wal_rate")
-#: The units an `expiring` target's integer epoch column may hold.
+#: Every key an entry of each kind may hold.
+_ENTRY_KEYS: dict[str, frozenset[str]] = {
+    kind: _TARGET_KEYS[kind]
+    | _ROW_KEYS[kind]
+    | {"kind"}
+    | (
+        frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING, *_GUARD_KEYS})
+        if kind != "python"
+        else frozenset()
+    )
+    for kind in _TARGET_KEYS
+}
 
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -164,7 +175,8 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
         changes["max_replica_lag_ms"] = lag
     if "max_wal_rate" in raw:
         changes["max_wal_rate"] = read_rate(where, prefix + "max_wal_rate", raw, "max_wal_rate")
-    settings = replace(base, **changes)
+    # Most entries override nothing: a config of thousands of targets then copies no settings.
+    settings = replace(base, **changes) if changes else base
     if settings.batch_target_ms * 10 > settings.statement_timeout_ms:
         raise ConfigError(
             f"{where}: {prefix}statement_timeout: must be at least 10 times batch_target "
@@ -246,9 +258,10 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     database = opt_str(at, "database", raw) or ""
     if database and not DATABASE_NAME.fullmatch(database):
         raise ConfigError(f"{at}: database: not a database name, got {database!r}")
-    common = TargetSpec(
-        kind, name, settings=settings, guards=guards, database=database, partitions=partitions
-    )
+    common = _Common(
+        kind=kind, name=name, settings=settings, guards=guards, database=database,
+        partitions=partitions,
+    )  # fmt: skip
     builtin = BUILTIN_KINDS.get(kind)
     if builtin is not None:
         tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
@@ -256,13 +269,25 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             archive_table(at, key, raw, table)
             for key, table in zip(builtin.archive_keys, tables, strict=True)
         )
-        return replace(
-            common,
+        return TargetSpec(
+            **common,
             tables=tables,
-            archives=_copied(at, common.partitions, archives),
+            archives=_copied(at, partitions, archives),
             allow_any=_check_pattern(at, raw, tables, archives),
         )
     return _expiring_spec(at, raw, common)
+
+
+class _Common(TypedDict):
+    """The fields every kind but `python` reads alike; each spec is made once, from these and
+    its kind's own (not made and then replaced: a config may list thousands)."""
+
+    kind: str
+    name: str
+    settings: SweepSettings
+    guards: Guards
+    database: str
+    partitions: PartitionPolicy
 
 
 def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any]]:
@@ -281,12 +306,7 @@ def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any
     # the check of `name` below, and would otherwise break the one-line message here.
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
-    sweep_keys = (
-        frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING, *_GUARD_KEYS})
-        if kind != "python"
-        else frozenset()
-    )
-    no_unknown(at, "", raw, _TARGET_KEYS[kind] | _ROW_KEYS[kind] | sweep_keys | {"kind"})
+    no_unknown(at, "", raw, _ENTRY_KEYS[kind])
     return at, kind, raw
 
 
@@ -301,7 +321,7 @@ def _python_spec(at: str, raw: Mapping[str, Any]) -> TargetSpec:
     return TargetSpec(kind="python", name=path, factory=factory, names=tuple(names))
 
 
-def _expiring_spec(at: str, raw: Mapping[str, Any], common: TargetSpec) -> TargetSpec:
+def _expiring_spec(at: str, raw: Mapping[str, Any], common: _Common) -> TargetSpec:
     """An `expiring` entry: one table, its column, and the rule's age and unit."""
     table = _table(at, "table", raw, None)
     column = req_str(at, "column", raw)
@@ -320,9 +340,9 @@ def _expiring_spec(at: str, raw: Mapping[str, Any], common: TargetSpec) -> Targe
             f"got {raw['unit']!r}"
         )
     archive = archive_table(at, "archive_table", raw, table)
-    partitions = common.partitions
-    return replace(
-        common,
+    partitions = common["partitions"]
+    return TargetSpec(
+        **common,
         tables=(table,),
         column=column,
         max_age_ms=max_age_ms,
