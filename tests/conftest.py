@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +141,28 @@ async def pool(schema_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
         yield opened
     finally:
         await opened.close()
+
+
+Pools = Callable[[str], Awaitable[AsyncConnectionPool[Any]]]
+
+
+@pytest.fixture
+async def pools() -> AsyncIterator[Pools]:
+    """`await pools(url)`: one open pool per connection string (a session time zone of its
+    own, say), shared by a property test's examples and closed after its last: a pool per
+    example costs a server process and its cold catalog caches each time."""
+    opened: dict[str, AsyncConnectionPool[Any]] = {}
+
+    async def pool_for(url: str) -> AsyncConnectionPool[Any]:
+        if url not in opened:
+            opened[url] = await open_pool(url, max_size=1)
+        return opened[url]
+
+    try:
+        yield pool_for
+    finally:
+        for pool in opened.values():
+            await pool.close()
 
 
 class _Controller:

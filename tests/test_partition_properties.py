@@ -14,7 +14,6 @@ tests/test_properties.py for how the examples share the schema and run the targe
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import uuid
 from collections import Counter
@@ -25,13 +24,14 @@ from typing import Any
 import psycopg
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.payloads import EARLIEST_NOW_MS
 from activities.progress import LedgerKey, SweepStats
 from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy
-from purge_ops.connect import open_pool
+from tests.conftest import Pools
 from tests.test_properties import PROFILE, with_time_zone
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -192,31 +192,18 @@ def children(db: psycopg.Connection[Any], table: str) -> set[str]:
     return {str(r[0]) for r in rows}
 
 
-def sweep(url: str, table: str, case: Case) -> SweepStats:
-    async def run() -> SweepStats:
-        pool = await open_pool(url, max_size=1)
-        try:
-            target = kinds.expiring(
-                pool,
-                table,
-                TableName(table),
-                "v",
-                case.max_age_ms,
-                partitions=PartitionPolicy("drop"),
-            )
-            key = LedgerKey("props", uuid.uuid4().hex, table, case.now_ms)
-            return await target.sweep(case.now_ms, ledger=key)
-        finally:
-            await pool.close()
-
-    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
-        return runner.run(run())
+async def sweep(pool: AsyncConnectionPool[Any], table: str, case: Case) -> SweepStats:
+    target = kinds.expiring(
+        pool, table, TableName(table), "v", case.max_age_ms, partitions=PartitionPolicy("drop")
+    )
+    key = LedgerKey("props", uuid.uuid4().hex, table, case.now_ms)
+    return await target.sweep(case.now_ms, ledger=key)
 
 
 @settings(PROFILE, max_examples=max(PROFILE.max_examples // 4, 25))
 @given(case=cases())
-def test_dropping_partitions_leaves_exactly_the_live_rows(
-    db: psycopg.Connection[Any], schema_url: str, case: Case
+async def test_dropping_partitions_leaves_exactly_the_live_rows(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools, case: Case
 ) -> None:
     """The rows left are exactly the oracle's live rows, `removed` counts every expired one, and
     the partitions dropped are exactly those whose every possible value is expired (and that
@@ -227,7 +214,8 @@ def test_dropping_partitions_leaves_exactly_the_live_rows(
     try:
         create(db, case, table)
         before = children(db, table)
-        stats = sweep(with_time_zone(schema_url, case.zone), table, case)
+        pool = await pools(with_time_zone(schema_url, case.zone))
+        stats = await sweep(pool, table, case)
 
         left = db.execute(f"SELECT v FROM {table}").fetchall()
         as_units = Counter(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -38,7 +38,7 @@ from activities.registry import CountingTarget
 from activities.sweep import contract_errors
 from purge_config.file import parse_config
 from purge_config.values import parse_duration
-from purge_ops.connect import open_pool
+from tests.conftest import Pools
 from tests.support.rows import (
     FUTURE_NOW,
     HOUR,
@@ -336,27 +336,6 @@ def expiring_cases(draw: st.DrawFn) -> ExpiringCase:
 
 
 # Running a target.
-
-
-Pools = Callable[[str], Awaitable[AsyncConnectionPool[Any]]]
-
-
-@pytest.fixture
-async def pools() -> AsyncIterator[Pools]:
-    """`await pools(url)`: one open pool per connection string, shared by a test's examples and
-    closed after its last."""
-    opened: dict[str, AsyncConnectionPool[Any]] = {}
-
-    async def pool_for(url: str) -> AsyncConnectionPool[Any]:
-        if url not in opened:
-            opened[url] = await open_pool(url, max_size=1)
-        return opened[url]
-
-    try:
-        yield pool_for
-    finally:
-        for pool in opened.values():
-            await pool.close()
 
 
 @pytest.fixture(autouse=True)
