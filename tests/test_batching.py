@@ -303,12 +303,12 @@ async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_r
     assert result.batches == len(second_beats)
 
 
-def slow_deletes(db: psycopg.Connection[Any], table: str) -> None:
-    """Make every row of `table` take a millisecond to delete (as a delete trigger or an
-    unindexed child table would), so that a sweep outlasts a one-second budget on few rows."""
+def slow_deletes(db: psycopg.Connection[Any], table: str, ms: float = 1.0) -> None:
+    """Make every row of `table` take `ms` to delete (as a delete trigger or an unindexed child
+    table would), so that a sweep outlasts a one-second budget on few rows."""
     db.execute(
         "CREATE OR REPLACE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END$$"
+        f" $$BEGIN PERFORM pg_sleep({ms / 1000}); RETURN OLD; END$$"
     )
     db.execute(
         f"CREATE TRIGGER slow BEFORE DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION slow_delete()"

@@ -16,6 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
+from activities.engine.commits import Done, LazyCommits
 from activities.engine.context import SweepContext
 from activities.engine.keyset import KeyBatch, Ran, run_key_batch
 from activities.engine.pacing import Pacer
@@ -24,6 +25,7 @@ from activities.engine.rules import Predicate
 from activities.engine.statements import (
     count_expired,
     index_batch,
+    lazy_commit,
     local_bounds,
     range_batch,
     range_delete,
@@ -52,9 +54,7 @@ class BatchSweeper:
     the table's whole sweep."""
 
     def __init__(self, ctx: SweepContext, conn: AsyncConnection[Any], plan: TablePlan) -> None:
-        self.ctx = ctx
-        self.conn = conn
-        self.plan = plan
+        self.ctx, self.conn, self.plan = ctx, conn, plan
         self.settings = ctx.settings
         self.progress = ctx.progress
         # The ledger's parameters (see LedgerKey.params): each batch then adds its count to
@@ -63,6 +63,7 @@ class BatchSweeper:
         # Whether batches are plain DELETEs counted by their tag (a walk without an archive),
         # rather than statements that count in SQL; set by the strategy.
         self.plain = False
+        self.commits = LazyCommits(conn, self.ledger)
 
     async def sweep(self, pred: Predicate) -> SweepStats:
         """Delete the table's expired rows by the plan's strategy, until done or out of time:
@@ -73,12 +74,14 @@ class BatchSweeper:
         self.progress.strategy = self.plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
-        if self.plan.strategy == "index" and keyset(pred, self.plan.partitioned, self.plan.order):
-            await self._by_key(pred, result)
-        elif self.plan.strategy == "index":
-            await self._by_index(pred, result)
-        else:
-            await self._walk(pred, result)
+        by_key = keyset(pred, self.plan.partitioned, self.plan.order)
+        async with self.commits.settled(self._report):
+            if self.plan.strategy == "index" and by_key:
+                await self._by_key(pred, result)
+            elif self.plan.strategy == "index":
+                await self._by_index(pred, result)
+            else:
+                await self._walk(pred, result)
         result.advice, result.reason = list(self.pacer.warnings), self.pacer.reason
         result.paused_s = self.pacer.paused_s
         return result
@@ -108,6 +111,7 @@ class BatchSweeper:
             lo = self.progress.page
             hi = min(lo + pages, self.plan.pages)
             params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
+            # Never lazily (engine.commits): a retry resumes at the page the heartbeat names.
             _, ms = await self._batch(
                 result, statement, params, walk=not self.plan.referenced, page=hi
             )
@@ -134,6 +138,7 @@ class BatchSweeper:
                 {**pred.params, **(self.ledger or {})},
                 walk=False,
                 page=0,
+                lazy=self.commits.lazy(more_may_follow=True),  # the last is known only after it
             )
             if found < rows:
                 return  # the index held fewer expired rows than asked for: that was all
@@ -149,7 +154,7 @@ class BatchSweeper:
                 result.backlog = await self._count_left(pred, result)
                 return
             keyed = KeyBatch(pred, rows, after)
-            run = functools.partial(run_key_batch, self.conn, self.settings, self.ledger, keyed)
+            run = functools.partial(run_key_batch, self.conn, self.settings, self.commits, keyed)
             found, ms = await self._batch(result, run)
             if found < rows:
                 return  # fewer expired rows than asked for were left: that was all of them
@@ -162,15 +167,20 @@ class BatchSweeper:
         result.removed += removed
         result.batches += 1
         result.batch_ms.append(ms)
+        self._report(self.commits.hold(Done(removed, total, ms, page)))
+
+    def _report(self, batches: list[Done]) -> None:
+        """Batches a durable point covers, into the progress and its heartbeats, in order."""
         progress = self.progress
-        # The ledger's total counts every committed batch of every attempt of this pass.
-        progress.removed = total if total is not None else progress.removed + removed
-        progress.batch_removed = removed
-        progress.archived += removed if self.archiving else 0
-        progress.batches += 1
-        progress.page = page
-        progress.batch_ms = ms
-        self.ctx.on_batch(progress)
+        for removed, total, ms, page in batches:
+            # The ledger's total counts every committed batch of every attempt of this pass.
+            progress.removed = total if total is not None else progress.removed + removed
+            progress.batch_removed = removed
+            progress.archived += removed if self.archiving else 0
+            progress.batches += 1
+            progress.page = page
+            progress.batch_ms = ms
+            self.ctx.on_batch(progress)
 
     async def _batch(
         self,
@@ -179,6 +189,7 @@ class BatchSweeper:
         params: dict[str, object] | None = None,
         walk: bool = False,
         page: int = 0,
+        lazy: bool = False,
     ) -> tuple[int, float]:
         """One batch in its own transaction, recorded in `result` and the progress: (rows it
         found, ms). A walk's batch reports what it deleted as found.
@@ -190,19 +201,22 @@ class BatchSweeper:
         if current is not None and current.cancelling():
             # Cancelled since the last batch: start no other.
             raise asyncio.CancelledError
-        run = statement() if callable(statement) else self._run(statement, params or {}, walk)
+        run = statement() if callable(statement) else self._run(statement, params or {}, walk, lazy)
         task = asyncio.ensure_future(run)
         try:
             found, removed, total, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
-            found, removed, total, ms = await task
+            _, removed, total, ms = await task
             self._advance(result, removed, total, ms, page)
             raise
         self._advance(result, removed, total, ms, page)
         return found, ms
 
-    async def _run(self, statement: sql.Composed, params: dict[str, object], walk: bool) -> Ran:
-        """(rows found, rows deleted, the ledger's total or None, ms)."""
+    async def _run(
+        self, statement: sql.Composed, params: dict[str, object], walk: bool, lazy: bool
+    ) -> Ran:
+        """(rows found, rows deleted, the ledger's total or None, ms); committed lazily when
+        `lazy` (engine.commits)."""
         started = time.perf_counter()
         # One round trip: the bounds and the DELETE pipelined up to one Sync, which makes them
         # one implicit transaction (committed at the Sync, rolled back whole if either fails;
@@ -214,15 +228,19 @@ class BatchSweeper:
                 local_bounds(walk),
                 (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
+            if lazy:
+                await self.conn.execute(lazy_commit())
             cur = await self.conn.execute(statement, params)
             if self.plain:
                 added = await add_to_ledger(self.conn, self.ledger, cur)
         ms = (time.perf_counter() - started) * 1000
         if self.plain:
             removed = max(cur.rowcount, 0)
+            self.commits.committed(lazy, wrote=removed > 0)
             row = await added.fetchone() if added is not None else None
             return removed, removed, int(row[0]) if row else None, ms
         row = await cur.fetchone()
+        self.commits.committed(lazy, wrote=bool(row and row[1]))
         if not row:
             return 0, 0, None, ms
         # A batch that deleted nothing writes no ledger row: its total is NULL, the count stays.

@@ -13,8 +13,15 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine.commits import LazyCommits
 from activities.engine.rules import Predicate
-from activities.engine.statements import key_bounds, key_delete, local_bounds, tie_delete
+from activities.engine.statements import (
+    key_bounds,
+    key_delete,
+    lazy_commit,
+    local_bounds,
+    tie_delete,
+)
 from activities.engine.upkeep import add_to_ledger
 from purge_config.settings import SweepSettings
 
@@ -50,15 +57,14 @@ class KeyBatch:
 
 
 async def run_key_batch(
-    conn: AsyncConnection[Any],
-    settings: SweepSettings,
-    ledger: dict[str, object] | None,
-    keyed: KeyBatch,
+    conn: AsyncConnection[Any], settings: SweepSettings, commits: LazyCommits, keyed: KeyBatch
 ) -> Ran:
     """One keyset batch in one implicit transaction: its boundary read (one round trip, the
     pipeline flushed without a Sync), then the DELETE of that key range and the ledger's row,
-    committed at the Sync."""
+    committed at the Sync: lazily when a whole batch was found (more may follow) and
+    `commits` allows it, else as the session does."""
     started = time.perf_counter()
+    ledger = commits.ledger
     params = {**keyed.pred.params, **(ledger or {})}
     async with conn.pipeline():
         # Its statements prepared at once, planned once for all batches (local_bounds).
@@ -71,14 +77,18 @@ async def run_key_batch(
             prepare=True,
         )
         least, last = await bounds.fetchone() or (None, None)
-        added = None
+        added, lazy = None, False
         if least is not None:
+            lazy = commits.lazy(more_may_follow=last is not None)
+            if lazy:
+                await conn.execute(lazy_commit(), prepare=True)
             cur = await conn.execute(*keyed.delete(least, last), prepare=True)
             added = await add_to_ledger(conn, ledger, cur)
     ms = (time.perf_counter() - started) * 1000
     if least is None:
         return 0, 0, None, ms
     removed = max(cur.rowcount, 0)
+    commits.committed(lazy, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
     # A whole batch was there (its last key was found); else what was left, all deleted.
     found = keyed.rows if last is not None else removed

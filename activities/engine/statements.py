@@ -236,6 +236,27 @@ def ledger_add() -> sql.SQL:
     )
 
 
+def lazy_commit() -> sql.SQL:
+    """Lets the current transaction commit without waiting for its WAL to reach disk (SET LOCAL
+    synchronous_commit = off), for a batch whose ledger row is in the same transaction: a crash
+    that loses the commit loses the batch's deletes and its count together, so the count stays
+    exact. Its rows are reported only once a durable point covers them (engine.commits). Each
+    batch's commit otherwise waited for its WAL to be flushed, where one DELETE waits once."""
+    return sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")
+
+
+def durable_point() -> sql.SQL:
+    """A transaction of its own that writes WAL (the ledger's row rewritten as it is), so its
+    commit waits, as the session's synchronous_commit says, for the WAL up to it: every lazy
+    commit of this server before it is then as durable as a commit of that session's own. A
+    transaction that only takes an id writes nothing and waits for nothing."""
+    return sql.SQL(
+        "UPDATE purge_progress SET batches = batches"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND target = %(ledger_target)s"
+    )
+
+
 def pipeline_flush() -> sql.SQL:
     """A statement of no cost whose result, fetched, flushes a pipeline up to it without a
     Sync: the statements before it have run and their command tags are read, and their
