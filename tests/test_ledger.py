@@ -305,16 +305,18 @@ async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbe
     assert db.execute("SELECT count(*) FROM purge_progress").fetchone() == (0,)
 
 
-@pytest.mark.parametrize("end", ["out of time", "cancelled"])
-async def test_a_server_crash_just_after_a_sweep_ends_undoes_none_of_what_it_reported(
+@pytest.mark.parametrize("end", ["out of time", "cancelled", "a crash at its first report"])
+async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     pytestconfig: pytest.Config, end: str
 ) -> None:
-    """Batches commit lazily (their ledger rows with them), and the sweep ends at a durable
-    point before it reports: PostgreSQL crashed (immediate shutdown, so nothing in its WAL
-    buffers is written) the moment the sweep ends by its budget or by a cancellation, its last
-    batches lazy, still has every row gone that the sweep said it removed. Without the durable
-    point the last batches come back with the restart. No purge_shares table: its record after
-    the sweep would be a durable commit of its own."""
+    """Batches commit lazily (their ledger rows with them), and nothing of theirs is reported
+    before a durable point covers it. PostgreSQL crashed (immediate shutdown, so nothing in its
+    WAL buffers is written) the moment the sweep ends by its budget or by a cancellation, or the
+    moment its first batch heartbeat arrives, still has every row gone that the sweep reported
+    removed. Without the durable point at the end, the last batches come back with the restart;
+    reported at once, a lazy batch's heartbeat (and its rows in the worker's counter) would
+    count rows the crash brings back. No purge_shares table: its record after the sweep would
+    be a durable commit of its own."""
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
     with running_postgres("purge-crash-pg-", template) as server:
@@ -330,24 +332,37 @@ async def test_a_server_crash_just_after_a_sweep_ends_undoes_none_of_what_it_rep
         try:
             env = activity_env()
             beats: list[dict[str, Any]] = []
-            env.on_heartbeat = lambda *d: beats.append(d[0])
+
+            def beat(*details: Any) -> None:
+                if "batch_ms" not in details[0]:
+                    return  # a heartbeat between batches
+                beats.append(details[0])
+                if end == "a crash at its first report" and len(beats) == 1:
+                    server.stop(immediate=True)
+
+            env.on_heartbeat = beat
             budget = 300 if end == "out of time" else 600_000
             target = kinds.idempotency(pool, settings=replace(TINY, time_budget_ms=budget))
             activities = PurgeActivities(TargetRegistry([target]))
             step = PurgeStep(name="x_idempotency", now_ms=NOW)
-            if end == "cancelled":
-                asyncio.get_running_loop().call_later(0.3, env.cancel)
-                with pytest.raises(asyncio.CancelledError):
-                    await env.run(activities.purge_target, step)
-                reported = int(beats[-1]["removed"])
-            else:
+            if end == "out of time":
                 result: PurgeSweep = await env.run(activities.purge_target, step)
                 assert result.backlog > 0, "the budget did not cut the sweep short"
                 reported = result.removed
+            else:
+                if end == "cancelled":
+                    asyncio.get_running_loop().call_later(0.3, env.cancel)
+                with pytest.raises((asyncio.CancelledError, psycopg.OperationalError)):
+                    await env.run(activities.purge_target, step)
+                reported = int(beats[-1]["removed"])
         finally:
             server.stop(immediate=True)
             await pool.close()
         server.start()
         with psycopg.connect(server.url(), autocommit=True) as db:
             assert 0 < reported < expired
-            assert expired - expired_left(db) == reported
+            if end == "a crash at its first report":
+                # At least what it reported; more only if the crash spared a later lazy batch.
+                assert expired - expired_left(db) >= reported
+            else:
+                assert expired - expired_left(db) == reported
