@@ -84,22 +84,25 @@ async def hourly_passes(feed: Feed, pool: AsyncConnectionPool[Any], count: int) 
 
 
 async def test_a_table_losing_40_percent_every_pass_is_told_to_partition_once_the_day_adds_up(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """25,000 rows a pass, a quarter of what the one-pass advice needs: told from the pass at
-    which the day's passes add up to 100,000 rows, with the width and the config line."""
-    feed = Feed(db, "feed", slot_rows=12_500, slots=5, origin=PAST_NOW)
+    """2,500 rows a pass, a quarter of what the one-pass advice needs: told from the pass at
+    which the day's passes add up to the window's 10,000 rows, with the width and the config
+    line. (Both thresholds a tenth of the shipped 100,000, and the table with them.)"""
+    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 10_000)
+    monkeypatch.setattr("activities.engine.upkeep.PARTITION_ADVICE_ROWS", 10_000)
+    feed = Feed(db, "feed", slot_rows=1_250, slots=5, origin=PAST_NOW)
 
     results = await hourly_passes(feed, pool, 5)
 
-    assert [r.removed for r in results] == [25_000] * 5
+    assert [r.removed for r in results] == [2_500] * 5
     assert [ADVICE in r.advice for r in results] == [False, False, False, True, True]
     assert "narrower than the time between passes" not in results[-1].advice  # the one-pass
     advice = results[-1].advice
     assert "feed: 5 of the last day's 5 passes removed more than 10% of the table" in advice
     assert "(median 40%, " in advice
-    assert "125,000 rows in all, a pass about every 60 min" in advice
-    assert "in 15-minute partitions (about 6,250 rows each" in advice
+    assert "12,500 rows in all, a pass about every 60 min" in advice
+    assert "in 15-minute partitions (about 625 rows each" in advice
     assert 'set partitions = "drop" on target "feed"' in advice
 
 
