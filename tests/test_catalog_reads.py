@@ -1,0 +1,198 @@
+"""The catalog reads a sweep makes of each table: right for every shape of table and foreign key,
+and, among thousands of tables, each reads a few catalog rows, not every relation's.
+
+A pass over thousands of tenants' tables runs these once a table: a read that scans pg_class or
+pg_constraint costs the pass time in proportion to the square of the tables (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from activities.engine import statements
+
+#: The catalogs a per-table read may look into, by index, a few rows each.
+CATALOGS = {
+    "pg_class",
+    "pg_constraint",
+    "pg_depend",
+    "pg_attribute",
+    "pg_index",
+    "pg_statistic",
+    "pg_inherits",
+    "pg_namespace",
+    "pg_partitioned_table",
+}
+
+
+def _one(db: psycopg.Connection[Any], query: sql.Composable, rel: str) -> Any:
+    return db.execute(query, {"rel": rel, "column": "id"}).fetchone()
+
+
+def _referenced(db: psycopg.Connection[Any], rel: str) -> bool:
+    """The definition: some foreign key's `confrelid` is the table (a scan of pg_constraint)."""
+    [found] = db.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE contype = 'f'"
+        " AND confrelid = %s::regclass)",
+        (rel,),
+    ).fetchone() or [False]
+    return bool(found)
+
+
+def test_a_foreign_key_is_found_on_the_table_it_references_and_on_no_other(
+    db: psycopg.Connection[Any],
+) -> None:
+    db.execute(
+        """
+        CREATE TABLE parent (id bigint PRIMARY KEY);
+        CREATE TABLE child (id bigint PRIMARY KEY, parent_id bigint REFERENCES parent);
+        CREATE TABLE selfref (id bigint PRIMARY KEY, up bigint REFERENCES selfref);
+        CREATE TABLE pair (a int, b int, PRIMARY KEY (a, b));
+        CREATE TABLE pair_child (a int, b int,
+            FOREIGN KEY (a, b) REFERENCES pair ON DELETE CASCADE);
+        CREATE TABLE pp (id bigint PRIMARY KEY) PARTITION BY RANGE (id);
+        CREATE TABLE pp_1 PARTITION OF pp FOR VALUES FROM (0) TO (10);
+        CREATE TABLE pp_2 PARTITION OF pp FOR VALUES FROM (10) TO (20);
+        CREATE TABLE pp_child (pp_id bigint REFERENCES pp);
+        CREATE TABLE gone (id bigint PRIMARY KEY);
+        CREATE TABLE goner (gone_id bigint CONSTRAINT to_gone REFERENCES gone);
+        ALTER TABLE goner DROP CONSTRAINT to_gone;
+        CREATE TABLE viewed (id bigint PRIMARY KEY);
+        CREATE VIEW a_view AS SELECT id FROM viewed;
+        CREATE TABLE indexed_child (parent_id bigint REFERENCES parent);
+        CREATE INDEX ON indexed_child (parent_id);
+        """
+    )
+    tables = ["parent", "child", "selfref", "pair", "pair_child", "pp", "pp_1", "pp_2"]
+    tables += ["pp_child", "gone", "goner", "viewed", "indexed_child"]
+
+    found = {rel: bool(_one(db, statements.is_referenced(), rel)[0]) for rel in tables}
+
+    assert found == {rel: _referenced(db, rel) for rel in tables}
+    assert {rel for rel, yes in found.items() if yes} == {
+        "parent", "selfref", "pair", "pp", "pp_1", "pp_2",
+    }  # fmt: skip
+    # The keys without an index on the child's columns, one row a key (a key of two columns
+    # depends on both: found once).
+    children = statements.unindexed_children()
+    params = {"column": "id"}
+    assert db.execute(children, {**params, "rel": "parent"}).fetchall() == [
+        ("child", ["parent_id"], "NO ACTION")
+    ]
+    assert db.execute(children, {**params, "rel": "pair"}).fetchall() == [
+        ("pair_child", ["a", "b"], "CASCADE")
+    ]
+    assert db.execute(children, {**params, "rel": "gone"}).fetchall() == []
+
+
+def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
+    db: psycopg.Connection[Any],
+) -> None:
+    db.execute(
+        """
+        CREATE TABLE plain (id bigint, pad text);
+        INSERT INTO plain SELECT i, repeat('x', 100) FROM generate_series(1, 2000) i;
+        CREATE TABLE unread (id bigint);
+        INSERT INTO unread SELECT generate_series(1, 10);
+        CREATE TABLE parted (id bigint, pad text) PARTITION BY RANGE (id);
+        CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (1000);
+        CREATE TABLE parted_2 PARTITION OF parted FOR VALUES FROM (1000) TO (5000);
+        INSERT INTO parted SELECT i, repeat('x', 100) FROM generate_series(0, 4999) i;
+        ANALYZE plain;
+        ANALYZE parted;
+        """
+    )
+
+    def pages(rel: str) -> int:
+        [n] = db.execute(
+            "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (rel,)
+        ).fetchone() or [0]
+        return int(n)
+
+    size = statements.table_size()
+    assert _one(db, size, "plain") == (pages("plain"), 2000, False, False)
+    assert _one(db, size, "unread")[2:] == (True, False)  # never analyzed
+    # The largest leaf's pages, every leaf's rows.
+    assert _one(db, size, "parted") == (pages("parted_2"), 5000, False, True)
+    assert _one(db, size, "parted_1") == (pages("parted_1"), 1000, False, False)
+
+
+@pytest.fixture
+def many_tenants(db: psycopg.Connection[Any], schema: str) -> Iterator[str]:
+    """2,000 tenant schemas of one table each, as a schema-per-tenant application has them, and
+    a partitioned table; the table to read is tenant 7's (a foreign key references it).
+    Dropped after."""
+    tenants = [f"{schema}_{i:04d}" for i in range(2000)]
+    for start in range(0, len(tenants), 250):
+        db.execute(
+            "; ".join(
+                f'CREATE SCHEMA "{t}"; CREATE TABLE "{t}".sessions'
+                f' (id bigint PRIMARY KEY, expires_at bigint); CREATE INDEX ON "{t}".sessions'
+                " (expires_at)"
+                for t in tenants[start : start + 250]
+            )
+        )
+    db.execute(f'CREATE TABLE kid (id bigint REFERENCES "{tenants[7]}".sessions)')
+    db.execute(
+        "CREATE TABLE parted (id bigint, expires_at bigint) PARTITION BY RANGE (expires_at);"
+        " CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (10);"
+        " CREATE TABLE parted_2 PARTITION OF parted FOR VALUES FROM (10) TO (20)"
+    )
+    db.execute("ANALYZE")
+    try:
+        yield f'"{tenants[7]}".sessions'
+    finally:
+        for start in range(0, len(tenants), 250):
+            db.execute(
+                "; ".join(f'DROP SCHEMA "{t}" CASCADE' for t in tenants[start : start + 250])
+            )
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from _nodes(child)
+
+
+#: Every read a sweep makes of one table's catalog entries, by its function in statements.
+PER_TABLE_READS = [
+    "table_size",
+    "is_referenced",
+    "unindexed_children",
+    "serving_index",
+    "column_statistics",
+    "column_correlation",
+    "table_tuples",
+    "partition_key",
+    "partition_children",
+    "partition_tree",
+]
+
+
+@pytest.mark.slow
+def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of_tables(
+    db: psycopg.Connection[Any], many_tenants: str
+) -> None:
+    """Among 2,000 tables, no node of a read's plan reads more than a few dozen catalog rows
+    (its actual rows and the rows its filter removed). Scanning pg_class read 6,000 here."""
+    too_many = {}
+    for read, rel in itertools.product(PER_TABLE_READS, [many_tenants, "parted"]):
+        explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + getattr(statements, read)()
+        row = db.execute(explain, {"rel": rel, "column": "expires_at"}).fetchone()
+        assert row is not None
+        for node in _nodes(row[0][0]["Plan"]):
+            if node.get("Relation Name") not in CATALOGS:
+                continue
+            rows = node["Actual Rows"] * node["Actual Loops"] + node.get(
+                "Rows Removed by Filter", 0
+            )
+            if rows > 50:
+                too_many[(read, rel, node["Node Type"], node["Relation Name"])] = rows
+
+    assert too_many == {}
