@@ -52,9 +52,10 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
 @pytest.mark.parametrize(
     ("tenants", "child_size", "run_size"),
     [
-        # Children of 9, 9 and 6 in runs of 4 continue as new as those of 120, 120 and 60 in
-        # runs of 50 do; the 24 tenants' sweeps outnumber the report's cap of 20.
-        (24, 9, 4),
+        # Children of 8, 8 and 5 in runs of 3 continue as new as those of 120, 120 and 60 in
+        # runs of 50 do (3, 3 and 2 runs); the 21 tenants' sweeps outnumber the report's cap of
+        # 20.
+        (21, 8, 3),
         pytest.param(300, 120, 50, marks=pytest.mark.slow),
     ],
 )
