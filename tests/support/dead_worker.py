@@ -15,7 +15,8 @@ from temporalio.api.workflowservice.v1 import (
     ResetStickyTaskQueueRequest,
     UpdateActivityOptionsRequest,
 )
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
 
 #: The heartbeat timeout a killed attempt gets, so the server times it out within this of being
 #: told. The retry on the new worker keeps it too: it heartbeats as it starts, then every 3 s
@@ -34,18 +35,26 @@ async def notice_the_dead_worker_sooner(
     queue rather than a dead worker's sticky queue. Neither writes to the history."""
     execution = WorkflowExecution(workflow_id=workflow_id)
     described = await client.get_workflow_handle(workflow_id).describe()
-    for running in described.raw_description.pending_activities:
-        if running.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
-            continue  # not bound to any worker yet: whoever polls next takes it
-        await client.workflow_service.update_activity_options(
-            UpdateActivityOptionsRequest(
-                namespace=client.namespace,
-                execution=execution,
-                id=running.activity_id,
-                activity_options=ActivityOptions(heartbeat_timeout=after),
-                update_mask=FieldMask(paths=["heartbeat_timeout"]),
+    if described.status != WorkflowExecutionStatus.RUNNING:
+        return  # the pass ended before the kill struck: nothing waits on the dead worker
+    try:
+        for running in described.raw_description.pending_activities:
+            if running.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+                continue  # not bound to any worker yet: whoever polls next takes it
+            await client.workflow_service.update_activity_options(
+                UpdateActivityOptionsRequest(
+                    namespace=client.namespace,
+                    execution=execution,
+                    id=running.activity_id,
+                    activity_options=ActivityOptions(heartbeat_timeout=after),
+                    update_mask=FieldMask(paths=["heartbeat_timeout"]),
+                )
             )
+        await client.workflow_service.reset_sticky_task_queue(
+            ResetStickyTaskQueueRequest(namespace=client.namespace, execution=execution)
         )
-    await client.workflow_service.reset_sticky_task_queue(
-        ResetStickyTaskQueueRequest(namespace=client.namespace, execution=execution)
-    )
+    except RPCError as err:
+        # "workflow execution already completed": it ended since it was described (a pass
+        # that finished within the random wait before the kill).
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
