@@ -15,7 +15,7 @@ from temporalio.api.workflowservice.v1 import (
     ResetStickyTaskQueueRequest,
     UpdateActivityOptionsRequest,
 )
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 #: The heartbeat timeout a killed attempt gets, so the server times it out within this of being
@@ -35,8 +35,6 @@ async def notice_the_dead_worker_sooner(
     queue rather than a dead worker's sticky queue. Neither writes to the history."""
     execution = WorkflowExecution(workflow_id=workflow_id)
     described = await client.get_workflow_handle(workflow_id).describe()
-    if described.status != WorkflowExecutionStatus.RUNNING:
-        return  # the pass ended before the kill struck: nothing waits on the dead worker
     try:
         for running in described.raw_description.pending_activities:
             if running.state != PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
@@ -54,7 +52,7 @@ async def notice_the_dead_worker_sooner(
             ResetStickyTaskQueueRequest(namespace=client.namespace, execution=execution)
         )
     except RPCError as err:
-        # "workflow execution already completed": it ended since it was described (a pass
-        # that finished within the random wait before the kill).
+        # "workflow execution already completed": the pass ended before or since the kill (one
+        # that finished within the random wait before it), so nothing waits on the dead worker.
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
