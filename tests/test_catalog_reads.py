@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from activities.engine import statements
+from activities.engine.filter_plan import plan_nodes
 
 #: The catalogs a per-table read may look into, by index, a few rows each.
 CATALOGS = {
@@ -154,12 +155,6 @@ def many_tenants(db: psycopg.Connection[Any], schema: str) -> Iterator[str]:
             )
 
 
-def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from _nodes(child)
-
-
 #: Every read a sweep makes of one table's catalog entries, by its function in statements.
 PER_TABLE_READS = [
     "table_size",
@@ -186,7 +181,7 @@ def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of
         explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + getattr(statements, read)()
         row = db.execute(explain, {"rel": rel, "column": "expires_at"}).fetchone()
         assert row is not None
-        for node in _nodes(row[0][0]["Plan"]):
+        for node in plan_nodes(row[0][0]["Plan"]):
             if node.get("Relation Name") not in CATALOGS:
                 continue
             rows = node["Actual Rows"] * node["Actual Loops"] + node.get(

@@ -17,6 +17,7 @@ order, a page again and again) where a range walk reads each page once for all o
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,16 +141,17 @@ async def _planner_uses(conn: AsyncConnection[Any], pred: Predicate, index: _Can
     if row is None:
         return False
     document = json.loads(row[0]) if isinstance(row[0], str) else row[0]
-    nodes = list(_nodes(document[0]["Plan"]))
+    nodes = list(plan_nodes(document[0]["Plan"]))
     return not any(n.get("Node Type") == "Sort" for n in nodes) and any(
         n.get("Index Name") == index.relname for n in nodes
     )
 
 
-def _nodes(node: dict[str, Any]) -> Any:
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """An `EXPLAIN (FORMAT JSON)` plan node and every node under it."""
     yield node
     for child in node.get("Plans", []):
-        yield from _nodes(child)
+        yield from plan_nodes(child)
 
 
 async def _estimate(conn: AsyncConnection[Any], pred: Predicate, where: sql.Composable) -> float:
