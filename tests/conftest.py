@@ -332,6 +332,34 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min((os.cpu_count() or 1) + 1, 4)
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: only the tests that will run
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: n for n, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else file order
+    items[:] = spread_waiting(items)
+
+
+#: A test that reaches a server costs about ten times one that does not (tests/README.md): the
+#: weight by which the waiting tests are spaced out.
+SERVER_FIXTURES = frozenset({"pg_url", "temporal_server", "time_skipping"})
+
+
+def spread_waiting(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests marked `waits` spread evenly through the first nine tenths of the run, the rest
+    in their order. xdist hands tests out in this order as workers free up, so neighbours run at
+    once: a module's waiting tests side by side (test_fleet's six budgets and locks) left both
+    cores a third idle for seconds while every worker waited (tests/README.md). They are spaced
+    by the tests between them that reach a server, as those are what take the time."""
+    waiting = [item for item in items if item.get_closest_marker("waits")]
+    rest = [item for item in items if not item.get_closest_marker("waits")]
+    weights = [1.0 if SERVER_FIXTURES & set(item.fixturenames) else 0.1 for item in rest]
+    stride = sum(weights) * 0.9 / max(len(waiting), 1)
+    spread: list[pytest.Item] = []
+    done, placed = 0.0, 0
+    for item, weight in zip(rest, weights, strict=True):
+        if placed < len(waiting) and done >= (placed + 0.5) * stride:
+            spread.append(waiting[placed])
+            placed += 1
+        spread.append(item)
+        done += weight
+    return spread + waiting[placed:]

@@ -315,6 +315,7 @@ def slow_deletes(db: psycopg.Connection[Any], table: str, ms: float = 1.0) -> No
     )
 
 
+@pytest.mark.waits
 async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_continues(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:

@@ -75,6 +75,7 @@ def sleepers() -> type[Sleeper]:
     return Sleeper
 
 
+@pytest.mark.waits
 async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in_input_order(
     client: Client, task_queue: str, run_worker: RunWorker, sleepers: type[Sleeper]
 ) -> None:
@@ -102,6 +103,7 @@ async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in
     assert took < 7 * 0.4  # not one after another
 
 
+@pytest.mark.waits
 async def test_a_pass_out_of_budget_reports_the_rest_skipped_and_the_next_pass_sweeps_them(
     client: Client, task_queue: str, run_worker: RunWorker, sleepers: type[Sleeper]
 ) -> None:
@@ -137,6 +139,7 @@ async def test_a_pass_without_limits_is_the_sequential_pass(
     assert not any(e.HasField("marker_recorded_event_attributes") for e in history.events)
 
 
+@pytest.mark.waits
 async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budget(
     harness: Harness,
 ) -> None:
@@ -209,6 +212,7 @@ async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_delet
     assert (done.status, done.removed) == ("ok", 1)
 
 
+@pytest.mark.waits
 async def test_an_empty_table_is_swept_without_waiting_for_its_lock(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
 ) -> None:
@@ -293,6 +297,7 @@ async def fleet_pools(databases: dict[str, str]) -> AsyncIterator[dict[str, Any]
         await opened.close()
 
 
+@pytest.mark.waits
 async def test_targets_over_three_databases_remove_exactly_their_rows_one_down_fails_alone(
     time_skipping: WorkflowEnvironment,
     task_queue: str,

@@ -306,6 +306,7 @@ async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbe
     assert db.execute("SELECT count(*) FROM purge_progress").fetchone() == (0,)
 
 
+@pytest.mark.waits
 @pytest.mark.parametrize("end", ["out of time", "cancelled", "a crash at its first report"])
 async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     pytestconfig: pytest.Config, end: str

@@ -208,6 +208,7 @@ def scrape(port: int) -> dict[str, float]:
     }
 
 
+@pytest.mark.waits
 async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     temporal_server: RunningTemporal,
     harness: Harness,
@@ -250,6 +251,7 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     assert metrics["purge_target_failures{x_idempotency}"] == 0
 
 
+@pytest.mark.waits
 async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them(
     temporal_server: RunningTemporal, harness: Harness
 ) -> None:

@@ -75,6 +75,7 @@ class TestProbes:
         assert ready.body == "not ready: database eu did not answer (OperationalError)\n"
         assert live.status == 200
 
+    @pytest.mark.waits
     async def test_readyz_names_temporal_when_it_stops_answering(
         self, tmp_path: Path, schema_url: str, task_queue: str
     ) -> None:
@@ -168,6 +169,7 @@ async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue:
         await probes.close()
 
 
+@pytest.mark.waits
 async def test_livez_is_answered_by_the_worker_s_own_event_loop(
     tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
 ) -> None:

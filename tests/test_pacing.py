@@ -57,6 +57,7 @@ async def paced_sweep(
     return stats, wal(db) - before, time.monotonic() - started
 
 
+@pytest.mark.waits
 async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:

@@ -218,6 +218,7 @@ async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next
     }
 
 
+@pytest.mark.waits
 async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_swept_again(
     client: Client,
     temporal_server: RunningTemporal,

@@ -109,6 +109,7 @@ async def test_a_role_without_delete_fails_that_target_saying_what_it_needs(
 SECRET = "hunter2-purge-s3cret"
 
 
+@pytest.mark.waits
 def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     tmp_path: Path,
     temporal_server: RunningTemporal,

@@ -140,6 +140,7 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
     assert keys(harness.db, "sessions") == {"s-new"}
 
 
+@pytest.mark.waits
 async def test_worker_sends_sweep_progress_at_least_once_a_second(
     harness: Harness,
 ) -> None:
