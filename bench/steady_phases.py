@@ -1,0 +1,189 @@
+"""Where a steady hour's sweep spends its time, phase by phase, beside one DELETE of an hour.
+
+A table of `--rows` rows created over `--hours` hours in id order; each round deletes the next
+hour's rows, alternately by one DELETE and by the activity (the table's buffers and page cache
+dropped and a checkpoint taken before each form, as `bench.run`'s steady case does). For each
+activity round, the time before its first keyset batch, then summed over its batches: the
+boundary read (to the DELETE's send), the DELETE with the flush that reads its count, the
+ledger's upsert and the commit, the gaps between batches, and the time after the last.
+
+    python -m bench.steady_phases --rows 5000000 --hours 50 --rounds 8
+    python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
+
+The phases are timed by wrapping `run_key_batch` and `add_to_ledger` in this process: the
+activity runs as it ships, only observed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import activities.engine.batching as batching
+import activities.engine.keyset as keyset
+from activities import builtin_targets as kinds
+from activities.schema import reference_ddl
+from bench import data as tables
+from bench.forms import run_target
+from bench.server import embedded_settings
+from bench.services import embedded_postgres
+from purge_config.names import TableName
+from purge_config.settings import SweepSettings
+from purge_ops.connect import open_pool
+
+HOUR_MS = 3_600_000
+START_MS = 1_700_000_000_000
+Marks = list[tuple[str, float]]
+
+
+def observe(marks: Marks) -> None:
+    """Record, in `marks`, when each keyset batch starts, sends its DELETE, has its count, and
+    ends."""
+    # Through the modules' namespaces: the names each module looks up when a batch runs.
+    engine, ledger = vars(batching), vars(keyset)
+    run, add = engine["run_key_batch"], ledger["add_to_ledger"]
+
+    async def timed_add(*args: Any) -> Any:
+        marks.append(("sent", time.perf_counter()))
+        added = await add(*args)
+        marks.append(("counted", time.perf_counter()))
+        return added
+
+    async def timed_run(*args: Any) -> Any:
+        marks.append(("start", time.perf_counter()))
+        ran = await run(*args)
+        marks.append(("end", time.perf_counter()))
+        return ran
+
+    ledger["add_to_ledger"] = timed_add
+    engine["run_key_batch"] = timed_run
+
+
+def phases(marks: Marks, began: float, ended: float) -> str:
+    """One activity round's phases, in ms."""
+    at: dict[str, list[float]] = {"start": [], "sent": [], "counted": [], "end": []}
+    for name, t in marks:
+        at[name].append(t)
+    if not at["start"]:
+        return "no keyset batch"
+
+    def total(pairs: list[tuple[float, float]]) -> str:
+        spans = [(b - a) * 1000 for a, b in pairs]
+        return f"{sum(spans):6.1f} (median {statistics.median(spans) if spans else 0:4.2f})"
+
+    starts, ends = at["start"], at["end"]
+    return (
+        f"{len(starts)} batches; before the first {(starts[0] - began) * 1000:5.1f}; "
+        f"boundary reads {total(list(zip(starts, at['sent'], strict=False)))}; "
+        f"DELETEs and counts {total(list(zip(at['sent'], at['counted'], strict=False)))}; "
+        f"ledger and commit {total(list(zip(at['counted'], ends, strict=False)))}; "
+        f"gaps {total(list(zip(ends, starts[1:], strict=False)))}; "
+        f"after the last {(ended - ends[-1]) * 1000:5.1f} ms"
+    )
+
+
+async def build(conn: psycopg.AsyncConnection[Any], rows: int, hours: int) -> None:
+    per_hour = rows // hours
+    await conn.execute(reference_ddl())
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
+    await conn.execute(
+        "CREATE TABLE steady (id bigint NOT NULL, created_ms bigint NOT NULL, user_id bigint,"
+        " body text) WITH (autovacuum_enabled = false)"
+    )
+    await conn.execute(
+        "INSERT INTO steady SELECT i, %s + i * %s / %s, mod(i, 1000), md5(i::text)"
+        " FROM generate_series(0::bigint, %s) i",
+        (START_MS, HOUR_MS, per_hour, rows - 1),
+    )
+    await conn.execute("SET maintenance_work_mem = '512MB'")
+    await conn.execute("ALTER TABLE steady ADD PRIMARY KEY (id)")
+    await conn.execute("CREATE INDEX ON steady (created_ms)")
+    await conn.execute("RESET maintenance_work_mem")
+    await conn.execute("VACUUM (ANALYZE) steady")
+
+
+async def measure(url: str, rows: int, hours: int, rounds: int, settings: SweepSettings) -> None:
+    marks: Marks = []
+    observe(marks)
+    conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await build(conn, rows, hours)
+    pool = await open_pool(url)
+    max_age = hours * HOUR_MS
+
+    def cutoff(hour: int) -> int:
+        return START_MS + (hour + 1) * HOUR_MS - 1
+
+    await conn.execute("DELETE FROM steady WHERE created_ms <= %s", (cutoff(0),))
+    await conn.execute("VACUUM (ANALYZE) steady")
+    per_row: dict[str, list[float]] = {"DELETE": [], "activity": []}
+    hour = 1
+
+    async def one_delete(cut: int) -> tuple[float, int]:
+        began = time.perf_counter()
+        cur = await conn.execute("DELETE FROM steady WHERE created_ms <= %s", (cut,))
+        return time.perf_counter() - began, cur.rowcount
+
+    async def one_sweep(cut: int) -> tuple[float, int]:
+        marks.clear()
+        target = kinds.expiring(
+            pool, f"steady_{hour}", TableName("steady", "public"), "created_ms", max_age, settings
+        )
+        began = time.perf_counter()
+        run = await run_target(target, cut + max_age)
+        print(f"activity {run.seconds * 1000:6.1f} ms: {phases(marks, began, time.perf_counter())}")
+        return run.seconds, run.removed
+
+    forms: dict[str, Callable[[int], Awaitable[tuple[float, int]]]] = {
+        "DELETE": one_delete,
+        "activity": one_sweep,
+    }
+    for n in range(rounds):
+        for form in ("DELETE", "activity") if n % 2 == 0 else ("activity", "DELETE"):
+            await tables.make_cold(conn, "public", "steady", None)
+            await conn.execute("CHECKPOINT")
+            seconds, removed = await forms[form](cutoff(hour))
+            per_row[form].append(seconds * 1e6 / removed)
+            await conn.execute("VACUUM (ANALYZE) steady")
+            hour += 1
+    for form, figures in per_row.items():
+        print(f"{form:8} us a row: {', '.join(f'{x:.2f}' for x in figures)}")
+    mine, floor = (statistics.median(per_row[f]) for f in ("activity", "DELETE"))
+    print(f"activity {mine / floor:.2f}x one DELETE (median {mine:.2f} against {floor:.2f} us)")
+    await pool.close()
+    await conn.close()
+
+
+async def on_embedded_server(scratch: Path, args: argparse.Namespace) -> None:
+    settings = embedded_settings(fsync=True, shared_buffers=args.shared_buffers)
+    async with embedded_postgres(scratch, settings) as server:
+        sweep = SweepSettings(batch_target_ms=args.batch_target_ms)
+        await measure(server.url(), args.rows, args.hours, args.rounds, sweep)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--hours", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--shared-buffers", default="128MB")
+    parser.add_argument("--batch-target-ms", type=int, default=SweepSettings.batch_target_ms)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="purge-bench-"))
+    scratch.chmod(0o755)  # the embedded server may run as its own user
+    try:
+        asyncio.run(on_embedded_server(scratch, args))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
