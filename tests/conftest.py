@@ -339,15 +339,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = spread_waiting(items)
 
 
-#: A test that reaches a server costs about ten times one that does not (tests/README.md): the
-#: weight by which the waiting tests are spaced out.
+#: A test that reaches a server (30-120 ms of CPU: a schema, a pool, a pass) costs about ten times
+#: one that does not (a few ms: the config tests): the weight by which waiting tests are spaced.
 SERVER_FIXTURES = frozenset({"pg_url", "temporal_server", "time_skipping"})
 
 
 def spread_waiting(items: list[pytest.Item]) -> list[pytest.Item]:
     """The tests marked `waits` spread evenly through the first nine tenths of the run, the rest
     in their order. xdist hands tests out in this order as workers free up, so neighbours run at
-    once: a module's waiting tests side by side (test_fleet's six budgets and locks) left both
+    once: a module's waiting tests side by side (test_fleet's five budgets and locks) left both
     cores a third idle for seconds while every worker waited (tests/README.md). They are spaced
     by the tests between them that reach a server, as those are what take the time."""
     waiting = [item for item in items if item.get_closest_marker("waits")]
