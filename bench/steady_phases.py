@@ -1,13 +1,14 @@
 """Where a steady hour's sweep spends its time, phase by phase, beside one DELETE of an hour.
 
-A table of `--rows` rows created over `--hours` hours in id order; each round deletes the next
-hour's rows, alternately by one DELETE and by the activity (the table's buffers and page cache
-dropped and a checkpoint taken before each form, as `bench.run`'s steady case does). For each
-activity round, the time before its first keyset batch, then summed over its batches: the
-boundary read (to the DELETE's send), the DELETE with the flush that reads its count, the
-ledger's upsert and the commit, the gaps between batches, and the time after the last.
+Case 12's table (`bench.steady`): `--rows` rows created over 100 hours in id order, on a server
+with PostgreSQL's defaults for what the bench tunes (shared_buffers 128MB). Each round deletes
+the next hour's rows, alternately by one DELETE and by the activity, the table's buffers and
+page cache dropped and a checkpoint taken before each form, as case 12 does. For each activity
+round: the time before its first keyset batch, then summed over its batches the boundary read
+(to the DELETE's send), the DELETE with the flush that reads its count, the ledger's upsert and
+the commit, the gaps between batches, and the time after the last.
 
-    python -m bench.steady_phases --rows 5000000 --hours 50 --rounds 8
+    python -m bench.steady_phases --rows 10000000 --rounds 8   # 100,000 rows an hour
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
 
 The phases are timed by wrapping `run_key_batch` and `add_to_ledger` in this process: the
@@ -33,14 +34,13 @@ import activities.engine.keyset as keyset
 from activities import builtin_targets as kinds
 from activities.schema import reference_ddl
 from bench import data as tables
+from bench import steady
 from bench.forms import run_target
-from bench.server import embedded_settings
 from bench.services import embedded_postgres
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 
-HOUR_MS = 3_600_000
 START_MS = 1_700_000_000_000
 Marks = list[tuple[str, float]]
 
@@ -91,52 +91,29 @@ def phases(marks: Marks, began: float, ended: float) -> str:
     )
 
 
-async def build(conn: psycopg.AsyncConnection[Any], rows: int, hours: int) -> None:
-    per_hour = rows // hours
-    await conn.execute(reference_ddl())
-    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
-    await conn.execute(
-        "CREATE TABLE steady (id bigint NOT NULL, created_ms bigint NOT NULL, user_id bigint,"
-        " body text) WITH (autovacuum_enabled = false)"
-    )
-    await conn.execute(
-        "INSERT INTO steady SELECT i, %s + i * %s / %s, mod(i, 1000), md5(i::text)"
-        " FROM generate_series(0::bigint, %s) i",
-        (START_MS, HOUR_MS, per_hour, rows - 1),
-    )
-    await conn.execute("SET maintenance_work_mem = '512MB'")
-    await conn.execute("ALTER TABLE steady ADD PRIMARY KEY (id)")
-    await conn.execute("CREATE INDEX ON steady (created_ms)")
-    await conn.execute("RESET maintenance_work_mem")
-    await conn.execute("VACUUM (ANALYZE) steady")
-
-
-async def measure(url: str, rows: int, hours: int, rounds: int, settings: SweepSettings) -> None:
+async def measure(url: str, rows: int, rounds: int, settings: SweepSettings) -> None:
     marks: Marks = []
     observe(marks)
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-    await build(conn, rows, hours)
+    await conn.execute(reference_ddl())
+    await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
+    data = steady.Hours(rows, START_MS)
+    await steady._build(conn, data)  # case 12's table: `rows` over 100 hours, in id order
     pool = await open_pool(url)
-    max_age = hours * HOUR_MS
-
-    def cutoff(hour: int) -> int:
-        return START_MS + (hour + 1) * HOUR_MS - 1
-
-    await conn.execute("DELETE FROM steady WHERE created_ms <= %s", (cutoff(0),))
+    max_age = steady.HOURS * steady.HOUR_MS
+    await steady._delete(conn, data.cutoff(0))
     await conn.execute("VACUUM (ANALYZE) steady")
     per_row: dict[str, list[float]] = {"DELETE": [], "activity": []}
     hour = 1
 
     async def one_delete(cut: int) -> tuple[float, int]:
-        began = time.perf_counter()
-        cur = await conn.execute("DELETE FROM steady WHERE created_ms <= %s", (cut,))
-        return time.perf_counter() - began, cur.rowcount
+        run = await steady._delete(conn, cut)
+        return run.seconds, run.removed
 
     async def one_sweep(cut: int) -> tuple[float, int]:
         marks.clear()
-        target = kinds.expiring(
-            pool, f"steady_{hour}", TableName("steady", "public"), "created_ms", max_age, settings
-        )
+        table = TableName(steady.TABLE, "public")
+        target = kinds.expiring(pool, f"steady_{hour}", table, "created_ms", max_age, settings)
         began = time.perf_counter()
         run = await run_target(target, cut + max_age)
         print(f"activity {run.seconds * 1000:6.1f} ms: {phases(marks, began, time.perf_counter())}")
@@ -148,9 +125,9 @@ async def measure(url: str, rows: int, hours: int, rounds: int, settings: SweepS
     }
     for n in range(rounds):
         for form in ("DELETE", "activity") if n % 2 == 0 else ("activity", "DELETE"):
-            await tables.make_cold(conn, "public", "steady", None)
+            await tables.make_cold(conn, "public", steady.TABLE, None)
             await conn.execute("CHECKPOINT")
-            seconds, removed = await forms[form](cutoff(hour))
+            seconds, removed = await forms[form](data.cutoff(hour))
             per_row[form].append(seconds * 1e6 / removed)
             await conn.execute("VACUUM (ANALYZE) steady")
             hour += 1
@@ -163,18 +140,18 @@ async def measure(url: str, rows: int, hours: int, rounds: int, settings: SweepS
 
 
 async def on_embedded_server(scratch: Path, args: argparse.Namespace) -> None:
-    settings = embedded_settings(fsync=True, shared_buffers=args.shared_buffers)
+    # PostgreSQL's own defaults for what the bench tunes, as case 12's default-settings server
+    # (and fsync on: the embedded server's own default is off).
+    settings = {**steady.DEFAULT_SETTINGS, "fsync": "on"}
     async with embedded_postgres(scratch, settings) as server:
         sweep = SweepSettings(batch_target_ms=args.batch_target_ms)
-        await measure(server.url(), args.rows, args.hours, args.rounds, sweep)
+        await measure(server.url(), args.rows, args.rounds, sweep)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--hours", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--shared-buffers", default="128MB")
     parser.add_argument("--batch-target-ms", type=int, default=SweepSettings.batch_target_ms)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="purge-bench-"))
