@@ -2,8 +2,13 @@
 
 - `archive`: x_idempotency, half expired and interleaved (case 1's data); (a) one plain DELETE
   of the expired rows against (b) this package moving them into an archive table (`archive_table`
-  on the idempotency kind: each batch's DELETE ... RETURNING feeds an INSERT in one statement).
-  The archive is a plain heap, as an append-only archive usually is, made fresh for each run.
+  on the idempotency kind: each batch's DELETE ... RETURNING feeds an INSERT in one statement),
+  the activity alone and through Temporal. Beside them, the two ways a DBA archives by hand: (h)
+  the same DELETE ... RETURNING feeding the INSERT, as one statement over every expired row, and
+  (h2) an INSERT ... SELECT of the expired rows and then their DELETE, in one transaction that
+  first locks writers out (else a row renewed between the two statements would be archived and
+  kept). The archive is a plain heap, as an append-only archive usually is, made fresh for each
+  form that fills it.
 - `filtered`: a job table (x_idempotency's columns and a `state`), three states; the target
   takes one (`match = { state = "done" }`), with the index its advice names,
   `(state, expires_at_ms)`, against (a) one DELETE of the same rows. Two datasets: half the rows
@@ -17,12 +22,15 @@ checks that the archive received exactly the rows removed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
@@ -32,7 +40,9 @@ from activities.engine.sql_target import SqlTarget
 from bench import data as tables
 from bench.cases import Bench, Case, measure_form
 from bench.data import _SPREAD_MS, Dataset
-from bench.stats import FormResult, median_of
+from bench.forms import FORMS, LABELS, FormContext, FormFn, Table, TemporalPass, ours_temporal
+from bench.services import TargetEntry, config_worker, fleet_config, temporal_dev_server
+from bench.stats import FormResult, FormRun, median_of
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 
@@ -44,6 +54,10 @@ JOBS_REFERENCE = "bench_jobs"
 STATES = ("done", "failed", "new")
 #: An archive table is its copy's name plus this.
 ARCHIVE_SUFFIX = "_archive"
+#: The archive case's forms, in report order.
+ARCHIVE_FORMS = ("delete", "hand_archive", "hand_locked", "ours", "ours_temporal")
+#: Forms that fill an archive table, checked after each to hold exactly the rows removed.
+FILLS_ARCHIVE = frozenset(ARCHIVE_FORMS) - {"delete"}
 
 
 @dataclass(frozen=True)
@@ -107,13 +121,66 @@ def _jobs(rows: int, every: int) -> FilteredDataset:
     return FilteredDataset("idempotency", jobs, jobs // stride, "interleaved", every=every)
 
 
+def _archive_of(table: Table) -> sql.Identifier:
+    return sql.Identifier(table.schema, table.name + ARCHIVE_SUFFIX)
+
+
+async def hand_archive(ctx: FormContext, table: Table) -> FormRun:
+    """(h) The archive as a DBA types it: one statement, every expired row deleted and its
+    returned columns inserted into the archive. Counted by the INSERT's tag: the rows moved."""
+    statement = sql.SQL(
+        "WITH moved AS (DELETE FROM {t} WHERE {pred} RETURNING key, response, expires_at_ms)"
+        " INSERT INTO {archive} (key, response, expires_at_ms) SELECT * FROM moved"
+    ).format(t=table.ident, pred=table.data.predicate(), archive=_archive_of(table))
+    started = time.perf_counter()
+    cur = await ctx.conn.execute(statement, {"now_ms": table.now_ms})
+    seconds = time.perf_counter() - started
+    return FormRun(removed=max(cur.rowcount, 0), seconds=seconds, statement_ms=[seconds * 1000])
+
+
+async def hand_locked(ctx: FormContext, table: Table) -> FormRun:
+    """(h2) The archive in two statements, copy then delete, in one transaction that locks
+    writers out first (SHARE ROW EXCLUSIVE: reads go on, every upsert waits for the commit), so
+    the DELETE takes exactly the rows the INSERT copied. No projection through RETURNING, at the
+    price of every writer stalled for the whole of it."""
+    params = {"now_ms": table.now_ms}
+    pred = table.data.predicate()
+    started = time.perf_counter()
+    async with ctx.conn.transaction():
+        await ctx.conn.execute(
+            sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(table.ident)
+        )
+        copied = await ctx.conn.execute(
+            sql.SQL(
+                "INSERT INTO {archive} (key, response, expires_at_ms)"
+                " SELECT key, response, expires_at_ms FROM {t} WHERE {pred}"
+            ).format(archive=_archive_of(table), t=table.ident, pred=pred),
+            params,
+        )
+        deleted = await ctx.conn.execute(
+            sql.SQL("DELETE FROM {} WHERE {}").format(table.ident, pred), params
+        )
+        if copied.rowcount != deleted.rowcount:
+            raise RuntimeError(f"copied {copied.rowcount} rows, deleted {deleted.rowcount}")
+    seconds = time.perf_counter() - started
+    return FormRun(removed=max(deleted.rowcount, 0), seconds=seconds, statement_ms=[seconds * 1000])
+
+
+#: Every form measure_form may run here: the bench's own and the two archives by hand.
+ARCHIVE_FORM_FNS: dict[str, tuple[str, FormFn]] = {
+    **FORMS,
+    "hand_archive": (LABELS["hand_archive"], hand_archive),
+    "hand_locked": (LABELS["hand_locked"], hand_locked),
+}
+
+
 def build_archive_cases(rows: int) -> dict[str, Case]:
     return {
         "archive": Case(
             "archive",
             "idempotency, half expired, interleaved, moved to an archive table",
             (ArchivedDataset("idempotency", rows, rows // 2, "interleaved"),),
-            ("delete", "ours"),
+            ARCHIVE_FORMS,
         ),
         "filtered": Case(
             "filtered",
@@ -139,18 +206,35 @@ async def make_jobs_reference(conn: AsyncConnection[Any], schema: str) -> None:
     await conn.execute(sql.SQL("CREATE INDEX ON {} (state, expires_at_ms)").format(reference))
 
 
-async def run_archive_case(bench: Bench, name: str, rows: int) -> list[FormResult]:
+async def run_archive_case(bench: Bench, name: str, rows: int, scratch: Path) -> list[FormResult]:
     """One case of this module: every form on the dataset, each on an identical fresh copy,
-    each repeat in alternating order, as `bench.cases.run_case` runs the others."""
+    each repeat in alternating order, as `bench.cases.run_case` runs the others. The archive
+    case starts a Temporal dev server and a worker for its `ours_temporal` form."""
     case = build_archive_cases(rows)[name]
     if name == "filtered":
         await make_jobs_reference(bench.conn, bench.schema)
+    async with contextlib.AsyncExitStack() as stack:
+        if "ours_temporal" in case.forms:
+            bench.temporal = await stack.enter_async_context(
+                _archive_worker(
+                    bench, scratch, f"{case.name}_{case.datasets[0].rows}_ours_temporal"
+                )
+            )
+        try:
+            return await _run_datasets(bench, case)
+        finally:
+            bench.temporal = None
+
+
+async def _run_datasets(bench: Bench, case: Case) -> list[FormResult]:
     results: list[FormResult] = []
     for n, data in enumerate(case.datasets):
         template = f"tmpl_{case.name}_{n}"
         started = time.perf_counter()
         await tables.build_template(bench.conn, bench.schema, template, data, bench.now_ms)
-        log.info("%s: template of %s in %.1f s", name, data.label, time.perf_counter() - started)
+        log.info(
+            "%s: template of %s in %.1f s", case.name, data.label, time.perf_counter() - started
+        )
         runs: dict[str, list[FormResult]] = {form: [] for form in case.forms}
         try:
             for repeat in range(bench.repeat):
@@ -162,16 +246,61 @@ async def run_archive_case(bench: Bench, name: str, rows: int) -> list[FormResul
         bench.all_runs.extend(r for form in case.forms for r in runs[form])
         measured = [median_of(runs[form]) for form in case.forms]
         base = next(r for r in measured if r.form == "delete")
+        hand = next((r for r in measured if r.form == "hand_archive"), None)
         for result in measured:
             result.ratio = result.seconds / base.seconds if base.seconds > 0 else None
+            if hand is not None and hand.seconds > 0:
+                result.notes["x_hand"] = result.seconds / hand.seconds
+                activity = result.notes.get("activity_seconds")
+                if isinstance(activity, float):
+                    result.notes["activity_x_hand"] = activity / hand.seconds
         results.extend(measured)
     return results
 
 
+@contextlib.asynccontextmanager
+async def _archive_worker(bench: Bench, scratch: Path, copy: str) -> AsyncIterator[TemporalPass]:
+    """A Temporal dev server and a worker built from a config naming the copy `ours_temporal`
+    runs on and its archive (the bench schema on its URL's path, so it keeps its ledger there),
+    after one unmeasured pass over them made empty: a worker that has just started pays its
+    first polls, the sandbox's imports and its pool's first connections once."""
+    url = f"{bench.url}{'&' if '?' in bench.url else '?'}options=" + quote(
+        f"-c search_path={bench.schema}"
+    )
+    table = f"{bench.schema}.{copy}"
+    entry = TargetEntry("archive", table, "", kind="idempotency", archive=table + ARCHIVE_SUFFIX)
+    config = fleet_config(url, {}, [entry])
+    async with temporal_dev_server(scratch) as (client, _), config_worker(client, config):
+        temporal = TemporalPass(client, config.task_queue, config.pass_input())
+        made = [
+            sql.Identifier(bench.schema, copy),
+            sql.Identifier(bench.schema, copy + ARCHIVE_SUFFIX),
+        ]
+        for ident in made:
+            await bench.conn.execute(
+                sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(
+                    ident, sql.Identifier(bench.schema, "x_idempotency")
+                )
+            )
+        try:
+            started = time.perf_counter()
+            await ours_temporal(
+                FormContext(bench.conn, bench.pool, temporal=temporal),
+                Table(
+                    bench.schema, copy, Dataset("idempotency", 0, 0, "interleaved"), bench.now_ms
+                ),
+            )
+            log.info("archive: warm-up pass in %.3f s", time.perf_counter() - started)
+        finally:
+            for ident in made:
+                await bench.conn.execute(sql.SQL("DROP TABLE {}").format(ident))
+        yield temporal
+
+
 async def _measure(bench: Bench, case: Case, data: Dataset, template: str, form: str) -> FormResult:
-    """`bench.cases.measure_form`, with a fresh archive table beside our sweep's copy: after the
-    form it must hold exactly the rows the form removed."""
-    if not (isinstance(data, ArchivedDataset) and form == "ours"):
+    """`bench.cases.measure_form`, with a fresh archive table beside the copy of each form that
+    fills one: after the form it must hold exactly the rows the form removed."""
+    if not (isinstance(data, ArchivedDataset) and form in FILLS_ARCHIVE):
         return await measure_form(bench, case, data, template, form)
     archive = sql.Identifier(bench.schema, f"{case.name}_{data.rows}_{form}{ARCHIVE_SUFFIX}")
     await bench.conn.execute(
@@ -180,14 +309,14 @@ async def _measure(bench: Bench, case: Case, data: Dataset, template: str, form:
         ).format(archive, sql.Identifier(bench.schema, data.reference_table))
     )
     try:
-        result = await measure_form(bench, case, data, template, form)
+        result = await measure_form(bench, case, data, template, form, ARCHIVE_FORM_FNS)
         cur = await bench.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(archive))
         row = await cur.fetchone()
         archived = int(row[0]) if row else 0
     finally:
         await bench.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(archive))
     if archived != result.removed:
-        raise RuntimeError(f"the archive holds {archived} rows, the sweep removed {result.removed}")
+        raise RuntimeError(f"{form}: the archive holds {archived} rows, {result.removed} removed")
     result.notes["archived"] = archived
     return result
 
@@ -202,12 +331,22 @@ def archive_targets(results: Sequence[FormResult]) -> list[str]:
             lines.append(f"{verdict:7} {what}: {value:.2f}{unit} (target <= {limit:g}{unit})")
 
     for r in results:
+        if r.case == "archive" and r.form == "ours_temporal":
+            hand, activity = r.notes.get("x_hand"), r.notes.get("activity_x_hand")
+            if isinstance(hand, float) and isinstance(activity, float):
+                lines.append(
+                    f"info    archive: through Temporal vs (h): {hand:.2f}x end to end,"
+                    f" {activity:.2f}x the activity; vs plain DELETE: {r.ratio or 0:.2f}x"
+                )
         if r.form != "ours":
             continue
         if r.case == "archive":
             check("archive: archive-and-delete vs plain DELETE", r.ratio, 2.5, "x")
             check("archive: ours p99 batch", r.p99_ms, 25, " ms")
             check("archive: writer p99 during ours", r.writer_p99_ms, 10, " ms")
+            hand = r.notes.get("x_hand")
+            if isinstance(hand, float):
+                lines.append(f"info    archive: ours vs (h) by hand, one statement: {hand:.2f}x")
         elif r.case == "filtered" and r.expired * 20 > r.rows:
             check("filtered: one state of three, half expired, vs its DELETE", r.ratio, 2.0, "x")
         elif r.case == "filtered" and r.ratio is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from bench import data as tables
 from bench.data import Dataset
-from bench.forms import FORMS, FormContext, Table, TemporalPass
+from bench.forms import FORMS, FormContext, FormFn, Table, TemporalPass
 from bench.stats import FormResult, median_of, summarize
 from bench.writer import WriterConfig, running_writer
 
@@ -130,11 +131,17 @@ async def run_case(bench: Bench, case: Case) -> list[FormResult]:
 
 
 async def measure_form(
-    bench: Bench, case: Case, data: Dataset, template: str, form: str
+    bench: Bench,
+    case: Case,
+    data: Dataset,
+    template: str,
+    form: str,
+    forms: Mapping[str, tuple[str, FormFn]] = FORMS,
 ) -> FormResult:
-    """Copy, settle (vacuum, prewarm, checkpoint), then run the form beside the writer."""
+    """Copy, settle (vacuum, prewarm, checkpoint), then run the form (named in `forms`) beside
+    the writer."""
     copy = f"{case.name}_{data.rows}_{form}"
-    label, run_form = FORMS[form]
+    label, run_form = forms[form]
     started = time.perf_counter()
     cold = form.endswith("_cold")
     await tables.make_copy(

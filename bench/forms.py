@@ -239,4 +239,7 @@ LABELS: dict[str, str] = {
     "drop_temporal": "(b) partitions = drop, through Temporal",
     "sweep": "(c) this package, partitions = delete",
     "whole": "(d) partitions = drop, no edge",
+    # The archive case's by hand (bench.archive).
+    "hand_archive": "(h) by hand: DELETE ... RETURNING into the archive",
+    "hand_locked": "(h2) by hand: LOCK, INSERT ... SELECT, DELETE",
 }

@@ -63,6 +63,12 @@ def _notes(result: FormResult) -> str:
             )
         parts.append(f"pending {notes.get('pending', 0)}")
         return " ".join(parts)
+    if result.case == "archive" and isinstance(notes.get("x_hand"), float):
+        # The archive's floor by hand beside the plain DELETE's ratio.
+        mine = _notes(replace(result, case=""))
+        if result.form in ("delete", "hand_archive"):
+            return mine
+        return f"{mine}; {notes['x_hand']:.2f}x (h)".lstrip("; ")
     if result.case == "steady":
         per_row = f"{notes.get('us_per_row', 0.0):.2f} us a row (median of rounds); "
         return per_row + _notes(replace(result, case="")).replace("backlog=None", "").strip()

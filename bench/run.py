@@ -228,7 +228,7 @@ async def run_bench(
                     rows = args.rows * PARTITIONED_SCALE
                     outcome.results.extend(await run_partitioned(bench, rows, scratch))
                 elif name in ARCHIVE_CASES:
-                    outcome.results.extend(await run_archive_case(bench, name, args.rows))
+                    outcome.results.extend(await run_archive_case(bench, name, args.rows, scratch))
                 elif name == "backlog":
                     outcome.results.extend(
                         await run_backlog(bench, scratch, args.rows, args.fsync == "on")

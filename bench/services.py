@@ -120,6 +120,8 @@ class TargetEntry:
     """An `expiring` target's `max_age` ("19d", "360000000ms"), or "" for none."""
     partitions: str = ""
     """`partitions = "drop"` and the like, or "" for the default."""
+    archive: str = ""
+    """Its `archive_table`, or "" for none."""
 
 
 def fleet_config(
@@ -141,6 +143,8 @@ def fleet_config(
             entry["max_age"] = t.max_age
         if t.partitions:
             entry["partitions"] = t.partitions
+        if t.archive:
+            entry["archive_table"] = t.archive
         if t.database:
             entry["database"] = t.database
         entries.append(entry)
