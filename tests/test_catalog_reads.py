@@ -105,6 +105,8 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
         CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (1000);
         CREATE TABLE parted_2 PARTITION OF parted FOR VALUES FROM (1000) TO (5000);
         INSERT INTO parted SELECT i, repeat('x', 100) FROM generate_series(0, 4999) i;
+        CREATE TABLE inherited (id bigint);
+        CREATE TABLE inherited_child () INHERITS (inherited);
         ANALYZE plain;
         ANALYZE parted;
         """
@@ -117,11 +119,16 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
         return int(n)
 
     size = statements.table_size()
-    assert _one(db, size, "plain") == (pages("plain"), 2000, False, False)
-    assert _one(db, size, "unread")[2:] == (True, False)  # never analyzed
+    # The last column: whether a DELETE of the table counts, on the server, every row it
+    # removes as the table's own (track_counts on, no partitions, no inheritance children).
+    assert _one(db, size, "plain") == (pages("plain"), 2000, False, False, True)
+    assert _one(db, size, "unread")[2:] == (True, False, True)  # never analyzed
     # The largest leaf's pages, every leaf's rows.
-    assert _one(db, size, "parted") == (pages("parted_2"), 5000, False, True)
-    assert _one(db, size, "parted_1") == (pages("parted_1"), 1000, False, False)
+    assert _one(db, size, "parted") == (pages("parted_2"), 5000, False, True, False)
+    assert _one(db, size, "parted_1") == (pages("parted_1"), 1000, False, False, True)
+    # A DELETE of an inheritance parent removes its children's rows too, counted as theirs.
+    assert _one(db, size, "inherited")[3:] == (False, False)
+    assert _one(db, size, "inherited_child")[3:] == (False, True)
 
 
 @pytest.fixture

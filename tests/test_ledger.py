@@ -17,6 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
@@ -26,7 +27,7 @@ from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
-from tests.conftest import TEMPLATE_CACHE, Harness
+from tests.conftest import TEMPLATE_CACHE, Harness, Pools
 from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
@@ -113,6 +114,31 @@ async def test_a_retried_attempt_counts_the_rows_a_dead_attempt_deleted_after_it
     ).fetchone()
     assert ledger is not None
     assert ledger[0] == expired
+
+
+@pytest.mark.parametrize("track_counts", ["on", "off"])
+async def test_the_ledger_counts_every_batch_whether_or_not_the_server_counts_deletes(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools, track_counts: str
+) -> None:
+    # With track_counts on, a plain batch's ledger row takes its count from the session's
+    # statistics (the rows deleted since the batch began: they add up across its
+    # transactions); off, they stay 0 and the count must come from the DELETE's tag instead.
+    options = conninfo_to_dict(schema_url).get("options") or ""
+    pool = await pools(
+        make_conninfo(schema_url, options=f"{options} -c track_counts={track_counts}")
+    )
+    expired = fill(db, 40_000)
+    env = activity_env()
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+
+    result = await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+
+    assert result.batches > 3  # on one connection: the session's count goes on between them
+    ledger = db.execute(
+        "SELECT removed, batches FROM purge_progress WHERE run_id = %s",
+        (env.info.workflow_run_id,),
+    ).fetchone()
+    assert (expired_left(db), result.removed, ledger) == (0, expired, (expired, result.batches))
 
 
 async def test_without_the_ledger_a_lost_attempt_makes_the_count_a_marked_lower_bound(

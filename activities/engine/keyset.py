@@ -22,7 +22,7 @@ from activities.engine.statements import (
     local_bounds,
     tie_delete,
 )
-from activities.engine.upkeep import add_to_ledger
+from activities.engine.upkeep import add_to_ledger, bounds_params
 from purge_config.settings import SweepSettings
 
 #: (rows found, rows deleted, the ledger's total or None, ms) of one batch.
@@ -32,9 +32,13 @@ Ran = tuple[int, int, int | None, float]
 class KeyBatch:
     """One keyset batch's inputs, and the statement its boundary calls for."""
 
-    def __init__(self, pred: Predicate, rows: int, after: object | None) -> None:
+    def __init__(
+        self, pred: Predicate, rows: int, after: object | None, counted: str | None = None
+    ) -> None:
         self.pred, self.rows, self.after = pred, rows, after
         self.next_after: object | None = after
+        self.counted = counted
+        """The table, when the ledger takes the DELETE's count on the server (upkeep)."""
 
     def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
         """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
@@ -60,7 +64,8 @@ async def run_key_batch(
     conn: AsyncConnection[Any], settings: SweepSettings, commits: LazyCommits, keyed: KeyBatch
 ) -> Ran:
     """One keyset batch in one implicit transaction: its boundary read (one round trip, the
-    pipeline flushed without a Sync), then the DELETE of that key range and the ledger's row,
+    pipeline flushed without a Sync), then the DELETE of that key range and the ledger's row
+    (its count taken on the server where the plan allows: no round trip between them),
     committed at the Sync: lazily when a whole batch was found (more may follow) and
     `commits` allows it, else as the session does."""
     started = time.perf_counter()
@@ -69,7 +74,8 @@ async def run_key_batch(
     async with conn.pipeline():
         # Its statements prepared at once, planned once for all batches (local_bounds).
         await conn.execute(
-            local_bounds(generic=True), (settings.lock_timeout_ms, settings.statement_timeout_ms)
+            local_bounds(generic=True, mark=keyed.counted is not None),
+            bounds_params(settings, keyed.counted),
         )
         bounds = await conn.execute(
             key_bounds(keyed.pred, keyed.after is not None),
@@ -83,7 +89,7 @@ async def run_key_batch(
             if lazy:
                 await conn.execute(lazy_commit(), prepare=True)
             cur = await conn.execute(*keyed.delete(least, last), prepare=True)
-            added = await add_to_ledger(conn, ledger, cur)
+            added = await add_to_ledger(conn, ledger, cur, keyed.counted)
     ms = (time.perf_counter() - started) * 1000
     if least is None:
         return 0, 0, None, ms

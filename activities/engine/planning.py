@@ -68,6 +68,10 @@ class TablePlan:
     correlation: float | None = None
     """For an index sweep: ANALYZE's correlation between the expiry column's order and the
     heap's (+-1: rows in expiry order, as a fixed TTL leaves them), None when not known."""
+    counts_deletes: bool = False
+    """Whether the rows a DELETE of this table removes are counted on the server as its own
+    (`track_counts` on, no partitions or inheritance children): a plain batch's ledger row
+    then takes its count there (`statements.ledger_add_deleted`)."""
 
     @property
     def rows_per_page(self) -> float | None:
@@ -95,6 +99,7 @@ class _Catalog:
     referenced: bool
     partitioned: bool
     correlation: float | None
+    counts_deletes: bool
 
 
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
@@ -128,6 +133,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         partitioned=known.partitioned,
         order=order,
         correlation=known.correlation,
+        counts_deletes=known.counts_deletes,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 
@@ -163,7 +169,13 @@ async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: s
             if pred.column and pred.row_filter is None
             else None
         )
-    pages, reltuples, never_analyzed, partitioned = await sizes.fetchone() or (0, 0, True, False)
+    pages, reltuples, never_analyzed, partitioned, counts = await sizes.fetchone() or (
+        0,
+        0,
+        True,
+        False,
+        False,
+    )
     explained = await estimate.fetchone()
     found = await serving.fetchone() if serving is not None else None
     referenced = await referencing.fetchone()
@@ -176,6 +188,7 @@ async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: s
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
         correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
+        counts_deletes=bool(counts),
     )
 
 

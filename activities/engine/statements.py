@@ -15,9 +15,10 @@ from activities.engine.rules import Predicate, ident
 from purge_config.names import TableName
 
 
-def local_bounds(walk: bool = False, generic: bool = False) -> sql.Composed:
+def local_bounds(walk: bool = False, generic: bool = False, mark: bool = False) -> sql.Composed:
     """The statement that bounds the current transaction: its parameters are the lock and the
-    statement timeout in ms. Every transaction of a sweep starts with it."""
+    statement timeout in ms (and, with `mark`, the table). Every transaction of a sweep starts
+    with it."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [
@@ -46,6 +47,15 @@ def local_bounds(walk: bool = False, generic: bool = False) -> sql.Composed:
         # (bench/README.md, issue 20). Their generic plan is the one they are written for: the
         # expiry index, in order, from a key on.
         parts.append(sql.SQL(", set_config('plan_cache_mode', 'force_generic_plan', true)"))
+    if mark:
+        # The rows this session has deleted from the table so far, as the statistics count
+        # them, for the batch's `ledger_add_deleted` to subtract.
+        parts.append(
+            sql.SQL(
+                ", set_config('purge.deleted_before',"
+                " pg_stat_get_xact_tuples_deleted(%s::regclass)::text, true)"
+            )
+        )
     return sql.Composed(parts)
 
 
@@ -233,6 +243,23 @@ def ledger_add() -> sql.SQL:
         _LEDGER_INTO
         + " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
         " %(n)s, 1)" + _LEDGER_ACCUMULATE
+    )
+
+
+def ledger_add_deleted() -> sql.SQL:
+    """`ledger_add`, its count taken on the server: the rows the batch's DELETE removed from
+    `%(rel)s`, since `local_bounds(mark=True)` began the transaction. So it follows the DELETE
+    in the same pipeline with no round trip to read the DELETE's tag first (one of a batch's
+    three; bench/README.md, issue 20). The session's count of deleted rows goes on across
+    transactions until its statistics are flushed (PostgreSQL 15+), hence the difference. A
+    batch that deleted nothing writes no row. Only where `track_counts` is on: without it the
+    count stays 0."""
+    return sql.SQL(
+        _LEDGER_INTO
+        + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
+        " FROM (SELECT pg_stat_get_xact_tuples_deleted(%(rel)s::regclass)"
+        " - current_setting('purge.deleted_before')::bigint AS n) d WHERE n > 0"
+        + _LEDGER_ACCUMULATE
     )
 
 
@@ -707,9 +734,11 @@ def wal_position() -> sql.SQL:
 def table_size() -> sql.SQL:
     """One row for `%(rel)s`: the heap pages of its largest leaf (exact, from the file size),
     the live rows its leaves hold per the statistics, whether any leaf was never analyzed,
-    and whether the table is partitioned. The leaves hold the rows: a partitioned table's
-    partitions, or a plain table itself (pg_partition_tree() returns nothing for a table
-    outside any partition tree)."""
+    whether the table is partitioned, and whether its DELETE's rows can be counted on the
+    server (`ledger_add_deleted`): `track_counts` on, and no partitions or inheritance
+    children, whose rows a DELETE of the table removes and counts as theirs. The leaves hold
+    the rows: a partitioned table's partitions, or a plain table itself (pg_partition_tree()
+    returns nothing for a table outside any partition tree)."""
     # Each leaf's pg_class row looked up by its OID (the LATERAL kept apart by OFFSET 0): a
     # plain join let the planner hash the leaves against a scan of every relation on the
     # server, 4.3 ms a table among 3,000 tables, growing with them (bench/README.md).
@@ -721,7 +750,9 @@ def table_size() -> sql.SQL:
         " SELECT rel.oid FROM rel JOIN pg_class c ON c.oid = rel.oid WHERE c.relkind <> 'p')"
         " SELECT coalesce(max(pg_relation_size(l.oid)), 0) / current_setting('block_size')::int,"
         " sum(greatest(c.reltuples, 0)), bool_or(c.reltuples < 0),"
-        " (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel))"
+        " (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel)),"
+        " current_setting('track_counts')::bool"
+        " AND NOT (SELECT relhassubclass FROM pg_class WHERE oid = (SELECT oid FROM rel))"
         " FROM leaves l"
         " CROSS JOIN LATERAL (SELECT reltuples FROM pg_class WHERE oid = l.oid OFFSET 0) c"
     )

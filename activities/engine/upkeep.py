@@ -15,6 +15,7 @@ from activities.engine.statements import (
     analyze,
     flush_statistics,
     ledger_add,
+    ledger_add_deleted,
     ledger_entry,
     ledger_expire,
     ledger_writable,
@@ -226,15 +227,30 @@ async def analyze_after(
     return True, ""
 
 
+def bounds_params(settings: SweepSettings, counted: str | None) -> tuple[object, ...]:
+    """A batch's `local_bounds` parameters: its timeouts, and the table when it is `counted`
+    on the server (see add_to_ledger)."""
+    marked = (counted,) if counted is not None else ()
+    return (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked)
+
+
 async def add_to_ledger(
-    conn: AsyncConnection[Any], ledger: dict[str, object] | None, deleted: AsyncCursor[Any]
+    conn: AsyncConnection[Any],
+    ledger: dict[str, object] | None,
+    deleted: AsyncCursor[Any],
+    counted: str | None = None,
 ) -> AsyncCursor[Any] | None:
-    """With the ledger, in a plain batch's transaction (its pipeline, before the Sync): the
-    DELETE's count, read by flushing the pipeline up to it (one round trip more), added to the
-    pass's row. The upsert's cursor; None without the ledger, or when the batch deleted nothing
-    (no ledger row is written: the count stays)."""
+    """With the ledger, in a plain batch's transaction (its pipeline, before the Sync): the DELETE's
+    count added to the pass's row. With `counted` (the table, where the plan says the server counts
+    its deletes, and the transaction began with `local_bounds(mark=True)` and `bounds_params`), the
+    count is taken on the server, with no round trip; else it is read from the DELETE's tag, by
+    flushing the pipeline up to it (one round trip more). The upsert's cursor, which yields no row
+    when the batch deleted nothing (no ledger row is written: the count stays); None without the
+    ledger, or when the tag says nothing was deleted."""
     if ledger is None:
         return None
+    if counted is not None:
+        return await conn.execute(ledger_add_deleted(), {**ledger, "rel": counted})
     await (await conn.execute(pipeline_flush())).fetchone()
     if deleted.rowcount <= 0:
         return None
