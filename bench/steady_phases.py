@@ -12,7 +12,10 @@ the commit, the gaps between batches, and the time after the last.
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
 
 The phases are timed by wrapping `run_key_batch` and `add_to_ledger` in this process: the
-activity runs as it ships, only observed.
+activity runs as it ships, only observed. Where the ledger takes a batch's count on the server
+(engine since `585f6dd`: no round trip between the DELETE and the ledger's row), nothing waits
+for the DELETE before the Sync: "DELETEs and counts" is then only their sending, and their
+execution falls in "ledger and commit".
 """
 
 from __future__ import annotations

@@ -107,6 +107,13 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
         INSERT INTO parted SELECT i, repeat('x', 100) FROM generate_series(0, 4999) i;
         CREATE TABLE inherited (id bigint);
         CREATE TABLE inherited_child () INHERITS (inherited);
+        CREATE TABLE triggered (id bigint);
+        CREATE FUNCTION keep_going() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN OLD; END';
+        CREATE TRIGGER on_delete BEFORE DELETE ON triggered
+          FOR EACH ROW EXECUTE FUNCTION keep_going();
+        CREATE TABLE insert_triggered (id bigint);
+        CREATE TRIGGER on_insert BEFORE INSERT ON insert_triggered
+          FOR EACH ROW EXECUTE FUNCTION keep_going();
         ANALYZE plain;
         ANALYZE parted;
         """
@@ -120,7 +127,8 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
 
     size = statements.table_size()
     # The last column: whether a DELETE of the table counts, on the server, every row it
-    # removes as the table's own (track_counts on, no partitions, no inheritance children).
+    # removes as the table's own (track_counts on, no partitions, no inheritance children, no
+    # DELETE trigger).
     assert _one(db, size, "plain") == (pages("plain"), 2000, False, False, True)
     assert _one(db, size, "unread")[2:] == (True, False, True)  # never analyzed
     # The largest leaf's pages, every leaf's rows.
@@ -129,6 +137,9 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
     # A DELETE of an inheritance parent removes its children's rows too, counted as theirs.
     assert _one(db, size, "inherited")[3:] == (False, False)
     assert _one(db, size, "inherited_child")[3:] == (False, True)
+    # A DELETE trigger of its own might delete more rows than the DELETE's tag says.
+    assert _one(db, size, "triggered")[4] is False
+    assert _one(db, size, "insert_triggered")[4] is True
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from activities.payloads import PurgeStep, PurgeSweep
 from activities.registry import TargetRegistry
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
+from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE, Harness, Pools
@@ -139,6 +140,39 @@ async def test_the_ledger_counts_every_batch_whether_or_not_the_server_counts_de
         (env.info.workflow_run_id,),
     ).fetchone()
     assert (expired_left(db), result.removed, ledger) == (0, expired, (expired, result.batches))
+
+
+async def test_a_cascade_within_the_table_is_not_counted_as_rows_the_sweep_removed(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    # A reply is deleted with its expired parent by the foreign key's cascade. The session's
+    # own count of deleted rows would include the replies; the report and the ledger count
+    # the expired rows the batches' DELETEs took, as their tags say, so the ledger's count is
+    # not taken on the server for a table a foreign key references.
+    db.execute(
+        "CREATE TABLE notes (id bigint PRIMARY KEY, expires_at_ms bigint NOT NULL,"
+        " parent bigint REFERENCES notes ON DELETE CASCADE);"
+        "CREATE INDEX ON notes (expires_at_ms); CREATE INDEX ON notes (parent)"
+    )
+    db.execute(
+        "INSERT INTO notes SELECT i, CASE WHEN i <= 3000 THEN %s ELSE %s END,"
+        " CASE WHEN i > 3000 THEN i - 3000 END FROM generate_series(1, 6000) i",
+        (NOW - HOUR, NOW + DAY),
+    )
+    db.execute("VACUUM ANALYZE notes")
+    env = activity_env()
+    target = kinds.expiring(pool, "notes", TableName("notes"), "expires_at_ms", settings=TINY)
+
+    result = await env.run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name="notes", now_ms=NOW),
+    )
+
+    assert db.execute("SELECT count(*) FROM notes").fetchone() == (0,)  # replies cascaded
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+    ).fetchone()
+    assert (result.removed, ledger) == (3000, (3000,))
 
 
 async def test_without_the_ledger_a_lost_attempt_makes_the_count_a_marked_lower_bound(

@@ -735,8 +735,10 @@ def table_size() -> sql.SQL:
     """One row for `%(rel)s`: the heap pages of its largest leaf (exact, from the file size),
     the live rows its leaves hold per the statistics, whether any leaf was never analyzed,
     whether the table is partitioned, and whether its DELETE's rows can be counted on the
-    server (`ledger_add_deleted`): `track_counts` on, and no partitions or inheritance
-    children, whose rows a DELETE of the table removes and counts as theirs. The leaves hold
+    server (`ledger_add_deleted`): `track_counts` on, no partitions or inheritance children
+    (a DELETE of the table removes their rows and counts them as theirs), and no DELETE
+    trigger of its own (which might delete more of its rows than the DELETE's tag says;
+    8 is TRIGGER_TYPE_DELETE). The leaves hold
     the rows: a partitioned table's partitions, or a plain table itself (pg_partition_tree()
     returns nothing for a table outside any partition tree)."""
     # Each leaf's pg_class row looked up by its OID (the LATERAL kept apart by OFFSET 0): a
@@ -753,6 +755,8 @@ def table_size() -> sql.SQL:
         " (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel)),"
         " current_setting('track_counts')::bool"
         " AND NOT (SELECT relhassubclass FROM pg_class WHERE oid = (SELECT oid FROM rel))"
+        " AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = (SELECT oid FROM rel)"
+        " AND NOT t.tgisinternal AND t.tgtype::int & 8 <> 0)"
         " FROM leaves l"
         " CROSS JOIN LATERAL (SELECT reltuples FROM pg_class WHERE oid = l.oid OFFSET 0) c"
     )
