@@ -69,9 +69,10 @@ class TablePlan:
     """For an index sweep: ANALYZE's correlation between the expiry column's order and the
     heap's (+-1: rows in expiry order, as a fixed TTL leaves them), None when not known."""
     counts_deletes: bool = False
-    """Whether the rows a DELETE of this table removes are counted on the server as its own
-    (`track_counts` on, no partitions or inheritance children): a plain batch's ledger row
-    then takes its count there (`statements.ledger_add_deleted`)."""
+    """Whether the rows a DELETE of this table removes are counted on the server as its own,
+    and only those (`track_counts` on; no partitions, inheritance children, rules or DELETE
+    triggers: `statements.table_size`): a plain batch's ledger row may then take its count
+    there (`statements.ledger_add_deleted`; not where a foreign key references the table)."""
 
     @property
     def rows_per_page(self) -> float | None:
@@ -169,13 +170,8 @@ async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: s
             if pred.column and pred.row_filter is None
             else None
         )
-    pages, reltuples, never_analyzed, partitioned, counts = await sizes.fetchone() or (
-        0,
-        0,
-        True,
-        False,
-        False,
-    )
+    size = await sizes.fetchone() or (0, 0, True, False, False)
+    pages, reltuples, never_analyzed, partitioned, counts = size
     explained = await estimate.fetchone()
     found = await serving.fetchone() if serving is not None else None
     referenced = await referencing.fetchone()

@@ -736,11 +736,11 @@ def table_size() -> sql.SQL:
     the live rows its leaves hold per the statistics, whether any leaf was never analyzed,
     whether the table is partitioned, and whether its DELETE's rows can be counted on the
     server (`ledger_add_deleted`): `track_counts` on, no partitions or inheritance children
-    (a DELETE of the table removes their rows and counts them as theirs), and no DELETE
-    trigger of its own (which might delete more of its rows than the DELETE's tag says;
-    8 is TRIGGER_TYPE_DELETE). The leaves hold
-    the rows: a partitioned table's partitions, or a plain table itself (pg_partition_tree()
-    returns nothing for a table outside any partition tree)."""
+    (a DELETE of the table removes their rows and counts them as theirs), and no rule or
+    DELETE trigger of its own (which might delete more of its rows than the DELETE's tag
+    says; 8 is TRIGGER_TYPE_DELETE). The leaves hold the rows: a partitioned table's
+    partitions, or a plain table itself (pg_partition_tree() returns nothing for a table
+    outside any partition tree)."""
     # Each leaf's pg_class row looked up by its OID (the LATERAL kept apart by OFFSET 0): a
     # plain join let the planner hash the leaves against a scan of every relation on the
     # server, 4.3 ms a table among 3,000 tables, growing with them (bench/README.md).
@@ -754,7 +754,8 @@ def table_size() -> sql.SQL:
         " sum(greatest(c.reltuples, 0)), bool_or(c.reltuples < 0),"
         " (SELECT relkind = 'p' FROM pg_class WHERE oid = (SELECT oid FROM rel)),"
         " current_setting('track_counts')::bool"
-        " AND NOT (SELECT relhassubclass FROM pg_class WHERE oid = (SELECT oid FROM rel))"
+        " AND NOT (SELECT relhassubclass OR relhasrules FROM pg_class"
+        " WHERE oid = (SELECT oid FROM rel))"
         " AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = (SELECT oid FROM rel)"
         " AND NOT t.tgisinternal AND t.tgtype::int & 8 <> 0)"
         " FROM leaves l"
