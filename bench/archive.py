@@ -30,7 +30,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
@@ -41,7 +40,13 @@ from bench import data as tables
 from bench.cases import Bench, Case, measure_form
 from bench.data import _SPREAD_MS, Dataset
 from bench.forms import FORMS, LABELS, FormContext, FormFn, Table, TemporalPass, ours_temporal
-from bench.services import TargetEntry, config_worker, fleet_config, temporal_dev_server
+from bench.services import (
+    TargetEntry,
+    config_worker,
+    fleet_config,
+    temporal_dev_server,
+    with_search_path,
+)
 from bench.stats import FormResult, FormRun, median_of
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
@@ -264,9 +269,7 @@ async def _archive_worker(bench: Bench, scratch: Path, copy: str) -> AsyncIterat
     runs on and its archive (the bench schema on its URL's path, so it keeps its ledger there),
     after one unmeasured pass over them made empty: a worker that has just started pays its
     first polls, the sandbox's imports and its pool's first connections once."""
-    url = f"{bench.url}{'&' if '?' in bench.url else '?'}options=" + quote(
-        f"-c search_path={bench.schema}"
-    )
+    url = with_search_path(bench.url, bench.schema)
     table = f"{bench.schema}.{copy}"
     entry = TargetEntry("archive", table, "", kind="idempotency", archive=table + ARCHIVE_SUFFIX)
     config = fleet_config(url, {}, [entry])

@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from psycopg import AsyncConnection, sql
 from psycopg.conninfo import make_conninfo
@@ -39,7 +38,13 @@ from psycopg.conninfo import make_conninfo
 from activities import builtin_kinds as kinds
 from bench.cases import Bench, _lsn, _wal_since
 from bench.forms import LABELS, TemporalPass, run_target
-from bench.services import TargetEntry, config_worker, fleet_config, temporal_dev_server
+from bench.services import (
+    TargetEntry,
+    config_worker,
+    fleet_config,
+    temporal_dev_server,
+    with_search_path,
+)
 from bench.stats import FormResult, FormRun, median_of, summarize
 from bench.writer import EVENT_IDS, WriterConfig, running_writer
 from purge_config.names import TableName
@@ -197,9 +202,7 @@ async def run_partitioned(bench: Bench, rows: int, scratch: Path) -> list[FormRe
 async def _temporal_worker(bench: Bench, client: Any) -> AsyncIterator[TemporalPass]:
     """A worker built from a config naming the copy the `drop_temporal` form runs on, its
     database URL with the bench schema on the path (so it keeps its ledger there)."""
-    url = f"{bench.url}{'&' if '?' in bench.url else '?'}options=" + quote(
-        f"-c search_path={bench.schema}"
-    )
+    url = with_search_path(bench.url, bench.schema)
     entry = TargetEntry(
         "events",
         f"{bench.schema}.events_drop_temporal",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
@@ -38,6 +38,12 @@ def with_dbname(url: str, dbname: str) -> str:
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError("the multi-database cases need a postgresql:// URL")
     return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+def with_search_path(url: str, schema: str) -> str:
+    """`url` (a URL, as a config's `database_url` takes it) whose sessions find `schema` first:
+    a worker built from the config then keeps its ledger in the bench's schema."""
+    return f"{url}{'&' if '?' in url else '?'}options=" + quote(f"-c search_path={schema}")
 
 
 @contextlib.asynccontextmanager
