@@ -276,9 +276,8 @@ def counted_table(
 ) -> str | None:
     """The table, when a plain batch's ledger row takes its count on the server (see
     upkeep.add_to_ledger): one round trip a batch fewer. None without the ledger, or where the
-    server's count might not be the DELETE's tag: the plan says so, or a foreign key references
-    the table (one of its own, ON DELETE CASCADE, would count the rows it cascades to)."""
-    if ledger is None or not plan.counts_deletes or plan.referenced:
+    plan says the server's count might not be the DELETE's tag (`TablePlan.counts_deletes`)."""
+    if ledger is None or not plan.counts_deletes:
         return None
     return ident(pred.table).as_string(conn)
 

@@ -70,9 +70,10 @@ class TablePlan:
     heap's (+-1: rows in expiry order, as a fixed TTL leaves them), None when not known."""
     counts_deletes: bool = False
     """Whether the rows a DELETE of this table removes are counted on the server as its own,
-    and only those (`track_counts` on; no partitions, inheritance children, rules or DELETE
-    triggers: `statements.table_size`): a plain batch's ledger row may then take its count
-    there (`statements.ledger_add_deleted`; not where a foreign key references the table)."""
+    and only those: `track_counts` on; no partitions, inheritance children, rules or DELETE
+    triggers (`statements.table_size`); no foreign key referencing it (one of its own, ON
+    DELETE CASCADE, would count the rows it cascades to). A plain batch's ledger row then takes
+    its count there (`statements.ledger_add_deleted`)."""
 
     @property
     def rows_per_page(self) -> float | None:
@@ -134,7 +135,7 @@ async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
         partitioned=known.partitioned,
         order=order,
         correlation=known.correlation,
-        counts_deletes=known.counts_deletes,
+        counts_deletes=known.counts_deletes and not known.referenced,
     )
     return replace(plan, advice=await _advice(conn, pred, plan))
 
