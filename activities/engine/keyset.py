@@ -21,6 +21,7 @@ from activities.engine.statements import (
     lazy_commit,
     local_bounds,
     tie_delete,
+    tie_walk,
 )
 from activities.engine.upkeep import add_to_ledger, bounds_params
 from purge_config.settings import SweepSettings
@@ -37,6 +38,8 @@ class KeyBatch:
     ) -> None:
         self.pred, self.rows, self.after = pred, rows, after
         self.next_after: object | None = after
+        self.tie = False
+        """Whether the last `delete` was a `tie_delete`: it wants `tie_walk` before it."""
         self.counted = counted
         """The table, when the ledger takes the DELETE's count on the server (upkeep)."""
 
@@ -47,13 +50,14 @@ class KeyBatch:
         # starts where the live index entries do, not over every entry of rows deleted before
         # (by earlier passes, not yet vacuumed), which its boundary read already stepped over.
         params = {**self.pred.params, "key_after": least}
+        self.tie = False
         if last is None:
             # The rest: fewer than a batch were left.
             return key_delete(self.pred, after=True, below=False), params
         if least == last:
             # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
             # from that key again, until fewer than a batch of it are left.
-            self.next_after = least
+            self.next_after, self.tie = least, True
             return tie_delete(self.pred), {**params, "key_at": least, "key_rows": self.rows}
         # Up to the last key found, not including it: its rows (and ties) open the next batch.
         self.next_after = last
@@ -88,7 +92,10 @@ async def run_key_batch(
             lazy = commits.lazy(more_may_follow=last is not None)
             if lazy:
                 await conn.execute(lazy_commit(), prepare=True)
-            cur = await conn.execute(*keyed.delete(least, last), prepare=True)
+            delete = keyed.delete(least, last)
+            if keyed.tie:
+                await conn.execute(tie_walk(), prepare=True)
+            cur = await conn.execute(*delete, prepare=True)
             added = await add_to_ledger(conn, ledger, cur, keyed.counted)
     ms = (time.perf_counter() - started) * 1000
     if least is None:
