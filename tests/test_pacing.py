@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -209,13 +210,42 @@ async def test_a_replica_lagging_past_the_budget_leaves_a_backlog_with_the_reaso
     assert "max_replica_lag 1 s" in stats.reason
 
 
+class WalTrace:
+    """The server's WAL position read from a connection of its own every 50 ms, in a thread,
+    while a sweep runs in the event loop: (seconds since start, bytes since start)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.points = url, list[tuple[float, int]]()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WalTrace:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            first, started = wal(conn), time.monotonic()
+            while not self._stop.wait(0.05):
+                self.points.append((time.monotonic() - started, wal(conn) - first))
+
+    def peak_rate(self, after_s: float) -> float:
+        """The highest average rate from the start to any point later than `after_s`."""
+        return max(written / at for at, written in self.points if at > after_s)
+
+
 @pytest.mark.slow
 @pytest.mark.alone
 async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
     primary: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
 ) -> None:
-    """Measured as the sweep wrote it: WAL between the first and the last batch, over the time
-    between them."""
+    """The sweep's average WAL rate from its start, read from outside every 50 ms, never goes
+    over the cap by more than a fifth, and reaches it: the pacer sleeps off only the time the
+    sweep is ahead of the cap, no more."""
     with psycopg.connect(primary.url(), autocommit=True) as db:
         db.execute("TRUNCATE x_idempotency")
         db.execute("ALTER TABLE x_idempotency SET (autovacuum_enabled = off)")
@@ -229,16 +259,19 @@ async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
             (NOW - HOUR,),
         )
         db.execute("CHECKPOINT")  # the full-page images of the first touch come from here
-        stats, written, took = await paced_sweep(
-            primary_pool, db, max_wal_rate="20MB/s", time_budget="5m"
-        )
+        with WalTrace(primary.url()) as trace:
+            stats, written, took = await paced_sweep(
+                primary_pool, db, max_wal_rate="20MB/s", time_budget="5m"
+            )
 
     assert stats.removed == 400_000
     assert written >= 200 * 1024**2, written
-    # 20 MB/s: about half what this machine writes unpaced (38-45 MB/s in /dev/shm). At 40 the
-    # cap was the machine's own speed: bursts above it paused the sweep and the whole fell to 31.
-    rate, cap = written / took, 20 * 1024**2
-    # Below the cap by no more than a fifth, unless this machine cannot write 20 MB/s at all:
-    # then the sweep's rate while it was not paused is the most any pacing could reach.
-    reachable = written / max(took - stats.paused_s, 1e-9)
-    assert 0.8 * min(cap, reachable) <= rate <= 1.2 * cap, (rate / 1024**2, stats.paused_s)
+    cap = 20 * 1024**2
+    # The WAL a batch writes varies along the sweep (full-page images, pruning), so a stretch
+    # may run below the cap unpaced, and time slept in a faster one is not won back: the whole
+    # sweep's rate then says little of the pacer (in CI it read 15 MB/s after 8 s of pauses).
+    # The average from the start is what the pacer holds at each batch.
+    assert stats.paused_s > 1.0, "the sweep never outran the cap, so nothing here was paced"
+    peak = trace.peak_rate(after_s=2.0)
+    assert 0.9 * cap <= peak <= 1.2 * cap, (peak / 1024**2, stats.paused_s)
+    assert written / took <= 1.2 * cap
