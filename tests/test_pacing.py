@@ -244,8 +244,8 @@ async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
     primary: EmbeddedPostgres, primary_pool: AsyncConnectionPool[Any]
 ) -> None:
     """The sweep's average WAL rate from its start, read from outside every 50 ms, never goes
-    over the cap by more than a fifth, and reaches it: the pacer sleeps off only the time the
-    sweep is ahead of the cap, no more."""
+    over the cap by more than a fifth, and comes within a tenth of it: the pacer holds the
+    sweep at the cap, not below it (a cap read in the wrong unit, say)."""
     with psycopg.connect(primary.url(), autocommit=True) as db:
         db.execute("TRUNCATE x_idempotency")
         db.execute("ALTER TABLE x_idempotency SET (autovacuum_enabled = off)")
