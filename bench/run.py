@@ -10,10 +10,8 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from bench.cases import Bench, build_cases, can_checkpoint, run_case
 from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import partitioned_lines, run_partitioned
+from bench.services import scratch_dir
 from bench.stats import FormResult
 from bench.steady import SCALE as STEADY_SCALE
 from bench.steady import SteadyResult, run_steady, steady_lines, steady_profile_lines
@@ -372,33 +371,30 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     log.setLevel(logging.INFO)
-    # Under /tmp and world-enterable: PostgreSQL runs as its own account when we are root.
-    scratch = Path(tempfile.mkdtemp(prefix="purge-bench-"))
-    scratch.chmod(0o755)
     postgres: EmbeddedPostgres | None = None
     started = time.perf_counter()
-    try:
-        if args.url:
-            url = args.url
-        else:
-            postgres = EmbeddedPostgres(
-                scratch / "postgres",
-                settings=server.embedded_settings(
-                    fsync=args.fsync == "on", shared_buffers=args.shared_buffers
-                ),
-            )
-            log.info("starting the embedded PostgreSQL in %s", scratch)
-            postgres.start()
-            url = postgres.url()
-        data_dir = postgres.data_dir if postgres is not None else None
-        outcome = asyncio.run(run_bench(url, args, scratch, data_dir))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        log.warning("interrupted; servers stopped, nothing reported")
-        return 130
-    finally:
-        if postgres is not None:
-            postgres.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+    with scratch_dir("purge-bench-") as scratch:
+        try:
+            if args.url:
+                url = args.url
+            else:
+                postgres = EmbeddedPostgres(
+                    scratch / "postgres",
+                    settings=server.embedded_settings(
+                        fsync=args.fsync == "on", shared_buffers=args.shared_buffers
+                    ),
+                )
+                log.info("starting the embedded PostgreSQL in %s", scratch)
+                postgres.start()
+                url = postgres.url()
+            data_dir = postgres.data_dir if postgres is not None else None
+            outcome = asyncio.run(run_bench(url, args, scratch, data_dir))
+        except (KeyboardInterrupt, asyncio.CancelledError):
+            log.warning("interrupted; servers stopped, nothing reported")
+            return 130
+        finally:
+            if postgres is not None:
+                postgres.stop()
     elapsed = time.perf_counter() - started
     outcome.environment["seconds"] = round(elapsed, 1)
     outcome.environment["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

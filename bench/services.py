@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,18 @@ from purge_ops.connect import LazyPool, lazy_pools, open_pool
 from purge_ops.runner import new_worker
 
 log = logging.getLogger("bench")
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A directory of the bench's own under /tmp, removed with all it holds on the way out.
+    World-enterable: the embedded PostgreSQL runs as its own account when we are root."""
+    scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    scratch.chmod(0o755)
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def with_dbname(url: str, dbname: str) -> str:

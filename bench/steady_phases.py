@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,7 +37,7 @@ from activities.schema import reference_ddl
 from bench import data as tables
 from bench import steady
 from bench.forms import run_target
-from bench.services import embedded_postgres
+from bench.services import embedded_postgres, scratch_dir
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
@@ -157,12 +155,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch-target-ms", type=int, default=SweepSettings.batch_target_ms)
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="purge-bench-"))
-    scratch.chmod(0o755)  # the embedded server may run as its own user
-    try:
+    with scratch_dir("purge-bench-") as scratch:
         asyncio.run(on_embedded_server(scratch, args))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

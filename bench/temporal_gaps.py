@@ -14,13 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -28,7 +25,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner
 
 from activities.registry import TargetRegistry
-from bench.services import temporal_dev_server
+from bench.services import scratch_dir, temporal_dev_server
 from purge_ops.runner import new_worker
 
 #: Passes run before the measured ones: the worker's first workflow and activity warm it up.
@@ -73,12 +70,9 @@ def _name(event_type: int) -> str:
 
 
 async def main_async(passes: int) -> None:
-    scratch = Path(tempfile.mkdtemp(prefix="purge-bench-gaps-"))
-    try:
+    with scratch_dir("purge-bench-gaps-") as scratch:
         async with temporal_dev_server(scratch) as (client, _):
             await _report(client, passes)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 async def _report(client: Client, passes: int) -> None:

@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -47,7 +45,7 @@ from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
 from bench import data as tables
 from bench.forms import run_target
-from bench.services import embedded_postgres
+from bench.services import embedded_postgres, scratch_dir
 from bench.steady import DEFAULT_SETTINGS
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
@@ -142,12 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--states", nargs="+", choices=STATES, default=list(STATES))
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the sweep's advice to vacuum and partition, every round
-    scratch = Path(tempfile.mkdtemp(prefix="purge-ties-"))
-    scratch.chmod(0o755)  # the embedded server may run as another user
-    try:
+    with scratch_dir("purge-ties-") as scratch:
         asyncio.run(run(args, scratch))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
