@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_kinds as kinds
+from activities.engine.filter_plan import plan_nodes
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
@@ -203,15 +204,9 @@ async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_or
     assert (stats.strategy, stats.removed) == ("index", 10_000)
     assert stats.batches >= 5
     assert row is not None
-    nodes = set(plan_nodes(row[0][0]["Plan"]))
+    nodes = {node["Node Type"] for node in plan_nodes(row[0][0]["Plan"])}
     assert nodes & {"Index Scan", "Index Only Scan"}, nodes
     assert not nodes & {"Seq Scan", "Bitmap Heap Scan"}, nodes
-
-
-def plan_nodes(plan: dict[str, Any]) -> Iterator[str]:
-    yield plan["Node Type"]
-    for child in plan.get("Plans", []):
-        yield from plan_nodes(child)
 
 
 async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_generic_plan(
