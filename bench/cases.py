@@ -13,6 +13,7 @@ from psycopg import AsyncConnection, errors, sql
 from psycopg_pool import AsyncConnectionPool
 
 from bench import data as tables
+from bench import noise
 from bench.data import Dataset
 from bench.forms import FORMS, FormContext, FormFn, Table, TemporalPass
 from bench.stats import FormResult, median_of, summarize
@@ -160,6 +161,8 @@ async def measure_form(
             # Cold: from the OS cache too (its files), where the server's files are ours.
             await tables.make_cold(bench.conn, bench.schema, copy, bench.data_dir if cold else None)
         log.info("%s: copy %s ready in %.1f s", case.name, copy, time.perf_counter() - started)
+        # The machine's speed just before the form (bench.noise): how far to trust one round.
+        probe = noise.probe_ms()
         config = WriterConfig(
             url=bench.url,
             schema=bench.schema,
@@ -199,6 +202,7 @@ async def measure_form(
         lost=lost,
         wal_total=wal_total,
     )
+    result.notes["probe_ms"] = round(probe, 2)
     log.info(
         "%s: %s removed %d in %.3f s (p99 %.1f ms, writer p99 %.1f ms, lost %d)",
         case.name,

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import activities
 from activities.schema import reference_ddl
-from bench import report, server
+from bench import noise, report, server
 from bench.archive import CASES as ARCHIVE_CASES
 from bench.archive import archive_targets, run_archive_case
 from bench.backlog import run_backlog
@@ -278,6 +278,13 @@ async def _drop_schema(conn: AsyncConnection[Any], schema: str) -> None:
         log.warning("could not drop schema %s (%s); drop it by hand", schema, err)
 
 
+def _probe_line(runs: list[FormResult]) -> list[str]:
+    """How much the machine itself moved over the run's forms (bench.noise), when measured."""
+    probes = [float(p) for r in runs if isinstance(p := r.notes.get("probe_ms"), int | float)]
+    found = noise.spread(probes)
+    return [found.line()] if found is not None else []
+
+
 def print_report(outcome: Outcome, elapsed: float) -> None:
     environment, results, orchestration = (
         outcome.environment,
@@ -299,6 +306,7 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
         f" run took {elapsed:.0f} s",
         f"load average (1, 5, 15 min) at start {environment['load_average_at_start']},"
         f" at end {environment['load_average_at_end']}",
+        *_probe_line(outcome.runs),
         "",
     ]
     if results:
