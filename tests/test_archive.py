@@ -27,7 +27,7 @@ from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
-from tests.support.activity import activity_env
+from tests.support.activity import activity_env, report_often
 from tests.support.rows import HOUR, PAST_NOW, auth_rows, bucket_rows, idempotency_rows, keys
 
 NOW = PAST_NOW
@@ -281,11 +281,15 @@ async def test_a_role_that_may_not_insert_into_the_archive_is_refused_naming_the
 
 
 async def test_a_cancelled_sweep_resumed_leaves_every_row_in_exactly_one_table(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    arc: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An attempt cancelled after a few batches (it finishes the one in flight) and a second
     attempt resuming from its heartbeat: afterwards source and archive hold every original row
     exactly once, and the count is exact."""
+    report_often(monkeypatch)
     make_audit(db, arc)
     expired = fill_audit(db, 40_000, expired_every=2)
     before = rows_of(db, "audit_log")

@@ -41,17 +41,17 @@ DAY = 24 * HOUR
 TINY = SweepSettings(batch_target_ms=1)
 
 
-def fill(db: psycopg.Connection[Any], rows: int) -> int:
-    """`rows` keys, every tenth expired at NOW (swept through the index, in many batches);
-    returns how many are expired."""
+def fill(db: psycopg.Connection[Any], rows: int, every: int = 10) -> int:
+    """`rows` keys, every tenth expired at NOW (swept through the index, in many batches; every
+    other one: walked); returns how many are expired."""
     db.execute(
         "INSERT INTO x_idempotency (key, expires_at_ms)"
-        " SELECT 'k' || i, CASE WHEN i %% 10 = 0 THEN %s ELSE %s END"
+        " SELECT 'k' || i, CASE WHEN i %% %s = 0 THEN %s ELSE %s END"
         " FROM generate_series(0, %s - 1) i",
-        (NOW - HOUR, NOW + HOUR, rows),
+        (every, NOW - HOUR, NOW + HOUR, rows),
     )
     db.execute("VACUUM ANALYZE x_idempotency")
-    return len(range(0, rows, 10))
+    return len(range(0, rows, every))
 
 
 def expired_left(db: psycopg.Connection[Any]) -> int:
@@ -366,10 +366,16 @@ async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbe
     assert db.execute("SELECT count(*) FROM purge_progress").fetchone() == (0,)
 
 
+ENDS = ["out of time", "cancelled", "a crash at its first report"]
+
+
 @pytest.mark.waits
-@pytest.mark.parametrize("end", ["out of time", "cancelled", "a crash at its first report"])
+@pytest.mark.parametrize(
+    ("shape", "end"),
+    [("index", end) for end in ENDS] + [("walk", "out of time"), ("walk", "cancelled")],
+)
 async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
-    pytestconfig: pytest.Config, end: str
+    pytestconfig: pytest.Config, shape: str, end: str
 ) -> None:
     """Batches commit lazily (their ledger rows with them), and nothing of theirs is reported
     before a durable point covers it. PostgreSQL crashed (immediate shutdown, so nothing in its
@@ -385,11 +391,18 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
         with psycopg.connect(server.url(), autocommit=True) as db:
             db.execute(reference_ddl())
             db.execute("DROP TABLE purge_shares")
-            expired = fill(db, 40_000)
-            # 0.2 ms a row: the 4,000 expired rows take the sweep about 0.8 s, so the budget
-            # or the cancellation at 0.3 s ends it part-way, inside its first half second (no
-            # batch has committed as the session does yet), whatever the machine's load.
-            slow_deletes(db, "x_idempotency", ms=0.2)
+            if shape == "index":
+                expired = fill(db, 40_000)
+                # 0.2 ms a row: the 4,000 expired rows take the sweep about 0.8 s, so the budget
+                # or the cancellation at 0.3 s ends it part-way, inside its first half second
+                # (no batch has committed as the session does yet), whatever the machine's load.
+                slow_deletes(db, "x_idempotency", ms=0.2)
+            else:
+                # Every other row expired: a walk (its batches lazy too). One expired row in 25
+                # sleeps a millisecond or more (pg_sleep rounds up): 800 of them, about a
+                # second, spread over every page, so the walk too ends part-way.
+                expired = fill(db, 40_000, every=2)
+                slow_deletes(db, "x_idempotency", ms=1.0, only="right(OLD.key, 2) IN ('00', '50')")
         pool = await open_pool(server.url())
         try:
             env = activity_env()
@@ -422,6 +435,8 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
             await pool.close()
         server.start()
         with psycopg.connect(server.url(), autocommit=True) as db:
+            assert beats
+            assert {b["strategy"] for b in beats} == {"range" if shape == "walk" else "index"}
             assert 0 < reported < expired
             if end == "a crash at its first report":
                 # At least what it reported; more only if the crash spared a later lazy batch.

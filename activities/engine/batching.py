@@ -100,21 +100,20 @@ class BatchSweeper:
         statement = (
             range_delete(pred) if self.plain else range_batch(pred, ledger=self.ledger is not None)
         )
+        # Its own place (lo), not the progress's page: a lazy batch's page reaches the progress
+        # (the heartbeat a retry resumes from) only at a durable point (engine.commits).
         pages, start = FIRST_PAGES, self.progress.page
-        while self.progress.page < self.plan.pages:
+        lo = start
+        while lo < self.plan.pages:
             if await self._out_of_time():
                 result.complete = False
-                result.backlog = _walk_backlog(
-                    self.plan, result.removed, self.progress.page - start, self.progress.page
-                )
+                result.backlog = _walk_backlog(self.plan, result.removed, lo - start, lo)
                 return
-            lo = self.progress.page
             hi = min(lo + pages, self.plan.pages)
             params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
-            # Never lazily (engine.commits): a retry resumes at the page the heartbeat names.
-            _, ms = await self._batch(
-                result, statement, params, walk=not self.plan.referenced, page=hi
-            )
+            lazy = self.commits.lazy(more_may_follow=hi < self.plan.pages)
+            _, ms = await self._batch(result, statement, params, not self.plan.referenced, hi, lazy)
+            lo = hi
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
     async def _by_index(self, pred: Predicate, result: SweepStats) -> None:

@@ -14,9 +14,10 @@ a second apart) or when it is known to be the table's last; the sweep's end, or 
 cancellation, is a durable point of its own (`statements.durable_point`) when its last batch was
 lazy.
 
-Only batches a retry does not resume by position: index and keyset batches, which a retried
-attempt starts again from the index (and counts from the ledger). A walk's retry resumes at the
-page its last heartbeat named, so its batches always commit as the session does.
+A retry resumes from what was reported, so from durable work only: index and keyset batches
+start again from the index, and a walk at the page its last heartbeat named, which is a durable
+batch's (the walk keeps its own place meanwhile). Pages walked after it are walked again; what
+a crash undid there is still expired, and is deleted then. Both count from the ledger.
 """
 
 from __future__ import annotations
