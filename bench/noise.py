@@ -51,10 +51,11 @@ class Spread:
         """How much slower the slowest probe ran than the fastest."""
         return self.high / self.low if self.low > 0 else float("inf")
 
-    def line(self) -> str:
+    def line(self, when: str) -> str:
+        """One line for a report: `when` says when the probes ran ("before each of 9 forms")."""
         return (
-            f"machine probe ({PROBE_ITERATIONS:,}-step CPU loop, before each of {self.count} "
-            f"forms): {self.low:.1f}-{self.high:.1f} ms, median {self.median:.1f}; "
+            f"machine probe ({PROBE_ITERATIONS:,}-step CPU loop, {when}): "
+            f"{self.low:.1f}-{self.high:.1f} ms, median {self.median:.1f}; "
             f"the slowest {self.ratio:.2f}x the fastest"
         )
 
@@ -81,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         time.sleep(args.every)
     found = spread(samples)
     if found is not None:
-        print(found.line().replace(f"before each of {found.count} forms", f"{found.count} times"))
+        print(found.line(f"{found.count} times, {args.every:g} s apart"))
 
 
 if __name__ == "__main__":

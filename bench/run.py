@@ -282,7 +282,7 @@ def _probe_line(runs: list[FormResult]) -> list[str]:
     """How much the machine itself moved over the run's forms (bench.noise), when measured."""
     probes = [float(p) for r in runs if isinstance(p := r.notes.get("probe_ms"), int | float)]
     found = noise.spread(probes)
-    return [found.line()] if found is not None else []
+    return [found.line(f"before each of {found.count} forms")] if found is not None else []
 
 
 def print_report(outcome: Outcome, elapsed: float) -> None:
