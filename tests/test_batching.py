@@ -51,6 +51,12 @@ def analyze(db: psycopg.Connection[Any], table: str) -> None:
     db.execute(f"VACUUM ANALYZE {table}")
 
 
+def expired_left(db: psycopg.Connection[Any]) -> int:
+    """x_idempotency's rows still expired at NOW."""
+    row = db.execute("SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,))
+    return int(row.fetchone()[0])  # type: ignore[index]
+
+
 async def test_small_indexed_share_goes_by_index_and_large_share_walks(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
@@ -322,10 +328,7 @@ async def test_a_walk_commits_its_batches_lazily_and_reports_none_before_it_is_d
     seen: list[tuple[int, int]] = []
 
     def gone_at_report(*details: Any) -> None:
-        left = db.execute(
-            "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
-        ).fetchone()
-        seen.append((int(details[0]["removed"]), expired - int(left[0])))  # type: ignore[index]
+        seen.append((int(details[0]["removed"]), expired - expired_left(db)))
 
     _, (running, beats) = run_activity(pool, TINY, on_heartbeat=gone_at_report)
     result: PurgeSweep = await running
@@ -351,9 +354,7 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
     with pytest.raises(asyncio.CancelledError):
         await running
 
-    gone = expired - len(
-        db.execute("SELECT 1 FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)).fetchall()
-    )
+    gone = expired - expired_left(db)
     # Stopped in the table's middle, after the batch in flight, every committed batch reported:
     # the 5th report may come with the rest of its durable point's group.
     assert len(seen) >= 5

@@ -33,7 +33,7 @@ from tests.support.activity import activity_env
 from tests.support.passes import run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
 from tests.support.servers import cluster_template, running_postgres
-from tests.test_batching import slow_deletes
+from tests.test_batching import expired_left, slow_deletes
 
 NOW = PAST_NOW
 DAY = 24 * HOUR
@@ -52,11 +52,6 @@ def fill(db: psycopg.Connection[Any], rows: int, every: int = 10) -> int:
     )
     db.execute("VACUUM ANALYZE x_idempotency")
     return len(range(0, rows, every))
-
-
-def expired_left(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,))
-    return int(row.fetchone()[0])  # type: ignore[index]
 
 
 async def killed_attempt(
