@@ -31,6 +31,7 @@ from purge_dev.servers import EmbeddedPostgres, venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import new_worker
 from tests.support.faults import WorkersTally
+from tests.support.pace import machine_pace
 from tests.support.servers import (
     RunningTemporal,
     cluster_template,
@@ -66,6 +67,12 @@ def pytest_configure(config: pytest.Config) -> None:
         cache = getattr(config, "cache", None)
         if cache is not None and not config.option.help:
             cluster_template(cache.mkdir(TEMPLATE_CACHE))
+
+
+@pytest.fixture(autouse=True)
+def paced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine made much faster or slower for the sweep (PURGE_TEST_PACE, support/pace.py)."""
+    machine_pace(monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -324,6 +331,25 @@ HEAVY_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads its options
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The default run on pytest-xdist: `-n logical` (see below), at most 4 workers (each starts
+    its own PostgreSQL; they share one Temporal dev server, the controller's), `--dist
+    loadgroup` (the tests marked `xdist_group` together on one worker). Set here, not in
+    pyproject's addopts, where they would make `-p no:xdist` fail to parse; `-n N` and `--dist`
+    given on the command line win."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return  # a worker runs what the controller hands it
+    option = config.option
+    if option.numprocesses is None:
+        option.numprocesses = "logical"
+        if option.maxprocesses is None:
+            option.maxprocesses = 4
+    if option.dist == "no":
+        option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n logical` (the default run's): one worker more than the machine has logical CPUs, at
     most four (each starts its own PostgreSQL). Many tests wait on a Temporal timer, a process or a

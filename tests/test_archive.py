@@ -27,7 +27,8 @@ from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
-from tests.support.activity import activity_env, report_often
+from tests.support.activity import activity_env
+from tests.support.pace import durable_every, fixed_batches
 from tests.support.rows import HOUR, PAST_NOW, auth_rows, bucket_rows, idempotency_rows, keys
 
 NOW = PAST_NOW
@@ -289,7 +290,8 @@ async def test_a_cancelled_sweep_resumed_leaves_every_row_in_exactly_one_table(
     """An attempt cancelled after a few batches (it finishes the one in flight) and a second
     attempt resuming from its heartbeat: afterwards source and archive hold every original row
     exactly once, and the count is exact."""
-    report_often(monkeypatch)
+    fixed_batches(monkeypatch)  # 8 pages a batch: the table is dozens of them
+    durable_every(monkeypatch, 2)
     make_audit(db, arc)
     expired = fill_audit(db, 40_000, expired_every=2)
     before = rows_of(db, "audit_log")

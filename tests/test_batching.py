@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import random
 import re
 import threading
@@ -19,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_kinds as kinds
+from activities.engine import batching
 from activities.engine.filter_plan import plan_nodes
 from activities.payloads import PurgeStep, PurgeSweep
 from activities.registry import TargetRegistry
@@ -27,7 +29,8 @@ from purge_config import parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
-from tests.support.activity import activity_env, report_often
+from tests.support.activity import activity_env
+from tests.support.pace import durable_every, fixed_batches, until_a_sweep_waits
 from tests.support.rows import HOUR, PAST_NOW, keys
 
 NOW = PAST_NOW
@@ -82,22 +85,47 @@ async def test_small_indexed_share_goes_by_index_and_large_share_walks(
     assert keys(db, "x_idempotency") == live
 
 
-async def test_batches_are_resized_towards_their_target_duration(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
-) -> None:
-    """The same table swept with a 1 ms target takes many more, smaller batches than with a
-    200 ms one (counts of batches, not timings, are asserted)."""
-    fill_idempotency(db, 40_000, expired_every=2)
-    analyze(db, "x_idempotency")
-    slow = await kinds.idempotency(pool, settings=SweepSettings(batch_target_ms=200)).sweep(NOW)
-    db.execute("TRUNCATE x_idempotency")
-    fill_idempotency(db, 40_000, expired_every=2)
-    analyze(db, "x_idempotency")
-    fast = await kinds.idempotency(pool, settings=TINY).sweep(NOW)
+class Enough(Exception):
+    """Raised from a sweep's on_batch to stop it once a test has seen the batches it needs."""
 
-    assert slow.removed == fast.removed == 20_000
-    assert slow.strategy == fast.strategy == "range"
-    assert fast.batches > 4 * slow.batches
+
+async def first_walk_batches(pool: AsyncConnectionPool[Any], settings: SweepSettings) -> list[int]:
+    """The pages of a walk's first two batches of x_idempotency, the sweep stopped after them."""
+    ends: list[int] = []
+
+    def on_batch(progress: Any) -> None:
+        ends.append(progress.page)
+        if len(ends) == 2:
+            raise Enough
+
+    with pytest.raises(Enough):
+        await kinds.idempotency(pool, settings=settings).sweep(NOW, on_batch=on_batch)
+    return [end - start for start, end in itertools.pairwise([0, *ends])]
+
+
+async def test_a_batch_quicker_than_its_target_grows_the_next_and_a_slower_one_shrinks_it(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sizing by duration, in the direction of the target: under a 10 s target (far longer than
+    any batch takes) the second batch of a walk is larger than the first; when every DELETE
+    takes 60 ms or more (a statement trigger sleeps) against a 1 ms target, it is smaller. The
+    direction of a resize, not a count of batches: how many a table takes is the machine's."""
+    durable_every(monkeypatch, 1)  # every batch reported as it commits
+    fill_idempotency(db, 40_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    grown = await first_walk_batches(pool, SweepSettings(batch_target_ms=10_000))
+    db.execute(
+        "CREATE FUNCTION slow_statement() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_sleep(0.06); RETURN NULL; END$$"
+    )
+    db.execute(
+        "CREATE TRIGGER slow AFTER DELETE ON x_idempotency"
+        " FOR EACH STATEMENT EXECUTE FUNCTION slow_statement()"
+    )
+    shrunk = await first_walk_batches(pool, SweepSettings(batch_target_ms=1))
+
+    assert grown[1] > grown[0], grown
+    assert shrunk[1] < shrunk[0], shrunk
 
 
 async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_batch(
@@ -129,13 +157,14 @@ async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_
 
 
 async def test_keyset_batches_split_a_run_of_equal_keys_and_keep_every_live_row(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Index batches go by key ranges of the expiry column; a run of equal keys longer than a
     batch cannot be split by a range, so it goes a batch at a time by ctid. 6,000 rows share
     the cutoff instant itself (expired: expiry is inclusive), 2,000 lie before it and 2,000
     after: every expired row goes, no live one, and no batch takes more rows than it asked
     for (a batch deleting every row of the run at once would take 6,000)."""
+    fixed_batches(monkeypatch, rows=500)  # a batch grown past 6,000 rows takes the run whole
     db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, '{}', CASE WHEN i < 2000 THEN %s - 2000 + i"
@@ -158,13 +187,13 @@ async def test_keyset_batches_split_a_run_of_equal_keys_and_keep_every_live_row(
         "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
     ).fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (52_000,)
-    assert stats.batches == len(batches) >= 3
-    assert max(removed for removed, _ in batches) < 6_000
+    assert stats.batches == len(batches) >= 8_000 // 500
+    assert max(removed for removed, _ in batches) == 500
 
 
 @pytest.mark.parametrize("analyzed", [False, True], ids=["never-analyzed", "analyzed"])
 async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_order(
-    db: psycopg.Connection[Any], schema_url: str, analyzed: bool
+    db: psycopg.Connection[Any], schema_url: str, analyzed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every row of a 10,000-row run shares one expiry: the tie batches take them by ctid, each
     batch's rows read from the expiry index in order and the read stopped at the batch's count.
@@ -173,6 +202,7 @@ async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_or
     batch (the planner's pick here, analyzed or not, without `tie_walk`; 400,000 rows of a
     never-analyzed table took 118 s so, against 3.2 s), nor a sequential scan, which reads
     again every page earlier batches emptied."""
+    fixed_batches(monkeypatch, rows=500)
     db.execute("ALTER TABLE x_idempotency SET (autovacuum_enabled = off)")
     db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
@@ -208,7 +238,7 @@ async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_or
         await one.close()
 
     assert (stats.strategy, stats.removed) == ("index", 10_000)
-    assert stats.batches >= 5
+    assert stats.batches >= 10_000 // 500
     assert row is not None
     nodes = {node["Node Type"] for node in plan_nodes(row[0][0]["Plan"])}
     assert nodes & {"Index Scan", "Index Only Scan"}, nodes
@@ -216,13 +246,15 @@ async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_or
 
 
 async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_generic_plan(
-    db: psycopg.Connection[Any], schema_url: str
+    db: psycopg.Connection[Any], schema_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Batches resized every time (a 1 ms target) read their boundary with one statement text,
     the batch's size a parameter, prepared at its first use and run by its generic plan, as is
     the DELETE: the size written into the text made each batch a statement planned anew, and
     planning a batch's boundary read probed the index over every entry earlier batches had
     deleted (1.5-2.7 ms a batch in bench/README.md's steady profile)."""
+    # Each batch 250 rows larger than the last, whatever each took.
+    monkeypatch.setattr(batching, "_resize", lambda size, *_: size + 250)
     db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, '{}', CASE WHEN i %% 10 = 0 THEN %s ELSE %s END"
@@ -233,7 +265,7 @@ async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_gen
     sizes: list[int] = []
     one = await open_pool(schema_url, max_size=1)  # so the sweep's connection is the one read
     try:
-        target = kinds.idempotency(one, settings=SweepSettings(batch_target_ms=1))
+        target = kinds.idempotency(one)
         stats = await target.sweep(NOW, on_batch=lambda p: sizes.append(p.batch_removed))
         async with one.connection() as conn:
             cur = await conn.execute(
@@ -315,7 +347,7 @@ def run_activity(
 
 
 async def test_a_walk_commits_its_batches_lazily_and_reports_none_before_it_is_durable(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A walk's batches commit without waiting for their WAL, as index and keyset batches do
     (activities.engine.commits): each waited for its own flush, where one DELETE waits once. So
@@ -323,6 +355,8 @@ async def test_a_walk_commits_its_batches_lazily_and_reports_none_before_it_is_d
     has lost at least the rows reported, and at some heartbeat more (batches committed lazily
     and reported together at the next durable point). Committed as the session does, each
     report would come right after its own batch, equal to what is gone."""
+    fixed_batches(monkeypatch)  # 8 pages a batch: dozens of batches
+    durable_every(monkeypatch, 4)
     expired = fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")
     seen: list[tuple[int, int]] = []
@@ -343,9 +377,12 @@ async def test_a_walk_commits_its_batches_lazily_and_reports_none_before_it_is_d
 async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Cancelled at its fifth batch's report, a sweep finishes that batch and starts no other:
+    what is gone is exactly what it reported, and its last heartbeat says it left cleanly."""
+    fixed_batches(monkeypatch)  # 8 pages a batch: the table is dozens of them
+    durable_every(monkeypatch, 1)  # each batch reported as it commits
     expired = fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")
-    report_often(monkeypatch)
     last: list[Any] = []
     _, (running, seen) = run_activity(
         pool, TINY, cancel_after_batches=5, on_heartbeat=lambda *d: last.append(d[0])
@@ -355,9 +392,8 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
         await running
 
     gone = expired - expired_left(db)
-    # Stopped in the table's middle, after the batch in flight, every committed batch reported:
-    # the 5th report may come with the rest of its durable point's group.
-    assert len(seen) >= 5
+    # Stopped in the table's middle, after the batch in flight, every committed batch reported.
+    assert len(seen) == 5
     assert 0 < gone == seen[-1]["removed"] < expired
     # Its last word says it left cleanly, so the next attempt trusts the count it resumes from.
     assert last[-1]["clean_exit"] is True
@@ -367,9 +403,10 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
 async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_row_once(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    fixed_batches(monkeypatch)  # 8 pages a batch: the table is dozens of them
+    durable_every(monkeypatch, 2)
     expired = fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")
-    report_often(monkeypatch)
     env, (first, first_beats) = run_activity(pool, TINY, cancel_after_batches=8)
     with pytest.raises(asyncio.CancelledError):
         await first
@@ -571,7 +608,9 @@ async def test_rows_renewed_during_the_sweep_are_never_deleted(
     schema_url: str,
     renewer_factory: Callable[[str, list[str], list[str]], Renewer],
     kind: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    fixed_batches(monkeypatch)  # dozens of batches, so renewals land between and inside them
     spec = KINDS_UNDER_RENEWAL[kind]
     values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": ROWS - 1}
     for statement in spec.fill:
@@ -627,12 +666,7 @@ async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
     with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
         assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
         sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
-        while not db.execute(
-            "SELECT 1 FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
-            " AND wait_event_type = 'Lock'"
-        ).fetchone():
-            assert not sweeping.done(), "the sweep never waited for the renewal's lock"
-            await asyncio.sleep(0.01)
+        await until_a_sweep_waits(db, sweeping)
         client.commit()
         stats = await sweeping
 

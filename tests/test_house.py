@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,11 +50,37 @@ def test_the_engine_imports_no_temporalio() -> None:
     assert "temporalio" not in loaded
 
 
+def _home(package: str, name: str, value: object) -> str:
+    """The module a front door's `name` comes from: a class's or function's own module, else
+    the first module of `package` that holds the very object under that name ('' if none)."""
+    if inspect.isclass(value) or inspect.isfunction(value):
+        return str(value.__module__)
+    front = importlib.import_module(package)
+    for room in pkgutil.iter_modules(front.__path__, f"{package}."):
+        if vars(importlib.import_module(room.name)).get(name) is value:
+            return room.name
+    return ""
+
+
 @pytest.mark.parametrize("package", ["activities", "activities.engine"])
 def test_a_front_door_names_only_what_its_package_holds(package: str) -> None:
+    """Every name in `__all__` is served (a lazy door imports it when asked) and comes from a
+    module of the package itself, never from a dependency; and every class or function of the
+    package the door holds is named in `__all__`."""
     front = importlib.import_module(package)
+    served = {name: getattr(front, name) for name in front.__all__}
+    held = {
+        name
+        for name, value in vars(front).items()
+        if not name.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__.startswith(f"{package}.")
+    }
 
-    assert all(getattr(front, name) is not None for name in front.__all__)
+    assert len(served) == len(front.__all__)  # no name twice
+    homes = {name: _home(package, name, value) for name, value in served.items()}
+    assert all(home.startswith(f"{package}.") for home in homes.values()), homes
+    assert held <= set(served)
 
 
 def test_the_activities_front_door_loads_nothing_until_asked() -> None:

@@ -30,15 +30,28 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE, Harness, Pools
 from tests.support.activity import activity_env
+from tests.support.pace import durable_every, fixed_batches, row_locked, until_a_sweep_waits
 from tests.support.passes import run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
 from tests.support.servers import cluster_template, running_postgres
-from tests.test_batching import expired_left, slow_deletes
+from tests.test_batching import expired_left
 
 NOW = PAST_NOW
 DAY = 24 * HOUR
-#: Batches of about a millisecond: many batches on a few thousand rows.
+#: Batches of about a millisecond, where a test does not fix their size.
 TINY = SweepSettings(batch_target_ms=1)
+#: Rows in an index batch: `fill`'s 4,000 expired rows are 40 batches on any machine.
+BATCH_ROWS = 100
+#: Batches committed lazily between two durable points, so reports come in groups.
+GROUP = 3
+
+
+@pytest.fixture(autouse=True)
+def known_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sweep here in batches of BATCH_ROWS rows, reported in groups of GROUP (a durable
+    point every third batch): a table is a known number of reports, whatever the machine."""
+    fixed_batches(monkeypatch, rows=BATCH_ROWS)
+    durable_every(monkeypatch, GROUP)
 
 
 def fill(db: psycopg.Connection[Any], rows: int, every: int = 10) -> int:
@@ -60,7 +73,7 @@ async def killed_attempt(
     """A first attempt cancelled at its `die_after`th batch heartbeat, of which only the first
     `kept` reach the server: (its workflow run id, the last heartbeat the server kept). Lazily
     committed batches report together at a durable point (activities.engine.commits), so the
-    cancellation may land a few batches later."""
+    cancellation lands at the end of the group that holds that heartbeat."""
     env = activity_env()
     beats: list[dict[str, Any]] = []
 
@@ -75,7 +88,7 @@ async def killed_attempt(
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
     with pytest.raises(asyncio.CancelledError):
         await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
-    assert len(beats) >= die_after
+    assert len(beats) == die_after  # a group of lazy batches ends at the 6th
     return env.info.workflow_run_id, beats[kept - 1]
 
 
@@ -125,16 +138,23 @@ async def test_the_ledger_counts_every_batch_whether_or_not_the_server_counts_de
     )
     expired = fill(db, 40_000)
     env = activity_env()
+    deleted: list[int] = []
+    env.on_heartbeat = lambda *d: (
+        deleted.append(d[0]["batch_removed"]) if "batch_ms" in d[0] else None
+    )
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
 
     result = await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
 
-    assert result.batches > 3  # on one connection: the session's count goes on between them
+    # On one connection: the session's count goes on between them. The ledger counts the
+    # batches that deleted rows (the last one here only read that none were left).
+    assert len(deleted) == result.batches > 40
     ledger = db.execute(
         "SELECT removed, batches FROM purge_progress WHERE run_id = %s",
         (env.info.workflow_run_id,),
     ).fetchone()
-    assert (expired_left(db), result.removed, ledger) == (0, expired, (expired, result.batches))
+    deleting = sum(1 for n in deleted if n > 0)
+    assert (expired_left(db), result.removed, ledger) == (0, expired, (expired, deleting))
 
 
 async def test_a_cascade_within_the_table_is_not_counted_as_rows_the_sweep_removed(
@@ -301,15 +321,12 @@ async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
 
 
 async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
 ) -> None:
-    """One expired row is held locked for half a second by another session: the one batch that
-    meets it reports a long wait, every other batch a short one, and p95 is the nearest-rank
-    95th percentile of exactly the durations the batches reported."""
-    # 4,000 expired rows: at the 1 ms target a batch takes tens of them (one round trip each),
-    # so 20 or more batches whatever the machine's load (about 70 here; a slower machine sizes
-    # its batches smaller, so makes more).
-    fill(db, 40_000)
+    """One expired row is held locked by another session until its batch has waited a third
+    of a second: that batch reports a long wait, every other batch a short one, and p95 is the
+    nearest-rank 95th percentile of exactly the durations the batches reported."""
+    fill(db, 40_000)  # 4,000 expired rows: 40 batches of 100
     # The oldest expired row: the index-ordered sweep meets it in its first batch.
     db.execute(
         "UPDATE x_idempotency SET expires_at_ms = %s WHERE key = 'k20000'", (NOW - 2 * HOUR,)
@@ -318,26 +335,23 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     env = activity_env()
     env.on_heartbeat = lambda *d: beats.append(d[0]) if "batch_ms" in d[0] else None
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
-    with psycopg.connect(pg_url, autocommit=True) as holder:
-        holder.execute(f'SET search_path = "{schema}"')
-        holder.execute("BEGIN")
-        holder.execute("SELECT 1 FROM x_idempotency WHERE key = 'k20000' FOR UPDATE")
+    with row_locked(schema_url, "x_idempotency", "k20000"):
         sweep = asyncio.ensure_future(
             env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
         )
-        await asyncio.sleep(0.5)
-        holder.execute("COMMIT")
-        result: PurgeSweep = await sweep
+        await until_a_sweep_waits(db, sweep)
+        await asyncio.sleep(0.3)
+    result: PurgeSweep = await sweep
 
     durations = [b["batch_ms"] for b in beats if not b.get("clean_exit")]
-    assert len(durations) == result.batches >= 20
-    # The batch that waited for the lock (most of the half second: the sweep's catalog reads
-    # come first), and only it; every other batch aims at 1 ms.
-    slow = [ms for ms in durations if ms >= 200]
+    assert len(durations) == result.batches >= 40
+    # The batch that waited for the lock, and only it; every other batch is 100 rows.
+    slow = [ms for ms in durations if ms >= 300]
     assert len(slow) == 1, durations
+    assert durations.index(slow[0]) == 0
     ordered = sorted(durations)
     assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
-    assert result.p95_batch_ms < 200  # one slow batch in 20+ is above the 95th percentile
+    assert result.p95_batch_ms < 300  # one slow batch in 40 is above the 95th percentile
 
 
 async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbeats(
@@ -370,7 +384,7 @@ ENDS = ["out of time", "cancelled", "a crash at its first report"]
     [("index", end) for end in ENDS] + [("walk", "out of time"), ("walk", "cancelled")],
 )
 async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
-    pytestconfig: pytest.Config, shape: str, end: str
+    pytestconfig: pytest.Config, monkeypatch: pytest.MonkeyPatch, shape: str, end: str
 ) -> None:
     """Batches commit lazily (their ledger rows with them), and nothing of theirs is reported
     before a durable point covers it. PostgreSQL crashed (immediate shutdown, so nothing in its
@@ -379,25 +393,21 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     removed. Without the durable point at the end, the last batches come back with the restart;
     reported at once, a lazy batch's heartbeat (and its rows in the worker's counter) would
     count rows the crash brings back. No purge_shares table: its record after the sweep would
-    be a durable commit of its own."""
+    be a durable commit of its own.
+
+    The sweep ends mid-table on any machine: a row half way through is held locked, and the
+    budget is spent (or the cancellation sent) while its batch waits for it; no durable point
+    comes before the end but the one a crash at the first report needs (every fifth batch)."""
+    durable_every(monkeypatch, 5 if end == "a crash at its first report" else 1_000_000)
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
     with running_postgres("purge-crash-pg-", template) as server:
         with psycopg.connect(server.url(), autocommit=True) as db:
             db.execute(reference_ddl())
             db.execute("DROP TABLE purge_shares")
-            if shape == "index":
-                expired = fill(db, 40_000)
-                # 0.2 ms a row: the 4,000 expired rows take the sweep about 0.8 s, so the budget
-                # or the cancellation at 0.3 s ends it part-way, inside its first half second
-                # (no batch has committed as the session does yet), whatever the machine's load.
-                slow_deletes(db, "x_idempotency", ms=0.2)
-            else:
-                # Every other row expired: a walk (its batches lazy too). One expired row in 25
-                # sleeps a millisecond or more (pg_sleep rounds up): 800 of them, about a
-                # second, spread over every page, so the walk too ends part-way.
-                expired = fill(db, 40_000, every=2)
-                slow_deletes(db, "x_idempotency", ms=1.0, only="right(OLD.key, 2) IN ('00', '50')")
+            # Every tenth row expired: through the index, 40 batches of 100; every other
+            # one: a walk of 8 pages a batch. Row k20000 lies half way either way.
+            expired = fill(db, 40_000, every=10 if shape == "index" else 2)
         pool = await open_pool(server.url())
         try:
             env = activity_env()
@@ -414,16 +424,26 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
             budget = 300 if end == "out of time" else 600_000
             target = kinds.idempotency(pool, settings=replace(TINY, time_budget_ms=budget))
             activities = PurgeActivities(TargetRegistry([target]))
-            step = PurgeStep(name="x_idempotency", now_ms=NOW)
+            running = asyncio.ensure_future(
+                env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+            )
+            if end != "a crash at its first report":
+                with (
+                    psycopg.connect(server.url(), autocommit=True) as db,
+                    row_locked(server.url(), "x_idempotency", "k20000"),
+                ):
+                    await until_a_sweep_waits(db, running)
+                    if end == "out of time":
+                        await asyncio.sleep(budget / 1000)  # spent, wherever it started
+                    else:
+                        env.cancel()
             if end == "out of time":
-                result: PurgeSweep = await env.run(activities.purge_target, step)
+                result: PurgeSweep = await running
                 assert result.backlog > 0, "the budget did not cut the sweep short"
                 reported = result.removed
             else:
-                if end == "cancelled":
-                    asyncio.get_running_loop().call_later(0.3, env.cancel)
                 with pytest.raises((asyncio.CancelledError, psycopg.OperationalError)):
-                    await env.run(activities.purge_target, step)
+                    await running
                 reported = int(beats[-1]["removed"])
         finally:
             server.stop(immediate=True)

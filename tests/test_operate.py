@@ -115,6 +115,7 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     assert schedule.spec.jitter == timedelta(seconds=30)
     assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
     assert schedule.policy.catchup_window == timedelta(hours=1)
+    assert described.info.next_action_times
     assert all(t.minute == 23 for t in described.info.next_action_times)
     await harness.client.get_schedule_handle(schedule_id).delete()
 

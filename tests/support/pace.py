@@ -1,0 +1,94 @@
+"""The moments a sweep's test needs, made to happen whatever the machine's speed.
+
+A sweep decides three things by the clock: the size of its next batch (from how long the last
+took), when a lazily committed batch reaches a durable point (and so when it is reported), and
+when its budget is spent. A test that needs a sweep to be mid-table at some moment fixes the
+first two here instead of hoping that a table outlasts a timer, and holds the sweep at a row
+it locked (`row_locked`, `until_a_sweep_waits`) while it spends a budget or cancels.
+
+`machine_pace` makes the whole suite meet a machine much faster or much slower than this one
+(`PURGE_TEST_PACE=fast|slow`, .ci/run runs the sweep tests both ways): a test that passes only
+at this machine's speed fails there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from activities.engine import batching, commits
+
+PACES = {"fast": 1 / 50, "slow": 50.0}
+"""What a batch's measured duration is multiplied by under PURGE_TEST_PACE."""
+
+
+def fixed_batches(monkeypatch: pytest.MonkeyPatch, *, pages: int = 8, rows: int = 200) -> None:
+    """Every walk batch `pages` heap pages, every index and keyset batch `rows` rows, however
+    long each takes: a table of known size is then a known number of batches."""
+    monkeypatch.setattr(batching, "FIRST_PAGES", pages)
+    monkeypatch.setattr(batching, "PAGES_RANGE", (pages, pages))
+    monkeypatch.setattr(batching, "FIRST_ROWS", rows)
+    monkeypatch.setattr(batching, "ROWS_RANGE", (rows, rows))
+
+
+def durable_every(monkeypatch: pytest.MonkeyPatch, batches: int) -> None:
+    """A durable point (and so a heartbeat reporting the batches it covers) every `batches`
+    batches that delete rows, by a clock that ticks once a batch instead of by the second.
+    `batches=1`: every batch commits as the session does and is reported on its own."""
+    monkeypatch.setattr(commits, "clock", itertools.count().__next__)
+    monkeypatch.setattr(commits, "DURABLE_EVERY_S", batches)
+
+
+def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under PURGE_TEST_PACE=fast every batch is sized as if it had taken a fiftieth of its
+    time: a table ends in a few large batches, all inside one durable point, as on a machine
+    much faster than this one. Under `slow`, fifty times its time, and durable points fifty
+    times closer: batches at their smallest, each reported nearly on its own. Unset: nothing
+    changes. (Durable points stay half a second apart under `fast`: a test that sleeps in
+    PostgreSQL does not get faster with the machine, and its heartbeats still come.)"""
+    pace = os.environ.get("PURGE_TEST_PACE", "")
+    if not pace:
+        return
+    if pace not in PACES:
+        raise pytest.UsageError(f"PURGE_TEST_PACE must be one of {sorted(PACES)}, got {pace!r}")
+    factor = PACES[pace]
+    resize = batching._resize
+
+    def paced(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:
+        return resize(size, ms * factor, target_ms, bounds)
+
+    monkeypatch.setattr(batching, "_resize", paced)
+    if factor > 1:
+        monkeypatch.setattr(commits, "DURABLE_EVERY_S", commits.DURABLE_EVERY_S / factor)
+
+
+@contextlib.contextmanager
+def row_locked(url: str, table: str, key: str) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding the row of `table` whose `key` column is `key` locked (FOR
+    UPDATE, changing nothing) until the block ends: a batch that reaches it waits there."""
+    with psycopg.connect(url, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        locked = holder.execute(f"SELECT 1 FROM {table} WHERE key = %s FOR UPDATE", (key,))
+        assert locked.fetchone(), f"no row {key!r} in {table} to lock"
+        try:
+            yield holder
+        finally:
+            holder.execute("COMMIT")
+
+
+async def until_a_sweep_waits(db: psycopg.Connection[Any], running: asyncio.Future[Any]) -> None:
+    """Returns once a sweep's batch (its connection named temporal-pg-purge) waits for a lock:
+    every batch before it has committed, and it commits only when the lock is let go."""
+    while not db.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
+        " AND wait_event_type = 'Lock'"
+    ).fetchone():
+        assert not running.done(), "the sweep never waited for the lock"
+        await asyncio.sleep(0.01)
