@@ -6,10 +6,11 @@ Two strategies, measured in bench/ (PostgreSQL 18, 2 cores, 2M rows):
   expired rows, and it needs no index. Right for large shares and for predicates no index serves.
 - `index`: reads only expired rows through an index on the expiry column. Right for small shares:
   its cost follows the expired rows, not the table (31 ms vs 290-520 ms for a walk, at 1% of 2M
-  rows). By keyset batches (activities.engine.batching.keyset): the key where the next n expired
-  rows end, then one plain DELETE of that key range; by ctid batches
-  (`ctid = ANY(ARRAY(SELECT ctid ... ORDER BY col LIMIT n)) AND expired`) where a range cannot
-  serve: a composite filter index, a partitioned parent, an archive that needs the rows back.
+  rows). By keyset batches (`keyset` below chooses them; `activities.engine.keyset` runs them):
+  the key where the next n expired rows end, then one plain DELETE of that key range; by ctid
+  batches (`ctid = ANY(ARRAY(SELECT ctid ... ORDER BY col LIMIT n)) AND expired`) where a range
+  cannot serve: a composite filter index, a partitioned parent, an archive that needs the rows
+  back.
 """
 
 from __future__ import annotations
