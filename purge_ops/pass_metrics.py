@@ -7,9 +7,11 @@ untouched: metrics issue no commands, and the workflow's meter records nothing o
   pass duration against the schedule's period. Both counters start at 0 with the worker.
 - `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
   alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
-- After each sweep: `purge_target_last_sweep_timestamp_seconds` (which worker's gauges are
-  fresh), `purge_batch_p95_seconds`, and `purge_paused_seconds` / `purge_partitions_removed`
-  from 0, beside the gauges the activity sets.
+- After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
+  a sweep that ran (status `ok`), `purge_target_last_sweep_timestamp_seconds` (which worker's
+  gauges are fresh) and `purge_batch_p95_seconds`, beside the gauges the activity sets. A
+  `busy` or `gone` sweep measured nothing, so it leaves them as the last sweep that ran set
+  them; a `skipped` target never reaches a worker.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from temporalio.worker import (
 
 PURGE_WORKFLOW = "Purge"
 SWEEP_ACTIVITY = "purge_target"
+#: The status of a sweep that ran; `busy`, `gone` and `skipped` ones did not (PurgeSweep.status).
+RAN = "ok"
 
 #: Each metric's description, as the workflow and the activity create them too: one instrument.
 COMPLETED = ("purge_passes_completed", "Purge passes that completed (every target swept)")
@@ -114,20 +118,13 @@ class _Sweep(ActivityInboundInterceptor):
 
 
 def _swept(sweep: object) -> None:
-    """A sweep's end: when (so rules can tell a fresh gauge from a stale one), its batches' p95,
-    and the counters the activity adds to only when something happened, from 0."""
+    """A sweep's end: the counters the activity adds to only when something happened, from 0;
+    and, for a sweep that ran, when (so rules can tell a fresh gauge from a stale one) and its
+    batches' p95."""
     name = getattr(sweep, "name", None)
     if not isinstance(name, str) or getattr(sweep, "dry_run", True):
         return
     meter, labels = activity.metric_meter(), {"target": name}
-    meter.create_gauge_float(
-        "purge_target_last_sweep_timestamp_seconds",
-        "when this worker last finished a sweep of the target (Unix time)",
-        "s",
-    ).set(time.time(), labels)
-    meter.create_gauge_float(
-        "purge_batch_p95_seconds", "95th percentile of the last sweep's batch durations", "s"
-    ).set(float(getattr(sweep, "p95_batch_ms", 0.0)) / 1000, labels)
     meter.create_counter(
         "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
     ).add(0, labels)
@@ -136,3 +133,17 @@ def _swept(sweep: object) -> None:
         "partitions dropped or detached whole by retention sweeps",
         "partitions",
     ).add(0, labels)
+    if getattr(sweep, "status", RAN) != RAN:
+        # Busy (another sweep held the table) or gone (its table was dropped): nothing was
+        # measured. A p95 of 0 would read as a fast sweep, and a fresh timestamp would keep the
+        # last real sweep's backlog and age alive in the rules' freshness window as if measured
+        # now: both stay as that sweep left them, as the activity's own gauges do.
+        return
+    meter.create_gauge_float(
+        "purge_target_last_sweep_timestamp_seconds",
+        "when this worker last finished a sweep of the target (Unix time)",
+        "s",
+    ).set(time.time(), labels)
+    meter.create_gauge_float(
+        "purge_batch_p95_seconds", "95th percentile of the last sweep's batch durations", "s"
+    ).set(float(getattr(sweep, "p95_batch_ms", 0.0)) / 1000, labels)

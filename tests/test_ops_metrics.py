@@ -1,14 +1,17 @@
 """What a real worker's /metrics shows before and after passes: every series an alert rule needs
-exists from the worker's start or its first sweep, at 0 until something happens."""
+exists from the worker's start or its first sweep, at 0 until something happens; and only a sweep
+that ran moves a target's gauges and its last-sweep timestamp."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from temporalio.client import Client
 
 from purge_ops.ports import free_ports
@@ -17,6 +20,9 @@ from tests.support.probes import scrape, worker
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import RunningTemporal
+from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
+from tests.test_batching import slow_deletes
+from tests.test_fleet import hold_table_lock
 
 TARGETS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 
@@ -80,3 +86,187 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_target_failures", target="nope") == 1
     assert value(after_two, "purge_target_failures", target="x_auth") == 0
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
+
+
+# -- a sweep that did not run leaves the gauges as the last one that ran set them -------------
+
+#: Every gauge a sweep sets for its target, and the timestamp the rules' freshness window reads.
+SWEEP_GAUGES = (
+    "purge_backlog_rows",
+    "purge_oldest_expired_age_seconds",
+    "purge_batch_p95_seconds",
+    "purge_target_last_sweep_timestamp_seconds",
+)
+#: Expired rows for the first sweep, each taking SLOW_MS to delete: 2 s of deletes, so a pass
+#: of PASS_BUDGET_MS ends it with a backlog and every gauge away from 0. Their expiries are
+#: scattered over the heap, so the first batch is 500 rows (FIRST_ROWS) whatever the table's
+#: statistics say, not the whole table.
+EXPIRED = 2_000
+SLOW_MS = 1.0
+PASS_BUDGET_MS = 500
+
+
+def scattered(i: int) -> int:
+    """The `i`th expired row's age past an hour, in no order along the heap."""
+    return HOUR + i * 7_919 % EXPIRED
+
+
+#: A held table is reported busy at once, not after the default 10 s.
+NO_WAIT = '[sweep]\nbusy_wait = "0s"\n\n'
+
+
+def gauges(page: dict[str, list[tuple[dict[str, str], float]]], target: str) -> dict[str, float]:
+    return {name: value(page, name, target=target) for name in SWEEP_GAUGES}
+
+
+async def swept_with_a_backlog(
+    client: Client,
+    task_queue: str,
+    port: int,
+    target: str,
+    arrange: Callable[[], None],
+) -> dict[str, float]:
+    """A real sweep of `target` (its rows made by `arrange`) that its pass's budget ends with
+    rows left: its gauges as served, each checked away from 0, so a later write shows."""
+    arrange()
+    result = await run_pass(
+        client,
+        task_queue,
+        {"targets": [target], "max_concurrent": 1, "budget_ms": PASS_BUDGET_MS},
+    )
+    [sweep] = result["swept"]
+    assert (sweep["status"], sweep["backlog"] > 0) == ("ok", True), str(sweep)
+    served = gauges(await scrape(port), target)
+    assert all(v > 0 for v in served.values()), served
+    return served
+
+
+def expired_idempotency_rows(db: psycopg.Connection[Any], now_ms: int) -> Callable[[], None]:
+    def arrange() -> None:
+        idempotency_rows(db, {f"old{i}": now_ms - scattered(i) for i in range(EXPIRED)})
+        idempotency_rows(db, {"live": now_ms + HOUR})
+        slow_deletes(db, "x_idempotency", ms=SLOW_MS)
+
+    return arrange
+
+
+async def not_run_leaves_the_gauges(
+    client: Client,
+    task_queue: str,
+    port: int,
+    target: str,
+    status: str,
+    before: dict[str, float],
+    not_run: Callable[[], Awaitable[dict[str, Any]]],
+) -> None:
+    """The pass `not_run` reports `target` with `status`, and every gauge is as `before`."""
+    result = await not_run()
+    [sweep] = [s for s in result["swept"] if s["name"] == target]
+    assert (sweep["status"], sweep["removed"]) == (status, 0), sweep
+    assert gauges(await scrape(port), target) == before
+
+
+class TestSweepsThatDidNotRun:
+    """A `busy`, `gone` or `skipped` sweep changes no gauge and no last-sweep timestamp (the
+    design's fourth round): with a p95 of 0 a stuck target would look fast, and with a fresh
+    timestamp the rules would keep reading the last real sweep's backlog as if measured now."""
+
+    async def test_a_busy_sweep_changes_no_gauge(
+        self,
+        tmp_path: Path,
+        temporal_server: RunningTemporal,
+        client: Client,
+        schema_url: str,
+        task_queue: str,
+        db: psycopg.Connection[Any],
+        real_now: int,
+    ) -> None:
+        [port] = free_ports(1)
+        targets = NO_WAIT + TARGETS
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
+        async with worker(config, temporal_server, port):
+            arrange = expired_idempotency_rows(db, real_now)
+            before = await swept_with_a_backlog(client, task_queue, port, "x_idempotency", arrange)
+            with psycopg.connect(schema_url, autocommit=True) as other:
+                hold_table_lock(other, "x_idempotency")
+                await not_run_leaves_the_gauges(
+                    client,
+                    task_queue,
+                    port,
+                    "x_idempotency",
+                    "busy",
+                    before,
+                    lambda: run_pass(client, task_queue, {"targets": ["x_idempotency"]}),
+                )
+
+    async def test_a_gone_sweep_changes_no_gauge(
+        self,
+        tmp_path: Path,
+        temporal_server: RunningTemporal,
+        client: Client,
+        schema_url: str,
+        task_queue: str,
+        real_now: int,
+    ) -> None:
+        """A pattern's match swept, then its tenant dropped: the next sweep of it is `gone`."""
+        prefix = tenant_prefix()
+        tenant = f"{prefix}_0000"
+        match = f"sessions@{tenant}"
+        targets = (
+            f'[[targets]]\nkind = "expiring"\nname = "sessions"\n'
+            f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
+        )
+        [port] = free_ports(1)
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
+        with tenant_schemas(schema_url, prefix) as conn:
+
+            def arrange() -> None:
+                create_tenants(conn, prefix, range(1), real_now)
+                sessions = sql.Identifier(tenant, "sessions")
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(sessions),
+                        [(real_now - scattered(i),) for i in range(EXPIRED)],
+                    )
+                slow_deletes(conn, sessions.as_string(conn), ms=SLOW_MS)
+
+            async with worker(config, temporal_server, port):
+                before = await swept_with_a_backlog(client, task_queue, port, match, arrange)
+                conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant)))
+                await not_run_leaves_the_gauges(
+                    client,
+                    task_queue,
+                    port,
+                    match,
+                    "gone",
+                    before,
+                    lambda: run_pass(client, task_queue, {"targets": [match]}),
+                )
+
+    async def test_a_skipped_sweep_changes_no_gauge(
+        self,
+        tmp_path: Path,
+        temporal_server: RunningTemporal,
+        client: Client,
+        schema_url: str,
+        task_queue: str,
+        db: psycopg.Connection[Any],
+        real_now: int,
+    ) -> None:
+        """x_auth first, one at a time, spends the pass's 1 ms budget: x_idempotency is skipped
+        by the workflow, which starts no activity for it, so no worker writes its gauges."""
+        [port] = free_ports(1)
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+        spent = {"targets": ["x_auth", "x_idempotency"], "max_concurrent": 1, "budget_ms": 1}
+        async with worker(config, temporal_server, port):
+            arrange = expired_idempotency_rows(db, real_now)
+            before = await swept_with_a_backlog(client, task_queue, port, "x_idempotency", arrange)
+            await not_run_leaves_the_gauges(
+                client,
+                task_queue,
+                port,
+                "x_idempotency",
+                "skipped",
+                before,
+                lambda: run_pass(client, task_queue, spent),
+            )
