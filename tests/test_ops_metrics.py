@@ -26,12 +26,39 @@ from tests.test_fleet import hold_table_lock
 
 TARGETS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 
+#: A /metrics page as served: each metric's samples, their labels and value.
+Page = dict[str, list[tuple[dict[str, str], float]]]
 
-def value(page: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+
+def value(page: Page, name: str, **labels: str) -> float:
     """The one sample of `name` whose labels include `labels`."""
     found = [v for have, v in page.get(name, []) if labels.items() <= have.items()]
     assert len(found) == 1, f"{name}{labels}: {found} in {page.get(name)}"
     return found[0]
+
+
+async def pages_around_passes(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> tuple[Page, Page, Page]:
+    """A real worker's /metrics at its start, after a pass that swept x_idempotency (one
+    expired row of two) and x_auth, and after a pass that failed (`nope` is no target)."""
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
+    [port] = free_ports(1)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    async with worker(config, temporal_server, port):
+        at_start = await scrape(port)
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        after_one = await scrape(port)
+        with pytest.raises(Exception, match="Workflow execution failed"):
+            await run_pass(client, task_queue, {"targets": ["x_auth", "nope"]})
+        after_two = await scrape(port)
+    return at_start, after_one, after_two
 
 
 async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
@@ -43,16 +70,9 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     db: psycopg.Connection[Any],
     real_now: int,
 ) -> None:
-    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
-    [port] = free_ports(1)
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
-    async with worker(config, temporal_server, port):
-        at_start = await scrape(port)
-        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
-        after_one = await scrape(port)
-        with pytest.raises(Exception, match="Workflow execution failed"):
-            await run_pass(client, task_queue, {"targets": ["x_auth", "nope"]})
-        after_two = await scrape(port)
+    at_start, after_one, after_two = await pages_around_passes(
+        tmp_path, temporal_server, client, schema_url, task_queue, db, real_now
+    )
 
     queue = {"task_queue": task_queue, "workflow_type": "Purge"}
     # Every series names the worker that served it (pid@host, Temporal's identity for it).
@@ -115,7 +135,7 @@ def scattered(i: int) -> int:
 NO_WAIT = '[sweep]\nbusy_wait = "0s"\n\n'
 
 
-def gauges(page: dict[str, list[tuple[dict[str, str], float]]], target: str) -> dict[str, float]:
+def gauges(page: Page, target: str) -> dict[str, float]:
     return {name: value(page, name, target=target) for name in SWEEP_GAUGES}
 
 
