@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -15,8 +16,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
 from temporalio.converter import DataConverter, DefaultFailureConverter, PayloadConverter
-from temporalio.envconfig import ClientConfig
+from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
+from temporalio.service import TLSConfig
 
 from purge_config.dsn import redact
 from purge_config.errors import ConfigError
@@ -83,16 +85,58 @@ async def connect_temporal(
     if namespace:
         settings["namespace"] = namespace
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
-    if metrics is None:
-        return await Client.connect(**settings, data_converter=DATA_CONVERTER)
-    prometheus = PrometheusConfig(
-        bind_address=metrics, histogram_bucket_overrides=HISTOGRAM_BUCKETS
-    )
-    # Every series names the worker that served it, as Temporal knows it (the SDK's default
-    # identity, pid@host): with workers next to several databases, one query tells them apart.
-    worker = f"{os.getpid()}@{socket.gethostname()}"
-    runtime = Runtime(telemetry=TelemetryConfig(metrics=prometheus, global_tags={"worker": worker}))
-    return await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
+    runtime: Runtime | None = None
+    if metrics is not None:
+        prometheus = PrometheusConfig(
+            bind_address=metrics, histogram_bucket_overrides=HISTOGRAM_BUCKETS
+        )
+        # Every series names the worker that served it, as Temporal knows it (the SDK's default
+        # identity, pid@host): with workers next to several databases, one query tells them apart.
+        worker = f"{os.getpid()}@{socket.gethostname()}"
+        runtime = Runtime(
+            telemetry=TelemetryConfig(metrics=prometheus, global_tags={"worker": worker})
+        )
+    try:
+        return await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
+    except RuntimeError as err:
+        # The SDK reports every failed connect as a RuntimeError holding the Rust client's
+        # debug text (a tonic Status with its HTTP headers); the operator needs the setting.
+        raise ConnectionError(why_unreachable(settings, str(err))) from err
+
+
+#: A gRPC status inside the SDK's connect error: `Status { code: Unauthenticated, message: "..."`.
+_STATUS = re.compile(r'Status \{ code: (\w+), message: "((?:[^"\\]|\\.)*)"')
+
+
+def why_unreachable(settings: ClientConnectConfig, error: str) -> str:
+    """One line saying why Temporal at `settings`' address did not take the connection, from
+    the SDK's connect error, and which of Temporal's variables sets what was missing."""
+    where = f"cannot reach Temporal at {settings.get('target_host', DEFAULT_TEMPORAL_ADDRESS)}"
+    tls = settings.get("tls")
+    status = _STATUS.search(error)
+    code, message = (status.group(1), status.group(2)) if status else ("", "")
+    if "UnknownIssuer" in error:
+        return (
+            f"{where}: its TLS certificate is signed by a CA this client does not trust; "
+            "set TEMPORAL_TLS_SERVER_CA_CERT_PATH to that CA's certificate"
+        )
+    if code == "Unauthenticated":
+        sent = (
+            "the API key it was sent (TEMPORAL_API_KEY, or a profile's api_key) was refused"
+            if settings.get("api_key")
+            else "no API key is set (TEMPORAL_API_KEY)"
+        )
+        return f"{where}: unauthenticated ({message}): {sent}"
+    if "400 Bad Request" in error and not (isinstance(tls, TLSConfig) and tls.client_cert):
+        # How nginx verifying clients (ssl_verify_client) answers a call without a certificate.
+        return (
+            f"{where}: it answered HTTP 400 Bad Request, not gRPC, and this client sent no "
+            "certificate; if it requires mTLS, set TEMPORAL_TLS_CLIENT_CERT_PATH and "
+            "TEMPORAL_TLS_CLIENT_KEY_PATH"
+        )
+    if status:
+        return f"{where}: {code}: {message}"
+    return f"{where}: {' '.join(error.split())}"
 
 
 async def open_pool(
