@@ -1,14 +1,16 @@
 """The guards' checks (`purge_config.settings.Guards`), each refusing a sweep before its first
-delete, naming the numbers. All are off unless configured."""
+delete, naming the numbers, or saying that it had nothing to compare with. All are off unless
+configured."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
+from temporalio import activity
 from temporalio.client import Client
 
 from activities.errors import PurgeGuardRefused
-from activities.pass_records import pass_record, purge_query
+from activities.pass_records import pass_of, pass_record, purge_query
 from activities.payloads import iso_ms
 from purge_config.settings import Guards
 
@@ -31,18 +33,40 @@ def check_counts(name: str, guards: Guards, expired: int, total: int) -> None:
 
 
 async def check_clock(
-    name: str, guards: Guards, now_ms: int, client: Client, task_queue: str, workflow_id: str
-) -> None:
-    """Refuse when `now_ms` went back from, or jumped ahead of, the previous pass's instant.
+    name: str, guards: Guards, now_ms: int, client: Client, info: activity.Info
+) -> str | None:
+    """Refuse when `now_ms` went back from, or jumped ahead of, the previous pass's instant; or,
+    when no previous pass recorded one, log it and return why the guard could not check.
 
-    The previous instant is the one the last finished pass on this task queue recorded in its
-    result (or its partial report): Temporal's history, never a server's clock.
+    The previous pass is the last finished one before this activity's own pass, on that pass's
+    task queue: the queue of the `Purge` run that scheduled the activity (itself or through a
+    child), not the activity's, which for a database with a queue of its own runs no pass. Its
+    instant is the one it recorded in its result (or partial report): Temporal's history, never
+    a server's clock.
     """
     if guards.max_clock_jump_ms is None:
-        return
-    previous = await previous_pass_instant(client, task_queue, workflow_id)
+        return None
+    ours = await pass_of(client, info.workflow_id or "", info.workflow_run_id or "")
+    # Not a pass Temporal knows (the activity run outside one, or by another workflow): the
+    # passes on the activity's own queue are the nearest to compare with.
+    queue = ours.task_queue if ours else info.task_queue
+    previous = await previous_pass_instant(
+        client, queue, ours.run_id if ours else info.workflow_run_id or ""
+    )
     if previous is None:
-        return
+        why = (
+            f"no previous pass to compare with: no finished pass on task queue {queue!r} "
+            f"(of the last {PREVIOUS_PASSES_LOOKED_AT}) recorded an instant, as on a first pass "
+            "or once older passes are past the namespace's retention; the sweep went ahead "
+            "unchecked"
+        )
+        activity.logger.warning(
+            "purge target %s: max_clock_jump had %s",
+            name,
+            why,
+            extra={"purge_target": name, "purge_unchecked_guard": "max_clock_jump"},
+        )
+        return why
     previous_id, previous_ms = previous
     if now_ms < previous_ms:
         raise PurgeGuardRefused(
@@ -58,16 +82,18 @@ async def check_clock(
             f"pass's {iso_ms(previous_ms)} ({previous_id}), more than its max_clock_jump "
             f"{limit}; nothing was deleted"
         )
+    return None
 
 
 async def previous_pass_instant(
-    client: Client, task_queue: str, workflow_id: str
+    client: Client, task_queue: str, run_id: str
 ) -> tuple[str, int] | None:
-    """The id and `now_ms` of the most recent finished pass on `task_queue` other than
-    `workflow_id`, if any recorded one."""
+    """The id and `now_ms` of the most recent finished pass on `task_queue` other than the run
+    `run_id`, if any recorded one."""
     query = purge_query(task_queue, status="!Running")
     async for execution in client.list_workflows(query, limit=PREVIOUS_PASSES_LOOKED_AT):
-        if execution.id == workflow_id:
+        # By run, not id: passes started by `sweep` all share one id.
+        if execution.run_id == run_id:
             continue
         record = await pass_record(client, execution)
         if record.report is not None and record.report.now_ms:

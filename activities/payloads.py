@@ -360,6 +360,9 @@ class PurgeSweep:
     delete: `removed` itself when every table of the target has an archive; 0 in a dry run."""
     worker: str = ""
     """The identity of the worker that swept it (the SDK's default: pid@host)."""
+    unchecked_guards: dict[str, str] = field(default_factory=dict)
+    """The target's guards that had nothing to compare with, so did not check this sweep, each
+    with why (`max_clock_jump` with no previous pass): they did not refuse it either."""
 
 
 @dataclass(frozen=True)

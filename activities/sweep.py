@@ -125,7 +125,7 @@ class PurgeActivities:
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches:
                 # Before the first delete only: a resumed attempt already passed them.
-                await _guard(target, step, info)
+                sweep.unchecked_guards = await _guard(target, step, info)
             try:
                 stats = await target.sweep(
                     step.now_ms,
@@ -305,21 +305,19 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _guard(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> None:
-    """The target's guards: the clock against earlier passes', then its counts."""
+async def _guard(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> dict[str, str]:
+    """The target's guards: the clock against earlier passes', then its counts. Those that had
+    nothing to compare with, each with why."""
     guards = target.guards
+    unchecked: dict[str, str] = {}
     if guards.max_clock_jump_ms is not None:
-        await check_clock(
-            step.name,
-            guards,
-            step.now_ms,
-            activity.client(),
-            info.task_queue,
-            info.workflow_id or "",
-        )
+        why = await check_clock(step.name, guards, step.now_ms, activity.client(), info)
+        if why is not None:
+            unchecked["max_clock_jump"] = why
     if guards.counts:
         expired, total = await target.measure(step.now_ms)
         check_counts(step.name, guards, expired, total)
+    return unchecked
 
 
 def _finished(

@@ -1,26 +1,37 @@
 """Guards refuse a target's sweep before its first delete, non-retryably, naming the numbers:
-max_rows, max_fraction, and a clock that went back or jumped ahead of the previous pass."""
+max_rows, max_fraction, and a clock that went back or jumped ahead of the previous pass, on
+every queue; a guard with nothing to compare with says so in the report and the log."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeReport, PurgeStep
+from activities.payloads import PurgeReport, PurgeStep, iso_ms
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
+from purge_config.file import parse_config
 from purge_config.settings import Guards
+from purge_ops.runner import activity_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
+from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
 
 
 def seed(db: psycopg.Connection[Any], real_now: int, expired: int, live: int) -> None:
@@ -138,19 +149,23 @@ async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_p
     assert within.removed == 3
 
 
-async def test_clock_guard_passes_the_first_pass_on_a_queue(
-    harness: Harness,
+async def test_clock_guard_passes_the_first_pass_on_a_queue_and_says_it_did_not_check(
+    harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """An activity run outside any pass compares with the passes on its own queue: none."""
     seed(harness.db, harness.now_ms, expired=2, live=1)
     guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=HOUR))
-    env = activity_env(
-        harness.client, task_queue=f"tq-empty-{uuid.uuid4()}", workflow_id="purge-first"
-    )
-    swept = await env.run(
-        PurgeActivities(TargetRegistry([guarded])).purge_target,
-        PurgeStep(name="x_idempotency", now_ms=harness.now_ms),
-    )
+    queue = f"tq-empty-{uuid.uuid4()}"
+    env = activity_env(harness.client, task_queue=queue, workflow_id="purge-first")
+    with caplog.at_level(logging.WARNING, logger="temporalio.activity"):
+        swept = await env.run(
+            PurgeActivities(TargetRegistry([guarded])).purge_target,
+            PurgeStep(name="x_idempotency", now_ms=harness.now_ms),
+        )
     assert swept.removed == 2
+    assert swept.unchecked_guards == {"max_clock_jump": unchecked(queue)}
+    [line] = [r.getMessage() for r in caplog.records if "max_clock_jump" in r.getMessage()]
+    assert line.startswith(f"purge target x_idempotency: max_clock_jump had {unchecked(queue)}")
 
 
 async def test_guards_are_not_asked_again_by_a_resumed_attempt(
@@ -172,3 +187,188 @@ async def test_guards_are_not_asked_again_by_a_resumed_attempt(
         PurgeStep(name="x_idempotency", now_ms=real_now),
     )
     assert swept.removed == 2 + 6
+
+
+def unchecked(queue: str) -> str:
+    """What the report and the log say of a max_clock_jump with no previous pass on `queue`."""
+    return (
+        f"no previous pass to compare with: no finished pass on task queue {queue!r} "
+        "(of the last 20) recorded an instant, as on a first pass or once older passes are past "
+        "the namespace's retention; the sweep went ahead unchecked"
+    )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a guarded target's activities run: on the pass's own task queue, or on its
+    database's own (`[databases.eu] task_queue`), and there as a pattern's matches, swept by the
+    children of a spread pass."""
+
+    routed: bool
+    pattern: bool
+
+
+SHAPES = [Shape(False, False), Shape(True, False), Shape(True, True)]
+SHAPE_IDS = ["pass-queue", "routed", "routed-pattern"]
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A target guarded by `max_clock_jump = "1s"` in one shape: the pass's input, its workers,
+    and its rows."""
+
+    harness: Harness
+    shape: Shape
+    registry: TargetRegistry
+    request: dict[str, Any]
+    tables: list[sql.Composable]
+    routed_queue: str
+
+    @asynccontextmanager
+    async def workers(self) -> AsyncIterator[None]:
+        """A worker of the pass's queue and, for a routed target, one of its database's queue
+        that alone has the target, as a regional worker would."""
+        if not self.shape.routed:
+            async with self.harness.run_worker(self.registry):
+                yield
+            return
+        async with (
+            self.harness.run_worker(TargetRegistry([])),
+            activity_worker(self.harness.client, self.registry, self.routed_queue),
+        ):
+            yield
+
+    def add_expired(self) -> None:
+        """One expired row more in each of the target's tables."""
+        insert = (
+            "INSERT INTO {} (expires_at) VALUES (%s)"
+            if self.shape.pattern
+            else "INSERT INTO {} (key, expires_at_ms) VALUES (gen_random_uuid()::text, %s)"
+        )
+        for table in self.tables:
+            self.harness.db.execute(sql.SQL(insert).format(table), (self.harness.now_ms - HOUR,))
+
+    def expired_left(self) -> int:
+        """Expired rows left in the target's tables."""
+        column = sql.Identifier("expires_at" if self.shape.pattern else "expires_at_ms")
+        left = 0
+        for table in self.tables:
+            query = sql.SQL("SELECT count(*) FROM {} WHERE {} <= %s").format(table, column)
+            row = self.harness.db.execute(query, (self.harness.now_ms,)).fetchone()
+            assert row is not None
+            left += row[0]
+        return left
+
+
+@pytest.fixture(params=SHAPES, ids=SHAPE_IDS)
+def guarded(request: pytest.FixtureRequest, harness: Harness, pg_url: str) -> Iterator[Guarded]:
+    """The guarded target in each shape; a pattern's tenant schemas dropped after."""
+    shape: Shape = request.param
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        if shape.pattern:
+            create_tenants(conn, prefix, range(2), harness.now_ms, live=1)
+            target = {"kind": "expiring", "name": "sessions", "table": f"{prefix}_*.sessions"}
+            target |= {"column": "expires_at"}
+            tables = [sql.Identifier(f"{prefix}_{i:04d}", "sessions") for i in range(2)]
+        else:
+            target = {"kind": "idempotency"}
+            tables = [sql.Identifier(harness.schema, "x_idempotency")]
+        config = parse_config({"targets": [{**target, "max_clock_jump": "1s"}]})
+        [name] = config.target_names
+        # Routed by hand, as a config's `[databases.eu] task_queue` routes it: the input's
+        # `databases` and `queues`.
+        routed_queue = f"{harness.task_queue}-eu"
+        pass_input: dict[str, Any] = {"targets": [name]}
+        if shape.pattern:
+            pass_input["patterns"] = [name]
+        if shape.routed:
+            pass_input |= {"databases": {name: "eu"}, "queues": {"eu": routed_queue}}
+        registry = kinds.build_registry(config, harness.pool)
+        yield Guarded(harness, shape, registry, pass_input, tables, routed_queue)
+
+
+async def test_clock_guard_refuses_a_jump_past_its_limit_on_every_queue(guarded: Guarded) -> None:
+    """Two real passes more than max_clock_jump apart: the second is refused, naming the
+    first, wherever the target's activities run. The previous pass is read on the pass's task
+    queue, where a routed database's queue has none."""
+    harness = guarded.harness
+    first_id = f"purge-first-{uuid.uuid4()}"
+    async with guarded.workers():
+        first = await run_pass(harness.client, harness.task_queue, guarded.request, first_id)
+        assert first["failed"] == []
+        # The second pass's instant is then more than the 1 s limit after the first's.
+        while time.time() * 1000 <= first["now_ms"] + 1100:
+            await asyncio.sleep(0.05)
+        guarded.add_expired()
+        error = await failed_pass(
+            harness.client, harness.task_queue, guarded.request, f"purge-{uuid.uuid4()}"
+        )
+
+    assert error.type == "PurgeTargetsFailed"
+    report = PurgeReport.from_json(error.details[0])
+    assert len(report.failed) == len(guarded.tables)
+    previous = f"after the previous pass's {iso_ms(first['now_ms'])} ({first_id})"
+    for failure in report.failed:
+        assert failure.type == "PurgeGuardRefused"
+        assert previous in failure.message
+        assert "more than its max_clock_jump 0:00:01; nothing was deleted" in failure.message
+    assert guarded.expired_left() == len(guarded.tables)
+
+
+async def test_clock_guard_of_a_first_pass_on_every_queue_says_it_had_nothing_to_compare(
+    guarded: Guarded, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first pass sweeps, and each sweep's report and one log line say that max_clock_jump
+    had no previous pass on the pass's task queue to compare with."""
+    harness = guarded.harness
+    guarded.add_expired()
+    with caplog.at_level(logging.WARNING, logger="temporalio.activity"):
+        async with guarded.workers():
+            result = await run_pass(harness.client, harness.task_queue, guarded.request)
+
+    report = PurgeReport.from_json(result)
+    assert report.failed == []
+    assert len(report.swept) == len(guarded.tables)
+    assert guarded.expired_left() == 0
+    for sweep in report.swept:
+        assert sweep.unchecked_guards == {"max_clock_jump": unchecked(harness.task_queue)}
+    lines = sorted(r.getMessage() for r in caplog.records if "max_clock_jump" in r.getMessage())
+    assert len(lines) == len(report.swept)
+    for line, sweep in zip(lines, sorted(report.swept, key=lambda s: s.name), strict=True):
+        expected = f"purge target {sweep.name}: max_clock_jump had {unchecked(harness.task_queue)}"
+        assert line.startswith(expected)
+
+
+async def test_clock_guard_of_a_routed_activity_refuses_a_clock_behind_its_pass_s_previous(
+    harness: Harness,
+) -> None:
+    """A routed activity (its own task queue) of a running pass compares with the passes on
+    the pass's queue: a clock behind the last one's is refused."""
+    guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=6 * HOUR))
+    async with harness.run_worker([guarded]):
+        previous = await run_pass(harness.client, harness.task_queue, {"targets": []})
+    seed(harness.db, harness.now_ms, expired=3, live=1)
+    # A pass no worker runs yet: the activity below is one it would route to purge-eu.
+    running = await harness.client.start_workflow(
+        "Purge", {"targets": ["x_idempotency"]}, id=f"purge-{uuid.uuid4()}",
+        task_queue=harness.task_queue,
+    )  # fmt: skip
+    try:
+        env = activity_env(
+            harness.client,
+            task_queue=f"{harness.task_queue}-eu",
+            workflow_type="Purge",
+            workflow_id=running.id,
+            workflow_run_id=running.result_run_id,
+        )
+        with pytest.raises(ApplicationError) as behind:
+            await env.run(
+                PurgeActivities(TargetRegistry([guarded])).purge_target,
+                PurgeStep(name="x_idempotency", now_ms=previous["now_ms"] - 1),
+            )
+    finally:
+        await running.terminate()
+    assert behind.value.type == "PurgeGuardRefused"
+    assert "is earlier than the previous pass's" in behind.value.message
+    assert len(keys(harness.db, "x_idempotency")) == 4
