@@ -323,6 +323,10 @@ class PurgeSweep:
     """The 95th percentile of the batches' durations: how long any lock was held, at most."""
     backlog: int = 0
     """Expired rows left when the time budget ended the sweep; the next pass continues."""
+    backlog_estimated: bool = False
+    """True when `backlog` is an estimate, not a count: a walked table's (from the density of
+    expired rows in the pages walked), or a count that ran out of time (from the planner's
+    estimate). A count stops at 1,000,000 rows: `backlog` is then at least that."""
     advice: str = ""
     """A warning for the operator, such as the index that would let the sweep skip live rows."""
     lower_bound: bool = False

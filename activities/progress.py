@@ -111,6 +111,9 @@ class SweepStats:
     batch_ms: list[float] = field(default_factory=list)
     backlog: int = 0
     """Expired rows left when the time budget ended the sweep (0 when it finished)."""
+    backlog_estimated: bool = False
+    """Whether `backlog` is an estimate rather than a count: a walk's (from the density of the
+    pages it walked), or a count of the rows left that ran out of time (from the plan)."""
     advice: list[str] = field(default_factory=list)
     ledger: bool = False
     """Whether `removed` came from the ledger (exact), rather than heartbeats."""
@@ -155,6 +158,8 @@ class SweepStats:
         self.strategies += other.strategies
         self.batch_ms += other.batch_ms
         self.backlog += other.backlog
+        # A sum with any estimated part is an estimate.
+        self.backlog_estimated = self.backlog_estimated or other.backlog_estimated
         self.advice += [a for a in other.advice if a not in self.advice]
         self.ledger = self.ledger or other.ledger
         self.ledger_start = max(self.ledger_start, other.ledger_start)

@@ -160,6 +160,7 @@ def _sweep_fields(step: PurgeStep, sweep: PurgeSweep, stats: SweepStats, lower_b
     elif stats.reason:
         sweep.reason = stats.reason  # a backlog left because pacing spent the budget
     sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
+    sweep.backlog_estimated = stats.backlog_estimated
     sweep.archived = stats.archived
     sweep.lower_bound = lower_bound
     age = stats.oldest_expired_age_ms
@@ -364,6 +365,7 @@ def _log_done(step: PurgeStep, sweep: PurgeSweep) -> None:
             "purge_batches": sweep.batches,
             "purge_p95_batch_ms": sweep.p95_batch_ms,
             "purge_backlog": sweep.backlog,
+            "purge_backlog_estimated": sweep.backlog_estimated,
             "purge_partitions": sweep.partitions_dropped + sweep.partitions_detached,
             "purge_partition_rows": sweep.partition_rows,
             "purge_edge_removed": sweep.edge_removed,

@@ -25,7 +25,9 @@ from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
 from activities.payloads import FailedTarget, PurgeReport, PurgeSweep, known_fields
 from purge_ops.render import (
+    ESTIMATED_BACKLOG_NOTE,
     LOWER_BOUND_NOTE,
+    backlog_text,
     human_duration,
     oldest_text,
     partitions_text,
@@ -212,7 +214,8 @@ def latest_table(passes: Sequence[PassSummary], names: Sequence[str]) -> str:
     swept_by = "swept by: " + "; ".join(
         f"{worker} ({', '.join(names)})" for worker, names in by_worker.items()
     )
-    return table(header, rows, right=right) + "\n" + swept_by
+    notes = [ESTIMATED_BACKLOG_NOTE] if any(s.backlog_estimated for s in sweeps) else []
+    return "\n".join([table(header, rows, right=right), swept_by, *notes])
 
 
 def _last_sweep_row(sweep: PurgeSweep, whole: bool) -> list[object]:
@@ -230,7 +233,7 @@ def _last_sweep_row(sweep: PurgeSweep, whole: bool) -> list[object]:
         removed_text(sweep),
         sweep.strategy,
         *parts,
-        sweep.backlog,
+        backlog_text(sweep),
         oldest_text(sweep.oldest_expired_age_s) or "0",
         f"{sweep.dead_tuple_share:.0%}",
         "yes" if sweep.analyzed else "",
@@ -315,14 +318,18 @@ def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarg
                     removed_text(r),
                     f"{r.seconds:.3f}",
                     r.strategy,
-                    r.backlog or "",
+                    backlog_text(r) if r.backlog else "",
                     r.status,
                     r.worker,
                 ]
             )
     head = f"pass {summary.workflow_id} (started {summary.started:%Y-%m-%d %H:%M:%S} UTC)"
     header = ["table", "removed", "seconds", "strategy", "backlog", "status", "worker"]
-    return head + "\n" + table(header, rows, right={1, 2, 4})
+    estimated = any(
+        isinstance(r, PurgeSweep) and r.backlog and r.backlog_estimated for r in records
+    )
+    notes = [ESTIMATED_BACKLOG_NOTE] if estimated else []
+    return "\n".join([head, table(header, rows, right={1, 2, 4}), *notes])
 
 
 def passes_json(passes: Sequence[PassSummary]) -> str:

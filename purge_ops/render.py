@@ -29,9 +29,9 @@ def table(
 def report_table(report: PurgeReport) -> str:
     """A pass's report: one row per target (how it swept, how long any batch held its locks,
     what is left and how old it is, the dead tuples it left), failures named, the total last,
-    then any advice. A count that may be short (a lost attempt, no ledger) reads `>=N`. When
-    any target took whole partitions out, three more columns say how many, their rows and the
-    rows deleted at the edge, and a note names them."""
+    then any advice. A count that may be short (a lost attempt, no ledger) reads `>=N`, a
+    backlog that is an estimate `~N`. When any target took whole partitions out, three more
+    columns say how many, their rows and the rows deleted at the edge, and a note names them."""
     verb = "would remove" if report.dry_run else "removed"
     whole = any(partitions_text(s) for s in report.swept)
     extra = 3 if whole else 0
@@ -78,7 +78,7 @@ def _swept_row(s: PurgeSweep, whole: bool) -> list[object]:
         *parts,
         s.batches if batched else "",
         f"{s.p95_batch_ms:.1f}" if batched else "",
-        s.backlog or "",
+        backlog_text(s) if s.backlog else "",
         oldest_text(s.oldest_expired_age_s),
         f"{s.dead_tuple_share:.0%}" if batched else "",
         _status(s),
@@ -92,6 +92,8 @@ def _notes(report: PurgeReport) -> list[str]:
     notes += [f"advice: {s.advice}" for s in report.swept if s.advice]
     if any(s.lower_bound for s in report.swept):
         notes.append(LOWER_BOUND_NOTE)
+    if any(s.backlog and s.backlog_estimated for s in report.swept):
+        notes.append(ESTIMATED_BACKLOG_NOTE)
     return notes
 
 
@@ -170,6 +172,19 @@ LOWER_BOUND_NOTE = (
     ">=N: a lower bound: a worker died mid-sweep and the target's database has no "
     "purge_progress ledger (activities/schema.sql) to count every batch from"
 )
+
+
+#: Said under any table holding a `~N` backlog.
+ESTIMATED_BACKLOG_NOTE = (
+    "~N: an estimated backlog: a walked table's, from the expired rows in the pages it walked, "
+    "or one whose count ran out of time, from the planner's estimate; any other backlog is "
+    "counted (up to 1,000,000)"
+)
+
+
+def backlog_text(sweep: PurgeSweep) -> str:
+    """Expired rows left, as `~N` when that is an estimate rather than a count."""
+    return f"~{sweep.backlog}" if sweep.backlog_estimated else str(sweep.backlog)
 
 
 def removed_text(sweep: PurgeSweep) -> str:

@@ -10,6 +10,7 @@ import itertools
 import random
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,13 +23,14 @@ from temporalio.testing import ActivityEnvironment
 from activities import builtin_kinds as kinds
 from activities.engine import batching
 from activities.engine.filter_plan import plan_nodes
-from activities.payloads import PurgeStep, PurgeSweep
+from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
+from purge_ops.render import ESTIMATED_BACKLOG_NOTE, report_table
 from tests.support.activity import activity_env
 from tests.support.pace import durable_every, fixed_batches, until_a_sweep_waits
 from tests.support.rows import HOUR, PAST_NOW, keys
@@ -451,7 +453,7 @@ async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_conti
 ) -> None:
     """At the config's smallest budget (1s), on tables that take longer: the index sweep's
     backlog is exactly the expired rows left, the walk's is estimated from the density it met,
-    and the next pass removes the rest."""
+    each flagged for what it is, and the next pass removes the rest."""
     [spec] = parse_config(
         {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
     ).targets
@@ -468,7 +470,11 @@ async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_conti
 
     cut_short = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
     heap = kinds.expiring(pool, "heap", TableName("heap"), "expires_at_ms", settings=spec.settings)
-    walked = await heap.sweep(NOW)
+    # Through the activity: the flag reaches the result, and the report marks the estimate.
+    activities = PurgeActivities(TargetRegistry([heap]))
+    walked: PurgeSweep = await activity_env().run(
+        activities.purge_target, PurgeStep(name="heap", now_ms=NOW)
+    )
 
     def left(table: str) -> int:
         query = f"SELECT count(*) FROM {table} WHERE expires_at_ms <= %s"
@@ -477,15 +483,80 @@ async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_conti
     assert cut_short.strategy == "index"
     assert 0 < cut_short.removed < expired
     assert cut_short.backlog == left("x_idempotency") == expired - cut_short.removed
+    assert cut_short.backlog_estimated is False
     assert walked.strategy == "range"
     assert 0 < walked.removed < expired
     true_left = left("heap")
     assert abs(walked.backlog - true_left) <= 0.15 * true_left, (walked.backlog, true_left)
+    assert walked.backlog_estimated is True
+    shown = report_table(PurgeReport(swept=[walked], removed=walked.removed))
+    assert f"~{walked.backlog}" in shown
+    assert ESTIMATED_BACKLOG_NOTE in shown
 
     db.execute("DROP TRIGGER slow ON x_idempotency")
     finished = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
     assert (finished.removed, finished.backlog) == (expired - cut_short.removed, 0)
     assert left("x_idempotency") == 0
+
+
+@pytest.mark.waits
+async def test_a_backlog_count_that_runs_out_of_time_is_the_plans_estimate_and_says_so(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An index sweep out of time whose count of the rows left outlasts the count's own
+    timeout (here, waiting for a lock another session holds) reports the planner's estimate
+    less the rows it removed, flagged as an estimate."""
+    fixed_batches(monkeypatch, rows=200)
+    fill_idempotency(db, 20_000, expired_every=10)  # 10%, indexed: by index
+    analyze(db, "x_idempotency")
+    # Rows the statistics have not seen (too few for autovacuum to analyze again), so the
+    # planner's estimate is not the count.
+    db.execute(
+        "INSERT INTO x_idempotency SELECT 'late' || i, null, %s FROM generate_series(1, 1500) i",
+        (NOW - HOUR,),
+    )
+    explained = db.execute(
+        "EXPLAIN (FORMAT JSON) SELECT 1 FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
+    ).fetchone()
+    planned = int(explained[0][0]["Plan"]["Plan Rows"])  # type: ignore[index]
+    expired = expired_left(db)
+    assert planned < expired
+    # The count waits for the lock past its own timeout, well inside the lock timeout.
+    settings = SweepSettings(time_budget_ms=1_000, lock_timeout_ms=3 * batching.COUNT_LEFT_MS)
+    holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
+
+    def lock_and_spend_the_budget(progress: Any) -> None:
+        # After the first batch (committed): the sweep's next step is the count of what is left.
+        if progress.batches == 1:
+            holder.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
+            time.sleep(settings.time_budget_ms / 1000)
+
+    def waiting() -> list[str]:
+        rows = db.execute(
+            "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE NOT l.granted AND l.relation = 'x_idempotency'::regclass"
+        ).fetchall()
+        return [str(row[0]) for row in rows]
+
+    try:
+        target = kinds.idempotency(pool, settings=settings)
+        sweeping = asyncio.create_task(target.sweep(NOW, on_batch=lock_and_spend_the_budget))
+        while not any(q.startswith("SELECT count(*)") for q in waiting()):
+            assert not sweeping.done(), "the sweep never counted what it left"
+            await asyncio.sleep(0.01)
+        while any(q.startswith("SELECT count(*)") for q in waiting()):
+            await asyncio.sleep(0.01)  # until the count's own timeout cancels it
+        holder.commit()
+        stats = await sweeping
+    finally:
+        holder.close()
+
+    assert (stats.strategy, stats.removed) == ("index", 200)
+    assert stats.backlog == planned - 200 < expired_left(db) == expired - 200
+    assert stats.backlog_estimated is True
 
 
 async def test_auth_out_of_time_on_its_first_table_leaves_the_second_for_the_next_pass(

@@ -12,7 +12,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection, errors, sql
 
@@ -47,6 +47,15 @@ PAGES_RANGE = (8, 1 << 17)
 ROWS_RANGE = (50, 100_000)
 #: A backlog is counted exactly up to this many rows (then reported as this many).
 BACKLOG_COUNT_CAP = 1_000_000
+#: The longest a backlog's count may take (its statement_timeout); past it, it is estimated.
+COUNT_LEFT_MS = 2_000
+
+
+class Backlog(NamedTuple):
+    """Expired rows left when a sweep ran out of time, and whether that is an estimate."""
+
+    rows: int
+    estimated: bool
 
 
 class BatchSweeper:
@@ -107,7 +116,10 @@ class BatchSweeper:
         while lo < self.plan.pages:
             if await self._out_of_time():
                 result.complete = False
+                # Estimated, not counted: with no index to serve it, a count would read every
+                # page the walk had not reached.
                 result.backlog = _walk_backlog(self.plan, result.removed, lo - start, lo)
+                result.backlog_estimated = True
                 return
             hi = min(lo + pages, self.plan.pages)
             params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
@@ -123,7 +135,7 @@ class BatchSweeper:
         while True:
             if await self._out_of_time():
                 result.complete = False
-                result.backlog = await self._count_left(pred, result)
+                result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
             found, ms = await self._batch(
                 result,
@@ -150,7 +162,7 @@ class BatchSweeper:
         while True:
             if await self._out_of_time():
                 result.complete = False
-                result.backlog = await self._count_left(pred, result)
+                result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
             keyed = KeyBatch(pred, rows, after, self.counted)
             run = functools.partial(run_key_batch, self.conn, self.settings, self.commits, keyed)
@@ -246,7 +258,7 @@ class BatchSweeper:
         total = int(row[2]) if row[2] is not None else None
         return int(row[0]), int(row[1]), total, ms
 
-    async def _count_left(self, pred: Predicate, result: SweepStats) -> int:
+    async def _count_left(self, pred: Predicate, result: SweepStats) -> Backlog:
         return await count_left(self.conn, self.settings, pred, self.plan, result.removed)
 
 
@@ -256,18 +268,19 @@ async def count_left(
     pred: Predicate,
     plan: TablePlan,
     removed: int,
-) -> int:
-    """Expired rows still there, counted through the index up to a cap (estimated from the plan
-    and the rows `removed` since, if even that takes too long)."""
+) -> Backlog:
+    """Expired rows still there, counted (through the index, where there is one) up to
+    BACKLOG_COUNT_CAP; estimated from the plan and the rows `removed` since when the count
+    takes longer than COUNT_LEFT_MS."""
     query = count_expired(pred, cap=BACKLOG_COUNT_CAP)
     try:
         async with conn.transaction():
-            await conn.execute(local_bounds(False), (settings.lock_timeout_ms, 2_000))
+            await conn.execute(local_bounds(False), (settings.lock_timeout_ms, COUNT_LEFT_MS))
             cur = await conn.execute(query, pred.params)
             row = await cur.fetchone()
-            return int(row[0]) if row else 0
+            return Backlog(int(row[0]) if row else 0, estimated=False)
     except errors.QueryCanceled:
-        return max(int(plan.expired) - removed, 0)
+        return Backlog(max(int(plan.expired) - removed, 0), estimated=True)
 
 
 def counted_table(

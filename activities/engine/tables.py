@@ -51,7 +51,9 @@ class TableSweeper:
             layout, gone = await self._remove(pred, layout, stats)
             if not stats.complete:
                 # Out of time with expired partitions still in: they wait for the next pass.
-                stats.backlog = await count_left(self.conn, self.settings, pred, plan, 0)
+                stats.backlog, stats.backlog_estimated = await count_left(
+                    self.conn, self.settings, pred, plan, 0
+                )
                 return stats
         if layout is not None and layout.next_bound:
             stats.advice.append(_ahead_warning(pred, layout))
@@ -103,7 +105,7 @@ class TableSweeper:
             await self._batches(part, leaf_plan, stats)
             if not stats.complete:
                 # The budget ended inside this leaf; count what every leaf still holds.
-                stats.backlog = await count_left(
+                stats.backlog, stats.backlog_estimated = await count_left(
                     self.conn, self.settings, pred, plan, stats.removed
                 )
                 return
