@@ -5,6 +5,7 @@ Every refusal is a ConfigError whose message is one line naming the file, the ke
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tomllib
@@ -15,7 +16,14 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from purge_config.errors import ConfigError
-from purge_config.fleet import PassLimits, check_dsn, parse_databases, parse_pass, parse_queues
+from purge_config.fleet import (
+    DEFAULT_DATABASE_KEY,
+    PassLimits,
+    check_dsn,
+    parse_databases,
+    parse_pass,
+    parse_queues,
+)
 from purge_config.names import QUEUE_NAME
 from purge_config.settings import SweepSettings
 from purge_config.specs import (
@@ -113,12 +121,40 @@ class PurgeConfig:
         """The names a scheduled pass sweeps, in file order; a factory's come from its `names`."""
         return [n for t in self.targets for n in (t.names if t.kind == "python" else (t.name,))]
 
+    @property
+    def own_names(self) -> list[str]:
+        """The names this config's workers run from its own activity queue: every target but
+        those on a database with a task queue of its own."""
+        return [
+            n
+            for t in self.targets
+            if t.database not in self.queues
+            for n in (t.names if t.kind == "python" else (t.name,))
+        ]
+
+    @property
+    def own_queue(self) -> str | None:
+        """The task queue of the activities of `own_names` (None when there are none): the
+        config's queue and a digest of those names, so that only a worker whose config has
+        every one of them polls it. Mid-deploy, a worker with an older or newer list of targets
+        polls a queue of its own and never takes a target it does not know (docs/fleets.md)."""
+        names = sorted(set(self.own_names))
+        if not names:
+            return None
+        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+        return f"{self.task_queue}:{digest}"
+
     def pass_input(self, names: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
         """The workflow input of a pass over `names` (default: every target): the limits and
         each target's database travel with it, so the workflow needs no config of its own;
-        so do the names of the targets that are table patterns, expanded by the pass."""
+        so do the names of the targets that are table patterns, expanded by the pass, and the
+        task queue of each database's activities (`own_queue` for this config's own)."""
         names = self.target_names if names is None else names
         on = {t.name: t.database for t in self.targets if t.database}
+        own = self.own_queue
+        if own is not None:
+            # Named, so that `queues` can route the default database's activities too.
+            on = {name: on.get(name) or DEFAULT_DATABASE_KEY for name in names} | on
         request: dict[str, Any] = {
             "targets": names,
             "max_concurrent": self.limits.max_concurrent,
@@ -137,8 +173,11 @@ class PurgeConfig:
             request["patterns"] = patterns
         used = {on.get(name, "") for name in names}
         queues = {db: queue for db, queue in self.queues.items() if db in used}
+        if own is not None:
+            queues |= {db: own for db in used if db not in self.queues}
         if queues:
-            # Only a routed pass carries these: every other input stays as the first rounds'.
+            # A pass typed by hand without them (`temporal workflow start`) runs every activity
+            # on the pass's own queue, as the first rounds' passes did.
             request["queues"] = queues
             request["worker_wait_ms"] = self.limits.worker_wait_ms
         if dry_run:

@@ -21,6 +21,10 @@ from purge_config.values import (
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
 DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
+#: The name a pass's input gives the default database (`database_url`, and a `python` target's
+#: own) when it routes that database's activities: the input's `queues` maps names to task
+#: queues, and every version of the workflow reads only names that DATABASE_NAME accepts.
+DEFAULT_DATABASE_KEY = "_default"
 #: The database `database_url` names; a target without `database` sweeps it.
 DEFAULT_DATABASE = ""
 
@@ -101,6 +105,10 @@ def parse_databases(
             raise ConfigError(
                 f"{where}: {at}: not a database name (letters, digits, _ and -, starting with a "
                 "letter or _)"
+            )
+        if name == DEFAULT_DATABASE_KEY:
+            raise ConfigError(
+                f"{where}: {at}: the name is reserved for the default database (database_url)"
             )
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: {at}: must be a table with url or url_env, got {entry!r}")

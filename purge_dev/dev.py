@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import signal
 import sys
@@ -26,7 +27,7 @@ from purge_dev.servers import (
 from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.ports import free_ports
 from purge_ops.render import report_table
-from purge_ops.runner import new_worker
+from purge_ops.runner import config_workers
 from purge_ops.schedule import ensure_schedule
 from workflows.purge import PurgeWorkflow
 
@@ -89,7 +90,9 @@ async def _demo_pass(
     pool = await open_pool(url)
     try:
         client = await connect_temporal(temporal.address)
-        async with new_worker(client, build_registry(config, pool), config.task_queue):
+        async with contextlib.AsyncExitStack() as running:
+            for worker in config_workers(client, config, build_registry(config, pool)):
+                await running.enter_async_context(worker)
             workflow_id = f"purge-dev-{time.strftime('%Y%m%dT%H%M%S')}"
             report = await client.execute_workflow(
                 PurgeWorkflow.run, config.pass_input(), id=workflow_id, task_queue=config.task_queue

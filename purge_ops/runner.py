@@ -40,11 +40,15 @@ def new_worker(
     client: Client,
     registry: TargetRegistry,
     task_queue: str = "purge",
+    *,
+    sweeps: bool = True,
     **options: object,
 ) -> Worker:
     """A worker that runs `Purge` with the targets of `registry`; for teams wiring it in code.
 
-    `options` go to `temporalio.worker.Worker` (identity, max_concurrent_activities, ...).
+    With `sweeps=False` it runs the workflows only and takes no activity from `task_queue` (a
+    worker whose targets all have queues of their own). `options` go to
+    `temporalio.worker.Worker` (identity, max_concurrent_activities, ...).
     """
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
@@ -58,7 +62,7 @@ def new_worker(
         client,
         task_queue=task_queue,
         workflows=[PurgeWorkflow, PurgeChunkWorkflow],
-        activities=[activities.purge_target, activities.expand_pattern],
+        activities=[activities.purge_target, activities.expand_pattern] if sweeps else [],
         **settings,  # type: ignore[arg-type]
     )
 
@@ -83,9 +87,13 @@ def activity_worker(
 
 
 def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
-    """The task queues a worker of `config` polls for activities besides its own, each with the
-    databases whose targets' activities go there: every routed database it has the URL of."""
+    """The task queues a worker of `config` polls for activities besides the pass's, each with
+    the databases whose targets' activities go there: every routed database it has the URL of,
+    and its own targets' queue (`PurgeConfig.own_queue`)."""
     queues: dict[str, list[str]] = {}
+    if config.own_queue is not None:
+        on = {t.database for t in config.targets if t.database not in config.queues}
+        queues[config.own_queue] = sorted(db or "the default" for db in on)
     for database, queue in config.queues.items():
         if database in config.databases:
             queues.setdefault(queue, []).append(database)
@@ -164,6 +172,20 @@ async def _pools(
             await opened.close()
 
 
+def config_workers(
+    client: Client, config: PurgeConfig, registry: TargetRegistry, **options: object
+) -> list[Worker]:
+    """Every worker a process of `config` runs: the passes (and, for a config with targets of
+    its own, the activities of passes typed by hand, which carry no routes) on the config's
+    queue, and the activities of each queue of `polled_queues`. `options` as new_worker's."""
+    # A regional worker, every target of whose config has its own queue, could run none of a
+    # hand-typed pass's activities: it takes none.
+    sweeps = config.own_queue is not None
+    return [new_worker(client, registry, config.task_queue, sweeps=sweeps, **options)] + [
+        activity_worker(client, registry, queue, **options) for queue in polled_queues(config)
+    ]
+
+
 async def _poll(
     client: Client,
     config: PurgeConfig,
@@ -180,9 +202,7 @@ async def _poll(
     if max_sweeps is not None:
         options["max_concurrent_activities"] = max_sweeps
         log.info("at most %d sweeps at once on each queue (--max-sweeps)", max_sweeps)
-    workers = [new_worker(client, registry, config.task_queue, **options)] + [
-        activity_worker(client, registry, queue, **options) for queue in queues
-    ]
+    workers = config_workers(client, config, registry, **options)
     async with contextlib.AsyncExitStack() as running:
         for worker in workers:
             await running.enter_async_context(worker)
@@ -208,10 +228,25 @@ def _say_what_it_polls(
         registry.describe(),
     )
     for queue, databases in queues.items():
+        if queue == config.own_queue:
+            log.info(
+                "polling task queue %r for the activities of its own targets (%s), on "
+                "database %s: only workers whose config names exactly these targets poll it",
+                queue,
+                ", ".join(sorted(set(config.own_names))),
+                ", ".join(databases),
+            )
+            continue
         log.info(
             "also polling task queue %r for the activities of database %s",
             queue,
             ", ".join(databases),
+        )
+    if config.own_queue is None:
+        log.info(
+            "taking no activity from task queue %r: every target of this config has a queue "
+            "of its own",
+            config.task_queue,
         )
     elsewhere = sorted(set(config.queues) - set(config.databases))
     if elsewhere:

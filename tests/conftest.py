@@ -6,6 +6,7 @@ here, whatever the tests did."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import uuid
@@ -25,11 +26,12 @@ from temporalio.worker import Worker
 
 from activities.registry import PurgeTarget, TargetRegistry
 from activities.schema import reference_ddl
+from purge_config.file import PurgeConfig
 from purge_dev import servers as embedded_servers
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, venv_executable
 from purge_ops.connect import open_pool
-from purge_ops.runner import new_worker
+from purge_ops.runner import activity_worker, new_worker
 from tests.support.faults import WorkersTally
 from tests.support.pace import machine_pace
 from tests.support.servers import (
@@ -260,14 +262,22 @@ def run_worker(client: Client, task_queue: str) -> RunWorker:
         targets: list[PurgeTarget] | TargetRegistry,
         factories: list[Callable[[], Any]] | None = None,
         on: Client | None = None,
+        config: PurgeConfig | None = None,
     ) -> AsyncIterator[Worker]:
+        """With `config` (on this test's queue: `Harness.adopt`), it also polls the queue of
+        that config's own targets, where `config.pass_input()` sends their activities."""
         registry = (
             targets
             if isinstance(targets, TargetRegistry)
             else TargetRegistry(targets, factories or [])
         )
         worker = new_worker(on or client, registry, task_queue)
-        async with worker:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(worker)
+            if config is not None and config.own_queue is not None:
+                assert config.task_queue == task_queue, "adopt the config: Harness.adopt"
+                own = activity_worker(on or client, registry, config.own_queue)
+                await stack.enter_async_context(own)
             yield worker
 
     return running
@@ -299,6 +309,11 @@ class Harness:
     """A connection string whose unqualified names resolve in `schema`."""
     now_ms: int
     """The machine's clock in epoch ms when the test started (a pass's instant is close to it)."""
+
+    def adopt(self, config: PurgeConfig) -> PurgeConfig:
+        """`config` on this test's task queue, so that its own targets' queue is this test's
+        too (`run_worker(..., config=...)` polls it)."""
+        return dataclasses.replace(config, task_queue=self.task_queue)
 
 
 @pytest.fixture

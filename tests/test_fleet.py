@@ -4,6 +4,7 @@ pass, and never two sweeps of one table at a time."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import subprocess
 import time
@@ -31,7 +32,7 @@ from purge_config.settings import SweepSettings
 from purge_dev.servers import venv_executable
 from purge_ops import runner
 from purge_ops.connect import lazy_pools
-from purge_ops.runner import new_worker
+from purge_ops.runner import activity_worker, new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.history import events
@@ -324,12 +325,16 @@ async def test_targets_over_three_databases_remove_exactly_their_rows_one_down_f
             {"kind": "idempotency", "name": f"idem@{name}", "database": name} for name in down
         ],
     }
-    config = parse_config(raw, env={})
+    config = dataclasses.replace(parse_config(raw, env={}), task_queue=task_queue)
     pools = lazy_pools(config.databases, wait_seconds=0.5)
     client = time_skipping.client
     try:
         registry = kinds.build_registry(config, pool, pools)
-        async with new_worker(client, registry, task_queue):
+        assert config.own_queue is not None
+        async with (
+            new_worker(client, registry, task_queue),
+            activity_worker(client, registry, config.own_queue),
+        ):
             failure = await failed_pass(
                 client, task_queue, config.pass_input(), f"purge-fleet-{uuid.uuid4()}"
             )
@@ -472,8 +477,13 @@ def test_the_workflow_input_carries_names_of_databases_not_their_urls(tmp_path: 
         "max_concurrent": 8,
         "max_per_database": 2,
         "budget_ms": 3_000_000,
-        "databases": {"x_idempotency@shard1": "shard1"},
+        "databases": {"x_idempotency": "_default", "x_idempotency@shard1": "shard1"},
+        # The queue of this config's own targets: only workers that name both poll it.
+        "queues": {"_default": config.own_queue, "shard1": config.own_queue},
+        "worker_wait_ms": 300_000,
     }
+    assert config.own_queue is not None
+    assert config.own_queue.startswith("purge:")
 
 
 async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(

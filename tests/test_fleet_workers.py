@@ -88,7 +88,7 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, toml)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     request = parse_config(
-        {"database_url": harness.url, "pass": limits,
+        {"database_url": harness.url, "task_queue": harness.task_queue, "pass": limits,
          "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
                      for t in TABLES]},
         env={},

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
+from purge_config.file import load_config
 from purge_dev.servers import venv_executable
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
@@ -101,12 +102,18 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     [args] = [converter.from_payload(p) for p in action.args]  # type: ignore[union-attr]
     # The pass's limits travel in its input, the config's defaults here: 4 at once, 1 per
     # database, a budget of 50 minutes (below the hourly period).
+    own = load_config(config).own_queue
+    assert own is not None
+    assert own.startswith(f"{harness.task_queue}:")
     assert args == {
         "targets": ["x_idempotency", "x_auth"],
         "max_concurrent": 4,
         "max_per_database": 1,
         "budget_ms": 3_000_000,
-        "databases": {},
+        # The activities go to the queue of this config's own targets (PurgeConfig.own_queue).
+        "databases": {"x_idempotency": "_default", "x_auth": "_default"},
+        "queues": {"_default": own},
+        "worker_wait_ms": 300_000,
     }
     [calendar] = schedule.spec.calendars
     assert spans(calendar.minute) == [(23, 23)]
@@ -257,7 +264,8 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
 ) -> None:
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
     config = config_file(tmp_path, harness.url, harness.task_queue)
-    async with harness.run_worker([kinds.idempotency(harness.pool), kinds.auth(harness.pool)]):
+    targets = [kinds.idempotency(harness.pool), kinds.auth(harness.pool)]
+    async with harness.run_worker(targets, config=load_config(config)):
         dry = await asyncio.to_thread(
             cli, temporal_server, "sweep", "--config", str(config), "--dry-run"
         )

@@ -332,7 +332,8 @@ def test_the_scheduler_needs_no_regional_url_and_the_input_names_queues_not_urls
     request = config.pass_input()
     assert request["queues"] == {"eu": "purge-eu", "us": "purge-us"}
     assert request["worker_wait_ms"] == 90_000
-    # A pass of only the default database carries no routes: its input is as before.
-    plain = parse_config({"targets": [{"kind": "idempotency"}]}, env={}).pass_input()
-    assert "queues" not in plain
-    assert "worker_wait_ms" not in plain
+    # Every target has a queue of its database's: this config has no queue of its own.
+    assert config.own_queue is None
+    # A config with targets of its own routes them to its own queue.
+    plain = parse_config({"targets": [{"kind": "idempotency"}]}, env={})
+    assert plain.pass_input()["queues"] == {"_default": plain.own_queue}

@@ -30,7 +30,7 @@ from purge_config import parse_config
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable
 from purge_ops.passes import sweep
-from purge_ops.runner import new_worker
+from purge_ops.runner import activity_worker, new_worker
 from purge_ops.schedule import ensure_schedule
 from purge_ops.searchable import namespace_defines
 from tests.conftest import Harness
@@ -133,10 +133,16 @@ async def test_a_spread_pass_is_found_by_the_tenant_it_failed_on(
         }
     )
     queue = harness.task_queue
+    config = harness.adopt(config)
+    registry = build_registry(config, harness.pool)
+    assert config.own_queue is not None
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(3), harness.now_ms)
         create_tenants(conn, prefix, range(42, 43), harness.now_ms, column="valid_until")
-        async with new_worker(searchable_client, build_registry(config, harness.pool), queue):
+        async with (
+            new_worker(searchable_client, registry, queue),
+            activity_worker(searchable_client, registry, config.own_queue),
+        ):
             status = await sweep(searchable_client, queue, config.pass_input(), print)
 
     assert status == 1

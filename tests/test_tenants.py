@@ -68,14 +68,14 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(tenants), harness.now_ms)
-        config = pattern_config(prefix)
+        config = harness.adopt(pattern_config(prefix))
         registry = build_registry(config, harness.pool)
         # Four tables at once, as the harness's pool has four connections: one at a time would
         # spend most of the test waiting on Temporal's round trip per table.
         limits = {"max_concurrent": 4, "max_per_database": 4}
         request = {**config.pass_input(), **limits, "child_size": child_size, "run_size": run_size}
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
-        async with harness.run_worker(registry):
+        async with harness.run_worker(registry, config=config):
             result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
             parent = await events(harness.client, workflow_id)
 
@@ -138,8 +138,8 @@ async def test_a_matched_table_without_the_column_fails_alone(
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(5), harness.now_ms)
         create_tenants(conn, prefix, range(5, 6), harness.now_ms, column="valid_until")
-        config = pattern_config(prefix)
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        config = harness.adopt(pattern_config(prefix))
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             error = await failed_pass(
                 harness.client,
                 harness.task_queue,
@@ -218,8 +218,8 @@ async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes
 
 
 async def test_a_pattern_matching_nothing_is_reported_not_failed(harness: Harness) -> None:
-    config = pattern_config(tenant_prefix())
-    async with harness.run_worker(build_registry(config, harness.pool)):
+    config = harness.adopt(pattern_config(tenant_prefix()))
+    async with harness.run_worker(build_registry(config, harness.pool), config=config):
         result = await run_pass(harness.client, harness.task_queue, config.pass_input())
     assert result["targets"] == 0
     assert result["removed"] == 0
@@ -235,10 +235,10 @@ async def test_a_match_taking_an_explicit_targets_name_is_refused_before_any_swe
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(3), harness.now_ms)
-        config = pattern_config(prefix)
+        config = harness.adopt(pattern_config(prefix))
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
         request = {"targets": [f"sessions@{prefix}_0001", "sessions"], "patterns": ["sessions"]}
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
         assert error.type == "DuplicatePurgeTarget"
         assert f"sessions@{prefix}_0001" in error.message
@@ -263,8 +263,8 @@ async def test_a_dry_run_counts_every_match_and_deletes_nothing(
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(8), harness.now_ms)
-        config = pattern_config(prefix)
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        config = harness.adopt(pattern_config(prefix))
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             result = await run_pass(
                 harness.client, harness.task_queue, config.pass_input(dry_run=True)
             )
@@ -286,8 +286,8 @@ async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
                 f'CREATE TABLE "{prefix}_{i:04d}".sessions_archive '
                 f'(LIKE "{prefix}_{i:04d}".sessions)'
             )
-        config = pattern_config(prefix, archive_table=f"{prefix}_*.sessions_archive")
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        config = harness.adopt(pattern_config(prefix, archive_table=f"{prefix}_*.sessions_archive"))
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             result = await run_pass(harness.client, harness.task_queue, config.pass_input())
         assert result["removed"] == sum(expired_of(i) for i in range(4))
         for i in range(4):
@@ -324,7 +324,7 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         )
         config = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             swept = await asyncio.to_thread(run_main, "sweep", "--config", str(path), env=env)
         expected = sum(expired_of(i) for i in range(6))
         assert swept.returncode == 0, swept.stderr
@@ -355,10 +355,10 @@ async def test_a_spent_budget_skips_the_matches_and_deletes_nothing(
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(5), harness.now_ms)
-        config = pattern_config(prefix)
+        config = harness.adopt(pattern_config(prefix))
         workflow_id = f"purge-tenants-{uuid.uuid4()}"
         request = {**config.pass_input(), "budget_ms": 1}
-        async with harness.run_worker(build_registry(config, harness.pool)):
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
             result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
         assert result["statuses"] == {"skipped": 5}
         assert result["patterns"][0]["skipped"] == 5

@@ -4,6 +4,7 @@ Temporal warns about (10,240 events, 512 KB)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -125,7 +126,8 @@ async def sweep_all_inside_warnings(
     """One pass of `config`: every table's expired rows counted, and every workflow of the
     pass (the parent, each run of each child) inside Temporal's warnings. Its result."""
     workflow_id = f"purge-scale-{uuid.uuid4()}"
-    async with run_worker(build_registry(config, pools["a"], pools)):
+    config = dataclasses.replace(config, task_queue=task_queue)  # its own targets' queue too
+    async with run_worker(build_registry(config, pools["a"], pools), config=config):
         result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
     assert result["targets"] == 2 * TENANTS
     assert result["removed"] == expired_total()

@@ -57,10 +57,20 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
         or cause.type != TimeoutType.SCHEDULE_TO_START
     ):
         return None
+    waited = f"within {route.worker_wait_ms // 1000} s"
+    if route.queue.startswith(f"{workflow.info().task_queue}:"):
+        # A config's own targets' queue (purge_config.file.PurgeConfig.own_queue).
+        return Failure(
+            "NoPurgeWorker",
+            f"no worker whose config names this target took it from task queue "
+            f"{route.queue!r} {waited}: a worker polls only the queue of its own config's "
+            "targets, so one whose config lacks it (mid-deploy) never takes it; run a worker "
+            "with the config that scheduled this pass",
+        )
     return Failure(
         "NoPurgeWorker",
-        f"no worker polled task queue {route.queue!r} (database {route.database!r}) within "
-        f"{route.worker_wait_ms // 1000} s; start a worker whose config names that database",
+        f"no worker polled task queue {route.queue!r} (database {route.database!r}) {waited}; "
+        "start a worker whose config names that database",
     )
 
 

@@ -1,0 +1,229 @@
+"""A fleet that changes: worker processes of an old and a new config side by side, as in a
+rolling deploy. A pass from one config's targets runs its activities on that config's own
+queue (`PurgeConfig.own_queue`), so a worker whose config lacks a target never takes it: the
+pass completes, each target swept once, by a worker that knows it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+
+from purge_config.file import load_config
+from tests.conftest import Harness
+from tests.support.history import events
+from tests.support.passes import run_pass
+from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
+from tests.support.rows import HOUR
+from tests.support.servers import RunningTemporal
+from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
+
+#: Passes per case: with the old behaviour half of them failed the target one worker lacked,
+#: so all eight passing by chance would be one in 256.
+PASSES = 8
+
+
+def tables_toml(names: list[str], extra: str = "") -> str:
+    return (
+        "".join(
+            f'[[targets]]\nkind = "expiring"\nname = "{n}"\ntable = "{n}"\ncolumn = "at"\n'
+            for n in names
+        )
+        + extra
+    )
+
+
+def make_tables(db: psycopg.Connection[Any], names: list[str], now_ms: int) -> None:
+    for name in names:
+        db.execute(f"CREATE TABLE {name} (key text PRIMARY KEY, at bigint NOT NULL)")
+        db.execute(f"CREATE INDEX ON {name} (at)")
+        add_expired(db, name, now_ms)
+
+
+def add_expired(db: psycopg.Connection[Any], table: str, now_ms: int) -> None:
+    """Two expired rows and a live one, under fresh keys."""
+    tag = uuid.uuid4().hex[:8]
+    db.execute(
+        f"INSERT INTO {table} VALUES (%s, %s), (%s, %s), (%s, %s)",
+        (f"a-{tag}", now_ms - HOUR, f"b-{tag}", now_ms - HOUR, f"live-{tag}", now_ms + HOUR),
+    )
+
+
+class Fleet:
+    """Worker processes (`pg-purge run`), each from a config file of its own."""
+
+    def __init__(self, tmp_path: Path, harness: Harness, address: str) -> None:
+        self.tmp_path, self.harness = tmp_path, harness
+        self.env = clean_env(TEMPORAL_ADDRESS=address)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def config(self, name: str, targets: str) -> Path:
+        path = self.tmp_path / f"{name}.toml"
+        path.write_text(
+            f"database_url = {self.harness.url!r}\ntask_queue = {self.harness.task_queue!r}\n"
+            f"{targets}",
+            encoding="utf-8",
+        )
+        return path
+
+    def start(self, name: str, *args: str) -> str:
+        """Start the worker of config `name`; its identity once it polls its queues."""
+        log = self.tmp_path / f"{name}.log"
+        self.procs[name] = start_worker(self.tmp_path / f"{name}.toml", self.env, log, *args)
+        wait_for(lambda: "worker on task queue" in _read(log), 60, f"the {name} worker")
+        return identity(self.procs[name])
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            stop(proc)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, harness: Harness, temporal_server: RunningTemporal) -> Iterator[Fleet]:
+    started = Fleet(tmp_path, harness, temporal_server.address)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+async def attempts(client: Client, workflow_id: str) -> dict[str, list[tuple[str, str]]]:
+    """Per target (a pattern's expansion under its own name): each attempt's (task queue,
+    worker identity), in order."""
+    scheduled: dict[int, tuple[str, str]] = {}
+    runs: dict[str, list[tuple[str, str]]] = {}
+    convert = client.data_converter.payload_converter
+    for e in await events(client, workflow_id):
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = e.activity_task_scheduled_event_attributes
+            [step] = convert.from_payloads(attrs.input.payloads)
+            name = step["name"] if isinstance(step, dict) and "name" in step else str(step)
+            scheduled[e.event_id] = (name, attrs.task_queue.name)
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            attrs = e.activity_task_started_event_attributes
+            name, queue = scheduled[attrs.scheduled_event_id]
+            runs.setdefault(name, []).append((queue, attrs.identity))
+    return runs
+
+
+async def passes_side_by_side(
+    harness: Harness, request: dict[str, Any], tables: list[str]
+) -> list[str]:
+    """PASSES passes of `request` at once, rows added to every table before each; their
+    workflow ids, after checking each completed and removed every expired row."""
+    ids = []
+    for _ in range(PASSES):
+        for table in tables:
+            add_expired(harness.db, table, harness.now_ms)
+        ids.append(f"purge-deploy-{uuid.uuid4()}")
+    results = await asyncio.gather(
+        *(run_pass(harness.client, harness.task_queue, request, i) for i in ids)
+    )
+    for result in results:
+        assert all(s["status"] == "ok" for s in result["swept"]), result
+    for table in tables:
+        [(expired,)] = harness.db.execute(
+            f"SELECT count(*) FROM {table} WHERE at <= %s", (harness.now_ms,)
+        ).fetchall()
+        assert expired == 0, table
+    return ids
+
+
+async def test_a_target_only_the_new_config_has_is_swept_by_a_new_worker_beside_old_ones(
+    harness: Harness, fleet: Fleet
+) -> None:
+    """Old workers (t1, t2) and a new one (t1, t2, t3) side by side; passes of the new config's
+    input: each completes, and t3 was taken once, by the new worker, from the new config's
+    queue (the old ones take none of them)."""
+    make_tables(harness.db, ["t1", "t2", "t3"], harness.now_ms)
+    fleet.config("old", tables_toml(["t1", "t2"]))
+    new = load_config(fleet.config("new", tables_toml(["t1", "t2", "t3"])))
+    old_worker = fleet.start("old")
+    new_worker = fleet.start("new")
+
+    ids = await passes_side_by_side(harness, new.pass_input(), ["t1", "t2", "t3"])
+
+    for workflow_id in ids:
+        runs = await attempts(harness.client, workflow_id)
+        assert set(runs) == {"t1", "t2", "t3"}
+        assert all(tries == [(new.own_queue, new_worker)] for tries in runs.values()), runs
+        assert old_worker not in {who for tries in runs.values() for _, who in tries}
+
+
+async def test_a_pass_of_the_old_config_is_swept_by_old_workers_while_a_new_one_schedules(
+    harness: Harness, fleet: Fleet
+) -> None:
+    """The reverse: the old config has t3, the new one dropped it. A worker of the new config
+    starts with `--schedule` (the schedule's input becomes the new config's) while passes of
+    the old input are still being started: each completes, t3 by the old worker."""
+    make_tables(harness.db, ["t1", "t2", "t3"], harness.now_ms)
+    old = load_config(fleet.config("old", tables_toml(["t1", "t2", "t3"])))
+    schedule_id = f"purge-deploy-{uuid.uuid4()}"
+    schedule = f'[schedule]\nid = "{schedule_id}"\n'
+    new = load_config(fleet.config("new", schedule + tables_toml(["t1", "t2"])))
+    old_worker = fleet.start("old")
+    new_worker = fleet.start("new", "--schedule")
+
+    try:
+        ids = await passes_side_by_side(harness, old.pass_input(), ["t1", "t2", "t3"])
+        described = await harness.client.get_schedule_handle(schedule_id).describe()
+        action: Any = described.schedule.action
+        convert = harness.client.data_converter.payload_converter
+        assert [convert.from_payload(p) for p in action.args] == [new.pass_input()]
+    finally:
+        await harness.client.get_schedule_handle(schedule_id).delete()
+
+    for workflow_id in ids:
+        runs = await attempts(harness.client, workflow_id)
+        assert runs["t3"] == [(old.own_queue, old_worker)], runs
+        assert new_worker not in {who for tries in runs.values() for _, who in tries}
+
+
+async def test_a_pattern_only_the_new_config_has_is_expanded_and_swept_by_the_new_worker(
+    harness: Harness, fleet: Fleet, pg_url: str
+) -> None:
+    """The new config adds a table pattern: its expansion and every match's sweep are taken
+    by the new worker; the old one, which has no such pattern, takes none of them."""
+    make_tables(harness.db, ["t1"], harness.now_ms)
+    prefix = tenant_prefix()
+    pattern = (
+        f'[[targets]]\nkind = "expiring"\nname = "sessions"\ntable = "{prefix}_*.sessions"\n'
+        'column = "expires_at"\n'
+    )
+    fleet.config("old", tables_toml(["t1"]))
+    new = load_config(fleet.config("new", tables_toml(["t1"], pattern)))
+    old_worker = fleet.start("old")
+    new_worker = fleet.start("new")
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        workflow_id = f"purge-deploy-{uuid.uuid4()}"
+        result = await run_pass(harness.client, harness.task_queue, new.pass_input(), workflow_id)
+
+    assert result["targets"] == 4  # t1 and three tenants
+    assert result["statuses"] == {"ok": 4}
+    [line] = result["patterns"]
+    assert line["tables"] == 3
+    # The expansion in the parent, the matches in a child workflow: every activity of both.
+    children = [
+        e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+        for e in await events(harness.client, workflow_id)
+        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
+    ]
+    assert children
+    histories = [workflow_id, *children]
+    who = {w for h in histories for tries in (await attempts(harness.client, h)).values()
+           for _, w in tries}  # fmt: skip
+    assert who == {new_worker}
+    assert old_worker not in who
