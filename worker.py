@@ -265,7 +265,7 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return 0
     if command == "sweep":
         request = config.pass_input(opts.target, opts.dry_run)
-        return await sweep(client, config.task_queue, request, _say)
+        return await sweep(client, config.task_queue, request, _say, config.schedule.id)
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)

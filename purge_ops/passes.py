@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -12,6 +13,8 @@ from typing import Any
 
 from temporalio.client import (
     Client,
+    ScheduleActionExecutionStartWorkflow,
+    ScheduleActionStartWorkflow,
     WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
@@ -19,6 +22,7 @@ from temporalio.client import (
     WorkflowHistory,
 )
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from activities.errors import failure_of
@@ -55,13 +59,23 @@ async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | N
     return None
 
 
-async def sweep(client: Client, task_queue: str, request: dict[str, Any], say: Say) -> int:
+async def sweep(
+    client: Client,
+    task_queue: str,
+    request: dict[str, Any],
+    say: Say,
+    schedule_id: str | None = None,
+) -> int:
     """One pass now, through Temporal, or a wait for the one already running; prints the report.
 
-    The exit status: 0 when the pass completed, 1 when it (or any target) failed.
+    Where the schedule `schedule_id` exists and would start this very pass (`request` is its
+    input), the pass is started through it: its overlap policy (SKIP) then keeps its own runs
+    from starting beside this one. Any other pass (a dry run, some targets, no schedule) starts
+    under one fixed id. The exit status: 0 when the pass completed, 1 when it (or any target)
+    failed.
     """
     running = await running_pass(client, task_queue)
-    handle: WorkflowHandle[Any, Any]
+    handle: WorkflowHandle[Any, Any] | None = None
     if running is not None:
         say(
             f"a pass is already running on task queue {task_queue!r}: {running.id} "
@@ -69,7 +83,9 @@ async def sweep(client: Client, task_queue: str, request: dict[str, Any], say: S
             "starting a second"
         )
         handle = client.get_workflow_handle(running.id, run_id=running.run_id)
-    else:
+    elif schedule_id is not None:
+        handle = await scheduled_pass(client, schedule_id, request, say)
+    if handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
         # (the visibility query above may not see a pass started a moment ago).
         handle = await client.start_workflow(
@@ -94,6 +110,62 @@ async def sweep(client: Client, task_queue: str, request: dict[str, Any], say: S
         return 1
     say(report_table(PurgeReport.from_json(result)))
     return 0
+
+
+#: How long `sweep` looks for the run a trigger of the schedule started (or found running).
+TRIGGER_WAIT_S = 30.0
+
+
+async def scheduled_pass(
+    client: Client, schedule_id: str, request: dict[str, Any], say: Say
+) -> WorkflowHandle[Any, Any] | None:
+    """The pass the schedule `schedule_id` starts now, triggered under its own overlap policy
+    (or the one it has running); None where there is no such schedule or its input is not
+    `request` (then `sweep` starts a pass of its own)."""
+    schedule = client.get_schedule_handle(schedule_id)
+    try:
+        described = await schedule.describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    action = described.schedule.action
+    convert = client.data_converter.payload_converter
+    if not isinstance(action, ScheduleActionStartWorkflow) or [
+        convert.from_payload(p) for p in action.args
+    ] != [request]:
+        say(
+            f"schedule {schedule_id} starts another pass than this one (a dry run, some targets, "
+            "or a config changed since `pg-purge schedule`): starting a pass of its own"
+        )
+        return None
+    before = set(_started(described.info.recent_actions))
+    await schedule.trigger()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + TRIGGER_WAIT_S
+    while loop.time() < deadline:
+        info = (await schedule.describe()).info
+        started = [run for run in _started(info.recent_actions) if run not in before]
+        # SKIP: with a run of its own under way the trigger starts none, and that run is it.
+        found = started[-1:] or _started(info.running_actions)[-1:]
+        if found:
+            workflow_id, run_id = found[0]
+            say(f"started pass {workflow_id} through schedule {schedule_id}")
+            return client.get_workflow_handle(workflow_id, first_execution_run_id=run_id)
+        await asyncio.sleep(0.1)
+    raise TimeoutError(
+        f"schedule {schedule_id} was triggered but started no pass within {TRIGGER_WAIT_S:.0f} s"
+    )
+
+
+def _started(actions: Sequence[Any]) -> list[tuple[str, str]]:
+    """(workflow id, first run id) of each workflow a schedule's actions started."""
+    runs = [getattr(a, "action", a) for a in actions]
+    return [
+        (run.workflow_id, run.first_execution_run_id)
+        for run in runs
+        if isinstance(run, ScheduleActionExecutionStartWorkflow)
+    ]
 
 
 @dataclass
