@@ -4,13 +4,11 @@ libpq is tests/unit/test_dsn.py.)"""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import pkgutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -130,33 +128,3 @@ def test_a_production_worker_never_loads_the_dev_harness() -> None:
 
     assert "purge_ops" in loaded
     assert "purge_dev" not in loaded
-
-
-#: The library's packages (bench and tests aside), and the sizes a newcomer can hold in mind:
-#: no class over ~200 lines, no function over ~40 (docstring included; a few run to 50).
-LIBRARY = ("workflows", "activities", "purge_config", "purge_ops", "purge_dev")
-MAX_CLASS_LINES, MAX_FUNCTION_LINES = 200, 50
-
-
-def _library_files() -> list[Path]:
-    """Every module of the library's packages, and the entry point beside them."""
-    return [p for package in LIBRARY for p in sorted((REPO / package).rglob("*.py"))] + [
-        REPO / "worker.py"
-    ]
-
-
-def _oversized() -> list[str]:
-    found = []
-    for path in _library_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            lines = (node.end_lineno or node.lineno) - node.lineno + 1
-            bound = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
-            if lines > bound:
-                found.append(f"{path.relative_to(REPO)}: {node.name}: {lines} lines")
-    return found
-
-
-def test_no_class_or_function_in_the_library_outgrows_a_reading() -> None:
-    assert _oversized() == []
