@@ -337,3 +337,66 @@ def test_the_scheduler_needs_no_regional_url_and_the_input_names_queues_not_urls
     # A config with targets of its own routes them to its own queue.
     plain = parse_config({"targets": [{"kind": "idempotency"}]}, env={})
     assert plain.pass_input()["queues"] == {"_default": plain.own_queue}
+
+
+@pytest.mark.parametrize("central_first", [True, False], ids=["central-first", "regional-first"])
+async def test_a_regional_and_a_central_worker_in_either_order_fail_no_target(
+    client: Client,
+    temporal_server: RunningTemporal,
+    task_queue: str,
+    regions: dict[str, str],
+    real_now: int,
+    caplog: pytest.LogCaptureFixture,
+    central_first: bool,
+) -> None:
+    """A central worker (the default database and its target, eu's queue left to others) and a
+    worker next to eu, started in either order: eight passes of the config and eight typed by
+    hand (no route for the default database's target) all complete. The regional worker takes
+    no activity from the pass's queue, where it would fail the central target it does not know."""
+    central_toml = (
+        f"database_url = {regions['us']!r}\n"
+        + region_toml(task_queue, ("eu",))
+        + '[[targets]]\nkind = "idempotency"\n'
+    )
+    central = parse_config(tomllib.loads(central_toml), env={})
+    assert "eu" not in central.databases
+    regional = RegionWorker("eu", regions["eu"], task_queue, temporal_server.address, caplog)
+    stopping = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="purge.worker")
+    started: list[asyncio.Task[None]] = []
+
+    async def start_central() -> None:
+        started.append(
+            asyncio.create_task(
+                run_worker(central, stop=stopping, temporal_address=temporal_server.address)
+            )
+        )
+        while "for the activities of its own targets (x_idempotency)" not in caplog.text:
+            assert not started[0].done(), f"the worker stopped: {started[0].exception()!r}"
+            await asyncio.sleep(0.02)
+
+    typed = {
+        "targets": ["x_idempotency", "x_idempotency@eu"],
+        "databases": {"x_idempotency@eu": "eu"},
+        "queues": {"eu": f"{task_queue}-eu"},
+    }
+    try:
+        if central_first:
+            await start_central()
+            await regional.start()
+        else:
+            await regional.start()
+            await start_central()
+        assert f"taking no activity from task queue {task_queue!r}" in caplog.text
+        results = await asyncio.gather(
+            *(run_pass(client, task_queue, central.pass_input()) for _ in range(8)),
+            *(run_pass(client, task_queue, typed) for _ in range(8)),
+        )
+    finally:
+        stopping.set()
+        await regional.stop()
+        for task in started:
+            await task
+
+    for result in results:
+        assert [s["status"] for s in result["swept"]] == ["ok", "ok"], result
