@@ -1,5 +1,5 @@
--- Reference DDL for the built-in targets' tables. The sweep itself never creates or alters a
--- table: an application runs this (or its own equivalent) in its migrations. `dev` mode and the
+-- Reference DDL for the built-in targets' tables. The sweep never creates them (nor any table):
+-- an application runs this (or its own equivalent) in its migrations. `dev` mode and the
 -- tests use it as it is.
 
 CREATE TABLE x_idempotency (

@@ -2,7 +2,8 @@
 
 A history is a shipped workflow shape: if a change to `workflows/purge.py` makes one of these fail,
 the change must go behind `workflow.patched()` instead. Regenerate nothing to make this pass:
-add new histories (`python -m tests.histories.record --prefix v2`) beside the old ones.
+add new histories (`python -m tests.histories.record --prefix vN`, N one above the highest prefix in
+`tests/histories/`: docs/workflow.md) beside the old ones.
 """
 
 from __future__ import annotations
