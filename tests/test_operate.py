@@ -423,6 +423,10 @@ async def test_replay_checks_recent_passes_and_history_files(
     async with harness.run_worker([kinds.idempotency(harness.pool)]):
         await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
         await run_pass(harness.client, harness.task_queue, {"targets": []})
+    # Visibility lags the histories: the command reads the passes it lists, so both first.
+    query = f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"'
+    while len([w async for w in harness.client.list_workflows(query)]) < 2:
+        await asyncio.sleep(0.05)
     config = config_file(tmp_path, harness.url, harness.task_queue)
     from_cluster = await asyncio.to_thread(
         cli, temporal_server, "replay", "--config", str(config), "--last", "5"
