@@ -54,7 +54,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from bench import data as tables
 from bench import server
 from bench.backlog import database_bench

@@ -32,7 +32,7 @@ import psycopg
 
 import activities.engine.batching as batching
 import activities.engine.keyset as keyset
-from activities import builtin_targets as kinds
+from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
 from bench import data as tables
 from bench import steady

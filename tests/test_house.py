@@ -87,42 +87,6 @@ def test_the_activities_front_door_loads_nothing_until_asked() -> None:
     assert not loaded & {"psycopg", "temporalio"}
 
 
-#: The rooms renamed so that no two share a name, each old path kept as an alias of the new one
-#: (README.md, "The old module names").
-RENAMED = {
-    "activities.targets": "activities.registry",
-    "activities.builtin_targets": "activities.builtin_kinds",
-    "activities.engine.target": "activities.engine.sql_target",
-    "activities.engine.target_sweep": "activities.engine.attempt",
-    "purge_config.targets": "purge_config.specs",
-}
-
-
-@pytest.mark.parametrize(("old", "new"), RENAMED.items())
-def test_a_renamed_module_s_old_path_exports_the_same_objects(old: str, new: str) -> None:
-    """Every function and class the new room defines is served, as the same object, by the old."""
-    alias, room = importlib.import_module(old), importlib.import_module(new)
-    defined = {
-        name
-        for name, value in vars(room).items()
-        if not name.startswith("_") and getattr(value, "__module__", None) == new
-    }
-
-    assert defined
-    assert defined <= set(alias.__all__)
-    assert all(getattr(alias, name) is getattr(room, name) for name in alias.__all__)
-
-
-def test_the_documented_worker_in_code_imports_still_work_by_their_old_names() -> None:
-    """docs/own-targets.md's worker in code, as it was written before the rename."""
-    from activities import builtin_kinds, builtin_targets, registry
-    from activities.targets import PurgeTarget, TargetRegistry
-
-    assert TargetRegistry is registry.TargetRegistry
-    assert PurgeTarget is registry.PurgeTarget
-    assert builtin_targets.idempotency is builtin_kinds.idempotency
-
-
 def test_a_production_worker_never_loads_the_dev_harness() -> None:
     loaded = _modules_loaded_by("import worker, purge_ops.runner, purge_ops.passes")
 
