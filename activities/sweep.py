@@ -12,6 +12,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
+from activities import metrics
 from activities.chunks import PatternPage, PatternStep
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
@@ -215,35 +216,25 @@ def _record_metrics(step: PurgeStep, removed: int, seconds: float, batched: bool
     if not step.dry_run:
         # A batched target added its rows batch by batch; adding 0 still shows its series.
         _rows_removed().add(0 if batched else removed, labels)
-    _meter().create_histogram_float(
-        "purge_target_seconds", "wall time of one target's sweep", "s"
-    ).record(seconds, labels)
+    metrics.TARGET_SECONDS.on(_meter()).record(seconds, labels)
 
 
 def _rows_removed() -> MetricCounter:
-    return _meter().create_counter("purge_rows_removed", "rows deleted by retention sweeps", "rows")
+    return metrics.ROWS_REMOVED.on(_meter())
 
 
 def _record_gauges(name: str, sweep: PurgeSweep) -> None:
     """What a sweep left, for alerts: expired rows left and how long the oldest has waited."""
     labels = {"target": name}
     if sweep.paused_s:
-        _meter().create_counter(
-            "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
-        ).add(math.ceil(sweep.paused_s), labels)
+        metrics.PAUSED_SECONDS.on(_meter()).add(math.ceil(sweep.paused_s), labels)
     if sweep.status == "busy":
         # Another sweep held the table, so this one measured nothing: its zeros would clear an
         # alert firing on what the last sweep that ran left. The gauges keep that sweep's values.
         return
-    _meter().create_gauge(
-        "purge_backlog_rows", "expired rows left after the last sweep", "rows"
-    ).set(sweep.backlog, labels)
+    metrics.BACKLOG_ROWS.on(_meter()).set(sweep.backlog, labels)
     if sweep.oldest_expired_age_s is not None:
-        _meter().create_gauge_float(
-            "purge_oldest_expired_age_seconds",
-            "how long the oldest expired row left after the last sweep has been expired",
-            "s",
-        ).set(sweep.oldest_expired_age_s, labels)
+        metrics.OLDEST_EXPIRED_AGE.on(_meter()).set(sweep.oldest_expired_age_s, labels)
 
 
 class _Beat:
@@ -261,11 +252,7 @@ class _Beat:
         if progress.batch_removed:
             _rows_removed().add(progress.batch_removed, {"target": self.name})
         if progress.partition:
-            _meter().create_counter(
-                "purge_partitions_removed",
-                "partitions dropped or detached whole by retention sweeps",
-                "partitions",
-            ).add(1, {"target": self.name})
+            metrics.PARTITIONS_REMOVED.on(_meter()).add(1, {"target": self.name})
 
     def between(self) -> None:
         if self.progress is None:

@@ -1,6 +1,7 @@
 """Metrics the alert rules need that no activity or workflow records itself, recorded by the
 worker around them (a Temporal interceptor), so the workflow code and its histories are
-untouched: metrics issue no commands, and the workflow's meter records nothing on replay.
+untouched: metrics issue no commands, and the workflow's meter records nothing on replay. Each
+instrument is declared in `activities.metrics`, as the activity and the workflow use it too.
 
 - `purge_passes_completed` / `purge_passes_failed` (counters) and `purge_pass_seconds`
   (histogram): each `Purge` pass's end, for "no pass completed within two periods" and the
@@ -34,15 +35,22 @@ from temporalio.worker import (
     WorkflowOutboundInterceptor,
 )
 
+from activities.metrics import (
+    BATCH_P95,
+    LAST_SWEEP_TIMESTAMP,
+    PARTITIONS_REMOVED,
+    PASS_SECONDS,
+    PASSES_COMPLETED,
+    PASSES_FAILED,
+    PAUSED_SECONDS,
+    TARGET_FAILURES,
+    Counter,
+)
+
 PURGE_WORKFLOW = "Purge"
 SWEEP_ACTIVITY = "purge_target"
 #: The status of a sweep that ran; `busy`, `gone` and `skipped` ones did not (PurgeSweep.status).
 RAN = "ok"
-
-#: Each metric's description, as the workflow and the activity create them too: one instrument.
-COMPLETED = ("purge_passes_completed", "Purge passes that completed (every target swept)")
-FAILED = ("purge_passes_failed", "Purge passes that failed (a target or the input)")
-TARGET_FAILURES = ("purge_target_failures", "targets that failed a pass after their retries")
 
 
 class PassMetrics(Interceptor):
@@ -65,8 +73,8 @@ def count_passes_from_zero(client: Client, task_queue: str) -> None:
         return  # the default runtime, which serves no metrics
     labels = {"namespace": client.namespace, "task_queue": task_queue}
     labels["workflow_type"] = PURGE_WORKFLOW
-    for name, description in (COMPLETED, FAILED):
-        runtime.metric_meter.create_counter(name, description).add(0, labels)
+    for counter in (PASSES_COMPLETED, PASSES_FAILED):
+        counter.on(runtime.metric_meter).add(0, labels)
 
 
 class _Pass(WorkflowInboundInterceptor):
@@ -81,18 +89,16 @@ class _Pass(WorkflowInboundInterceptor):
         except FailureError:
             # Only what fails the workflow: any other exception fails the workflow task, which
             # Temporal retries with the pass still running.
-            _ended(workflow.metric_meter(), FAILED)
+            _ended(workflow.metric_meter(), PASSES_FAILED)
             raise
-        _ended(workflow.metric_meter(), COMPLETED)
+        _ended(workflow.metric_meter(), PASSES_COMPLETED)
         return result
 
 
-def _ended(meter: MetricMeter, counter: tuple[str, str]) -> None:
-    meter.create_counter(*counter).add(1)
+def _ended(meter: MetricMeter, counter: Counter) -> None:
+    counter.on(meter).add(1)
     took = workflow.now() - workflow.info().start_time
-    meter.create_histogram_float(
-        "purge_pass_seconds", "a Purge pass from its start to its end", "s"
-    ).record(took.total_seconds())
+    PASS_SECONDS.on(meter).record(took.total_seconds())
 
 
 class _Scheduling(WorkflowOutboundInterceptor):
@@ -100,7 +106,7 @@ class _Scheduling(WorkflowOutboundInterceptor):
         if input.activity == SWEEP_ACTIVITY and input.args:
             name = _target_name(input.args[0])
             if name:
-                workflow.metric_meter().create_counter(*TARGET_FAILURES).add(0, {"target": name})
+                TARGET_FAILURES.on(workflow.metric_meter()).add(0, {"target": name})
         return super().start_activity(input)
 
 
@@ -125,25 +131,13 @@ def _swept(sweep: object) -> None:
     if not isinstance(name, str) or getattr(sweep, "dry_run", True):
         return
     meter, labels = activity.metric_meter(), {"target": name}
-    meter.create_counter(
-        "purge_paused_seconds", "time sweeps waited for replicas or the WAL rate", "s"
-    ).add(0, labels)
-    meter.create_counter(
-        "purge_partitions_removed",
-        "partitions dropped or detached whole by retention sweeps",
-        "partitions",
-    ).add(0, labels)
+    PAUSED_SECONDS.on(meter).add(0, labels)
+    PARTITIONS_REMOVED.on(meter).add(0, labels)
     if getattr(sweep, "status", RAN) != RAN:
         # Busy (another sweep held the table) or gone (its table was dropped): nothing was
         # measured. A p95 of 0 would read as a fast sweep, and a fresh timestamp would keep the
         # last real sweep's backlog and age alive in the rules' freshness window as if measured
         # now: both stay as that sweep left them, as the activity's own gauges do.
         return
-    meter.create_gauge_float(
-        "purge_target_last_sweep_timestamp_seconds",
-        "when this worker last finished a sweep of the target (Unix time)",
-        "s",
-    ).set(time.time(), labels)
-    meter.create_gauge_float(
-        "purge_batch_p95_seconds", "95th percentile of the last sweep's batch durations", "s"
-    ).set(float(getattr(sweep, "p95_batch_ms", 0.0)) / 1000, labels)
+    LAST_SWEEP_TIMESTAMP.on(meter).set(time.time(), labels)
+    BATCH_P95.on(meter).set(float(getattr(sweep, "p95_batch_ms", 0.0)) / 1000, labels)

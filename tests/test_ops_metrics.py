@@ -4,6 +4,7 @@ that ran moves a target's gauges and its last-sweep timestamp."""
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,10 +15,11 @@ import pytest
 from psycopg import sql
 from temporalio.client import Client
 
+from activities import metrics
 from purge_ops.ports import free_ports
 from tests.support.passes import run_pass
-from tests.support.probes import scrape, worker
-from tests.support.procs import worker_config
+from tests.support.probes import http, samples, scrape, worker
+from tests.support.procs import REPO, worker_config
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
@@ -37,6 +39,36 @@ def value(page: Page, name: str, **labels: str) -> float:
     return found[0]
 
 
+async def bodies_around_passes(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> tuple[str, str, str]:
+    """A real worker's /metrics text at its start, after a pass that swept x_idempotency (one
+    expired row of two) and x_auth, and after a pass that failed (`nope` is no target)."""
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
+    [port] = free_ports(1)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    async with worker(config, temporal_server, port):
+        at_start = await metrics_text(port)
+        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
+        after_one = await metrics_text(port)
+        with pytest.raises(Exception, match="Workflow execution failed"):
+            await run_pass(client, task_queue, {"targets": ["x_auth", "nope"]})
+        after_two = await metrics_text(port)
+    return at_start, after_one, after_two
+
+
+async def metrics_text(port: int) -> str:
+    reply = await http(port, "/metrics")
+    assert reply.status == 200, reply.body
+    return reply.body
+
+
 async def pages_around_passes(
     tmp_path: Path,
     temporal_server: RunningTemporal,
@@ -46,19 +78,76 @@ async def pages_around_passes(
     db: psycopg.Connection[Any],
     real_now: int,
 ) -> tuple[Page, Page, Page]:
-    """A real worker's /metrics at its start, after a pass that swept x_idempotency (one
-    expired row of two) and x_auth, and after a pass that failed (`nope` is no target)."""
-    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
-    [port] = free_ports(1)
-    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
-    async with worker(config, temporal_server, port):
-        at_start = await scrape(port)
-        await run_pass(client, task_queue, {"targets": ["x_idempotency", "x_auth"]})
-        after_one = await scrape(port)
-        with pytest.raises(Exception, match="Workflow execution failed"):
-            await run_pass(client, task_queue, {"targets": ["x_auth", "nope"]})
-        after_two = await scrape(port)
-    return at_start, after_one, after_two
+    """The same three pages as samples."""
+    at_start, after_one, after_two = await bodies_around_passes(
+        tmp_path, temporal_server, client, schema_url, task_queue, db, real_now
+    )
+    return samples(at_start), samples(after_one), samples(after_two)
+
+
+def described(body: str) -> dict[str, tuple[str, str]]:
+    """Each metric of a /metrics text as its `# HELP` and `# TYPE` lines give it:
+    {name: (description, kind)}."""
+    helps = dict(re.findall(r"^# HELP (\S+) (.*)$", body, re.M))
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", body, re.M))
+    return {name: (helps.get(name, ""), kind) for name, kind in types.items()}
+
+
+async def test_a_pass_records_every_declared_instrument_as_declared(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """Every instrument of activities.metrics is served under its declared name, description
+    and kind after a pass that swept and a pass that failed, whichever layer recorded it."""
+    _, _, after_two = await bodies_around_passes(
+        tmp_path, temporal_server, client, schema_url, task_queue, db, real_now
+    )
+
+    served = described(after_two)
+    assert {i.name: served.get(i.name) for i in metrics.ALL} == {
+        i.name: (i.description, i.kind) for i in metrics.ALL
+    }
+    # And nothing of ours is served that was not declared there.
+    assert {name for name in served if name.startswith("purge_")} == {i.name for i in metrics.ALL}
+
+
+#: A meter's methods that create an instrument (create_histogram, create_gauge_float, ...).
+_CREATES = re.compile(r"create_(counter|histogram|gauge)\w*")
+
+
+def instruments_created(source: str) -> list[int]:
+    """The lines of `source` that create a metric instrument."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and _CREATES.fullmatch(node.func.attr)
+    ]
+
+
+def test_only_activities_metrics_creates_an_instrument() -> None:
+    """Every layer records through the one declaration (`metrics.X.on(meter)`), so no name or
+    description is spelled twice: no other module of the repository calls a meter's create_*."""
+    declaring = REPO / "activities" / "metrics.py"
+    ours = [
+        path
+        for path in REPO.rglob("*.py")
+        if not any(part.startswith(".") for part in path.relative_to(REPO).parts)
+    ]
+    elsewhere = {
+        str(path.relative_to(REPO)): lines
+        for path in ours
+        if path != declaring and (lines := instruments_created(path.read_text()))
+    }
+
+    assert instruments_created(declaring.read_text())
+    assert not elsewhere, elsewhere
 
 
 async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(

@@ -15,6 +15,7 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import Failure, failure_of
+    from activities.metrics import TARGET_FAILURES
     from activities.payloads import FailedTarget, PurgeStep, PurgeSweep, Route
     from activities.sweep import PurgeActivities
 
@@ -97,9 +98,7 @@ async def sweep_one(
         failure = unpolled(err, route) or failure_of(err)
         # Once per pass and target, for an alert on a target failing pass after pass.
         # Metrics issue no command (and are skipped on replay): histories are unchanged.
-        workflow.metric_meter().create_counter(
-            "purge_target_failures", "targets that failed a pass after their retries"
-        ).add(1, {"target": name})
+        TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
         return FailedTarget(name=name, type=failure.type, message=failure.message)
 
 
