@@ -83,10 +83,12 @@ if (_clash := foreign_top_level()) is not None:
         raise SystemExit(2)
     raise ImportError(_clash, name=__name__, path=__file__)
 
+import psycopg
+
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config
 from purge_config.names import STEP_NAME
-from purge_ops import logs
+from purge_ops import ddl, logs
 from purge_ops.checks import check_passes
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import (
@@ -106,7 +108,7 @@ if TYPE_CHECKING:
 
 __all__ = ["cli", "main", "new_worker"]
 
-COMMANDS = ("run", "schedule", "sweep", "report", "replay", "dev")
+COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "dev")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -120,6 +122,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", metavar="command")
     _worker_commands(sub)
     _reading_commands(sub)
+    _schema_command(sub)
     dev = sub.add_parser(
         "dev",
         help="embedded Temporal and PostgreSQL with demo rows, a worker, and one pass now",
@@ -193,6 +196,25 @@ def _reading_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
 
 
+def _schema_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    schema = sub.add_parser(
+        "schema",
+        help="print (or --apply) the tables the config needs: the ledger and the advice table",
+    )
+    _config_option(schema)
+    schema.add_argument(
+        "--apply",
+        action="store_true",
+        help="create the missing ones in every database the config sweeps (the role's right to "
+        "create is checked in each first)",
+    )
+    schema.add_argument(
+        "--kinds",
+        action="store_true",
+        help="also the reference tables of the built-in kinds the config sweeps",
+    )
+
+
 def _config_option(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--config",
@@ -254,6 +276,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await replay(None, "", opts.last, opts.files, _say)
 
     config = load_config(config_path(opts.config))
+    if command == "schema":
+        return await _schema(config, opts)
     if command in ("run", "schedule", "sweep"):
         check_passes(config)
     if command == "run":
@@ -281,6 +305,26 @@ async def _dev(once: bool) -> int:
     except EmbeddedServerError as err:
         # The servers could not start: the message says why and what to do, no traceback.
         print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+
+
+async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
+    need = ddl.needed(config, opts.kinds)
+    if not opts.apply:
+        what = config.path or "the config"
+        _say(f"-- pg-purge schema: the tables {what} needs, which the sweep never creates")
+        _say("".join(f"-- note: {line}\n" for line in need.notes) + ddl.ddl_text(need.tables))
+        return 0
+    for line in need.notes:
+        _say(f"note: {line}")
+    try:
+        return await ddl.apply(config, need, _say)
+    except ddl.SchemaRefused as err:
+        print(f"{PROG}: schema: {err}", file=sys.stderr)
+        return 1
+    except psycopg.Error as err:
+        # psycopg's own first line: it names host and port, never the password.
+        print(f"{PROG}: schema: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
 
 
