@@ -116,6 +116,19 @@ async def test_a_pass_records_every_declared_instrument_as_declared(
     assert {name for name in served if name.startswith("purge_")} == {i.name for i in metrics.ALL}
 
 
+def test_the_operating_guide_lists_every_declared_instrument_with_its_kind() -> None:
+    """docs/operating.md's metrics table: one row per declared metric (or a row naming several)
+    and its type as declared, nothing else."""
+    guide = (REPO / "docs" / "operating.md").read_text()
+    listed = {
+        name: kind
+        for names, kind in re.findall(r"^\| (`purge_[^|]*) \| (\w+) \|", guide, re.M)
+        for name in re.findall(r"`(purge_\w+)`", names)
+    }
+
+    assert listed == {i.name: i.kind for i in metrics.ALL}
+
+
 #: A meter's methods that create an instrument (create_histogram, create_gauge_float, ...).
 _CREATES = re.compile(r"create_(counter|histogram|gauge)\w*")
 
