@@ -22,21 +22,13 @@ PartitionAction = Literal["dropped", "detached"]
 @dataclass(frozen=True)
 class LedgerKey:
     """Which `purge_progress` row a sweep's batches add to: one per pass (the workflow's run)
-    and target."""
+    and target (`activities.engine.ledger`)."""
 
     workflow_id: str
     run_id: str
     target: str
     now_ms: int
     """The pass's instant: old ledger rows are removed by it, never by the server's clock."""
-
-    def params(self) -> dict[str, object]:
-        return {
-            "ledger_workflow": self.workflow_id,
-            "ledger_run": self.run_id,
-            "ledger_target": self.target,
-            "ledger_now": self.now_ms,
-        }
 
 
 @dataclass

@@ -352,7 +352,7 @@ async def test_a_walk_commits_its_batches_lazily_and_reports_none_before_it_is_d
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A walk's batches commit without waiting for their WAL, as index and keyset batches do
-    (activities.engine.commits): each waited for its own flush, where one DELETE waits once. So
+    (activities.engine.ledger): each waited for its own flush, where one DELETE waits once. So
     its reports trail what it committed, and never lead: at every batch heartbeat the table
     has lost at least the rows reported, and at some heartbeat more (batches committed lazily
     and reported together at the next durable point). Committed as the session does, each

@@ -72,7 +72,7 @@ async def killed_attempt(
 ) -> tuple[str, dict[str, Any]]:
     """A first attempt cancelled at its `die_after`th batch heartbeat, of which only the first
     `kept` reach the server: (its workflow run id, the last heartbeat the server kept). Lazily
-    committed batches report together at a durable point (activities.engine.commits), so the
+    committed batches report together at a durable point (activities.engine.ledger), so the
     cancellation lands at the end of the group that holds that heartbeat."""
     env = activity_env()
     beats: list[dict[str, Any]] = []

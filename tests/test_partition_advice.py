@@ -90,7 +90,7 @@ async def test_a_table_losing_40_percent_every_pass_is_told_to_partition_once_th
     which the day's passes add up to the window's 10,000 rows, with the width and the config
     line. (Both thresholds a tenth of the shipped 100,000, and the table with them.)"""
     monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 10_000)
-    monkeypatch.setattr("activities.engine.upkeep.PARTITION_ADVICE_ROWS", 10_000)
+    monkeypatch.setattr("activities.engine.leftover.PARTITION_ADVICE_ROWS", 10_000)
     feed = Feed(db, "feed", slot_rows=1_250, slots=5, origin=PAST_NOW)
 
     results = await hourly_passes(feed, pool, 5)

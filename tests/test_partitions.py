@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
-from activities.engine.detaching import mark_key
+from activities.engine.ledger import mark_key
 from activities.engine.sql_target import SqlTarget
 from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
 from activities.registry import TargetRegistry
@@ -477,7 +477,7 @@ async def test_enough_partitions_ahead_warn_of_nothing(
 async def test_a_plain_table_losing_a_large_share_is_told_to_partition(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.engine.upkeep.PARTITION_ADVICE_ROWS", 100)
+    monkeypatch.setattr("activities.engine.leftover.PARTITION_ADVICE_ROWS", 100)
     db.execute("CREATE TABLE audit (id bigint, at_ms bigint NOT NULL)")
     db.execute("CREATE INDEX ON audit (at_ms)")
     # 400 rows over 4 days of retention (100 a day), the oldest 300 of them expired.

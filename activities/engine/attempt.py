@@ -10,18 +10,11 @@ from psycopg import AsyncConnection
 
 from activities.engine.access import TableAccess
 from activities.engine.context import SweepContext, partition_action
-from activities.engine.detaching import marked_done
+from activities.engine.leftover import analyze_after, leftover, partition_advice, vacuum_advice
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
 from activities.engine.shares import record_share, remembered_advice
 from activities.engine.tables import TableSweeper
-from activities.engine.upkeep import (
-    analyze_after,
-    leftover,
-    open_ledger,
-    partition_advice,
-    vacuum_advice,
-)
 from activities.progress import SweepStats
 
 
@@ -79,12 +72,12 @@ class TargetSweeper:
         if ctx.ledger is None:
             return ctx, SweepStats()
         async with self.access.pool.connection() as conn:
-            ledger = await open_ledger(conn, ctx.ledger, self.settings)
-        ctx = replace(ctx, remember=ledger.shares)
-        if ledger.counted is None:
+            opened = await ctx.ledger.open(conn, self.settings)
+        ctx = replace(ctx, remember=opened.shares)
+        if opened.counted is None:
             return replace(ctx, ledger=None), SweepStats()
-        ctx.progress.removed = ledger.counted
-        return ctx, SweepStats(ledger=True, ledger_start=ledger.counted)
+        ctx.progress.removed = opened.counted
+        return ctx, SweepStats(ledger=True, ledger_start=opened.counted)
 
     async def _totals(self, ctx: SweepContext, stats: SweepStats) -> None:
         """The counts of every attempt of the pass, from the progress (or the ledger)."""
@@ -136,7 +129,7 @@ class TargetSweeper:
         names, rows = ctx.progress.partition_names, ctx.progress.partition_rows
         if ctx.ledger is not None:
             async with self.access.pool.connection() as conn:
-                names, rows = await marked_done(conn, ctx.ledger)
+                names, rows = await ctx.ledger.marked_done(conn)
         stats.partitions, stats.partition_rows = list(names), rows
         if names:
             stats.partition_action = partition_action(self.partitions)

@@ -16,21 +16,19 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.commits import Done, LazyCommits
 from activities.engine.context import SweepContext
 from activities.engine.keyset import KeyBatch, Ran, run_key_batch
+from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
 from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan, keyset
-from activities.engine.rules import Predicate, ident
+from activities.engine.rules import Predicate
 from activities.engine.statements import (
     count_expired,
     index_batch,
-    lazy_commit,
     local_bounds,
     range_batch,
     range_delete,
 )
-from activities.engine.upkeep import add_to_ledger, bounds_params
 from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
 
@@ -66,12 +64,9 @@ class BatchSweeper:
         self.ctx, self.conn, self.plan = ctx, conn, plan
         self.settings = ctx.settings
         self.progress = ctx.progress
-        # The ledger's parameters (see LedgerKey.params): each batch then adds its count to
-        # purge_progress in its own transaction, and the progress takes the ledger's total.
-        self.ledger = ctx.ledger
-        # Plain DELETEs counted by their tag, not statements that count in SQL? By strategy.
-        self.plain = False
-        self.commits = LazyCommits(conn, self.ledger)
+        # With the ledger, each batch adds its count to purge_progress in its own transaction,
+        # and the progress takes the ledger's total.
+        self.commits = LazyCommits(conn, ctx.ledger)
 
     async def sweep(self, pred: Predicate) -> SweepStats:
         """Delete the table's expired rows by the plan's strategy, until done or out of time:
@@ -83,7 +78,9 @@ class BatchSweeper:
         self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
         by_key = keyset(pred, self.plan.partitioned, self.plan.order)
-        self.counted = counted_table(self.conn, self.plan, pred, self.ledger)
+        self.tally = BatchTally.of(
+            self.ctx.ledger, self.conn, pred.table, server_counts=self.plan.counts_deletes
+        )
         async with self.commits.settled(self._report):
             if self.plan.strategy == "index" and by_key:
                 await self._by_key(pred, result)
@@ -105,12 +102,11 @@ class BatchSweeper:
     async def _walk(self, pred: Predicate, result: SweepStats) -> None:
         # With an archive the DELETE must return its rows (they go to the archive in the same
         # statement); without one, a plain DELETE counted by its tag costs far less.
-        self.plain = pred.archive is None
-        statement = (
-            range_delete(pred) if self.plain else range_batch(pred, ledger=self.ledger is not None)
-        )
+        plain = pred.archive is None
+        statement = range_delete(pred) if plain else range_batch(pred, self.tally.closing)
+        runner = self._plain if plain else self._counting
         # Its own place (lo), not the progress's page: a lazy batch's page reaches the progress
-        # (the heartbeat a retry resumes from) only at a durable point (engine.commits).
+        # (the heartbeat a retry resumes from) only at a durable point (engine.ledger).
         pages, start = FIRST_PAGES, self.progress.page
         lo = start
         while lo < self.plan.pages:
@@ -122,51 +118,49 @@ class BatchSweeper:
                 result.backlog_estimated = True
                 return
             hi = min(lo + pages, self.plan.pages)
-            params = {**pred.params, **(self.ledger or {}), "lo": f"({lo},0)", "hi": f"({hi},0)"}
+            params = {**pred.params, **self.tally.params, "lo": f"({lo},0)", "hi": f"({hi},0)"}
             lazy = self.commits.lazy(more_may_follow=hi < self.plan.pages)
-            _, ms = await self._batch(result, statement, params, not self.plan.referenced, hi, lazy)
+            run = functools.partial(runner, statement, params, not self.plan.referenced, lazy)
+            _, ms = await self._batch(result, run, page=hi)
             lo = hi
             pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
 
     async def _by_index(self, pred: Predicate, result: SweepStats) -> None:
         # The index batch counts what it found (whether it was the last) in its own statement.
-        self.plain = False
         rows = first_index_rows(self.plan)
         while True:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
-            found, ms = await self._batch(
-                result,
-                index_batch(
-                    pred,
-                    rows,
-                    ledger=self.ledger is not None,
-                    order=self.plan.order,
-                    partitioned=self.plan.partitioned,
-                ),
-                {**pred.params, **(self.ledger or {})},
-                walk=False,
-                page=0,
-                lazy=self.commits.lazy(more_may_follow=True),  # the last is known only after it
+            statement = index_batch(
+                pred,
+                rows,
+                order=self.plan.order,
+                partitioned=self.plan.partitioned,
+                closing=self.tally.closing,
             )
+            lazy = self.commits.lazy(more_may_follow=True)  # the last is known only after it
+            params = {**pred.params, **self.tally.params}
+            run = functools.partial(self._counting, statement, params, False, lazy)
+            found, ms = await self._batch(result, run, page=0)
             if found < rows:
                 return  # the index held fewer expired rows than asked for: that was all
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
     async def _by_key(self, pred: Predicate, result: SweepStats) -> None:
         # See activities.engine.keyset.
-        self.plain = True
         rows, after = first_index_rows(self.plan), None
         while True:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
-            keyed = KeyBatch(pred, rows, after, self.counted)
-            run = functools.partial(run_key_batch, self.conn, self.settings, self.commits, keyed)
-            found, ms = await self._batch(result, run)
+            keyed = KeyBatch(pred, rows, after)
+            run = functools.partial(
+                run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
+            )
+            found, ms = await self._batch(result, run, page=0)
             if found < rows:
                 return  # fewer expired rows than asked for were left: that was all of them
             after = keyed.next_after
@@ -196,14 +190,11 @@ class BatchSweeper:
     async def _batch(
         self,
         result: SweepStats,
-        statement: sql.Composed | Callable[[], Awaitable[Ran]],
-        params: dict[str, object] | None = None,
-        walk: bool = False,
-        page: int = 0,
-        lazy: bool = False,
+        run: Callable[[], Awaitable[Ran]],
+        page: int,
     ) -> tuple[int, float]:
-        """One batch in its own transaction, recorded in `result` and the progress: (rows it
-        found, ms). A walk's batch reports what it deleted as found.
+        """One batch (`run`) in its own transaction, recorded in `result` and the progress, at
+        `page`: (rows it found, ms). A walk's batch reports what it deleted as found.
 
         Cancelled meanwhile, it still finishes, commits and is recorded before the cancellation
         goes on: a sweep stops between batches, and its count and heartbeat stay true.
@@ -212,8 +203,7 @@ class BatchSweeper:
         if current is not None and current.cancelling():
             # Cancelled since the last batch: start no other.
             raise asyncio.CancelledError
-        run = statement() if callable(statement) else self._run(statement, params or {}, walk, lazy)
-        task = asyncio.ensure_future(run)
+        task = asyncio.ensure_future(run())
         try:
             found, removed, total, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -223,33 +213,44 @@ class BatchSweeper:
         self._advance(result, removed, total, ms, page)
         return found, ms
 
-    async def _run(
+    async def _plain(
         self, statement: sql.Composed, params: dict[str, object], walk: bool, lazy: bool
     ) -> Ran:
-        """(rows found, rows deleted, the ledger's total or None, ms); committed lazily when
-        `lazy` (engine.commits)."""
+        """A plain DELETE, counted by its tag, its count then added to the ledger (see
+        `_counting`); committed lazily when `lazy` (`ledger.LazyCommits`)."""
         started = time.perf_counter()
-        # One round trip: the bounds and the DELETE pipelined up to one Sync, which makes them
-        # one implicit transaction (committed at the Sync, rolled back whole if either fails;
-        # the bounds, local to it, hold for the DELETE). Not conn.transaction(): psycopg waits
-        # for the BEGIN's and the COMMIT's replies even in a pipeline, 4 round trips a batch
-        # (measured on this machine: 0.69 ms against 0.21 ms per empty batch).
-        counted = self.counted if self.plain else None
+        async with self.conn.pipeline():
+            await self.conn.execute(*self.tally.begin(self.settings, walk))
+            if lazy:
+                await self.conn.execute(lazy_commit())
+            cur = await self.conn.execute(statement, params)
+            added = await self.tally.add(self.conn, cur)
+        ms = (time.perf_counter() - started) * 1000
+        removed = max(cur.rowcount, 0)
+        self.commits.committed(lazy, wrote=removed > 0)
+        row = await added.fetchone() if added is not None else None
+        return removed, removed, int(row[0]) if row else None, ms
+
+    async def _counting(
+        self, statement: sql.Composed, params: dict[str, object], walk: bool, lazy: bool
+    ) -> Ran:
+        """A batch statement that counts in SQL (and adds to the ledger) itself: (rows found,
+        rows deleted, the ledger's total or None, ms); committed lazily when `lazy`."""
+        started = time.perf_counter()
+        # One round trip: the timeouts and the DELETE pipelined up to one Sync, which makes
+        # them one implicit transaction (committed at the Sync, rolled back whole if either
+        # fails; the timeouts, local to it, hold for the DELETE). Not conn.transaction():
+        # psycopg waits for the BEGIN's and the COMMIT's replies even in a pipeline, 4 round
+        # trips a batch (measured on this machine: 0.69 ms against 0.21 ms per empty batch).
         async with self.conn.pipeline():
             await self.conn.execute(
-                local_bounds(walk, mark=counted is not None), bounds_params(self.settings, counted)
+                local_bounds(walk),
+                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
             if lazy:
                 await self.conn.execute(lazy_commit())
             cur = await self.conn.execute(statement, params)
-            if self.plain:
-                added = await add_to_ledger(self.conn, self.ledger, cur, counted)
         ms = (time.perf_counter() - started) * 1000
-        if self.plain:
-            removed = max(cur.rowcount, 0)
-            self.commits.committed(lazy, wrote=removed > 0)
-            row = await added.fetchone() if added is not None else None
-            return removed, removed, int(row[0]) if row else None, ms
         row = await cur.fetchone()
         self.commits.committed(lazy, wrote=bool(row and row[1]))
         if not row:
@@ -281,17 +282,6 @@ async def count_left(
             return Backlog(int(row[0]) if row else 0, estimated=False)
     except errors.QueryCanceled:
         return Backlog(max(int(plan.expired) - removed, 0), estimated=True)
-
-
-def counted_table(
-    conn: AsyncConnection[Any], plan: TablePlan, pred: Predicate, ledger: dict[str, object] | None
-) -> str | None:
-    """The table, when a plain batch's ledger row takes its count on the server (see
-    upkeep.add_to_ledger): one round trip a batch fewer. None without the ledger, or where the
-    plan says the server's count might not be the DELETE's tag (`TablePlan.counts_deletes`)."""
-    if ledger is None or not plan.counts_deletes:
-        return None
-    return ident(pred.table).as_string(conn)
 
 
 def first_index_rows(plan: TablePlan) -> int:

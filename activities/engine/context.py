@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from activities.engine.ledger import Ledger
 from activities.progress import OnBatch, PartitionAction, Progress
 from purge_config.settings import PartitionPolicy, SweepSettings
 
@@ -36,9 +37,9 @@ class SweepContext:
     """Called with `progress` after every batch and every partition taken out."""
     deadline: float = float("inf")
     """The `time.monotonic()` at which the sweep stops between batches: its time budget."""
-    ledger: dict[str, object] | None = None
-    """The ledger row's parameters (`LedgerKey.params`) when `purge_progress` counts the
-    batches (each adds its count in its own transaction); None: counted from heartbeats."""
+    ledger: Ledger | None = None
+    """The pass's ledger, when `purge_progress` counts the batches (each adds its count in its
+    own transaction); None: counted from heartbeats."""
     remember: bool = False
     """Whether each table's share removed is recorded in `purge_shares` (and the partition
     advice reads the day's passes from it): only in a pass, where the table is there."""

@@ -18,7 +18,6 @@ as the count, the drop and the ledger, under the same short lock_timeout, tried 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,16 +25,13 @@ from typing import Any
 from psycopg import AsyncConnection, errors
 
 from activities.engine.context import SweepContext
+from activities.engine.ledger import count_partition, mark_key, marked
 from activities.engine.partitions import Layout
 from activities.engine.statements import (
-    count_partition,
     detach,
     drop_table,
     local_bounds,
     move_table,
-    partition_mark,
-    partition_marks,
-    partition_unmark,
     relation_state,
     session_bounds,
     session_reset,
@@ -48,17 +44,6 @@ from purge_config.names import TableName
 #: fails and Temporal retries it.
 PLAIN_TRIES = 3
 PLAIN_PAUSE_S = 0.5
-
-
-def mark_key(target: str, oid: int, table: TableName) -> str:
-    """A partition's key in the ledger: the target's name, `#`, and the partition."""
-    return f"{target}#" + json.dumps({"oid": oid, "table": str(table)}, sort_keys=True)
-
-
-def marked(key: str) -> tuple[int, str]:
-    """(OID, table as it was named) of a mark."""
-    raw = json.loads(key.partition("#")[2])
-    return int(raw["oid"]), str(raw["table"])
 
 
 class PartitionRemover:
@@ -138,9 +123,7 @@ class PartitionRemover:
         if self.ledger is not None:
             # Every mark durable before the first detach, in one commit: a mark whose detach
             # never started is simply dropped by the next attempt's recover().
-            async with self.conn.transaction():
-                for _, key in chosen:
-                    await self.conn.execute(partition_mark(), {**self.ledger, "mark": key})
+            await self.ledger.mark(self.conn, [key for _, key in chosen])
         detached: list[tuple[TableName, str]] = []
         try:
             async with self._session():
@@ -189,7 +172,6 @@ class PartitionRemover:
         """Count, drop or move, and record in the ledger every one of `tables` (detached, with
         their marks): one transaction, one round trip, so each count is added exactly once.
         With `detach_from`, a plain detach comes first in the same transaction."""
-        ledger = self.ledger is not None
         counted = []
         async with self.conn.pipeline(), self.conn.transaction():
             # The counts read whole partitions: give them the sweep's time budget.
@@ -199,9 +181,7 @@ class PartitionRemover:
             for table, key in tables:
                 if detach_from is not None:
                     await self.conn.execute(detach(detach_from, table, ""))
-                cur = await self.conn.execute(
-                    count_partition(table, ledger), {**(self.ledger or {}), "mark": key}
-                )
+                cur = await self.conn.execute(*count_partition(table, self.ledger, key))
                 counted.append(cur)
                 if self.policy.mode == "drop":
                     await self.conn.execute(drop_table(table))
@@ -223,28 +203,8 @@ class PartitionRemover:
         progress.partition = ""
 
     async def _marks(self) -> list[tuple[str, int, int]]:
-        return await _marks(self.conn, self.ledger) if self.ledger is not None else []
+        return await self.ledger.marks(self.conn) if self.ledger is not None else []
 
     async def _unmark(self, key: str) -> None:
         if self.ledger is not None:
-            await self.conn.execute(partition_unmark(), {**self.ledger, "mark": key})
-
-
-async def marked_done(
-    conn: AsyncConnection[Any], ledger: dict[str, object]
-) -> tuple[list[str], int]:
-    """The partitions this pass took out of the target's tables, by every attempt, and their
-    rows: from the ledger's marks."""
-    names, rows = [], 0
-    for key, removed, finished in await _marks(conn, ledger):
-        if finished:
-            names.append(marked(key)[1])
-            rows += removed
-    return names, rows
-
-
-async def _marks(
-    conn: AsyncConnection[Any], ledger: dict[str, object]
-) -> list[tuple[str, int, int]]:
-    cur = await conn.execute(partition_marks(), ledger)
-    return [(str(k), int(r), int(b)) for k, r, b in await cur.fetchall()]
+            await self.ledger.unmark(self.conn, key)

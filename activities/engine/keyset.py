@@ -13,17 +13,14 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.engine.commits import LazyCommits
+from activities.engine.ledger import BatchTally, LazyCommits, lazy_commit
 from activities.engine.rules import Predicate
 from activities.engine.statements import (
     key_bounds,
     key_delete,
-    lazy_commit,
-    local_bounds,
     tie_delete,
     tie_walk,
 )
-from activities.engine.upkeep import add_to_ledger, bounds_params
 from purge_config.settings import SweepSettings
 
 #: (rows found, rows deleted, the ledger's total or None, ms) of one batch.
@@ -33,15 +30,11 @@ Ran = tuple[int, int, int | None, float]
 class KeyBatch:
     """One keyset batch's inputs, and the statement its boundary calls for."""
 
-    def __init__(
-        self, pred: Predicate, rows: int, after: object | None, counted: str | None = None
-    ) -> None:
+    def __init__(self, pred: Predicate, rows: int, after: object | None) -> None:
         self.pred, self.rows, self.after = pred, rows, after
         self.next_after: object | None = after
         self.tie = False
         """Whether the last `delete` was a `tie_delete`: it wants `tie_walk` before it."""
-        self.counted = counted
-        """The table, when the ledger takes the DELETE's count on the server (upkeep)."""
 
     def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
         """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
@@ -65,7 +58,11 @@ class KeyBatch:
 
 
 async def run_key_batch(
-    conn: AsyncConnection[Any], settings: SweepSettings, commits: LazyCommits, keyed: KeyBatch
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    commits: LazyCommits,
+    tally: BatchTally,
+    keyed: KeyBatch,
 ) -> Ran:
     """One keyset batch in one implicit transaction: its boundary read (one round trip, the
     pipeline flushed without a Sync), then the DELETE of that key range and the ledger's row
@@ -73,14 +70,10 @@ async def run_key_batch(
     committed at the Sync: lazily when a whole batch was found (more may follow) and
     `commits` allows it, else as the session does."""
     started = time.perf_counter()
-    ledger = commits.ledger
-    params = {**keyed.pred.params, **(ledger or {})}
+    params = {**keyed.pred.params, **tally.params}
     async with conn.pipeline():
         # Its statements prepared at once, planned once for all batches (local_bounds).
-        await conn.execute(
-            local_bounds(generic=True, mark=keyed.counted is not None),
-            bounds_params(settings, keyed.counted),
-        )
+        await conn.execute(*tally.begin(settings, generic=True))
         bounds = await conn.execute(
             key_bounds(keyed.pred, keyed.after is not None),
             {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},
@@ -96,7 +89,7 @@ async def run_key_batch(
             if keyed.tie:
                 await conn.execute(tie_walk(), prepare=True)
             cur = await conn.execute(*delete, prepare=True)
-            added = await add_to_ledger(conn, ledger, cur, keyed.counted)
+            added = await tally.add(conn, cur)
     ms = (time.perf_counter() - started) * 1000
     if least is None:
         return 0, 0, None, ms

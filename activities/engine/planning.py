@@ -74,7 +74,7 @@ class TablePlan:
     and only those: `track_counts` on; no partitions, inheritance children, rules or DELETE
     triggers (`statements.table_size`); no foreign key referencing it (one of its own, ON
     DELETE CASCADE, would count the rows it cascades to). A plain batch's ledger row then takes
-    its count there (`statements.ledger_add_deleted`)."""
+    its count there (`ledger.ledger_add_deleted`)."""
 
     @property
     def rows_per_page(self) -> float | None:

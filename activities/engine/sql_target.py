@@ -12,6 +12,7 @@ from typing import Any
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.attempt import TargetSweeper
 from activities.engine.context import SweepContext, ignore_batch, partition_action
+from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.rules import Rule
 from activities.engine.statements import count_expired, count_expired_and_all, count_rows
@@ -81,7 +82,7 @@ class SqlTarget:
             progress=resume or Progress(),
             on_batch=on_batch or ignore_batch,
             deadline=SweepContext.deadline_in(budget),
-            ledger=ledger.params() if ledger is not None else None,
+            ledger=Ledger(ledger) if ledger is not None else None,
         )
         # Returned, not awaited here: no frame more in a failed batch's stack, which goes into
         # the activity's failure, of which the server keeps 4 KB (see activities.sweep).

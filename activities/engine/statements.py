@@ -9,6 +9,8 @@ while the batch waited for its lock is kept.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from psycopg import sql
 
 from activities.engine.rules import Predicate, ident
@@ -59,35 +61,14 @@ def local_bounds(walk: bool = False, generic: bool = False, mark: bool = False) 
     return sql.Composed(parts)
 
 
-#: The ledger's upsert, in two pieces around the row it adds: each batch's count accumulates in
-#: its pass's row, which returns the pass's total. Shared by the upsert inside a batch's own
-#: statement (`_LEDGER`) and the one after a plain DELETE (`ledger_add`).
-_LEDGER_INTO = (
-    "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
-)
-_LEDGER_ACCUMULATE = (
-    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
-    " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
-    " RETURNING removed"
-)
-
-#: The ledger's upsert, added to a batch when the target's database has `purge_progress`: the
-#: batch's count becomes durable in the same transaction as its DELETE. Its parameters name the
-#: pass (`ledger_workflow`, `ledger_run`, `ledger_now`) and the target (`ledger_target`).
-_LEDGER = sql.SQL(
-    ", ledger AS ("
-    + _LEDGER_INTO
-    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
-    " FROM counted WHERE n > 0"
-    + _LEDGER_ACCUMULATE
-    + ") SELECT {found}, (SELECT n FROM counted), (SELECT removed FROM ledger)"
-)
-_NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
+#: A batch's closing select, given what it found: (rows found, rows deleted, the ledger's total
+#: or NULL). The ledger's (`BatchTally.closing`) adds the batch's count to it in the statement.
+Closing = Callable[[sql.Composable], sql.Composed]
 
 
-def _counted(found: sql.Composable, ledger: bool) -> sql.Composed:
-    """The batch's closing select: (rows found, rows deleted, the ledger's total or NULL)."""
-    return (_LEDGER if ledger else _NO_LEDGER).format(found=found)
+def no_ledger(found: sql.Composable) -> sql.Composed:
+    """The closing select of a batch without the ledger: its total NULL."""
+    return sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint").format(found=found)
 
 
 def _returning(pred: Predicate) -> sql.Composable:
@@ -116,13 +97,13 @@ def _archived(pred: Predicate) -> sql.Composable:
 def index_batch(
     pred: Predicate,
     limit: int,
-    ledger: bool = False,
     order: tuple[str, ...] = (),
     partitioned: bool = False,
+    closing: Closing = no_ledger,
 ) -> sql.Composed:
     """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
     the row itself so that one renewed while this waited for its lock is kept. It returns how
-    many rows it found, how many it deleted and (with `ledger`) the pass's total so far: fewer
+    many rows it found, how many it deleted and (by the ledger's `closing`) the pass's total: fewer
     found than `limit` means the last batch, without a final empty one to find that out.
     `order` is the serving index's key columns up to the expiry column (default: that column
     alone), so the read walks the index in its own order.
@@ -150,7 +131,7 @@ def index_batch(
         limit=sql.Literal(limit),
         returning=_returning(pred),
         archived=_archived(pred),
-        closing=_counted(sql.SQL("(SELECT count(*) FROM found)"), ledger),
+        closing=closing(sql.SQL("(SELECT count(*) FROM found)")),
     )
 
 
@@ -224,7 +205,7 @@ def _from_key(column: sql.Identifier, after: bool) -> sql.Composable:
     return sql.SQL(" AND {} >= %(key_after)s").format(column) if after else sql.SQL("")
 
 
-def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
+def range_batch(pred: Predicate, closing: Closing = no_ledger) -> sql.Composed:
     """The range batch: every expired row in pages [lo, hi), checked on the row itself. The
     same three columns as `index_batch`, what it deleted standing for what it found."""
     return sql.SQL(
@@ -237,7 +218,7 @@ def range_batch(pred: Predicate, ledger: bool = False) -> sql.Composed:
         where=pred.where,
         returning=_returning(pred),
         archived=_archived(pred),
-        closing=_counted(sql.SQL("(SELECT n FROM counted)"), ledger),
+        closing=closing(sql.SQL("(SELECT n FROM counted)")),
     )
 
 
@@ -252,97 +233,11 @@ def range_delete(pred: Predicate) -> sql.Composed:
     ).format(table=ident(pred.table), where=pred.where)
 
 
-def ledger_add() -> sql.SQL:
-    """Add one batch's count (`%(n)s`, above 0) to its pass's `purge_progress` row, in the
-    batch's own transaction: one row, the pass's total so far."""
-    return sql.SQL(
-        _LEDGER_INTO
-        + " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
-        " %(n)s, 1)" + _LEDGER_ACCUMULATE
-    )
-
-
-def ledger_add_deleted() -> sql.SQL:
-    """`ledger_add`, its count taken on the server: the rows the batch's DELETE removed from
-    `%(rel)s`, since `local_bounds(mark=True)` began the transaction. So it follows the DELETE
-    in the same pipeline with no round trip to read the DELETE's tag first (one of a batch's
-    three; bench/README.md, issue 20). The session's count of deleted rows goes on across
-    transactions until its statistics are flushed (PostgreSQL 15+), hence the difference. A
-    batch that deleted nothing writes no row. Only where `track_counts` is on: without it the
-    count stays 0."""
-    return sql.SQL(
-        _LEDGER_INTO
-        + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
-        " FROM (SELECT pg_stat_get_xact_tuples_deleted(%(rel)s::regclass)"
-        " - current_setting('purge.deleted_before')::bigint AS n) d WHERE n > 0"
-        + _LEDGER_ACCUMULATE
-    )
-
-
-def lazy_commit() -> sql.SQL:
-    """Lets the current transaction commit without waiting for its WAL to reach disk (SET LOCAL
-    synchronous_commit = off), for a batch whose ledger row is in the same transaction: a crash
-    that loses the commit loses the batch's deletes and its count together, so the count stays
-    exact. Its rows are reported only once a durable point covers them (engine.commits). Each
-    batch's commit otherwise waited for its WAL to be flushed, where one DELETE waits once."""
-    return sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")
-
-
-def durable_point() -> sql.SQL:
-    """A transaction of its own that writes WAL (the ledger's row rewritten as it is), so its
-    commit waits, as the session's synchronous_commit says, for the WAL up to it: every lazy
-    commit of this server before it is then as durable as a commit of that session's own. A
-    transaction that only takes an id writes nothing and waits for nothing."""
-    return sql.SQL(
-        "UPDATE purge_progress SET batches = batches"
-        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
-        " AND target = %(ledger_target)s"
-    )
-
-
 def pipeline_flush() -> sql.SQL:
     """A statement of no cost whose result, fetched, flushes a pipeline up to it without a
     Sync: the statements before it have run and their command tags are read, and their
     implicit transaction is still open."""
     return sql.SQL("SELECT 1")
-
-
-def ledger_entry() -> sql.SQL:
-    """The pass's total so far for one target: what a resumed attempt starts counting from."""
-    return sql.SQL(
-        "SELECT removed, batches FROM purge_progress"
-        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
-        " AND target = %(ledger_target)s"
-    )
-
-
-def ledger_writable() -> sql.SQL:
-    """Whether `purge_progress` exists (by the search_path) and this role may use it, and
-    which table that is (its OID); then the same of `purge_shares`, the partition advice's
-    memory. One row, four columns: two optional tables found in one round trip."""
-    return sql.SQL(
-        "SELECT "
-        + _may_use("purge_progress")
-        + ", to_regclass('purge_progress')::oid, "
-        + _may_use("purge_shares")
-        + ", to_regclass('purge_shares')::oid"
-    )
-
-
-def _may_use(table: str) -> str:
-    # has_table_privilege with a list of privileges is true when ANY of them is held: each
-    # is asked on its own, so a role that may only read the table is not told it may write.
-    checks = " AND ".join(
-        f"has_table_privilege(to_regclass('{table}'), '{privilege}')"
-        for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
-    )
-    return f"coalesce({checks}, false)"
-
-
-def ledger_expire() -> sql.SQL:
-    """Remove ledger rows of passes older than `keep_ms` before this pass's instant: the
-    ledger is retention data too, judged by the caller's clock like every other table."""
-    return sql.SQL("DELETE FROM purge_progress WHERE now_ms < %(ledger_now)s - %(keep_ms)s")
 
 
 def shares_expire() -> sql.SQL:
@@ -592,59 +487,6 @@ def schema_ready() -> sql.SQL:
 def name_taken() -> sql.SQL:
     """Whether a relation `%(name)s` (quoted, schema-qualified) exists."""
     return sql.SQL("SELECT to_regclass(%(name)s) IS NOT NULL")
-
-
-def count_partition(table: TableName, ledger: bool) -> sql.Composed:
-    """One row for a detached partition about to be dropped or moved, in that transaction:
-    its rows and (with `ledger`) the pass's total for the target once they are added, the
-    partition's mark `%(mark)s` set done with them (batches 1). Without the ledger the total
-    is NULL."""
-    if not ledger:
-        return sql.SQL("SELECT count(*), NULL::bigint FROM {}").format(ident(table))
-    return sql.SQL(
-        "WITH n AS (SELECT count(*) AS rows FROM {table}),"
-        " total AS (INSERT INTO purge_progress AS p"
-        " (workflow_id, run_id, target, now_ms, removed, batches)"
-        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
-        " n.rows, 0 FROM n"
-        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
-        " + EXCLUDED.removed RETURNING removed),"
-        " mark AS (INSERT INTO purge_progress AS p"
-        " (workflow_id, run_id, target, now_ms, removed, batches)"
-        " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
-        " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
-        " batches = 1)"
-        " SELECT n.rows, (SELECT removed FROM total) FROM n"
-    ).format(table=ident(table))
-
-
-def partition_mark() -> sql.SQL:
-    """Note in the ledger, before a concurrent detach starts, the partition `%(mark)s` this
-    pass is taking out (removed 0, batches 0: under way), so that a retry after a death between
-    the detach and the drop finds it. The mark's key is the target's name, `#`, and the
-    partition (a target name has no `#`, so no target's own count is ever read as one)."""
-    return sql.SQL(
-        "INSERT INTO purge_progress (workflow_id, run_id, target, now_ms, removed, batches)"
-        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, 0, 0)"
-        " ON CONFLICT (workflow_id, run_id, target) DO NOTHING"
-    )
-
-
-def partition_unmark() -> sql.SQL:
-    """Forget the mark `%(mark)s`: that partition's detach never started, or it is not ours."""
-    return sql.SQL(
-        "DELETE FROM purge_progress WHERE workflow_id = %(ledger_workflow)s"
-        " AND run_id = %(ledger_run)s AND target = %(mark)s"
-    )
-
-
-def partition_marks() -> sql.SQL:
-    """This pass's partition marks for the target: (key, rows, 1 when done, 0 when under way)."""
-    return sql.SQL(
-        "SELECT target, removed, batches FROM purge_progress"
-        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
-        " AND starts_with(target, %(ledger_target)s || '#') ORDER BY target"
-    )
 
 
 #: The first key of every advisory lock this package takes ('purg'); the second is the table's

@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from activities.engine import batching, commits
+from activities.engine import batching, ledger
 
 PACES = {"fast": 1 / 50, "slow": 50.0}
 """What a batch's measured duration is multiplied by under PURGE_TEST_PACE."""
@@ -42,8 +42,8 @@ def durable_every(monkeypatch: pytest.MonkeyPatch, batches: int) -> None:
     """A durable point (and so a heartbeat reporting the batches it covers) every `batches`
     batches that delete rows, by a clock that ticks once a batch instead of by the second.
     `batches=1`: every batch commits as the session does and is reported on its own."""
-    monkeypatch.setattr(commits, "clock", itertools.count().__next__)
-    monkeypatch.setattr(commits, "DURABLE_EVERY_S", batches)
+    monkeypatch.setattr(ledger, "clock", itertools.count().__next__)
+    monkeypatch.setattr(ledger, "DURABLE_EVERY_S", batches)
 
 
 def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,7 +66,7 @@ def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(batching, "_resize", paced)
     if factor > 1:
-        monkeypatch.setattr(commits, "DURABLE_EVERY_S", commits.DURABLE_EVERY_S / factor)
+        monkeypatch.setattr(ledger, "DURABLE_EVERY_S", ledger.DURABLE_EVERY_S / factor)
 
 
 @contextlib.contextmanager

@@ -1,37 +1,25 @@
-"""Around a table's batches: the ledger that keeps the count exact, and what is left after
-(the oldest expired row, dead tuples, the advice and the ANALYZE they call for)."""
+"""What a table's sweep left: its oldest expired row, its live and dead tuples, and the advice
+and the ANALYZE they call for."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, AsyncCursor, errors
+from psycopg import AsyncConnection, errors
 
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
-from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
 from activities.engine.statements import (
     analyze,
     flush_statistics,
-    ledger_add,
-    ledger_add_deleted,
-    ledger_entry,
-    ledger_expire,
-    ledger_writable,
     local_bounds,
     may_analyze,
     oldest_expired,
-    pipeline_flush,
-    shares_expire,
     table_tuples,
     value_span_days,
 )
-from purge_config.settings import SweepSettings
 
-#: Ledger rows are kept this long after their pass (by the pass's clock): far longer than any
-#: pass runs, so a resumed attempt always finds its own.
-LEDGER_KEEP_MS = 7 * 86_400_000
 #: A sweep that removed more than this share of a table calls for fresh statistics (and, when
 #: `analyze_after` is set, runs ANALYZE).
 LARGE_SHARE = 0.10
@@ -39,56 +27,6 @@ LARGE_SHARE = 0.10
 ADVICE_MIN_ROWS = 1_000
 #: How long the after-sweep reads may take: they are reports, never worth holding up a pass.
 READ_TIMEOUT_MS = 2_000
-
-
-#: (host, port, database, pass instant) whose ledger this worker has cleared of old passes.
-_EXPIRED: set[tuple[object, ...]] = set()
-
-
-@dataclass(frozen=True)
-class Ledger:
-    """What a sweep found of its optional tables when it opened its pass's ledger."""
-
-    counted: int | None
-    """The pass's count so far (0 for a first attempt); None when `purge_progress` is missing
-    or this role may not use it."""
-    shares: bool
-    """Whether `purge_shares` is there for this role to record the pass in."""
-
-
-async def open_ledger(
-    conn: AsyncConnection[Any], key: dict[str, object], settings: SweepSettings
-) -> Ledger:
-    """The pass's count so far for `key` (`LedgerKey.params`), after removing ledger rows (and
-    `purge_shares` rows) of old passes, and whether the shares may be recorded."""
-    cur = await conn.execute(ledger_writable())
-    row = await cur.fetchone()
-    ledger, shares = bool(row and row[0]), bool(row and row[2])
-    if not ledger and not shares:
-        return Ledger(None, False)
-    assert row is not None
-    params = {**key, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
-    # Old passes' rows go once per pass and database on this worker, not before every target:
-    # the delete reads the whole ledger (up to 7 days of passes), 95 ms at 840,000 rows.
-    info = conn.info
-    expiry = (info.host, info.port, info.dbname, row[1], row[3], key.get("ledger_now"))
-    # One round trip: pipelined up to one Sync, these are one implicit transaction.
-    async with conn.pipeline():
-        await conn.execute(local_bounds(), (settings.lock_timeout_ms, READ_TIMEOUT_MS))
-        if expiry not in _EXPIRED:
-            if ledger:
-                await conn.execute(ledger_expire(), params)
-            if shares:
-                await conn.execute(shares_expire(), params)
-        cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), params)
-    _EXPIRED.add(expiry)
-    if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
-        _EXPIRED.clear()
-        _EXPIRED.add(expiry)
-    entry = await cur.fetchone()
-    if not ledger:
-        return Ledger(None, shares)
-    return Ledger(int(entry[0]) if entry else 0, shares)
 
 
 @dataclass(frozen=True)
@@ -225,33 +163,3 @@ async def analyze_after(
         await conn.execute(local_bounds(), (READ_TIMEOUT_MS, budget_ms))
         await conn.execute(analyze(pred))
     return True, ""
-
-
-def bounds_params(settings: SweepSettings, counted: str | None) -> tuple[object, ...]:
-    """A batch's `local_bounds` parameters: its timeouts, and the table when it is `counted`
-    on the server (see add_to_ledger)."""
-    marked = (counted,) if counted is not None else ()
-    return (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked)
-
-
-async def add_to_ledger(
-    conn: AsyncConnection[Any],
-    ledger: dict[str, object] | None,
-    deleted: AsyncCursor[Any],
-    counted: str | None = None,
-) -> AsyncCursor[Any] | None:
-    """With the ledger, in a plain batch's transaction (its pipeline, before the Sync): the DELETE's
-    count added to the pass's row. With `counted` (the table, where the plan says the server counts
-    its deletes, and the transaction began with `local_bounds(mark=True)` and `bounds_params`), the
-    count is taken on the server, with no round trip; else it is read from the DELETE's tag, by
-    flushing the pipeline up to it (one round trip more). The upsert's cursor, which yields no row
-    when the batch deleted nothing (no ledger row is written: the count stays); None without the
-    ledger, or when the tag says nothing was deleted."""
-    if ledger is None:
-        return None
-    if counted is not None:
-        return await conn.execute(ledger_add_deleted(), {**ledger, "rel": counted})
-    await (await conn.execute(pipeline_flush())).fetchone()
-    if deleted.rowcount <= 0:
-        return None
-    return await conn.execute(ledger_add(), {**ledger, "n": deleted.rowcount})

@@ -1,0 +1,474 @@
+"""The pass's ledger, `purge_progress`: one row per pass (the workflow's run) and target, holding
+the rows every attempt of the pass removed, so that a retried attempt's count is exact whatever
+an earlier attempt's worker did before it died. Every statement that reads or writes the table
+is here, and everything else reaches it through `Ledger`:
+
+- `Ledger.open`: old passes' rows expired, the pass's count so far read;
+- each batch's count added in the batch's own transaction (`BatchTally`): by the batch's own
+  statement (`BatchTally.closing`), or after a plain DELETE by an upsert, its count taken on the
+  server (`ledger_add_deleted`) or from the DELETE's tag (`ledger_add`);
+- lazy commits, and the durable points before which nothing of theirs is reported
+  (`LazyCommits`);
+- partition marks: a partition this pass is taking out whole, and its rows once counted
+  (`Ledger.mark`, `Ledger.marks`, `count_partition`).
+
+Lazy commits. A batch whose ledger row is in its own transaction may commit without waiting for
+its WAL (`lazy_commit`): a crash of the server that loses that commit loses the batch's deletes
+and its count together, so the ledger's count stays exact. Each batch's commit otherwise waited
+for its WAL to reach disk, where one DELETE of the same rows waits once (bench/README.md, issue
+20).
+
+What a sweep reports must not be undone by a crash: a lazy batch's heartbeat (its rows into the
+worker's `purge_rows_removed` counter, its place for a retry) waits for a durable point, a
+commit that waits for the WAL up to it and so for every lazy commit before it. A batch commits
+as the session does when the last durable point is DURABLE_EVERY_S old (so heartbeats stay about
+a second apart) or when it is known to be the table's last; the sweep's end, or its
+cancellation, is a durable point of its own (`durable_point`) when its last batch was lazy.
+
+A retry resumes from what was reported, so from durable work only: index and keyset batches
+start again from the index, and a walk at the page its last heartbeat named, which is a durable
+batch's (the walk keeps its own place meanwhile). Pages walked after it are walked again; what
+a crash undid there is still expired, and is deleted then. Both count from the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import AsyncConnection, AsyncCursor, sql
+
+from activities.engine.rules import ident
+from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
+from activities.engine.statements import local_bounds, pipeline_flush, shares_expire
+from activities.progress import LedgerKey
+from purge_config.names import TableName
+from purge_config.settings import SweepSettings
+
+#: Ledger rows are kept this long after their pass (by the pass's clock): far longer than any
+#: pass runs, so a resumed attempt always finds its own.
+LEDGER_KEEP_MS = 7 * 86_400_000
+#: How long opening the ledger may take: a report's bookkeeping, never worth holding up a pass.
+OPEN_TIMEOUT_MS = 2_000
+#: The longest a sweep's lazy commits wait for a durable point: heartbeats (which report only
+#: durable batches) stay this close together, and a server crash undoes at most this much work.
+DURABLE_EVERY_S = 0.5
+#: What DURABLE_EVERY_S is measured by, read once a batch and once a durable point: a module
+#: name, so that a test can count batches instead of seconds (tests/support/pace.py).
+clock = time.monotonic
+
+#: (host, port, database, the tables' OIDs, pass instant) whose ledger this worker has cleared
+#: of old passes.
+_EXPIRED: set[tuple[object, ...]] = set()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What a sweep found of its optional tables when it opened its pass's ledger."""
+
+    counted: int | None
+    """The pass's count so far (0 for a first attempt); None when `purge_progress` is missing
+    or this role may not use it."""
+    shares: bool
+    """Whether `purge_shares` is there for this role to record the pass in."""
+
+
+class Ledger:
+    """One pass's row for one target in `purge_progress`, and the target's partition marks."""
+
+    def __init__(self, key: LedgerKey) -> None:
+        self.key = key
+        self.params: dict[str, object] = {
+            "ledger_workflow": key.workflow_id,
+            "ledger_run": key.run_id,
+            "ledger_target": key.target,
+            "ledger_now": key.now_ms,
+        }
+        """The parameters every ledger statement names the pass and the target by."""
+
+    async def open(self, conn: AsyncConnection[Any], settings: SweepSettings) -> Opened:
+        """The pass's count so far, after removing ledger rows (and `purge_shares` rows) of old
+        passes, and whether the shares may be recorded."""
+        cur = await conn.execute(ledger_writable())
+        row = await cur.fetchone()
+        ledger, shares = bool(row and row[0]), bool(row and row[2])
+        if not ledger and not shares:
+            return Opened(None, False)
+        assert row is not None
+        params = {**self.params, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
+        # Old passes' rows go once per pass and database on this worker, not before every
+        # target: the delete reads the whole ledger (up to 7 days of passes), 95 ms at 840,000
+        # rows.
+        info = conn.info
+        expiry = (info.host, info.port, info.dbname, row[1], row[3], self.key.now_ms)
+        # One round trip: pipelined up to one Sync, these are one implicit transaction.
+        async with conn.pipeline():
+            await conn.execute(local_bounds(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
+            if expiry not in _EXPIRED:
+                if ledger:
+                    await conn.execute(ledger_expire(), params)
+                if shares:
+                    await conn.execute(shares_expire(), params)
+            cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), params)
+        _EXPIRED.add(expiry)
+        if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
+            _EXPIRED.clear()
+            _EXPIRED.add(expiry)
+        entry = await cur.fetchone()
+        if not ledger:
+            return Opened(None, shares)
+        return Opened(int(entry[0]) if entry else 0, shares)
+
+    async def durable_point(self, conn: AsyncConnection[Any]) -> None:
+        """Make every lazy commit of this server before now durable (see `durable_point`)."""
+        await conn.execute(durable_point(), self.params)
+
+    async def mark(self, conn: AsyncConnection[Any], keys: list[str]) -> None:
+        """Mark every partition of `keys` as being taken out by this pass, in one commit."""
+        async with conn.transaction():
+            for key in keys:
+                await conn.execute(partition_mark(), {**self.params, "mark": key})
+
+    async def unmark(self, conn: AsyncConnection[Any], key: str) -> None:
+        await conn.execute(partition_unmark(), {**self.params, "mark": key})
+
+    async def marks(self, conn: AsyncConnection[Any]) -> list[tuple[str, int, int]]:
+        """This pass's partition marks for the target: (key, rows, 1 done or 0 under way)."""
+        cur = await conn.execute(partition_marks(), self.params)
+        return [(str(k), int(r), int(b)) for k, r, b in await cur.fetchall()]
+
+    async def marked_done(self, conn: AsyncConnection[Any]) -> tuple[list[str], int]:
+        """The partitions this pass took out of the target's tables, by every attempt, and
+        their rows: from the marks."""
+        names, rows = [], 0
+        for key, removed, finished in await self.marks(conn):
+            if finished:
+                names.append(marked(key)[1])
+                rows += removed
+        return names, rows
+
+
+def mark_key(target: str, oid: int, table: TableName) -> str:
+    """A partition's key in the ledger: the target's name, `#`, and the partition."""
+    return f"{target}#" + json.dumps({"oid": oid, "table": str(table)}, sort_keys=True)
+
+
+def marked(key: str) -> tuple[int, str]:
+    """(OID, table as it was named) of a mark."""
+    raw = json.loads(key.partition("#")[2])
+    return int(raw["oid"]), str(raw["table"])
+
+
+def count_partition(
+    table: TableName, ledger: Ledger | None, key: str
+) -> tuple[sql.Composed, dict[str, object]]:
+    """The count of a detached partition `table` about to be dropped or moved, in that
+    transaction, and its parameters: one row, its rows and (with the ledger) the pass's total
+    for the target once they are added, the partition's mark `key` set done with them (batches
+    1). Without the ledger the total is NULL."""
+    if ledger is None:
+        return sql.SQL("SELECT count(*), NULL::bigint FROM {}").format(ident(table)), {}
+    return _COUNT_PARTITION.format(table=ident(table)), {**ledger.params, "mark": key}
+
+
+@dataclass(frozen=True)
+class BatchTally:
+    """How one table's batches add their counts to the ledger, or that there is none."""
+
+    ledger: Ledger | None
+    rel: str | None = None
+    """The table (quoted), when a plain DELETE's rows are counted on the server, with no round
+    trip (`ledger_add_deleted`); None: from the DELETE's tag, or without the ledger."""
+
+    @staticmethod
+    def of(
+        ledger: Ledger | None, conn: AsyncConnection[Any], table: TableName, server_counts: bool
+    ) -> BatchTally:
+        """The tally of `table`'s batches: counted on the server where the plan says the
+        server's count is the DELETE's tag (`server_counts`, `TablePlan.counts_deletes`)."""
+        if ledger is None or not server_counts:
+            return BatchTally(ledger)
+        return BatchTally(ledger, ident(table).as_string(conn))
+
+    @property
+    def params(self) -> dict[str, object]:
+        """The ledger's parameters for a batch's statements (none without the ledger)."""
+        return self.ledger.params if self.ledger is not None else {}
+
+    def closing(self, found: sql.Composable) -> sql.Composed:
+        """The closing select of a batch statement that counts in SQL: (rows found, rows
+        deleted, the ledger's total or NULL), the ledger's upsert in the same statement."""
+        return (_LEDGER if self.ledger is not None else _NO_LEDGER).format(found=found)
+
+    def begin(
+        self, settings: SweepSettings, walk: bool = False, generic: bool = False
+    ) -> tuple[sql.Composed, tuple[object, ...]]:
+        """A plain batch's first statement (`local_bounds`) and its parameters: its timeouts,
+        and the table when its deletes are counted on the server (see `add`)."""
+        marked = (self.rel,) if self.rel is not None else ()
+        return (
+            local_bounds(walk, generic, mark=self.rel is not None),
+            (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked),
+        )
+
+    async def add(
+        self, conn: AsyncConnection[Any], deleted: AsyncCursor[Any]
+    ) -> AsyncCursor[Any] | None:
+        """With the ledger, in a plain batch's transaction (its pipeline, before the Sync): the
+        DELETE's count added to the pass's row. Where the server counts (`rel`, the transaction
+        begun by `begin`), with no round trip; else read from the DELETE's tag, by flushing the
+        pipeline up to it (one round trip more). The upsert's cursor, which yields no row when
+        the batch deleted nothing (no ledger row is written: the count stays); None without the
+        ledger, or when the tag says nothing was deleted."""
+        if self.ledger is None:
+            return None
+        if self.rel is not None:
+            return await conn.execute(ledger_add_deleted(), {**self.ledger.params, "rel": self.rel})
+        await (await conn.execute(pipeline_flush())).fetchone()
+        if deleted.rowcount <= 0:
+            return None
+        return await conn.execute(ledger_add(), {**self.ledger.params, "n": deleted.rowcount})
+
+
+class Done(NamedTuple):
+    """A committed batch, as its heartbeat reports it."""
+
+    removed: int
+    total: int | None
+    """The ledger's total after it, or None (no ledger, or nothing deleted)."""
+    ms: float
+    page: int
+
+
+class LazyCommits:
+    """Of one table's sweep, on the connection its batches run on: whether the next batch may
+    commit lazily, and whether any batch since the last durable point did."""
+
+    def __init__(self, conn: AsyncConnection[Any], ledger: Ledger | None) -> None:
+        self.conn = conn
+        self.ledger = ledger
+        """Lazy commits need the ledger: their counts are exact only in it."""
+        self.pending = False
+        """Whether a batch committed lazily since the last durable point."""
+        self._durable_at = clock()
+        self._held: list[Done] = []
+
+    def lazy(self, more_may_follow: bool) -> bool:
+        """Whether the next batch may commit lazily: with the ledger, not the table's last (as
+        far as is known), and inside DURABLE_EVERY_S of the last durable point."""
+        return (
+            self.ledger is not None
+            and more_may_follow
+            and clock() - self._durable_at < DURABLE_EVERY_S
+        )
+
+    def committed(self, lazily: bool, wrote: bool) -> None:
+        """A batch committed, lazily or as the session does, having deleted rows (`wrote`) or
+        not. Only a commit that wrote WAL waits for it, so only such a commit as the session does
+        is a durable point; a lazy one that deleted nothing leaves nothing to lose."""
+        if lazily and wrote:
+            self.pending = True
+        elif wrote:
+            self._durable()
+
+    def hold(self, batch: Done) -> list[Done]:
+        """`batch`, just committed (see `committed`): the batches to report now, in order (all
+        held so far once a durable point covers them; none while one is still to come)."""
+        self._held.append(batch)
+        if self.pending:
+            return []
+        return self._release()
+
+    @contextlib.asynccontextmanager
+    async def settled(self, report: Callable[[list[Done]], None]) -> AsyncIterator[None]:
+        """The batches run inside end at a durable point, and what it covers is `report`ed:
+        when they end, are cancelled or fail. After a failure the connection may be gone, and
+        the batches held are then never reported: a retry counts them from the ledger, and a
+        server crash may have undone them."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                await self._settle(report)
+            raise
+        await self._settle(report)
+
+    async def _settle(self, report: Callable[[list[Done]], None]) -> None:
+        if self.pending and self.ledger is not None:
+            await self.ledger.durable_point(self.conn)
+        self._durable()
+        report(self._release())
+
+    def _release(self) -> list[Done]:
+        held, self._held = self._held, []
+        return held
+
+    def _durable(self) -> None:
+        self.pending = False
+        self._durable_at = clock()
+
+
+# The ledger's statements. Each names the pass by `%(ledger_workflow)s`, `%(ledger_run)s` and
+# `%(ledger_now)s` (its instant), and the target by `%(ledger_target)s` (`Ledger.params`).
+
+#: The ledger's upsert, in two pieces around the row it adds: each batch's count accumulates in
+#: its pass's row, which returns the pass's total. Shared by the upsert inside a batch's own
+#: statement (`_LEDGER`) and the one after a plain DELETE (`ledger_add`).
+_LEDGER_INTO = (
+    "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
+)
+_LEDGER_ACCUMULATE = (
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE"
+    " SET removed = p.removed + EXCLUDED.removed, batches = p.batches + 1"
+    " RETURNING removed"
+)
+
+#: The ledger's upsert, added to a batch when the target's database has `purge_progress`: the
+#: batch's count becomes durable in the same transaction as its DELETE.
+_LEDGER = sql.SQL(
+    ", ledger AS ("
+    + _LEDGER_INTO
+    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
+    " FROM counted WHERE n > 0"
+    + _LEDGER_ACCUMULATE
+    + ") SELECT {found}, (SELECT n FROM counted), (SELECT removed FROM ledger)"
+)
+_NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
+
+#: `count_partition` with the ledger: the partition's rows added to the pass's total (not a
+#: batch: batches 0) and written into its mark, set done.
+_COUNT_PARTITION = sql.SQL(
+    "WITH n AS (SELECT count(*) AS rows FROM {table}),"
+    " total AS (INSERT INTO purge_progress AS p"
+    " (workflow_id, run_id, target, now_ms, removed, batches)"
+    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+    " n.rows, 0 FROM n"
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
+    " + EXCLUDED.removed RETURNING removed),"
+    " mark AS (INSERT INTO purge_progress AS p"
+    " (workflow_id, run_id, target, now_ms, removed, batches)"
+    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
+    " batches = 1)"
+    " SELECT n.rows, (SELECT removed FROM total) FROM n"
+)
+
+
+def ledger_add() -> sql.SQL:
+    """Add one batch's count (`%(n)s`, above 0) to its pass's `purge_progress` row, in the
+    batch's own transaction: one row, the pass's total so far."""
+    return sql.SQL(
+        _LEDGER_INTO
+        + " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+        " %(n)s, 1)" + _LEDGER_ACCUMULATE
+    )
+
+
+def ledger_add_deleted() -> sql.SQL:
+    """`ledger_add`, its count taken on the server: the rows the batch's DELETE removed from
+    `%(rel)s`, since `local_bounds(mark=True)` began the transaction. So it follows the DELETE
+    in the same pipeline with no round trip to read the DELETE's tag first (one of a batch's
+    three; bench/README.md, issue 20). The session's count of deleted rows goes on across
+    transactions until its statistics are flushed (PostgreSQL 15+), hence the difference. A
+    batch that deleted nothing writes no row. Only where `track_counts` is on: without it the
+    count stays 0."""
+    return sql.SQL(
+        _LEDGER_INTO
+        + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s, n, 1"
+        " FROM (SELECT pg_stat_get_xact_tuples_deleted(%(rel)s::regclass)"
+        " - current_setting('purge.deleted_before')::bigint AS n) d WHERE n > 0"
+        + _LEDGER_ACCUMULATE
+    )
+
+
+def lazy_commit() -> sql.SQL:
+    """Lets the current transaction commit without waiting for its WAL to reach disk (SET LOCAL
+    synchronous_commit = off), for a batch whose ledger row is in the same transaction: a crash
+    that loses the commit loses the batch's deletes and its count together, so the count stays
+    exact. Its rows are reported only once a durable point covers them (`LazyCommits`). Each
+    batch's commit otherwise waited for its WAL to be flushed, where one DELETE waits once."""
+    return sql.SQL("SELECT set_config('synchronous_commit', 'off', true)")
+
+
+def durable_point() -> sql.SQL:
+    """A transaction of its own that writes WAL (the ledger's row rewritten as it is), so its
+    commit waits, as the session's synchronous_commit says, for the WAL up to it: every lazy
+    commit of this server before it is then as durable as a commit of that session's own. A
+    transaction that only takes an id writes nothing and waits for nothing."""
+    return sql.SQL(
+        "UPDATE purge_progress SET batches = batches"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND target = %(ledger_target)s"
+    )
+
+
+def ledger_entry() -> sql.SQL:
+    """The pass's total so far for one target: what a resumed attempt starts counting from."""
+    return sql.SQL(
+        "SELECT removed, batches FROM purge_progress"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND target = %(ledger_target)s"
+    )
+
+
+def ledger_writable() -> sql.SQL:
+    """Whether `purge_progress` exists (by the search_path) and this role may use it, and
+    which table that is (its OID); then the same of `purge_shares`, the partition advice's
+    memory. One row, four columns: two optional tables found in one round trip."""
+    return sql.SQL(
+        "SELECT "
+        + _may_use("purge_progress")
+        + ", to_regclass('purge_progress')::oid, "
+        + _may_use("purge_shares")
+        + ", to_regclass('purge_shares')::oid"
+    )
+
+
+def _may_use(table: str) -> str:
+    # has_table_privilege with a list of privileges is true when ANY of them is held: each
+    # is asked on its own, so a role that may only read the table is not told it may write.
+    checks = " AND ".join(
+        f"has_table_privilege(to_regclass('{table}'), '{privilege}')"
+        for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE")
+    )
+    return f"coalesce({checks}, false)"
+
+
+def ledger_expire() -> sql.SQL:
+    """Remove ledger rows of passes older than `keep_ms` before this pass's instant: the
+    ledger is retention data too, judged by the caller's clock like every other table."""
+    return sql.SQL("DELETE FROM purge_progress WHERE now_ms < %(ledger_now)s - %(keep_ms)s")
+
+
+def partition_mark() -> sql.SQL:
+    """Note in the ledger, before a concurrent detach starts, the partition `%(mark)s` this
+    pass is taking out (removed 0, batches 0: under way), so that a retry after a death between
+    the detach and the drop finds it. The mark's key is the target's name, `#`, and the
+    partition (a target name has no `#`, so no target's own count is ever read as one)."""
+    return sql.SQL(
+        "INSERT INTO purge_progress (workflow_id, run_id, target, now_ms, removed, batches)"
+        " VALUES (%(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, 0, 0)"
+        " ON CONFLICT (workflow_id, run_id, target) DO NOTHING"
+    )
+
+
+def partition_unmark() -> sql.SQL:
+    """Forget the mark `%(mark)s`: that partition's detach never started, or it is not ours."""
+    return sql.SQL(
+        "DELETE FROM purge_progress WHERE workflow_id = %(ledger_workflow)s"
+        " AND run_id = %(ledger_run)s AND target = %(mark)s"
+    )
+
+
+def partition_marks() -> sql.SQL:
+    """This pass's partition marks for the target: (key, rows, 1 when done, 0 when under way)."""
+    return sql.SQL(
+        "SELECT target, removed, batches FROM purge_progress"
+        " WHERE workflow_id = %(ledger_workflow)s AND run_id = %(ledger_run)s"
+        " AND starts_with(target, %(ledger_target)s || '#') ORDER BY target"
+    )
