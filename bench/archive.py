@@ -36,8 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.engine.sql_target import SqlTarget
-from bench import data as tables
-from bench.cases import Bench, Case, measure_form
+from bench.cases import Bench, Case, measure_form, run_case
 from bench.data import _SPREAD_MS, Dataset
 from bench.forms import FORMS, LABELS, FormContext, FormFn, Table, TemporalPass, ours_temporal
 from bench.services import (
@@ -47,7 +46,7 @@ from bench.services import (
     temporal_dev_server,
     with_search_path,
 )
-from bench.stats import FormResult, FormRun, median_of
+from bench.stats import FormResult, FormRun
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 
@@ -232,34 +231,19 @@ async def run_archive_case(bench: Bench, name: str, rows: int, scratch: Path) ->
 
 
 async def _run_datasets(bench: Bench, case: Case) -> list[FormResult]:
-    results: list[FormResult] = []
-    for n, data in enumerate(case.datasets):
-        template = f"tmpl_{case.name}_{n}"
-        started = time.perf_counter()
-        await tables.build_template(bench.conn, bench.schema, template, data, bench.now_ms)
-        log.info(
-            "%s: template of %s in %.1f s", case.name, data.label, time.perf_counter() - started
-        )
-        runs: dict[str, list[FormResult]] = {form: [] for form in case.forms}
-        try:
-            for repeat in range(bench.repeat):
-                order = case.forms if repeat % 2 == 0 else tuple(reversed(case.forms))
-                for form in order:
-                    runs[form].append(await _measure(bench, case, data, template, form))
-        finally:
-            await tables.drop_table(bench.conn, bench.schema, template)
-        bench.all_runs.extend(r for form in case.forms for r in runs[form])
-        measured = [median_of(runs[form]) for form in case.forms]
-        base = next(r for r in measured if r.form == "delete")
-        hand = next((r for r in measured if r.form == "hand_archive"), None)
-        for result in measured:
-            result.ratio = result.seconds / base.seconds if base.seconds > 0 else None
-            if hand is not None and hand.seconds > 0:
-                result.notes["x_hand"] = result.seconds / hand.seconds
-                activity = result.notes.get("activity_seconds")
-                if isinstance(activity, float):
-                    result.notes["activity_x_hand"] = activity / hand.seconds
-        results.extend(measured)
+    """`bench.cases.run_case` with this module's `_measure`; each row of a dataset that has the
+    archive typed by hand is also set against it (`x_hand`, and `activity_x_hand` for a pass
+    through Temporal)."""
+    results = await run_case(bench, case, _measure)
+    hands = {r.dataset: r for r in results if r.form == "hand_archive" and r.seconds > 0}
+    for result in results:
+        hand = hands.get(result.dataset)
+        if hand is None:
+            continue
+        result.notes["x_hand"] = result.seconds / hand.seconds
+        activity = result.notes.get("activity_seconds")
+        if isinstance(activity, float):
+            result.notes["activity_x_hand"] = activity / hand.seconds
     return results
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from psycopg import AsyncConnection, errors, sql
 from psycopg_pool import AsyncConnectionPool
@@ -101,8 +101,19 @@ class Bench:
     """Every run of every form, repeats included, for the JSON."""
 
 
-async def run_case(bench: Bench, case: Case) -> list[FormResult]:
-    """Every form of `case` on every dataset, each on an identical fresh copy."""
+class Measure(Protocol):
+    """How one form is run and measured on a fresh copy of `template`."""
+
+    async def __call__(
+        self, bench: Bench, case: Case, data: Dataset, template: str, form: str
+    ) -> FormResult: ...
+
+
+async def run_case(bench: Bench, case: Case, measure: Measure | None = None) -> list[FormResult]:
+    """Every form of `case` on every dataset, each on an identical fresh copy (made and
+    measured by `measure`, else `measure_form`); each row's ratio is to its dataset's DELETE
+    (a cold form's to the cold DELETE)."""
+    measure = measure_form if measure is None else measure
     results: list[FormResult] = []
     for n, data in enumerate(case.datasets):
         template = f"tmpl_{case.name}_{n}"
@@ -117,7 +128,7 @@ async def run_case(bench: Bench, case: Case) -> list[FormResult]:
                 # Every other repeat in reverse, so no form always runs first (or last).
                 order = case.forms if repeat % 2 == 0 else tuple(reversed(case.forms))
                 for form in order:
-                    runs[form].append(await measure_form(bench, case, data, template, form))
+                    runs[form].append(await measure(bench, case, data, template, form))
         finally:
             await tables.drop_table(bench.conn, bench.schema, template)
         bench.all_runs.extend(r for form in case.forms for r in runs[form])

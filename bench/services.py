@@ -29,7 +29,7 @@ from activities.schema import reference_ddl
 from purge_config import PurgeConfig, parse_config
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from purge_ops.connect import LazyPool, lazy_pools, open_pool
-from purge_ops.runner import new_worker
+from purge_ops.runner import config_workers
 
 log = logging.getLogger("bench")
 
@@ -179,17 +179,27 @@ def fleet_config(
 
 
 @contextlib.asynccontextmanager
-async def config_worker(client: Client, config: PurgeConfig) -> AsyncIterator[Worker]:
-    """A running in-process worker for `config`, with its pools made as `pg-purge run` makes
-    them (the default database's pool opened now, the named ones when first used); all closed
-    on the way out."""
+async def running_workers(workers: list[Worker]) -> AsyncIterator[list[Worker]]:
+    """`workers` running together, each shut down on the way out."""
+    async with contextlib.AsyncExitStack() as running:
+        for worker in workers:
+            await running.enter_async_context(worker)
+        yield workers
+
+
+@contextlib.asynccontextmanager
+async def config_worker(client: Client, config: PurgeConfig) -> AsyncIterator[list[Worker]]:
+    """The running in-process workers of `config`, on every queue `pg-purge run` polls (a
+    config's pass routes its own targets' activities to a queue of their own), with its pools
+    made as `run` makes them (the default database's pool opened now, the named ones when
+    first used); all closed on the way out."""
     assert config.database_url is not None
     pool: AsyncConnectionPool[Any] = await open_pool(config.database_url)
     named: dict[str, LazyPool] = lazy_pools(config.databases)
     try:
-        registry = build_registry(config, pool, named)
-        async with new_worker(client, registry, config.task_queue) as worker:
-            yield worker
+        workers = config_workers(client, config, build_registry(config, pool, named))
+        async with running_workers(workers):
+            yield workers
     finally:
         await pool.close()
         for opened in named.values():
