@@ -1,0 +1,601 @@
+"""`pg-purge discover`: what in a database a sweep could keep small, read from its catalog.
+
+It reads, never writes: one connection, one `READ ONLY` transaction, and only `SELECT`s (the
+catalog, and counts of the tables the role may read). It finds the tables it recognises by
+their documented schemas (`purge_ops.frameworks`) and every other table with an expiry-like
+column, counts their rows and the rows that would go now (by this machine's clock, as a pass
+reads its clock from the workflow, never the server's), says whether an index serves the sweep
+(and which to create where none does), and groups tables of one shape in many schemas (or many
+tables of one shape in a schema) into the pattern that covers them. `purge_ops.discover_render`
+prints the result as a commented config or as JSON.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg import AsyncConnection, sql
+
+from purge_config.dsn import redact
+from purge_config.errors import ConfigError
+from purge_config.fleet import check_dsn
+from purge_config.names import SQL_NAME, TARGET_NAME, TableName
+from purge_config.patterns import TablePattern
+from purge_config.settings import EpochUnit
+from purge_config.values import read_duration
+from purge_ops.connect import APPLICATION_NAME
+from purge_ops.frameworks import Preset, presets_of
+
+#: Column types an `expiring` target sweeps, by `format_type` of the column's base type.
+INSTANTS = ("timestamp with time zone", "timestamp without time zone")
+INTEGERS = ("bigint", "integer")
+#: Found and reported, but no target kind reads it today.
+OTHER_TIMES = ("date",)
+#: Expiry-like column names: an expiry word as a whole `_`-separated part (expires_at,
+#: expire_date, expiry, expiration_ms), a `..._until` (valid_until, until_ms), or a
+#: `purge_after`/`delete_after`. Names that say when a row was made or touched are not here:
+#: their age is a policy only the application knows.
+EXPIRY_NAME = re.compile(
+    r"(?:^|_)(?:expires?|expiry|expiration|expiring)(?:_|$)"
+    r"|(?:^|_)until(?:_(?:at|ms|s|us|ts|date|time))?$"
+    r"|(?:^|_)(?:purge|delete|remove|discard)_after(?:_|$)",
+    re.IGNORECASE,
+)
+#: The instants each epoch unit reads as plausible (1973 to the year 5138), as the sweep's own
+#: unit check (activities/engine/units.py) judges them.
+EPOCH_WINDOWS: dict[EpochUnit, tuple[int, int]] = {
+    "s": (10**8, 10**11),
+    "ms": (10**11, 10**14),
+    "us": (10**14, 10**17),
+}
+#: A column's name that says its unit, for a table with no rows to tell.
+_UNIT_SUFFIX = re.compile(r"_(ms|us|s|sec|secs|seconds)$", re.IGNORECASE)
+_SUFFIX_UNITS: dict[str, EpochUnit] = {
+    "ms": "ms", "us": "us", "s": "s", "sec": "s", "secs": "s", "seconds": "s"
+}  # fmt: skip
+#: Tables of one shape in at least this many schemas (or this many of one shape in a schema)
+#: are one pattern entry.
+FAMILY_MIN = 3
+#: How long one count may take before the planner's estimate stands in for it.
+COUNT_TIMEOUT = "5s"
+#: Rows read to tell an integer column's epoch unit.
+UNIT_SAMPLE = 200
+
+Source = Literal["framework", "expiry"]
+
+
+class DiscoverError(ConnectionError):
+    """The database could not be reached, or refused the connection."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table as the catalog shows it to this role."""
+
+    oid: int
+    schema: str
+    name: str
+    columns: Mapping[str, str]
+    """Each column's type, by `format_type` of its base type (a domain reads as its base)."""
+    readable: bool
+    """Whether the role may SELECT from it (else its figures are the planner's estimates)."""
+    estimate: int
+    """The planner's row estimate (-1: never analyzed or vacuumed)."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+@dataclass(frozen=True)
+class IndexUse:
+    """Whether an index serves a sweep of one column (under its filter)."""
+
+    serves: str | None
+    """The serving index's name, or None."""
+    create: str | None
+    """The statement that would create one, where none serves."""
+    note: str = ""
+    """An index that leads with the column but does not serve (partial, invalid, not btree)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One table and column a target could sweep (or a recognised table no target can)."""
+
+    source: Source
+    schema: str
+    table: str
+    column: str
+    column_type: str
+    max_age: str
+    unit: EpochUnit | None = None
+    unit_note: str = ""
+    """How the unit was told (from the values, the name, or a guess on an empty table)."""
+    preset: Preset | None = None
+    rows: int | None = None
+    expired: int | None = None
+    """Rows that would go now; None when it could not be counted."""
+    estimated: bool = False
+    """`rows` is the planner's estimate (no SELECT right, or the count ran out of time)."""
+    index: IndexUse | None = None
+    problem: str = ""
+    """Why no target can sweep it as it is (a date column, values that are no epoch, ...)."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @property
+    def is_target(self) -> bool:
+        """Whether it is printed as a live `[[targets]]` entry."""
+        if self.problem:
+            return False
+        return self.preset is None or self.preset.treatment == "target"
+
+
+@dataclass(frozen=True)
+class Family:
+    """Tables of one shape that one pattern entry covers."""
+
+    pattern: str
+    members: tuple[Finding, ...]
+    strays: tuple[str, ...] = ()
+    """Other tables the pattern would match that lack the column (each would fail its sweep)."""
+
+    @property
+    def first(self) -> Finding:
+        return self.members[0]
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What `discover` found in one database."""
+
+    database: str
+    """Its URL, password masked."""
+    now_ms: int
+    """The instant 'would go now' was counted at: this machine's clock, epoch ms."""
+    user: str
+    singles: tuple[Finding, ...] = ()
+    families: tuple[Family, ...] = ()
+    skipped: tuple[str, ...] = ()
+    """Tables with an expiry-like column that no config can name, and why."""
+    names: Mapping[str, str] = field(default_factory=dict)
+    """The target name of each single (`schema.table:column`) and family (its pattern)."""
+
+
+def resolve_url(explicit: str | None, fallback: str | None) -> str:
+    """The database to read: the URL on the command line, else `fallback` (PURGE_DATABASE_URL
+    or the config's `database_url`); checked as a connection string."""
+    url = explicit or fallback
+    if not url:
+        raise ConfigError(
+            "discover: no database; give its URL, set PURGE_DATABASE_URL, or name a config "
+            "with database_url"
+        )
+    check_dsn("discover", "URL" if explicit else "database_url", url)
+    return url
+
+
+async def discover(url: str, now_ms: int | None = None) -> Discovery:
+    """Read the database at `url` in one read-only transaction and say what a sweep could
+    keep small there; DiscoverError when it cannot be reached."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    try:
+        conn = await AsyncConnection.connect(url, application_name=APPLICATION_NAME)
+    except psycopg.Error as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        # libpq's message names host and port, never the password.
+        raise DiscoverError(f"cannot connect to {redact(url)}: {reason}") from None
+    try:
+        await conn.set_read_only(True)
+        async with conn.transaction():
+            await conn.execute(f"SET LOCAL statement_timeout = '{COUNT_TIMEOUT}'")
+            return await _read(conn, redact(url), now_ms)
+    finally:
+        await conn.close()
+
+
+async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Discovery:
+    cur = await conn.execute("SELECT current_user")
+    user = str((await cur.fetchone() or ("?",))[0])
+    tables = await _tables(conn)
+    indexes = await _indexes(conn, [t.oid for t in tables])
+    findings: list[Finding] = []
+    skipped: list[str] = []
+    for table in tables:
+        for candidate in _candidates(table):
+            if not (SQL_NAME.fullmatch(table.schema) and SQL_NAME.fullmatch(table.name)):
+                skipped.append(
+                    f"{table.qualified} ({candidate.column}): a config names tables of letters, "
+                    "digits and _ only"
+                )
+                continue
+            findings.append(await _measure(conn, table, candidate, indexes, now_ms))
+    singles, families = group(findings, tables)
+    return Discovery(
+        database=database,
+        now_ms=now_ms,
+        user=user,
+        singles=tuple(singles),
+        families=tuple(families),
+        skipped=tuple(dict.fromkeys(skipped)),
+        names=target_names(singles, families),
+    )
+
+
+_TABLES = """
+SELECT c.oid::bigint, n.nspname, c.relname, c.reltuples::bigint,
+       has_table_privilege(c.oid, 'SELECT'),
+       array_agg(a.attname::text ORDER BY a.attnum),
+       array_agg(format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL) ORDER BY a.attnum)
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+JOIN pg_type t ON t.oid = a.atttypid
+WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+  AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
+GROUP BY c.oid, n.nspname, c.relname, c.reltuples
+ORDER BY n.nspname, c.relname
+"""
+
+
+async def _tables(conn: AsyncConnection[Any]) -> list[Table]:
+    """Every table the role can see outside the system schemas; a partition is its parent's."""
+    cur = await conn.execute(_TABLES)
+    return [
+        Table(
+            oid=oid,
+            schema=schema,
+            name=name,
+            columns=dict(zip(names, types, strict=True)),
+            readable=readable,
+            estimate=estimate,
+        )
+        for oid, schema, name, estimate, readable, names, types in await cur.fetchall()
+    ]
+
+
+@dataclass(frozen=True)
+class _Index:
+    name: str
+    keys: tuple[str, ...]
+    btree: bool
+    valid: bool
+    predicate: str | None
+
+
+_INDEXES = """
+SELECT i.indrelid::bigint, ic.relname, am.amname = 'btree', i.indisvalid,
+       pg_get_expr(i.indpred, i.indrelid),
+       ARRAY(SELECT coalesce(a.attname::text, '')
+             FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+             LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             WHERE k.ord <= i.indnkeyatts ORDER BY k.ord)
+FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_am am ON am.oid = ic.relam
+WHERE i.indrelid = ANY(%s)
+"""
+
+
+async def _indexes(conn: AsyncConnection[Any], oids: list[int]) -> dict[int, list[_Index]]:
+    found: dict[int, list[_Index]] = defaultdict(list)
+    cur = await conn.execute(_INDEXES, (oids,))
+    for oid, name, btree, valid, predicate, keys in await cur.fetchall():
+        found[oid].append(_Index(name, tuple(keys), btree, valid, predicate))
+    return found
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    source: Source
+    column: str
+    preset: Preset | None = None
+
+
+def _candidates(table: Table) -> list[_Candidate]:
+    """The columns of `table` worth a finding: its presets' (when recognised), else each
+    expiry-like column of a type with an instant in it."""
+    presets = presets_of(table.name, frozenset(table.columns))
+    if presets:
+        return [_Candidate("framework", p.column, p) for p in presets]
+    return [
+        _Candidate("expiry", column)
+        for column, kind in table.columns.items()
+        if EXPIRY_NAME.search(column) and kind in (*INSTANTS, *INTEGERS, *OTHER_TIMES)
+    ]
+
+
+async def _measure(
+    conn: AsyncConnection[Any],
+    table: Table,
+    candidate: _Candidate,
+    indexes: Mapping[int, list[_Index]],
+    now_ms: int,
+) -> Finding:
+    preset = candidate.preset
+    column = candidate.column
+    kind = table.columns[column]
+    finding = Finding(
+        source=candidate.source,
+        schema=table.schema,
+        table=table.name,
+        column=column,
+        column_type=kind,
+        max_age=preset.max_age if preset else "0s",
+        preset=preset,
+    )
+    if preset is not None and preset.treatment != "target":
+        counted = await _count(conn, table, None, (), None)
+        return _with_rows(finding, table, counted[0] if counted else None, None)
+    unit: EpochUnit | None = None
+    if kind in INTEGERS:
+        unit, note, problem = await _epoch_unit(conn, table, column, preset)
+        finding = replace(finding, unit=unit, unit_note=note, problem=problem)
+    elif kind in OTHER_TIMES:
+        finding = replace(
+            finding,
+            problem=f"a {kind} column: an expiring target reads bigint or integer epoch "
+            "values, timestamptz or timestamp",
+        )
+    match = preset.match if preset else ()
+    finding = replace(finding, index=index_use(table, column, match, indexes.get(table.oid, [])))
+    if finding.problem and kind not in OTHER_TIMES:
+        return _with_rows(finding, table, None, None)
+    age_ms = read_duration("discover", "max_age", {"max_age": finding.max_age}, "max_age")
+    cutoff = _cutoff(kind, unit, now_ms - age_ms)
+    counted = await _count(conn, table, column, match, cutoff)
+    if counted is None:
+        return _with_rows(finding, table, None, None)
+    return _with_rows(finding, table, *counted)
+
+
+def _with_rows(finding: Finding, table: Table, rows: int | None, expired: int | None) -> Finding:
+    """`finding` with its counts, or the planner's estimate where it has none."""
+    if rows is not None:
+        return replace(finding, rows=rows, expired=expired)
+    return replace(finding, rows=max(table.estimate, 0), expired=None, estimated=True)
+
+
+def _cutoff(kind: str, unit: EpochUnit | None, cutoff_ms: int) -> object:
+    """The value a row's column must be at or before to go (the clock rule: from `now_ms`)."""
+    instant = datetime.fromtimestamp(cutoff_ms / 1000, UTC)
+    if kind == "timestamp with time zone":
+        return instant
+    if kind == "timestamp without time zone":
+        return instant.replace(tzinfo=None)  # read as UTC, as the sweep reads it
+    if kind == "date":
+        return instant.date()
+    if unit == "s":
+        return cutoff_ms // 1000
+    if unit == "us":
+        return cutoff_ms * 1000
+    return cutoff_ms
+
+
+async def _count(
+    conn: AsyncConnection[Any],
+    table: Table,
+    column: str | None,
+    match: tuple[tuple[str, tuple[str, ...]], ...],
+    cutoff: object,
+) -> tuple[int, int] | None:
+    """(rows, rows that would go) of `table` (none go without a `column`), or None when the
+    role may not read it or the count outlived COUNT_TIMEOUT (its savepoint rolled back, the
+    transaction goes on)."""
+    if not table.readable:
+        return None
+    if column is None:
+        expired: sql.Composable = sql.SQL("false")
+        params: list[object] = []
+    else:
+        expired = sql.SQL("{} <= %s").format(sql.Identifier(column))
+        params = [cutoff]
+    for name, values in match:
+        # As text, so a value compares with an enum column as with a text one.
+        expired = sql.SQL("{} AND {}::text = ANY(%s)").format(expired, sql.Identifier(name))
+        params.append(list(values))
+    query = sql.SQL("SELECT count(*), count(*) FILTER (WHERE {}) FROM {}").format(
+        expired, sql.Identifier(table.schema, table.name)
+    )
+    try:
+        async with conn.transaction():
+            cur = await conn.execute(query, params)
+            row = await cur.fetchone()
+    except (psycopg.errors.QueryCanceled, psycopg.errors.InsufficientPrivilege):
+        return None
+    return (int(row[0]), int(row[1])) if row else None
+
+
+async def _epoch_unit(
+    conn: AsyncConnection[Any], table: Table, column: str, preset: Preset | None
+) -> tuple[EpochUnit | None, str, str]:
+    """(unit, how it was told, problem) of an integer column, from a sample of its values; a
+    preset's documented unit stands unless the values say otherwise."""
+    values: list[int] = []
+    if table.readable:
+        query = sql.SQL("SELECT {0} FROM {1} WHERE {0} IS NOT NULL LIMIT {2}").format(
+            sql.Identifier(column), sql.Identifier(table.schema, table.name), UNIT_SAMPLE
+        )
+        try:
+            async with conn.transaction():
+                cur = await conn.execute(query)
+                values = [int(v) for (v,) in await cur.fetchall()]
+        except (psycopg.errors.QueryCanceled, psycopg.errors.InsufficientPrivilege):
+            values = []
+    if values:
+        typical = statistics.median_low(values)
+        for unit, (low, high) in EPOCH_WINDOWS.items():
+            if low <= abs(typical) <= high:
+                return unit, f"epoch {unit}, from its values (e.g. {typical})", ""
+        return None, "", f"its values (e.g. {typical}) are no epoch instant in s, ms or us"
+    if preset is not None and preset.unit is not None:
+        return preset.unit, f"epoch {preset.unit}, as documented", ""
+    suffix = _UNIT_SUFFIX.search(column)
+    if suffix:
+        told = _SUFFIX_UNITS[suffix.group(1).lower()]
+        return told, f"epoch {told}, from its name (no rows to tell)", ""
+    return "ms", "epoch ms guessed: no rows to tell; check it", ""
+
+
+def index_use(
+    table: Table,
+    column: str,
+    match: tuple[tuple[str, tuple[str, ...]], ...],
+    indexes: Iterable[_Index],
+) -> IndexUse:
+    """The index that serves a sweep of `column` (a btree whose keys lead to it through the
+    columns the filter fixes), or the statement to create one."""
+    fixed = {name for name, _ in match}
+    near: list[str] = []
+    for index in indexes:
+        leading = list(index.keys)
+        while leading and leading[0] in fixed and leading[0] != column:
+            leading.pop(0)
+        if not leading or leading[0] != column:
+            continue
+        if not index.btree:
+            near.append(f"{index.name} is not a btree")
+        elif not index.valid:
+            near.append(f"{index.name} is invalid (a failed CREATE INDEX CONCURRENTLY)")
+        elif index.predicate:
+            predicate = " ".join(index.predicate.split())
+            near.append(
+                f"{index.name} is partial (WHERE {predicate}): it serves only rows it holds"
+            )
+        else:
+            return IndexUse(serves=index.name, create=None)
+    keys = [name for name, _ in match if name != column] + [column]
+    create = "CREATE INDEX CONCURRENTLY ON {} ({})".format(
+        _quoted(table.schema, table.name), ", ".join(_quoted(k) for k in keys)
+    )
+    return IndexUse(serves=None, create=create, note="; ".join(near))
+
+
+def _quoted(*parts: str) -> str:
+    """A SQL name quoted as sql.Identifier quotes it (names here are SQL_NAME: no quotes)."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in parts)
+
+
+def group(findings: list[Finding], tables: list[Table]) -> tuple[list[Finding], list[Family]]:
+    """The findings no pattern covers, and the families of at least FAMILY_MIN tables of one
+    shape: one table in many schemas (`tenant_*.sessions`), or many tables of a schema whose
+    names differ only in digits (`app.events_*`)."""
+    families: list[Family] = []
+    left = [f for f in findings if f.is_target]
+    rest = [f for f in findings if not f.is_target]
+    by_table: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
+    for finding in left:
+        by_table[(finding.table, finding.column, finding.max_age)].append(finding)
+    covered: set[int] = set()
+    for (name, _, _), members in by_table.items():
+        if len({m.schema for m in members}) < FAMILY_MIN:
+            continue
+        star = _star([m.schema for m in members])
+        if star is not None:
+            families.append(_family(f"{star}.{name}", members, tables))
+            covered.update(id(m) for m in members)
+    by_shape: dict[tuple[str, str, str, str], list[Finding]] = defaultdict(list)
+    for finding in left:
+        if id(finding) not in covered and re.search(r"\d", finding.table):
+            shape = re.sub(r"\d+", "#", finding.table)
+            by_shape[(finding.schema, shape, finding.column, finding.max_age)].append(finding)
+    for (schema, _, _, _), members in by_shape.items():
+        if len(members) < FAMILY_MIN:
+            continue
+        star = _star([m.table for m in members])
+        if star is not None:
+            families.append(_family(f"{schema}.{star}", members, tables))
+            covered.update(id(m) for m in members)
+    singles = [f for f in left if id(f) not in covered] + rest
+    singles.sort(key=lambda f: (f.source != "framework", f.schema, f.table, f.column))
+    return singles, families
+
+
+def _star(names: list[str]) -> str | None:
+    """The pattern part (`tenant_*`) that covers every name with one `*` standing for at
+    least one character of each, or None when only a bare `*` would."""
+    # A star takes every numbered part (tenant_0001 .. tenant_0042 is tenant_*, not
+    # tenant_00*; events_2026_01 .. events_2026_03 is events_*, which next year's match too).
+    prefix = _unnumbered(_common_prefix(names))
+    rest = [n[len(prefix) :][::-1] for n in names]
+    suffix = _unnumbered(_common_prefix(rest))[::-1]
+    if not prefix and not suffix:
+        return None
+    if any(len(n) <= len(prefix) + len(suffix) for n in names):
+        return None
+    return f"{prefix}*{suffix}"
+
+
+def _unnumbered(prefix: str) -> str:
+    """`prefix` without its trailing digits and the `_` between them, its last `_` kept."""
+    kept = prefix.rstrip("0123456789_")
+    return kept + "_" if prefix[len(kept) : len(kept) + 1] == "_" else kept
+
+
+def _common_prefix(names: list[str]) -> str:
+    first, last = min(names), max(names)
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    return first[:size]
+
+
+def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family:
+    """A family, with the tables its pattern would also match that lack its column (a
+    partition is never matched: the catalog read left them out, as the sweep's expansion does)."""
+    schema, _, name = pattern.partition(".")
+    matcher = TablePattern(TableName(name, schema))
+    column = members[0].column
+    strays = tuple(
+        t.qualified
+        for t in tables
+        if matcher.match(t.schema, t.name) is not None
+        and t.columns.get(column) != members[0].column_type
+    )
+    return Family(pattern, tuple(sorted(members, key=lambda m: m.qualified)), strays)
+
+
+def target_names(singles: list[Finding], families: list[Family]) -> dict[str, str]:
+    """A distinct target name for each single target (keyed `schema.table:column`) and each
+    family (keyed by its pattern): the preset's, else the table's, then qualified as needed."""
+    names: dict[str, str] = {}
+    taken: set[str] = set()
+
+    def pick(key: str, *choices: str) -> None:
+        for choice in choices:
+            if TARGET_NAME.fullmatch(choice) and choice not in taken:
+                names[key] = choice
+                taken.add(choice)
+                return
+        n = 2
+        while f"{choices[-1]}_{n}" in taken:
+            n += 1
+        names[key] = f"{choices[-1]}_{n}"
+        taken.add(names[key])
+
+    for family in families:
+        base = family.first.preset.name if family.first.preset and family.first.preset.name else ""
+        stem = family.pattern.split(".")[-1].replace("*", "").strip("_") or "tables"
+        pick(family.pattern, *(c for c in (base, stem, f"{stem}_{family.first.column}") if c))
+    for single in singles:
+        if not single.is_target:
+            continue
+        base = single.preset.name if single.preset and single.preset.name else single.table
+        pick(
+            f"{single.qualified}:{single.column}",
+            base,
+            f"{single.table}_{single.column}",
+            f"{single.schema}_{single.table}_{single.column}",
+        )
+    return names

@@ -1,0 +1,280 @@
+"""What `pg-purge discover` found, as a commented config to paste or as JSON for tools.
+
+The config uses only keys the config reader takes today (`[[targets]]` of kind `expiring`, with
+`unit`, `match` and table patterns); what no target can say yet is printed as comments only.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import UTC, datetime
+from typing import Any
+
+from purge_config.dsn import redact
+from purge_ops.discover import Discovery, Family, Finding
+
+#: Findings and family members named one by one in a comment, before "and N more".
+SHOWN = 3
+_WIDTH = 100
+
+
+def target_keys(finding: Finding, name: str, table: str) -> dict[str, Any]:
+    """The `[[targets]]` entry for `finding` (or its family, whose `table` is the pattern), in
+    the order it is printed."""
+    keys: dict[str, Any] = {
+        "kind": "expiring",
+        "name": name,
+        "table": table,
+        "column": finding.column,
+        "max_age": finding.max_age,
+    }
+    if finding.unit is not None and finding.unit != "ms":
+        keys["unit"] = finding.unit
+    if finding.preset is not None and finding.preset.match:
+        keys["match"] = {
+            column: values[0] if len(values) == 1 else list(values)
+            for column, values in finding.preset.match
+        }
+    return keys
+
+
+def as_toml(found: Discovery, url: str) -> str:
+    """A config to paste: every live entry starts a worker as it is; each says why it is there."""
+    lines = _header(found, url)
+    framework = [f for f in found.singles if f.source == "framework" and f.is_target]
+    expiry = [f for f in found.singles if f.source == "expiry" and f.is_target]
+    others = [f for f in found.singles if not f.is_target]
+    if framework:
+        lines += _section("Tables recognised by their framework's documented schema")
+        for finding in framework:
+            lines += _entry(found, finding)
+    if found.families:
+        lines += _section("Families: one pattern entry covers many tables of one shape")
+        for family in found.families:
+            lines += _family(found, family)
+    if expiry:
+        lines += _section("Other tables with an expiry-like column")
+        for finding in expiry:
+            lines += _entry(found, finding)
+    if others:
+        lines += _section("Found, but no entry sweeps them as they are (comments only)")
+        for finding in others:
+            lines += _other(finding)
+    if found.skipped:
+        lines += _section("Not nameable in a config")
+        lines += [f"# {line}" for line in found.skipped]
+    if not (framework or expiry or found.families):
+        lines += ["", "# Nothing found that an entry could sweep."]
+    return "\n".join(lines) + "\n"
+
+
+def _header(found: Discovery, url: str) -> list[str]:
+    at = datetime.fromtimestamp(found.now_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    lines = [
+        f"# pg-purge discover: {found.database} as {found.user}, at {at} (this machine's clock)",
+        *_comment(
+            "Read in one read-only transaction: nothing was written. Keep the entries you want, "
+            "set each max_age to your own policy, then `pg-purge run --config FILE`. Expiry is "
+            "inclusive here: a row whose column plus max_age is exactly now goes (the "
+            "frameworks' own cleanups use <, so that one row goes one pass sooner)."
+        ),
+        "",
+    ]
+    shown = redact(url)
+    if shown != url:
+        lines.append(f'# database_url = "{shown}"   # the password is not printed: set it here')
+        lines.append("#                                 or in PURGE_DATABASE_URL")
+    else:
+        lines.append(f"database_url = {_toml(url)}   # PURGE_DATABASE_URL overrides it")
+    return lines
+
+
+def _section(title: str) -> list[str]:
+    return ["", "", f"# ---- {title} ----"]
+
+
+def _comment(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(
+        text,
+        _WIDTH,
+        initial_indent=f"# {indent}",
+        subsequent_indent=f"# {indent}",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
+
+
+def _entry(found: Discovery, finding: Finding) -> list[str]:
+    name = found.names[f"{finding.qualified}:{finding.column}"]
+    lines = ["", *_comment(_title(finding))]
+    lines += _comment(_why(finding), "  ")
+    lines += _comment(_figures(finding), "  ")
+    lines += _comment(_index(finding), "  ")
+    return lines + _toml_entry(target_keys(finding, name, finding.qualified))
+
+
+def _title(finding: Finding) -> str:
+    unit = f", epoch {finding.unit}" if finding.unit else ""
+    where = f"{finding.qualified}.{finding.column} ({finding.column_type}{unit})"
+    return f"{finding.preset.framework}: {where}" if finding.preset else where
+
+
+def _why(finding: Finding) -> str:
+    preset = finding.preset
+    if preset is not None:
+        return f"Why: {preset.meaning}. Replaces {preset.cleanup}. Schema: {preset.documented}." + (
+            f" Unit: {finding.unit_note}." if finding.unit_note else ""
+        )
+    text = (
+        f"Why: its name says it holds an expiry; max_age {finding.max_age}: a row goes at the "
+        "instant in the column. If it holds when the row was made instead, set max_age to how "
+        "long rows are kept."
+    )
+    return text + (f" Unit: {finding.unit_note}." if finding.unit_note else "")
+
+
+def _figures(finding: Finding) -> str:
+    if finding.estimated:
+        why = "no SELECT right" if finding.expired is None else "estimate"
+        return f"Rows: ~{max(finding.rows or 0, 0):,} (the planner's estimate: {why} or no count)."
+    return f"Rows: {finding.rows or 0:,}; would go now: {finding.expired or 0:,}."
+
+
+def _index(finding: Finding) -> str:
+    index = finding.index
+    if index is None:
+        return ""
+    if index.serves:
+        return f"Index: {index.serves} serves the sweep."
+    note = f" ({index.note})" if index.note else ""
+    return f"No index serves the sweep{note}: it walks the table; to serve it: {index.create}"
+
+
+def _family(found: Discovery, family: Family) -> list[str]:
+    first = family.first
+    name = found.names[family.pattern]
+    members = [m.qualified for m in family.members]
+    listed = ", ".join(members[:SHOWN]) + (
+        f" and {len(members) - SHOWN} more" if len(members) > SHOWN else ""
+    )
+    lines = ["", *_comment(f"Family {family.pattern}: {len(members)} tables ({listed})")]
+    lines += _comment(_why(first), "  ")
+    rows = sum(m.rows or 0 for m in family.members)
+    expired = sum(m.expired or 0 for m in family.members)
+    estimated = any(m.estimated for m in family.members)
+    lines += _comment(
+        f"Rows: {'~' if estimated else ''}{rows:,} in all; would go now: {expired:,}.", "  "
+    )
+    unserved = [m for m in family.members if m.index is not None and not m.index.serves]
+    if not unserved:
+        lines += _comment("Index: every table has one that serves the sweep.", "  ")
+    else:
+        shown = "; ".join(str(m.index.create) for m in unserved[:SHOWN] if m.index)
+        more = f"; and {len(unserved) - SHOWN} more" if len(unserved) > SHOWN else ""
+        lines += _comment(
+            f"No index serves the sweep in {len(unserved)} of {len(members)}: {shown}{more}",
+            "  ",
+        )
+    if family.strays:
+        lines += _comment(
+            f"The pattern also matches {', '.join(family.strays[:SHOWN])}"
+            + (f" and {len(family.strays) - SHOWN} more" if len(family.strays) > SHOWN else "")
+            + f", without {first.column} of this type: each such sweep would fail alone.",
+            "  ",
+        )
+    return lines + _toml_entry(target_keys(first, name, family.pattern))
+
+
+def _other(finding: Finding) -> list[str]:
+    preset = finding.preset
+    if preset is not None and preset.treatment == "not_expressible":
+        head = f"{preset.framework}: {finding.qualified}: no entry can say this today."
+        body = (
+            f"Why: {preset.meaning}. It needs {preset.needs}. Until then: {preset.cleanup}. "
+            f"Schema: {preset.documented}."
+        )
+    elif preset is not None:
+        head = f"{preset.framework}: {finding.qualified}.{finding.column}: leave it to them."
+        body = f"{preset.meaning}; {preset.cleanup}: {preset.needs}."
+    else:
+        head = f"{_title(finding)}: not swept as it is."
+        body = f"Why: {finding.problem}."
+    lines = ["", *_comment(head), *_comment(body, "  ")]
+    if finding.rows is not None and (preset is None or preset.treatment != "leave"):
+        lines += _comment(_figures(finding), "  ")
+    return lines
+
+
+def _toml_entry(keys: dict[str, Any]) -> list[str]:
+    return ["[[targets]]", *(f"{key} = {_toml(value)}" for key, value in keys.items())]
+
+
+def _toml(value: object) -> str:
+    """A TOML value: strings as JSON writes them (a TOML basic string), lists, inline tables."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def as_json(found: Discovery) -> str:
+    """The same findings for tools: each with its figures, index, and the entry it would be."""
+    return json.dumps(
+        {
+            "database": found.database,
+            "user": found.user,
+            "now_ms": found.now_ms,
+            "findings": [_finding_json(found, f) for f in found.singles],
+            "families": [_family_json(found, f) for f in found.families],
+            "skipped": list(found.skipped),
+        },
+        indent=2,
+    )
+
+
+def _finding_json(found: Discovery, finding: Finding) -> dict[str, Any]:
+    preset = finding.preset
+    data: dict[str, Any] = {
+        "source": finding.source,
+        "table": finding.qualified,
+        "column": finding.column,
+        "type": finding.column_type,
+        "unit": finding.unit,
+        "rows": finding.rows,
+        "rows_estimated": finding.estimated,
+        "would_go_now": finding.expired,
+        "index": None,
+        "framework": None,
+        "problem": finding.problem or None,
+        "target": None,
+    }
+    if finding.index is not None:
+        data["index"] = {
+            "serves": finding.index.serves,
+            "create": finding.index.create,
+            "note": finding.index.note or None,
+        }
+    if preset is not None:
+        data["framework"] = {
+            "name": preset.framework,
+            "treatment": preset.treatment,
+            "meaning": preset.meaning,
+            "cleanup": preset.cleanup,
+            "documented": preset.documented,
+            "needs": preset.needs or None,
+        }
+    if finding.is_target:
+        name = found.names.get(f"{finding.qualified}:{finding.column}", finding.table)
+        data["target"] = target_keys(finding, name, finding.qualified)
+    return data
+
+
+def _family_json(found: Discovery, family: Family) -> dict[str, Any]:
+    return {
+        "pattern": family.pattern,
+        "members": [_finding_json(found, m) | {"target": None} for m in family.members],
+        "strays": list(family.strays),
+        "target": target_keys(family.first, found.names[family.pattern], family.pattern),
+    }

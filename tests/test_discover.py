@@ -1,0 +1,454 @@
+"""`pg-purge discover`: a database read (never written) into a commented config that parses,
+starts a worker, and sweeps what discover said would go.
+
+Frameworks that are not Python are read from their published DDL (tests/support/
+framework_ddl.py); the Python ones from the schemas their own migrations make, filled through
+their own APIs (tests/support/framework_apps.py, in the slow suite: Django's migrate takes
+seconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import tomllib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+import worker
+from purge_config.file import load_config
+from purge_ops import discover_render
+from purge_ops.discover import Discovery, Finding, discover
+from purge_ops.runner import run_worker
+from tests.conftest import Harness
+from tests.support import framework_apps, framework_ddl
+from tests.support.passes import run_pass_beside
+from tests.support.procs import clean_env, use_env
+from tests.support.servers import RunningTemporal
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def database(pg_url: str) -> Iterator[str]:
+    """A database of the test's own (discover reads every schema of one)."""
+    name = f"discover_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(pg_url, dbname=name)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def run_sql(url: str, script: str, *params: Any) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(script, params or None)
+
+
+def fill_published(url: str) -> None:
+    """Rows as each framework writes them: UTC into its timestamp columns, epoch seconds into
+    Laravel's integers. Old ones are hours or days past each framework's own age."""
+    run_sql(url, framework_ddl.ALL)
+    run_sql(
+        url,
+        """
+        INSERT INTO good_jobs (finished_at, created_at, updated_at)
+        SELECT f, now(), now() FROM unnest(ARRAY[
+          timezone('UTC', now()) - interval '20 days', timezone('UTC', now()) - interval '20 days',
+          timezone('UTC', now()) - interval '20 days', timezone('UTC', now()) - interval '1 day',
+          NULL]) AS f;
+        INSERT INTO good_job_batches (finished_at, created_at, updated_at)
+        VALUES (timezone('UTC', now()) - interval '20 days', now(), now()), (NULL, now(), now());
+        INSERT INTO good_job_executions (active_job_id, finished_at, created_at, updated_at)
+        VALUES (gen_random_uuid(), timezone('UTC', now()) - interval '20 days', now(), now());
+        INSERT INTO solid_queue_jobs (queue_name, class_name, finished_at, created_at, updated_at)
+        SELECT 'default', 'Job', f, now(), now() FROM unnest(ARRAY[
+          timezone('UTC', now()) - interval '2 days', timezone('UTC', now()) - interval '2 days',
+          timezone('UTC', now()) - interval '2 days', NULL, NULL]) AS f;
+        INSERT INTO solid_queue_failed_executions (job_id, created_at)
+        SELECT id, now() FROM solid_queue_jobs WHERE finished_at IS NULL LIMIT 1;
+        INSERT INTO solid_queue_semaphores (key, expires_at, created_at, updated_at)
+        VALUES ('k', timezone('UTC', now()) - interval '1 hour', now(), now());
+        INSERT INTO oban_jobs (state, worker, completed_at, cancelled_at, discarded_at) VALUES
+          ('completed', 'W', timezone('UTC', now()) - interval '1 hour', NULL, NULL),
+          ('completed', 'W', timezone('UTC', now()) - interval '1 hour', NULL, NULL),
+          ('completed', 'W', timezone('UTC', now()) + interval '1 hour', NULL, NULL),
+          ('cancelled', 'W', NULL, timezone('UTC', now()) - interval '1 hour', NULL),
+          ('discarded', 'W', NULL, NULL, timezone('UTC', now()) - interval '1 hour'),
+          ('retryable', 'W', NULL, NULL, timezone('UTC', now()) - interval '1 hour'),
+          ('available', 'W', NULL, NULL, NULL);
+        INSERT INTO sessions (id, payload, last_activity)
+        SELECT 's' || i, '', extract(epoch FROM now())::integer
+               - CASE WHEN i <= 3 THEN 3 * 3600 ELSE 60 END
+        FROM generate_series(1, 5) AS i;
+        INSERT INTO failed_jobs (uuid, connection, queue, payload, exception, failed_at)
+        SELECT 'f' || i, 'db', 'default', '', '',
+               timezone('UTC', now()) - CASE WHEN i <= 2 THEN interval '2 days' ELSE '0s' END
+        FROM generate_series(1, 3) AS i;
+        INSERT INTO job_batches (id, name, total_jobs, pending_jobs, failed_jobs, failed_job_ids,
+                                 created_at, finished_at)
+        VALUES ('b1', 'b', 1, 0, 0, '[]', 0, extract(epoch FROM now())::integer - 2 * 86400),
+               ('b2', 'b', 1, 1, 0, '[]', 0, NULL);
+        INSERT INTO cache VALUES ('a', '', extract(epoch FROM now())::integer - 60),
+                                 ('b', '', extract(epoch FROM now())::integer - 60),
+                                 ('c', '', extract(epoch FROM now())::integer + 3600);
+        """,
+    )
+
+
+#: What each recognised table of the published schemas should show: (column, max_age, rows,
+#: rows that would go now, the index that serves, or None).
+PUBLISHED = {
+    "good_jobs": ("finished_at", "14d", 5, 3, None),
+    "good_job_batches": ("finished_at", "14d", 2, 1, None),
+    "solid_queue_jobs": ("finished_at", "1d", 5, 3, "index_solid_queue_jobs_on_finished_at"),
+    "sessions": ("last_activity", "2h", 5, 3, "sessions_last_activity_index"),
+    "failed_jobs": ("failed_at", "1d", 3, 2, None),
+    "job_batches": ("finished_at", "1d", 2, 1, None),
+    "cache": ("expiration", "0s", 3, 2, None),
+    "cache_locks": ("expiration", "0s", 0, 0, None),
+}
+
+
+def unwrapped(text: str) -> str:
+    """The printed config's comments as one line each (they wrap at 100 columns)."""
+    return re.sub(r"\n#\s+", " ", text)
+
+
+def by_table(found: Discovery) -> dict[str, list[Finding]]:
+    tables: dict[str, list[Finding]] = {}
+    for finding in found.singles:
+        tables.setdefault(finding.table, []).append(finding)
+    return tables
+
+
+async def test_published_schemas_are_recognised_with_their_frameworks_meaning(
+    database: str,
+) -> None:
+    """GoodJob, Solid Queue, Oban and Laravel tables from their documented DDL: each entry has
+    the framework's own age and column, its rows and the rows that would go now, whether an
+    index serves, and the cleanup it replaces; tables the framework keeps itself are left."""
+    fill_published(database)
+    found = await discover(database)
+    tables = by_table(found)
+
+    for table, (column, max_age, rows, expired, index) in PUBLISHED.items():
+        [finding] = tables[table]
+        assert (finding.column, finding.max_age, finding.rows, finding.expired) == (
+            column,
+            max_age,
+            rows,
+            expired,
+        ), table
+        assert finding.source == "framework", table
+        assert finding.is_target, table
+        assert finding.index is not None
+        assert finding.index.serves == index, table
+    assert tables["sessions"][0].unit == "s"
+    assert tables["cache_locks"][0].unit == "s"  # empty: the documented unit
+    # GoodJob's finished_at index is partial: said so, and the one that would serve is given.
+    good_jobs = tables["good_jobs"][0].index
+    assert good_jobs is not None
+    assert "partial" in good_jobs.note
+    assert good_jobs.create == 'CREATE INDEX CONCURRENTLY ON "public"."good_jobs" ("finished_at")'
+
+    oban = {f.preset.name: f for f in tables["oban_jobs"] if f.preset}
+    assert {name: (f.column, f.expired) for name, f in oban.items()} == {
+        "oban_jobs_completed": ("completed_at", 2),
+        "oban_jobs_cancelled": ("cancelled_at", 1),
+        "oban_jobs_discarded": ("discarded_at", 1),
+    }
+    assert oban["oban_jobs_completed"].index is not None
+    assert oban["oban_jobs_completed"].index.create == (
+        'CREATE INDEX CONCURRENTLY ON "public"."oban_jobs" ("state", "completed_at")'
+    )
+
+    left = {f.table: f.preset.treatment for f in found.singles if f.preset and not f.is_target}
+    assert left == {
+        "good_job_executions": "not_expressible",
+        "solid_queue_blocked_executions": "leave",
+        "solid_queue_semaphores": "leave",
+    }
+    text = unwrapped(discover_render.as_toml(found, database))
+    assert "GoodJob.cleanup_preserved_jobs" in text
+    assert "`php artisan queue:prune-failed`" in text
+    assert "Oban.Plugins.Pruner" in text
+
+
+async def test_the_printed_config_starts_a_worker_that_sweeps_what_discover_counted(
+    database: str,
+    harness: Harness,
+    temporal_server: RunningTemporal,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """The printed text, saved as a file, is read by the package's own config reader; a
+    worker built from it (`run_worker`, as `pg-purge run` does) sweeps a pass of its targets,
+    and each removes exactly the rows discover said would go now."""
+    fill_published(database)
+    found = await discover(database)
+    path = tmp_path / "purge.toml"
+    path.write_text(discover_render.as_toml(found, database), encoding="utf-8")
+
+    config = harness.adopt(load_config(path, env={}))
+    expected = {
+        found.names[f"{f.qualified}:{f.column}"]: f.expired for f in found.singles if f.is_target
+    }
+    assert sorted(config.target_names) == sorted(expected)
+    assert config.database_url == database
+
+    use_env(monkeypatch, clean_env())
+    result = await run_pass_beside(
+        lambda stop: run_worker(config, stop=stop, temporal_address=temporal_server.address),
+        harness.client,
+        config.task_queue,
+        config.pass_input(),
+    )
+    assert result["failed"] == []
+    assert {s["name"]: s["removed"] for s in result["swept"]} == expected
+    after = by_table(await discover(database))
+    assert all(f.expired == 0 for fs in after.values() for f in fs if f.is_target)
+    assert after["solid_queue_semaphores"][0].rows == 1  # left to Solid Queue
+
+
+async def test_other_expiry_columns_families_and_their_indexes(database: str) -> None:
+    """Tables no framework explains: an expiry-like column of each type found with its counts;
+    one that no target reads as it is (a date, a duration) said why; tables of one shape in
+    many schemas, or many of one shape in a schema, become one pattern entry each."""
+    run_sql(
+        database,
+        """
+        CREATE SCHEMA app;
+        CREATE TABLE app.tokens (id int, expires_at timestamptz);
+        CREATE INDEX tokens_expiry ON app.tokens (expires_at);
+        INSERT INTO app.tokens VALUES (1, now() - interval '1 hour'), (2, now() + interval '1h');
+        CREATE TABLE app.api_keys (id int, valid_until_ms bigint);
+        INSERT INTO app.api_keys
+          VALUES (1, (extract(epoch FROM now()) * 1000)::bigint - 1000),
+                 (2, (extract(epoch FROM now()) * 1000)::bigint + 3600000);
+        CREATE TABLE app.coupons (id int, expire_date date);
+        INSERT INTO app.coupons VALUES (1, current_date - 3);
+        CREATE TABLE app.grants (id int, expires_in integer);
+        INSERT INTO app.grants VALUES (1, 3600);
+        CREATE TABLE app.notes (id int, created_at timestamptz);
+        CREATE TABLE app.events_2026_01 (id int, expires_at timestamp);
+        CREATE TABLE app.events_2026_02 (id int, expires_at timestamp);
+        CREATE TABLE app.events_2026_03 (id int, expires_at timestamp);
+        """,
+    )
+    for i in range(1, 5):
+        run_sql(
+            database,
+            f"CREATE SCHEMA tenant_{i:04};"
+            f" CREATE TABLE tenant_{i:04}.sessions (id int, expires_at timestamptz);"
+            f" INSERT INTO tenant_{i:04}.sessions VALUES (1, now() - interval '1 hour');",
+        )
+    run_sql(database, "CREATE INDEX ON tenant_0001.sessions (expires_at)")
+    # Not of the family: no expiry column. The pattern would still match it.
+    run_sql(database, "CREATE SCHEMA tenant_0099; CREATE TABLE tenant_0099.sessions (id int)")
+
+    found = await discover(database)
+    tables = by_table(found)
+    [tokens] = tables["tokens"]
+    assert (tokens.rows, tokens.expired, tokens.max_age) == (2, 1, "0s")
+    assert tokens.index is not None
+    assert tokens.index.serves == "tokens_expiry"
+    [keys] = tables["api_keys"]
+    assert (keys.unit, keys.expired, keys.problem) == ("ms", 1, "")
+    assert keys.index is not None
+    assert keys.index.create == ('CREATE INDEX CONCURRENTLY ON "app"."api_keys" ("valid_until_ms")')
+    [coupons] = tables["coupons"]
+    assert "date column" in coupons.problem
+    assert not coupons.is_target
+    [grants] = tables["grants"]
+    assert "no epoch instant" in grants.problem
+    assert "notes" not in tables  # created_at: an age only the application knows
+
+    families = {f.pattern: f for f in found.families}
+    assert set(families) == {"tenant_*.sessions", "app.events_*"}
+    tenants = families["tenant_*.sessions"]
+    assert len(tenants.members) == 4
+    assert tenants.strays == ("tenant_0099.sessions",)
+    assert sum(m.expired or 0 for m in tenants.members) == 4
+    assert [m.index.serves for m in tenants.members if m.index] == [
+        "sessions_expires_at_idx",
+        None,
+        None,
+        None,
+    ]
+
+    text = discover_render.as_toml(found, database)
+    raw = tomllib.loads(text)
+    entries = {e["table"]: e for e in raw["targets"]}
+    assert entries["tenant_*.sessions"]["name"] == "sessions"
+    assert entries["app.api_keys"] == {
+        "kind": "expiring",
+        "name": "api_keys",
+        "table": "app.api_keys",
+        "column": "valid_until_ms",
+        "max_age": "0s",
+    }
+    assert "app.coupons" not in entries
+    assert "app.grants" not in entries
+    assert "tenant_0099.sessions, without expires_at" in unwrapped(text)
+
+
+async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
+    database: str,
+) -> None:
+    """As a role that may read no table, discover still finds them (from the catalog) and
+    gives the planner's estimates; given SELECT, it counts. It writes nothing either way: it
+    runs in a READ ONLY transaction, whose every statement the server refuses to let write."""
+    run_sql(
+        database,
+        "CREATE TABLE tokens (id int, expires_at timestamptz);"
+        " INSERT INTO tokens VALUES (1, now() - interval '1 hour'), (2, now() + interval '1h');",
+    )
+    role = f"discover_{uuid.uuid4().hex[:8]}"
+    run_sql(database, f'CREATE ROLE "{role}" LOGIN')
+    as_role = make_conninfo(database, user=role)
+    try:
+        [blind] = (await discover(as_role)).singles
+        assert (blind.table, blind.estimated, blind.expired) == ("tokens", True, None)
+        assert "no SELECT right" in discover_render.as_toml(await discover(as_role), as_role)
+
+        run_sql(database, f'GRANT SELECT ON tokens TO "{role}"')
+        [seeing] = (await discover(as_role)).singles
+        assert (seeing.rows, seeing.expired, seeing.estimated) == (2, 1, False)
+    finally:
+        run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+    # Its transaction is read only: the same connection settings refuse a write.
+    conn = await psycopg.AsyncConnection.connect(database)
+    try:
+        await conn.set_read_only(True)
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            async with conn.transaction():
+                await conn.execute("DELETE FROM tokens")
+    finally:
+        await conn.close()
+
+
+def test_bad_input_is_one_line_with_the_password_masked(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An unreachable database and a URL libpq refuses each print one line (exit 1 and 2)
+    that never shows the password; with no database named at all, it says where to name one."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PURGE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("PURGE_CONFIG", raising=False)
+    status = worker.main(["discover", "postgresql://app:s3cret@127.0.0.1:1/app?connect_timeout=2"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith("pg-purge: cannot connect to postgresql://app:***@127.0.0.1:1/app")
+    assert len(err.strip().splitlines()) == 1
+    assert "s3cret" not in err
+
+    assert worker.main(["discover", "postgresql://app:s3cret@db:port/app"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "s3cret" not in err
+    assert "not a PostgreSQL connection string" in err
+
+    assert worker.main(["discover"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_json_gives_the_same_findings_for_tools(
+    database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`discover --json`: every finding with its figures, index and the entry it would be."""
+    fill_published(database)
+    assert worker.main(["discover", database, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    findings = {(f["table"], f["column"]): f for f in data["findings"]}
+    sessions = findings[("public.sessions", "last_activity")]
+    assert (sessions["rows"], sessions["would_go_now"], sessions["unit"]) == (5, 3, "s")
+    assert sessions["index"]["serves"] == "sessions_last_activity_index"
+    assert sessions["framework"]["name"] == "Laravel sessions"
+    assert sessions["target"] == {
+        "kind": "expiring",
+        "name": "sessions",
+        "table": "public.sessions",
+        "column": "last_activity",
+        "max_age": "2h",
+        "unit": "s",
+    }
+    blocked = findings[("public.solid_queue_blocked_executions", "expires_at")]
+    assert blocked["target"] is None
+    assert blocked["framework"]["treatment"] == "leave"
+
+
+@pytest.mark.slow
+async def test_python_frameworks_own_migrations_and_cleanup_meaning(
+    database: str,
+    harness: Harness,
+    temporal_server: RunningTemporal,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Django sessions and django-celery-results made by `migrate`, Celery's SQLAlchemy
+    backend by its models, procrastinate by `apply_schema`, each filled through its own API:
+    each is recognised with its framework's age; procrastinate's jobs are said not to be
+    expressible; the printed config's worker removes the old rows and only those."""
+    made = subprocess.run(
+        [sys.executable, "-m", "tests.support.framework_apps", database],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert json.loads(made.stdout.splitlines()[-1])["django_session"] == (
+        framework_apps.OLD + framework_apps.LIVE
+    )
+    found = await discover(database)
+    tables = by_table(found)
+    expected = {
+        "django_session": ("expire_date", "0s"),
+        "django_celery_results_taskresult": ("date_done", "1d"),
+        "django_celery_results_groupresult": ("date_done", "1d"),
+        "celery_taskmeta": ("date_done", "1d"),
+        "celery_tasksetmeta": ("date_done", "1d"),
+    }
+    for table, (column, max_age) in expected.items():
+        [finding] = tables[table]
+        assert (finding.column, finding.max_age) == (column, max_age), table
+        assert finding.expired == framework_apps.OLD, table
+        assert finding.index is not None
+        assert finding.index.serves, table
+    [jobs] = tables["procrastinate_jobs"]
+    assert jobs.preset is not None
+    assert jobs.preset.treatment == "not_expressible"
+    assert jobs.rows == framework_apps.OLD + framework_apps.LIVE
+    text = discover_render.as_toml(found, database)
+    assert "remove_old_jobs" in text
+    assert "clearsessions" in text
+
+    path = tmp_path / "purge.toml"
+    path.write_text(text, encoding="utf-8")
+    config = dataclasses.replace(load_config(path, env={}), task_queue=harness.task_queue)
+    use_env(monkeypatch, clean_env())
+    result = await run_pass_beside(
+        lambda stop: run_worker(config, stop=stop, temporal_address=temporal_server.address),
+        harness.client,
+        config.task_queue,
+        config.pass_input(),
+    )
+    assert result["failed"] == []
+    assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(
+        expected, framework_apps.OLD
+    )
+    with psycopg.connect(database) as conn:
+        for table in expected:
+            count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            assert count == (framework_apps.LIVE,), table
