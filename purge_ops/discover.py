@@ -126,6 +126,8 @@ class Finding:
     """Rows that would go now; None when it could not be counted."""
     estimated: bool = False
     """`rows` is the planner's estimate (no SELECT right, or the count ran out of time)."""
+    unread: str = ""
+    """Why the rows were not counted, when `estimated`."""
     index: IndexUse | None = None
     problem: str = ""
     """Why no target can sweep it as it is (a date column, values that are no epoch, ...)."""
@@ -336,8 +338,7 @@ async def _measure(
         preset=preset,
     )
     if preset is not None and preset.treatment != "target":
-        counted = await _count(conn, table, None, (), None)
-        return _with_rows(finding, table, counted[0] if counted else None, None)
+        return await _counted(conn, finding, table, None, None)
     unit: EpochUnit | None = None
     if kind in INTEGERS:
         unit, note, problem = await _epoch_unit(conn, table, column, preset)
@@ -351,20 +352,31 @@ async def _measure(
     match = preset.match if preset else ()
     finding = replace(finding, index=index_use(table, column, match, indexes.get(table.oid, [])))
     if finding.problem and kind not in OTHER_TIMES:
-        return _with_rows(finding, table, None, None)
+        return await _counted(conn, finding, table, None, None)  # no instant: its rows only
     age_ms = read_duration("discover", "max_age", {"max_age": finding.max_age}, "max_age")
-    cutoff = _cutoff(kind, unit, now_ms - age_ms)
-    counted = await _count(conn, table, column, match, cutoff)
-    if counted is None:
-        return _with_rows(finding, table, None, None)
-    return _with_rows(finding, table, *counted)
+    return await _counted(conn, finding, table, match, _cutoff(kind, unit, now_ms - age_ms))
 
 
-def _with_rows(finding: Finding, table: Table, rows: int | None, expired: int | None) -> Finding:
-    """`finding` with its counts, or the planner's estimate where it has none."""
-    if rows is not None:
-        return replace(finding, rows=rows, expired=expired)
-    return replace(finding, rows=max(table.estimate, 0), expired=None, estimated=True)
+async def _counted(
+    conn: AsyncConnection[Any],
+    finding: Finding,
+    table: Table,
+    match: tuple[tuple[str, tuple[str, ...]], ...] | None,
+    cutoff: object,
+) -> Finding:
+    """`finding` with its rows and the rows that would go by `cutoff` (its rows only, without a
+    cutoff), or the planner's estimate and why where they could not be counted."""
+    column = finding.column if cutoff is not None else None
+    counted = await _count(conn, table, column, match or (), cutoff)
+    if counted is not None:
+        return replace(finding, rows=counted[0], expired=counted[1] if column else None)
+    unread = (
+        "this role may not SELECT from it"
+        if not table.readable
+        else f"counting took over {COUNT_TIMEOUT}"
+    )
+    rows = table.estimate if table.estimate >= 0 else None  # -1: never analyzed
+    return replace(finding, rows=rows, estimated=True, unread=unread)
 
 
 def _cutoff(kind: str, unit: EpochUnit | None, cutoff_ms: int) -> object:

@@ -123,8 +123,10 @@ def _title(finding: Finding) -> str:
 def _why(finding: Finding) -> str:
     preset = finding.preset
     if preset is not None:
-        return f"Why: {preset.meaning}. Replaces {preset.cleanup}. Schema: {preset.documented}." + (
-            f" Unit: {finding.unit_note}." if finding.unit_note else ""
+        return (
+            f"Why: {preset.meaning}. The framework's cleanup this replaces: {preset.cleanup}. "
+            f"Schema: {preset.documented}."
+            + (f" Unit: {finding.unit_note}." if finding.unit_note else "")
         )
     text = (
         f"Why: its name says it holds an expiry; max_age {finding.max_age}: a row goes at the "
@@ -136,8 +138,11 @@ def _why(finding: Finding) -> str:
 
 def _figures(finding: Finding) -> str:
     if finding.estimated:
-        why = "no SELECT right" if finding.expired is None else "estimate"
-        return f"Rows: ~{max(finding.rows or 0, 0):,} (the planner's estimate: {why} or no count)."
+        if finding.rows is None:
+            return f"Rows: not counted ({finding.unread}), and never analyzed: no estimate."
+        return f"Rows: ~{finding.rows:,}, the planner's estimate ({finding.unread})."
+    if finding.expired is None:
+        return f"Rows: {finding.rows or 0:,}."
     return f"Rows: {finding.rows or 0:,}; would go now: {finding.expired or 0:,}."
 
 
@@ -191,11 +196,11 @@ def _other(finding: Finding) -> list[str]:
     if preset is not None and preset.treatment == "not_expressible":
         head = f"{preset.framework}: {finding.qualified}: no entry can say this today."
         body = (
-            f"Why: {preset.meaning}. It needs {preset.needs}. Until then: {preset.cleanup}. "
-            f"Schema: {preset.documented}."
+            f"Why: {preset.meaning}. It needs {preset.needs}. Keep until then: "
+            f"{preset.cleanup}. Schema: {preset.documented}."
         )
     elif preset is not None:
-        head = f"{preset.framework}: {finding.qualified}.{finding.column}: leave it to them."
+        head = f"{preset.framework}: {finding.qualified}.{finding.column}: leave it to it."
         body = f"{preset.meaning}; {preset.cleanup}: {preset.needs}."
     else:
         head = f"{_title(finding)}: not swept as it is."

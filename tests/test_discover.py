@@ -319,7 +319,7 @@ async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
     try:
         [blind] = (await discover(as_role)).singles
         assert (blind.table, blind.estimated, blind.expired) == ("tokens", True, None)
-        assert "no SELECT right" in discover_render.as_toml(await discover(as_role), as_role)
+        assert "may not SELECT" in discover_render.as_toml(await discover(as_role), as_role)
 
         run_sql(database, f'GRANT SELECT ON tokens TO "{role}"')
         [seeing] = (await discover(as_role)).singles
