@@ -2,7 +2,7 @@
 activity with its guards, and the SQL engine of the built-in kinds (`activities.engine`).
 
 The names below load their module when first used, not with the package: a workflow that
-imports `activities.payloads` must not load the driver or the engine with it.
+imports `activities.inputs` or `activities.results` must not load the driver or the engine with it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         PurgeTargetsFailed,
         UnknownPurgeTarget,
     )
-    from activities.payloads import PurgeInput, PurgeReport, PurgeStep, PurgeSweep
+    from activities.inputs import PurgeInput, PurgeStep
     from activities.progress import LedgerKey, Progress, SweepStats
     from activities.registry import (
         BatchedTarget,
@@ -30,14 +30,15 @@ if TYPE_CHECKING:
         TargetFactory,
         TargetRegistry,
     )
+    from activities.results import PurgeReport, PurgeSweep
     from activities.sweep import PurgeActivities, contract_errors
 
 _HOME = {
     # The wire: one dataclass in and one out for the workflow and the activity.
-    "PurgeInput": "payloads",
-    "PurgeStep": "payloads",
-    "PurgeSweep": "payloads",
-    "PurgeReport": "payloads",
+    "PurgeInput": "inputs",
+    "PurgeStep": "inputs",
+    "PurgeSweep": "results",
+    "PurgeReport": "results",
     # The contract's errors, by their Temporal type names.
     "PurgeError": "errors",
     "DuplicatePurgeTarget": "errors",

@@ -4,7 +4,8 @@ the targets, and the compact report each child returns and the pass merges.
 A pass of thousands of targets cannot report every sweep in its result (Temporal warns at a
 512 KB payload): it reports totals, each pattern's line, the failures up to a cap and the
 largest sweeps. Every table's own record stays in the history of the child that swept it.
-Like `activities.payloads`, this module has no side effects, so the workflows pass it through.
+Like `activities.inputs` and `activities.results`, this module has no side effects, so the
+workflows pass it through.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from activities.payloads import FailedTarget, PatternLine, PurgeSweep, Route
+from activities.results import FailedTarget, PatternLine, PurgeSweep
+from activities.routing import Route
 from purge_config.patterns import split_match_name
 
 #: The most failures a compact report names; the rest are counted in `failed_total`.

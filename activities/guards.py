@@ -9,9 +9,9 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.client import Client
 
+from activities.clock import iso_ms
 from activities.errors import PurgeGuardRefused
 from activities.pass_records import pass_of, pass_record, purge_query
-from activities.payloads import iso_ms
 from purge_config.settings import Guards
 
 #: How many earlier passes to look through for the last one that recorded an instant.

@@ -18,7 +18,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import failure_of
-from activities.payloads import PurgeReport
+from activities.results import PurgeReport
 
 #: The workflow type of a pass. Its children (`PurgeChunk`) are not passes: each leads back to one.
 PURGE_WORKFLOW = "Purge"

@@ -14,7 +14,7 @@ from temporalio.common import (
     TypedSearchAttributes,
 )
 
-from activities.payloads import PurgeReport
+from activities.results import PurgeReport
 
 FAILED_TARGETS = SearchAttributeKey.for_keyword_list("PurgeFailedTargets")
 ROWS_REMOVED = SearchAttributeKey.for_int("PurgeRowsRemoved")

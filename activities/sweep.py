@@ -14,12 +14,15 @@ from temporalio.common import MetricCounter, MetricMeter
 
 from activities import metrics
 from activities.chunks import PatternPage, PatternStep
+from activities.clock import check_now_ms
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
-from activities.payloads import PurgeStep, PurgeSweep, check_now_ms
+from activities.input_checks import parse_step
+from activities.inputs import PurgeStep
 from activities.progress import LedgerKey, Progress, SweepStats
 from activities.registry import BatchedTarget, CountingTarget, TargetRegistry
+from activities.results import PurgeSweep
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).
@@ -63,7 +66,7 @@ class PurgeActivities:
         """Delete (or, in a dry run, count) one target's rows expired at `step.now_ms`."""
         # `Any`, checked by hand: a step sent straight to this activity by another caller must be
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
-        step = PurgeStep.parse(step)
+        step = parse_step(step)
         try:
             # Engine errors leave as the contract's, here at the edge (with no frame of its own: a
             # retrying activity's failure past limit.mutableStateActivityFailureSize.error, 4 KB by
@@ -86,9 +89,8 @@ class PurgeActivities:
                     async with _heartbeating(_Beat(step.name)):
                         stats = await target.preview(step.now_ms)
                     removed = stats.removed
+                    sweep.take_figures(stats)
                     sweep.strategy = "count"
-                    _partition_fields(sweep, stats)
-                    sweep.advice = " ".join(stats.advice)
                 else:
                     async with _heartbeating(_Beat(step.name)):
                         if step.dry_run:
@@ -155,20 +157,8 @@ class PurgeActivities:
 
 def _sweep_fields(step: PurgeStep, sweep: PurgeSweep, stats: SweepStats, lower_bound: bool) -> None:
     """A batched sweep's figures into its report, and its warnings into the log."""
-    sweep.strategy, sweep.batches = stats.strategy, stats.batches
-    if stats.busy:
-        sweep.status, sweep.reason = "busy", stats.busy
-    elif stats.reason:
-        sweep.reason = stats.reason  # a backlog left because pacing spent the budget
-    sweep.p95_batch_ms, sweep.backlog = stats.p95_batch_ms, stats.backlog
-    sweep.backlog_estimated = stats.backlog_estimated
-    sweep.archived = stats.archived
+    sweep.take_figures(stats)
     sweep.lower_bound = lower_bound
-    age = stats.oldest_expired_age_ms
-    sweep.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
-    sweep.dead_tuple_share = stats.dead_share
-    sweep.paused_s = round(stats.paused_s, 3)
-    sweep.analyzed = stats.analyzed
     if not stats.ledger:
         activity.logger.warning(
             "purge target %s counted from heartbeats: its database has no purge_progress "
@@ -179,8 +169,6 @@ def _sweep_fields(step: PurgeStep, sweep: PurgeSweep, stats: SweepStats, lower_b
             else "exact unless a worker dies mid-sweep",
             extra={"purge_target": step.name, "purge_lower_bound": sweep.lower_bound},
         )
-    _partition_fields(sweep, stats)
-    sweep.advice = " ".join(stats.advice)
     for advice in stats.advice:
         activity.logger.warning(advice, extra={"purge_target": step.name})
 
@@ -191,18 +179,6 @@ def _identity() -> str:
         return activity.client().identity
     except RuntimeError:  # run without a client (ActivityEnvironment)
         return ""
-
-
-def _partition_fields(sweep: PurgeSweep, stats: SweepStats) -> None:
-    """Whole partitions in the report: how many, which, their rows, and the rows deleted at the
-    edge (in batches) beside them."""
-    if stats.partition_action == "dropped":
-        sweep.partitions_dropped = len(stats.partitions)
-    elif stats.partition_action == "detached":
-        sweep.partitions_detached = len(stats.partitions)
-    sweep.partition_names = list(stats.partitions)
-    sweep.partition_rows = stats.partition_rows
-    sweep.edge_removed = max(stats.removed - stats.partition_rows, 0)
 
 
 def _meter() -> MetricMeter:

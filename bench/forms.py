@@ -14,8 +14,9 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
-from activities.payloads import PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import PurgeTarget, TargetRegistry
+from activities.results import PurgeSweep
 from activities.sweep import PurgeActivities
 from bench.data import Dataset
 from bench.stats import FormRun

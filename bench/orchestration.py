@@ -36,7 +36,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.builtin_kinds import build_registry
-from activities.payloads import PurgeStep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from bench.cases import Bench

@@ -17,7 +17,7 @@ from typing import TextIO
 import psycopg
 
 from activities.builtin_kinds import build_registry
-from activities.payloads import epoch_ms
+from activities.clock import epoch_ms
 from purge_dev.demo import create_demo, demo_config, rows_that_stayed
 from purge_dev.servers import (
     EmbeddedPostgres,

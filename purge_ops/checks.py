@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from activities.errors import BadPurgeInput
-from activities.payloads import PurgeInput
+from activities.input_checks import parse_input
 from purge_config.errors import ConfigError
 from purge_config.file import DEFAULT_PATH, PurgeConfig
 
@@ -21,7 +21,7 @@ def check_passes(config: PurgeConfig) -> None:
     where = config.path or DEFAULT_PATH
     request = config.pass_input()
     try:
-        PurgeInput.parse(request)
+        parse_input(request)
     except BadPurgeInput as err:
         raise ConfigError(
             f"{where}: every pass of this config would be refused: {err.message}"

@@ -27,7 +27,7 @@ from temporalio.worker import Replayer
 
 from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
-from activities.payloads import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
 from purge_ops.render import (
     ESTIMATED_BACKLOG_NOTE,
     LOWER_BOUND_NOTE,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from activities.payloads import PatternLine, PurgeReport, PurgeSweep, iso_ms
+from activities.clock import iso_ms
+from activities.results import PatternLine, PurgeReport, PurgeSweep
 
 
 def table(

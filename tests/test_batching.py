@@ -23,8 +23,9 @@ from temporalio.testing import ActivityEnvironment
 from activities import builtin_kinds as kinds
 from activities.engine import batching
 from activities.engine.filter_plan import plan_nodes
-from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport, PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config import parse_config
 from purge_config.names import TableName

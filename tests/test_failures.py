@@ -10,8 +10,8 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeReport
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport
 from purge_config.names import TableName
 from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker

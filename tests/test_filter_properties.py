@@ -26,8 +26,8 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.clock import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.engine.sql_target import SqlTarget
-from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
 from purge_config.file import parse_config
 from purge_ops.connect import open_pool
 from tests.test_properties import PROFILE

@@ -23,8 +23,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from activities import builtin_kinds as kinds
 from activities.engine.statements import LOCK_SPACE
-from activities.payloads import PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeSweep
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
 from purge_config import ConfigError, parse_config

@@ -20,8 +20,10 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeReport, PurgeStep, iso_ms
+from activities.clock import iso_ms
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport
 from activities.sweep import PurgeActivities
 from purge_config.file import parse_config
 from purge_config.settings import Guards

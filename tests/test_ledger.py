@@ -21,8 +21,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeSweep
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName

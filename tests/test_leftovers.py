@@ -19,8 +19,9 @@ from psycopg_pool import AsyncConnectionPool
 
 import worker
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport, PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config import parse_config
 from purge_config.settings import SweepSettings

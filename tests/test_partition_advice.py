@@ -17,8 +17,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.engine.sql_target import SqlTarget
-from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport, PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_ops.render import report_table

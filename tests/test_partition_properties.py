@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.payloads import EARLIEST_NOW_MS
+from activities.clock import EARLIEST_NOW_MS
 from activities.progress import LedgerKey, SweepStats
 from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy

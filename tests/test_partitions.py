@@ -25,8 +25,9 @@ from temporalio.exceptions import ApplicationError
 from activities import builtin_kinds as kinds
 from activities.engine.ledger import mark_key
 from activities.engine.sql_target import SqlTarget
-from activities.payloads import PurgeReport, PurgeStep, PurgeSweep
+from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport, PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy

@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from activities.chunks import FAILED_CAP, LARGEST_CAP, ChunkReport
-from activities.payloads import FailedTarget, PurgeInput, PurgeSweep
+from activities.input_checks import parse_input
+from activities.results import FailedTarget, PurgeSweep
 from purge_config.errors import ConfigError
 from purge_config.file import parse_config
 from purge_config.names import TableName
 from purge_config.patterns import TablePattern, parse_table
 from purge_ops.checks import check_passes
 from tests.support.procs import run_main
+from workflows.spread import spreads
 
 
 def expiring(table: str, **extra: Any) -> dict[str, Any]:
@@ -80,7 +82,7 @@ class TestPatternConfig:
         request = config.pass_input()
         assert request["targets"] == ["sessions", "x_idempotency"]
         assert request["patterns"] == ["sessions"]
-        assert PurgeInput.parse(request).spread
+        assert spreads(parse_input(request))
 
 
 class TestTablePattern:
@@ -195,7 +197,7 @@ class TestPassCheck:
         request = config.pass_input()
         assert len(json.dumps(request)) < 512 * 1024
         assert request["database_ranges"] == [["db0", 0, 5000], ["db1", 5000, 10_000]]
-        order = PurgeInput.parse(request)
+        order = parse_input(request)
         assert order.database_of("s_04999") == "db0"
         assert order.database_of("s_05000") == "db1"
 

@@ -32,8 +32,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.clock import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.errors import BadPurgeTarget
-from activities.payloads import EARLIEST_NOW_MS, LATEST_NOW_MS
 from activities.registry import CountingTarget
 from activities.sweep import contract_errors
 from purge_config.file import parse_config

@@ -13,8 +13,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from activities.builtin_kinds import build_registry
-from activities.payloads import PurgeReport
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport
 from purge_config.file import load_config
 from tests.conftest import Harness
 from tests.support import apptargets

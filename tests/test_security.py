@@ -17,8 +17,8 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
-from activities.payloads import PurgeReport
 from activities.registry import TargetRegistry
+from activities.results import PurgeReport
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_ops.connect import open_pool

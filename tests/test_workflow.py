@@ -12,7 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.payloads import MAX_TARGETS_PER_PASS
+from purge_config.fleet import MAX_TARGETS_PER_PASS
 from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds

@@ -16,18 +16,18 @@ with workflow.unsafe.imports_passed_through():
     # activities.chunks is imported here, not only through workflows.spread, so the sandbox
     # knows the module: decoding a child's report resolves its type hints there.
     import activities.chunks  # noqa: F401
+    from activities.clock import epoch_ms
     from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed
-    from activities.payloads import (
-        MAX_BUDGET_MS,
-        FailedTarget,
-        PurgeInput,
-        PurgeReport,
-        PurgeSweep,
-        duplicate_names,
-        epoch_ms,
-    )
+    from activities.input_checks import MAX_BUDGET_MS, duplicate_names, parse_input
+    from activities.inputs import PurgeInput
+    from activities.results import FailedTarget, PurgeReport, PurgeSweep
     from workflows.searchable import record_outcome
-    from workflows.spread import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_PER_DATABASE, spread_pass
+    from workflows.spread import (
+        DEFAULT_MAX_CONCURRENT,
+        DEFAULT_MAX_PER_DATABASE,
+        spread_pass,
+        spreads,
+    )
     from workflows.steps import sweep_limited, sweep_one
 
 #: The patch that marks a pass run concurrently, under limits and a budget. A pass recorded
@@ -46,7 +46,7 @@ class PurgeWorkflow:
     async def run(self, request: Any) -> PurgeReport:
         # `Any`, not PurgeInput: input sent by hand that does not decode must fail the workflow
         # with a clear error, not fail its task forever, which is what a decoding error does.
-        order = PurgeInput.parse(request)
+        order = parse_input(request)
         # The one clock of the pass. Every target measures expiry against this same instant.
         now_ms = epoch_ms(workflow.now())
         repeated = duplicate_names(order.targets)
@@ -56,7 +56,7 @@ class PurgeWorkflow:
                 "each target is swept once per pass"
             )
 
-        if order.spread and workflow.patched(SPREAD_PATCH):
+        if spreads(order) and workflow.patched(SPREAD_PATCH):
             return await spread_pass(order, now_ms)
 
         # A pass with limits (from a config) runs its targets concurrently under a budget; one

@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.payloads import PurgeReport
+    from activities.results import PurgeReport
     from activities.searchable import ROWS_REMOVED, at_end
 
 #: The patch that marks a pass recording its outcome as search attributes. A pass recorded

@@ -18,24 +18,26 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureErro
 
 with workflow.unsafe.imports_passed_through():
     from activities.chunks import ChunkInput, ChunkReport, PatternStep
+    from activities.clock import epoch_ms
     from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed, failure_of
-    from activities.payloads import (
-        DEFAULT_CHILD_SIZE,
-        DEFAULT_RUN_SIZE,
-        MAX_BUDGET_MS,
-        FailedTarget,
-        PatternLine,
-        PurgeInput,
-        PurgeReport,
-        Route,
-        duplicate_names,
-        epoch_ms,
-    )
+    from activities.input_checks import MAX_BUDGET_MS, duplicate_names
+    from activities.inputs import PurgeInput
+    from activities.results import FailedTarget, PatternLine, PurgeReport
+    from activities.routing import Route
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
     from workflows.searchable import record_outcome
     from workflows.steps import TARGET_RETRY, routed, skipped, unpolled
 
+#: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
+#: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
+#: spreads its targets over child workflows (`workflows.chunk`).
+INLINE_TARGETS = 500
+#: Targets one child workflow sweeps, and how many of them one run of it sweeps before it
+#: continues as new: each run's history stays near 1,200 events, far inside Temporal's
+#: warning at 10,240, and a child's input near 30 KB.
+DEFAULT_CHILD_SIZE = 1000
+DEFAULT_RUN_SIZE = 250
 #: Limits a pass with some but not all of them takes for the others (the config's defaults).
 DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_MAX_PER_DATABASE = 1
@@ -43,6 +45,12 @@ DEFAULT_MAX_PER_DATABASE = 1
 EXPAND_START_TO_CLOSE = timedelta(minutes=5)
 #: Failures a failed pass's message names before it says how many more there are.
 NAMED_IN_MESSAGE = 10
+
+
+def spreads(order: PurgeInput) -> bool:
+    """Whether a pass spreads its targets over child workflows: it has a pattern, or more
+    targets than a pass of the first rounds could have."""
+    return bool(order.patterns) or len(order.targets) > INLINE_TARGETS
 
 
 async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:

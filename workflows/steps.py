@@ -15,8 +15,10 @@ from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import Failure, failure_of
+    from activities.inputs import PurgeStep
     from activities.metrics import TARGET_FAILURES
-    from activities.payloads import FailedTarget, PurgeStep, PurgeSweep, Route
+    from activities.results import FailedTarget, PurgeSweep
+    from activities.routing import Route
     from activities.sweep import PurgeActivities
 
 #: One target's sweep, retries excluded. Targets end their own sweep at their time budget well

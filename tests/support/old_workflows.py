@@ -12,7 +12,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.payloads import PurgeInput, PurgeStep
+    from activities.input_checks import parse_input
+    from activities.inputs import PurgeStep
     from activities.sweep import PurgeActivities
 
 
@@ -23,7 +24,7 @@ class PurgeWithoutDuplicateCheck:
 
     @workflow.run
     async def run(self, request: Any) -> None:
-        order = PurgeInput.parse(request)
+        order = parse_input(request)
         now_ms = int(workflow.now().timestamp() * 1000)
         for name in order.targets:
             await workflow.execute_activity_method(

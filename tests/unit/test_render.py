@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from activities.payloads import FailedTarget, PurgeReport, PurgeSweep
+from activities.results import FailedTarget, PurgeReport, PurgeSweep
 from purge_ops.render import NAMES_SHOWN, human_duration, oldest_text, report_table, table
 
 NOW = 1_700_000_000_000

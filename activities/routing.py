@@ -1,0 +1,32 @@
+"""Routing: a database swept by workers of its own gets its activities on its own task queue.
+
+A config that gives a database a `task_queue` hands the pass `queues` (database name to queue);
+every activity on that database goes there and may wait up to `worker_wait_ms` for a worker of
+that queue before its target fails alone. Any other database's activities run on the pass's own
+queue. No side effects: the workflow imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from purge_config.fleet import DEFAULT_WORKER_WAIT_MS
+
+
+@dataclass(frozen=True)
+class Route:
+    """A database swept by workers of its own: the task queue its activities go to."""
+
+    queue: str
+    database: str
+    worker_wait_ms: int = DEFAULT_WORKER_WAIT_MS
+    """How long an activity may wait there for a worker before its target fails alone."""
+
+
+def route_for(queues: Mapping[str, str], database: str, worker_wait_ms: int | None) -> Route | None:
+    """Where activities on `database` go, when not to the pass's own queue."""
+    queue = queues.get(database)
+    if queue is None:
+        return None
+    return Route(queue, database, worker_wait_ms or DEFAULT_WORKER_WAIT_MS)
