@@ -479,7 +479,7 @@ async def _direct(
 
 
 async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult) -> None:
-    """The statement every target's activity starts with (activities.engine.statements.
+    """The statement every target's activity starts with (activities.engine.ledger.
     ledger_expire), timed on a copy of purge_progress holding 5,000 rows (one pass of this
     case), a day of hourly passes and the week the ledger keeps (LEDGER_KEEP_MS): all recent,
     so it deletes none, as on every pass but the first of an hour."""

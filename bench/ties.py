@@ -2,7 +2,7 @@
 
 A bulk import given one TTL, or rows stamped to the second, leaves many rows with one expiry.
 Keyset batches cannot split such a run by key range, so they take it n rows at a time by ctid
-(`activities.engine.statements.tie_delete`), each batch's rows read from the expiry index in
+(`activities.engine.batch_sql.tie_delete`), each batch's rows read from the expiry index in
 order (`tie_walk`). Left to the planner, that read went by the statistics' guess at how many
 rows share a value, and could not stop at n.
 

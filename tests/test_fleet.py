@@ -22,7 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities import builtin_kinds as kinds
-from activities.engine.statements import LOCK_SPACE
+from activities.engine.access import LOCK_SPACE
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep

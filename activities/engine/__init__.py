@@ -1,5 +1,6 @@
 """The SQL engine of the built-in kinds: rules bound to real tables, the plan of each sweep,
-the batches, and every statement they run (`statements`). It knows nothing of Temporal: it
+the batches, the ledger that counts them, and what a sweep leaves. Each room keeps the SQL it
+runs (a batch's in `batch_sql`, the ledger's in `ledger`). It knows nothing of Temporal: it
 raises its own errors, which the activity turns into the contract's at its edge."""
 
 from activities.engine.access import ConnectionSource, TableAccess

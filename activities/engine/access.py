@@ -10,14 +10,14 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import psycopg
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 
+from activities.engine.batch_sql import local_bounds
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
 from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate, Rule, ident
-from activities.engine.statements import local_bounds, lock_table, unlock_tables
 from activities.engine.units import check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
 
@@ -133,3 +133,23 @@ class TableAccess:
                     f"table {rule.table}: {first_line(err)}; the worker's role needs "
                     "SELECT and DELETE on it"
                 ) from err
+
+
+# The advisory lock every sweep of a table takes.
+
+
+#: The first key of every advisory lock this package takes ('purg'); the second is the table's
+#: OID, so two sweeps of one table, from any pass, worker or cluster, take the same lock.
+LOCK_SPACE = 0x70757267
+
+
+def lock_table() -> sql.Composed:
+    """Take the session's advisory lock on `%(rel)s`, waiting at most the lock_timeout."""
+    return sql.SQL(
+        "SELECT pg_advisory_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4)"
+    ).format(sql.Literal(LOCK_SPACE))
+
+
+def unlock_tables() -> sql.SQL:
+    """Release every advisory lock of this session: the connection goes back to the pool."""
+    return sql.SQL("SELECT pg_advisory_unlock_all()")

@@ -2,7 +2,7 @@
 
 The archive table is the user's: the sweep never creates or alters it. Each batch moves its rows
 in one statement (`DELETE ... RETURNING` feeding an `INSERT` into the archive, see
-`activities.engine.statements`), so a row is in exactly one of the two tables at any instant.
+`activities.engine.batch_sql`), so a row is in exactly one of the two tables at any instant.
 That only holds if every insert can succeed, so the shapes are compared first: every column of
 the source must be in the archive with the same type, any other archive column must fill itself
 (nullable, a default, identity or generated), and the role must be allowed to insert.

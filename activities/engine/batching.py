@@ -16,19 +16,19 @@ from typing import Any, NamedTuple
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.context import SweepContext
-from activities.engine.keyset import KeyBatch, Ran, run_key_batch
-from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
-from activities.engine.pacing import Pacer
-from activities.engine.planning import TablePlan, keyset
-from activities.engine.rules import Predicate
-from activities.engine.statements import (
+from activities.engine.batch_sql import (
     count_expired,
     index_batch,
     local_bounds,
     range_batch,
     range_delete,
 )
+from activities.engine.context import SweepContext
+from activities.engine.keyset import KeyBatch, Ran, run_key_batch
+from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
+from activities.engine.pacing import Pacer
+from activities.engine.planning import TablePlan, keyset
+from activities.engine.rules import Predicate
 from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
 

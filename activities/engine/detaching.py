@@ -22,20 +22,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 
+from activities.engine.batch_sql import local_bounds
 from activities.engine.context import SweepContext
 from activities.engine.ledger import count_partition, mark_key, marked
 from activities.engine.partitions import Layout
-from activities.engine.statements import (
-    detach,
-    drop_table,
-    local_bounds,
-    move_table,
-    relation_state,
-    session_bounds,
-    session_reset,
-)
+from activities.engine.rules import ident
 from activities.progress import SweepStats
 from purge_config.names import TableName
 
@@ -208,3 +201,49 @@ class PartitionRemover:
     async def _unmark(self, key: str) -> None:
         if self.ledger is not None:
             await self.ledger.unmark(self.conn, key)
+
+
+# Taking a partition out: session timeouts for what runs outside a transaction block, the DDL,
+# and the state of a partition an earlier attempt marked.
+
+
+def session_bounds() -> sql.SQL:
+    """Lock and statement timeouts (ms) for this session, not a transaction: a `DETACH ...
+    CONCURRENTLY` runs outside any transaction block. Undone by `session_reset`."""
+    return sql.SQL(
+        "SELECT set_config('lock_timeout', %s::text, false),"
+        " set_config('statement_timeout', %s::text, false)"
+    )
+
+
+def session_reset() -> sql.SQL:
+    """The server's own timeouts again, before the connection goes back to the pool."""
+    return sql.SQL("RESET lock_timeout; RESET statement_timeout")
+
+
+def detach(parent: TableName, child: TableName, how: str) -> sql.Composed:
+    """`ALTER TABLE parent DETACH PARTITION child` and `how`: `CONCURRENTLY` (two transactions
+    of its own, SHARE UPDATE EXCLUSIVE on the parent), `FINALIZE` (completes one that was
+    interrupted between them), or `` (plain, ACCESS EXCLUSIVE, inside a transaction)."""
+    suffix = {"CONCURRENTLY": " CONCURRENTLY", "FINALIZE": " FINALIZE", "": ""}[how]
+    return sql.SQL("ALTER TABLE {} DETACH PARTITION {}" + suffix).format(
+        ident(parent), ident(child)
+    )
+
+
+def drop_table(table: TableName) -> sql.Composed:
+    return sql.SQL("DROP TABLE {}").format(ident(table))
+
+
+def move_table(table: TableName, schema: str) -> sql.Composed:
+    return sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(ident(table), sql.Identifier(schema))
+
+
+def relation_state() -> sql.SQL:
+    """One row for the relation of OID `%(oid)s`, none if it is gone: schema, name, the OID of
+    the table it is a partition of (NULL when standalone), and whether half-detached."""
+    return sql.SQL(
+        "SELECT n.nspname::text, c.relname::text, i.inhparent::bigint, i.inhdetachpending"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_inherits i ON i.inhrelid = c.oid WHERE c.oid = %(oid)s::bigint::oid"
+    )

@@ -13,14 +13,14 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.engine.ledger import BatchTally, LazyCommits, lazy_commit
-from activities.engine.rules import Predicate
-from activities.engine.statements import (
+from activities.engine.batch_sql import (
     key_bounds,
     key_delete,
     tie_delete,
     tie_walk,
 )
+from activities.engine.ledger import BatchTally, LazyCommits, lazy_commit
+from activities.engine.rules import Predicate
 from purge_config.settings import SweepSettings
 
 #: (rows found, rows deleted, the ledger's total or None, ms) of one batch.

@@ -43,9 +43,10 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
 
+from activities.engine.batch_sql import local_bounds, pipeline_flush
 from activities.engine.rules import ident
 from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
-from activities.engine.statements import local_bounds, pipeline_flush, shares_expire
+from activities.engine.shares import shares_expire
 from activities.progress import LedgerKey
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings

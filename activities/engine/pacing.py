@@ -10,9 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
-from activities.engine.statements import may_read_replication, replica_lag_ms, wal_position
 from purge_config.settings import SweepSettings
 
 #: How often the replicas' lag is read while it is under the limit: a read costs a round trip.
@@ -99,3 +98,27 @@ class Pacer:
     async def _sleep(self, seconds: float) -> None:
         self.paused_s += seconds
         await asyncio.sleep(seconds)
+
+
+# The statements pacing reads the server by.
+
+
+def may_read_replication() -> sql.SQL:
+    """Whether this role sees the replicas' lag in pg_stat_replication (else it reads NULL)."""
+    return sql.SQL(
+        "SELECT pg_has_role('pg_read_all_stats', 'USAGE')"
+        " OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)"
+    )
+
+
+def replica_lag_ms() -> sql.SQL:
+    """The largest replay lag of any streaming replica, in ms (0 without replicas)."""
+    return sql.SQL(
+        "SELECT coalesce(max(extract(epoch FROM replay_lag) * 1000), 0)"
+        " FROM pg_stat_replication WHERE state = 'streaming'"
+    )
+
+
+def wal_position() -> sql.SQL:
+    """The server's WAL write position, in bytes from the start of WAL."""
+    return sql.SQL("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")

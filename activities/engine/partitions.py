@@ -16,16 +16,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.rules import Predicate, RangeKey, ident
-from activities.engine.statements import (
-    bound_after,
-    bounds_judged,
-    partition_children,
-    partition_key,
-    partition_tree,
-)
 from purge_config.names import TableName
 
 _RANGE = re.compile(r"FOR VALUES FROM \((?P<lo>.*)\) TO \((?P<hi>.*)\)", re.DOTALL)
@@ -236,3 +229,85 @@ async def _next_bound(conn: AsyncConnection[Any], key: RangeKey, children: list[
 def _plus(value: object, step: object) -> object:
     # int + int, or datetime + timedelta: the least value that is not expired.
     return value + step  # type: ignore[operator]
+
+
+# The catalog reads of a partitioned table, and the comparisons of its bounds.
+
+
+#: The column types a partition bound is cast to, by RangeKey.sql_type: only these names are
+#: ever put into a statement.
+_BOUND_TYPES = {t: sql.SQL(t) for t in ("bigint", "integer", "timestamptz", "timestamp")}
+
+
+def partition_key() -> sql.SQL:
+    """One row for a partitioned `%(rel)s`, none for a plain table: strategy (`r`, `l`, `h`),
+    number of key columns, the first key column's name (NULL for an expression), the key as
+    PostgreSQL prints it, the owner, whether this role is (a member of) the owner, and the
+    role itself."""
+    return sql.SQL(
+        "SELECT p.partstrat::text, p.partnatts, a.attname::text, pg_get_partkeydef(p.partrelid),"
+        " c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE'), current_user::text"
+        " FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid"
+        " LEFT JOIN pg_attribute a ON a.attrelid = p.partrelid AND p.partattrs[0] <> 0"
+        " AND a.attnum = p.partattrs[0]"
+        " WHERE p.partrelid = %(rel)s::regclass"
+    )
+
+
+def partition_children() -> sql.SQL:
+    """The partitions directly under `%(rel)s`: OID, schema, name, bound as printed, whether
+    half-detached, owner, and whether this role is (a member of) it."""
+    return sql.SQL(
+        "SELECT c.oid::bigint, n.nspname::text, c.relname::text,"
+        " pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,"
+        " c.relowner::regrole::text, pg_has_role(c.relowner, 'USAGE')"
+        " FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE i.inhparent = %(rel)s::regclass ORDER BY c.oid"
+    )
+
+
+def partition_tree() -> sql.SQL:
+    """Every partition under `%(rel)s`, at any depth: OID, its parent's OID, whether it is a
+    leaf, schema, name, and whether this role may SELECT and DELETE it by its own name."""
+    # Each partition's names looked up by its OID (see table_size): joined, the planner takes
+    # the function for a thousand rows and hashes them against a scan of every schema.
+    return sql.SQL(
+        "SELECT t.relid::oid::bigint, t.parentrelid::oid::bigint, t.isleaf, c.nspname, c.relname,"
+        " has_table_privilege(t.relid, 'SELECT') AND has_table_privilege(t.relid, 'DELETE')"
+        " FROM pg_partition_tree(%(rel)s::regclass) t"
+        " CROSS JOIN LATERAL (SELECT n.nspname::text, c.relname::text FROM pg_class c"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = t.relid OFFSET 0) c"
+        " WHERE t.level > 0"
+    )
+
+
+def bounds_judged(sql_type: str) -> sql.Composed:
+    """For each (`%(lo)s`[i], `%(hi)s`[i]) bound pair (text, NULL for MINVALUE/MAXVALUE), in
+    order: wholly expired (`hi <= %(limit)s`, the cutoff plus one step), holding no expired row
+    (`lo > %(cutoff)s`), beginning after the instant (`lo > %(now)s`); compared in the column's
+    type, the texts read back in the session that printed them."""
+    t = _BOUND_TYPES[sql_type]
+    return sql.SQL(
+        "SELECT coalesce(b.hi::{t} <= %(limit)s, false), coalesce(b.lo::{t} > %(cutoff)s, false),"
+        " coalesce(b.lo::{t} > %(now)s, false)"
+        " FROM unnest(%(lo)s::text[], %(hi)s::text[]) WITH ORDINALITY AS b(lo, hi, n)"
+        " ORDER BY b.n"
+    ).format(t=t)
+
+
+def bound_after(sql_type: str) -> sql.Composed:
+    """One row: the greatest of the `%(hi)s` bounds, and the upper bound of a next partition
+    as wide as the one ending there (in months and days for a timestamp, so a monthly
+    partition is followed by a month)."""
+    t = _BOUND_TYPES[sql_type]
+    width = (
+        sql.SQL("b.hi::{t} - b.lo::{t}")
+        if sql_type in ("bigint", "integer")
+        else sql.SQL("age(b.hi::{t}, b.lo::{t})")
+    ).format(t=t)
+    return sql.SQL(
+        "SELECT b.hi::{t}::text, (b.hi::{t} + {width})::text"
+        " FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS b(lo, hi)"
+        " ORDER BY b.hi::{t} DESC LIMIT 1"
+    ).format(t=t, width=width)

@@ -22,9 +22,9 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine import statements
+from activities.engine.batch_sql import index_batch
 from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
-from activities.engine.statements import index_batch
 from activities.progress import Strategy
 
 #: Above this share of expired rows the walk is cheaper than the index, even with one...

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, sql
 
 from activities.engine.errors import BadTable, MissingRights
 from activities.engine.partitions import Layout
 from activities.engine.rules import Predicate, ident
-from activities.engine.statements import name_taken, schema_ready
 from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy
 
@@ -100,3 +99,21 @@ async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: Parti
 
 def _quoted(conn: AsyncConnection[Any], schema: str) -> str:
     return ident(TableName(schema)).as_string(conn)
+
+
+# What moving a partition to another schema needs.
+
+
+def schema_ready() -> sql.SQL:
+    """One row: whether schema `%(schema)s` (a quoted name) exists, and whether this role may
+    create in it (what moving a table there needs)."""
+    return sql.SQL(
+        "SELECT s.oid IS NOT NULL,"
+        " CASE WHEN s.oid IS NULL THEN false ELSE has_schema_privilege(s.oid, 'CREATE') END"
+        " FROM (SELECT to_regnamespace(%(schema)s)::oid AS oid) s"
+    )
+
+
+def name_taken() -> sql.SQL:
+    """Whether a relation `%(name)s` (quoted, schema-qualified) exists."""
+    return sql.SQL("SELECT to_regclass(%(name)s) IS NOT NULL")

@@ -14,9 +14,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.statements import local_bounds, share_record
+from activities.engine.batch_sql import local_bounds
 
 #: How far back the advice looks, and how long a pass's row is kept (by the pass's clock).
 WINDOW_MS = 86_400_000
@@ -141,3 +141,32 @@ def _span(ms: float) -> str:
     if hours < 48:
         return f"{hours:.1f} h".replace(".0 h", " h")
     return f"{hours / 24:.1f} d".replace(".0 d", " d")
+
+
+# `purge_shares`, written and read only here (and expired with the ledger: `ledger.Ledger.open`).
+
+
+def share_record() -> sql.SQL:
+    """Record what this pass removed from one table and the live rows it left (`%(removed)s`,
+    `%(live)s`; a retried attempt adds its rows to the pass's), and return the table's passes
+    within the window before this pass's instant `%(now_ms)s`, this one included, oldest
+    first: (now_ms, removed, live). Through the primary key only: a read of a day's rows of
+    one table, whatever else the table holds."""
+    return sql.SQL(
+        "WITH this AS ("
+        "INSERT INTO purge_shares AS s (target, table_name, now_ms, removed, live)"
+        " VALUES (%(target)s, %(table)s, %(now_ms)s, %(removed)s, %(live)s)"
+        " ON CONFLICT (target, table_name, now_ms) DO UPDATE"
+        " SET removed = s.removed + EXCLUDED.removed, live = EXCLUDED.live"
+        " RETURNING now_ms, removed, live"
+        ") SELECT now_ms, removed, live FROM purge_shares"
+        " WHERE target = %(target)s AND table_name = %(table)s"
+        " AND now_ms > %(now_ms)s - %(window_ms)s AND now_ms < %(now_ms)s"
+        " UNION ALL SELECT now_ms, removed, live FROM this ORDER BY 1"
+    )
+
+
+def shares_expire() -> sql.SQL:
+    """Remove `purge_shares` rows of passes a window (`%(window_ms)s`) or more before this
+    pass's instant: the advice reads no further back."""
+    return sql.SQL("DELETE FROM purge_shares WHERE now_ms <= %(ledger_now)s - %(window_ms)s")

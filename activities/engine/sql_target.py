@@ -9,14 +9,17 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
+from psycopg import sql
+
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.attempt import TargetSweeper
+from activities.engine.batch_sql import count_expired
 from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
-from activities.engine.rules import Rule
-from activities.engine.statements import count_expired, count_expired_and_all, count_rows
+from activities.engine.rules import Predicate, Rule, ident
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
+from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 
 __all__ = ["ConnectionSource", "SqlTarget"]
@@ -130,3 +133,18 @@ class SqlTarget:
         if stats.partitions:
             stats.partition_action = partition_action(self.partitions)
         return stats
+
+
+# A dry run's and the guards' reads.
+
+
+def count_expired_and_all(pred: Predicate) -> sql.Composed:
+    """One row, (expired rows, all rows), in one read of the table: for the guards."""
+    return sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
+        pred.where, ident(pred.table)
+    )
+
+
+def count_rows(table: TableName) -> sql.Composed:
+    """Every row of a partition: what its drop or move would remove (for a dry run)."""
+    return sql.SQL("SELECT count(*) FROM {}").format(ident(table))

@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors
 
+from activities.engine.batch_sql import local_bounds
 from activities.engine.batching import BatchSweeper, count_left
 from activities.engine.context import SweepContext
 from activities.engine.detaching import PartitionRemover
@@ -18,7 +19,6 @@ from activities.engine.partitions import Layout, Leaf, read_layout
 from activities.engine.planning import TablePlan, plan_table
 from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate
-from activities.engine.statements import local_bounds
 from activities.progress import SweepStats
 
 

@@ -1,0 +1,257 @@
+"""The SQL of a batch, and the transaction settings it runs under.
+
+- `local_bounds`: the statement every transaction of a sweep starts with (its lock and
+  statement timeouts; for a batch, the planner settings its strategy wants, and the mark the
+  ledger counts a plain DELETE's rows from);
+- each strategy's batch: `index_batch` (index order, counted in SQL), `key_bounds` and
+  `key_delete` (a keyset batch; `tie_delete` and `tie_walk` for a run of one key),
+  `range_batch` and `range_delete` (a walk of a page range), each composed with `psycopg.sql`
+  from a bound `Predicate` (the rule's WHERE clause and its parameters: the caller's instant,
+  never the server's clock), names as `sql.Identifier`s;
+- `pipeline_flush`, and `count_expired`: the expired rows a batch's sweep left (or a dry run
+  would remove).
+
+Every DELETE repeats the predicate on the row it deletes, so a row renewed while the batch
+waited for its lock is kept. The ledger's part of a batch is `activities.engine.ledger`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from psycopg import sql
+
+from activities.engine.rules import Predicate, ident
+
+
+def local_bounds(walk: bool = False, generic: bool = False, mark: bool = False) -> sql.Composed:
+    """The statement that bounds the current transaction: its parameters are the lock and the
+    statement timeout in ms (and, with `mark`, the table). Every transaction of a sweep starts
+    with it."""
+    # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
+    # statement, which the pipeline (one statement per execute) needs.
+    parts = [
+        sql.SQL(
+            "SELECT set_config('lock_timeout', %s::text, true),"
+            " set_config('statement_timeout', %s::text, true)"
+        )
+    ]
+    if walk:
+        # A walk must read its page range, never the whole index: with a large share expired
+        # the planner might otherwise pick an index scan filtered by ctid for every batch. Not
+        # for a table foreign keys reference: the cascades and checks its deletes run on the
+        # child tables are planned in this transaction too, and must keep their indexes
+        # (measured in bench/harm.py: a child's indexed cascade went from 0.04 s to 4 s).
+        parts.append(
+            sql.SQL(
+                ", set_config('enable_indexscan', 'off', true),"
+                " set_config('enable_bitmapscan', 'off', true)"
+            )
+        )
+    if generic:
+        # A keyset batch's prepared boundary read and DELETE run by their generic plan: planned
+        # with its values, each batch's boundary read probed the expiry index's end for its
+        # actual least value, over the entries of every row earlier batches had deleted (not
+        # yet vacuumed), 1.5-2.7 ms of planning a batch against 1 ms of executing
+        # (bench/README.md, issue 20). Their generic plan is the one they are written for: the
+        # expiry index, in order, from a key on.
+        parts.append(sql.SQL(", set_config('plan_cache_mode', 'force_generic_plan', true)"))
+    if mark:
+        # The rows this session has deleted from the table so far, as the statistics count
+        # them, for the batch's `ledger_add_deleted` to subtract.
+        parts.append(
+            sql.SQL(
+                ", set_config('purge.deleted_before',"
+                " pg_stat_get_xact_tuples_deleted(%s::regclass)::text, true)"
+            )
+        )
+    return sql.Composed(parts)
+
+
+#: A batch's closing select, given what it found: (rows found, rows deleted, the ledger's total
+#: or NULL). The ledger's (`BatchTally.closing`) adds the batch's count to it in the statement.
+Closing = Callable[[sql.Composable], sql.Composed]
+
+
+def no_ledger(found: sql.Composable) -> sql.Composed:
+    """The closing select of a batch without the ledger: its total NULL."""
+    return sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint").format(found=found)
+
+
+def _returning(pred: Predicate) -> sql.Composable:
+    """What a batch's DELETE returns: the whole row when it moves to an archive."""
+    if pred.archive is None:
+        return sql.SQL("1")
+    return sql.SQL(", ").join(sql.Identifier(column) for column in pred.archive.columns)
+
+
+def _archived(pred: Predicate) -> sql.Composable:
+    """With an archive, the CTE that inserts exactly the rows the batch's DELETE returned, in
+    the same statement: each row is in one of the two tables whenever anything stops."""
+    if pred.archive is None:
+        return sql.SQL("")
+    columns = sql.SQL(", ").join(sql.Identifier(column) for column in pred.archive.columns)
+    return sql.SQL(
+        ", archived AS ("
+        "INSERT INTO {archive} ({columns}){overriding} SELECT {columns} FROM deleted)"
+    ).format(
+        archive=ident(pred.archive.table),
+        columns=columns,
+        overriding=sql.SQL(" OVERRIDING SYSTEM VALUE" if pred.archive.overriding else ""),
+    )
+
+
+def index_batch(
+    pred: Predicate,
+    limit: int,
+    order: tuple[str, ...] = (),
+    partitioned: bool = False,
+    closing: Closing = no_ledger,
+) -> sql.Composed:
+    """The index-ordered batch: the oldest `limit` expired rows, the predicate checked again on
+    the row itself so that one renewed while this waited for its lock is kept. It returns how
+    many rows it found, how many it deleted and (by the ledger's `closing`) the pass's total: fewer
+    found than `limit` means the last batch, without a final empty one to find that out.
+    `order` is the serving index's key columns up to the expiry column (default: that column
+    alone), so the read walks the index in its own order.
+
+    Through a `partitioned` table, a ctid names a row only together with its partition
+    (`tableoid`): the same ctid exists in every partition, so the pair is matched too."""
+    assert pred.column is not None
+    pick, pair = sql.SQL("ctid"), sql.SQL("")
+    if partitioned:
+        pick = sql.SQL("tableoid, ctid")
+        pair = sql.SQL(" AND (tableoid, ctid) IN (SELECT tableoid, ctid FROM found)")
+    return sql.SQL(
+        "WITH found AS MATERIALIZED ("
+        "SELECT {pick} FROM {table} WHERE {where} ORDER BY {order} LIMIT {limit}"
+        "), deleted AS ("
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM found)){pair} AND {where}"
+        " RETURNING {returning}"
+        "){archived}, counted AS (SELECT count(*) AS n FROM deleted){closing}"
+    ).format(
+        pick=pick,
+        pair=pair,
+        table=ident(pred.table),
+        where=pred.where,
+        order=sql.SQL(", ").join(sql.Identifier(c) for c in order or (pred.column,)),
+        limit=sql.Literal(limit),
+        returning=_returning(pred),
+        archived=_archived(pred),
+        closing=closing(sql.SQL("(SELECT count(*) FROM found)")),
+    )
+
+
+def key_bounds(pred: Predicate, after: bool) -> sql.Composed:
+    """A keyset batch's boundary: the least key of the expired rows left (from `%(key_after)s`
+    on, when `after`: where the last batch stopped), and the one `%(key_skip)s` entries past it
+    (a batch's rows less one), NULL when fewer are left. Both read only index entries (an
+    index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
+    work once; skipping entries to the last costs less than aggregating them (no count, min and
+    max per row). The batch's size is a parameter, not part of the text, so the text is the
+    same for every batch of a sweep and psycopg prepares it: planned anew each time, it spent
+    1.5 ms of each batch's 3.9 ms boundary read planning (bench/README.md, issue 20)."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    next_key = sql.SQL(
+        "SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column}"
+    ).format(
+        column=column, table=ident(pred.table), where=pred.where, after=_from_key(column, after)
+    )
+    return sql.SQL("SELECT ({next} LIMIT 1), ({next} OFFSET %(key_skip)s LIMIT 1)").format(
+        next=next_key
+    )
+
+
+def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:
+    """A keyset batch: the expired rows from `%(key_after)s` (when `after`) up to, not including,
+    `%(key_below)s` (when `below`; without it, the rest: fewer than a batch remain). A range the
+    expiry index serves, the predicate checked on each row, no RETURNING: counted by its
+    command tag, as one DELETE typed by hand is."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    upto = sql.SQL(" AND {} < %(key_below)s").format(column) if below else sql.SQL("")
+    return sql.SQL("DELETE FROM {table} WHERE {where}{after}{upto}").format(
+        table=ident(pred.table), where=pred.where, after=_from_key(column, after), upto=upto
+    )
+
+
+def tie_delete(pred: Predicate) -> sql.Composed:
+    """A keyset batch over one value: `%(key_rows)s` expired rows whose key is `%(key_at)s`
+    (more than a batch share it, so a range cannot split them), picked by ctid, checked on the
+    row."""
+    assert pred.column is not None
+    return sql.SQL(
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY("
+        "SELECT ctid FROM {table} WHERE {where} AND {column} = %(key_at)s LIMIT %(key_rows)s"
+        ")) AND {where}"
+    ).format(
+        table=ident(pred.table),
+        where=pred.where,
+        column=sql.Identifier(pred.column),
+    )
+
+
+def tie_walk() -> sql.SQL:
+    """Sent before a `tie_delete`, in its transaction: the batch's rows come from the expiry
+    index in its order, stopping at the batch's count. Left to itself, the generic plan of
+    `column = %(key_at)s` goes by the statistics' guess at how many rows share a value: a
+    bitmap scan, which gathers every row of the value for each batch (a never-analyzed table's
+    400,000-row run of one value: 25 ms a batch of any size, 118 s in all, against 3.2 s), or,
+    where the statistics saw few distinct values, a sequential scan, which reads again, for each
+    batch, every page earlier batches emptied (12.8-21 s; measured here, PostgreSQL 18). Local
+    to the batch's transaction; the cascades of a foreign key planned in it keep their indexes
+    (only other scans are turned off), and a child without one is still read."""
+    return sql.SQL(
+        "SELECT set_config('enable_seqscan', 'off', true),"
+        " set_config('enable_bitmapscan', 'off', true)"
+    )
+
+
+def _from_key(column: sql.Identifier, after: bool) -> sql.Composable:
+    return sql.SQL(" AND {} >= %(key_after)s").format(column) if after else sql.SQL("")
+
+
+def range_batch(pred: Predicate, closing: Closing = no_ledger) -> sql.Composed:
+    """The range batch: every expired row in pages [lo, hi), checked on the row itself. The
+    same three columns as `index_batch`, what it deleted standing for what it found."""
+    return sql.SQL(
+        "WITH deleted AS ("
+        "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
+        " RETURNING {returning}"
+        "){archived}, counted AS (SELECT count(*) AS n FROM deleted){closing}"
+    ).format(
+        table=ident(pred.table),
+        where=pred.where,
+        returning=_returning(pred),
+        archived=_archived(pred),
+        closing=closing(sql.SQL("(SELECT n FROM counted)")),
+    )
+
+
+def range_delete(pred: Predicate) -> sql.Composed:
+    """The range batch without an archive: every expired row in pages [lo, hi), checked on the
+    row itself, counted by its command tag. Not `range_batch`'s RETURNING and count in one
+    statement: projecting every deleted row made the DELETE cost 1.75x (a million rows of 2M,
+    PostgreSQL 18, measured here: 400 ms plain, 700 ms through the CTE). The ledger's
+    `ledger_add` follows in the same transaction."""
+    return sql.SQL(
+        "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"
+    ).format(table=ident(pred.table), where=pred.where)
+
+
+def pipeline_flush() -> sql.SQL:
+    """A statement of no cost whose result, fetched, flushes a pipeline up to it without a
+    Sync: the statements before it have run and their command tags are read, and their
+    implicit transaction is still open."""
+    return sql.SQL("SELECT 1")
+
+
+def count_expired(pred: Predicate, cap: int | None = None) -> sql.Composed:
+    """One row, (expired rows, 0): for a dry run; with `cap`, counted only up to `cap` (the
+    backlog a sweep that ran out of time leaves, read through the index)."""
+    if cap is None:
+        return sql.SQL("SELECT count(*), 0 FROM {} WHERE {}").format(ident(pred.table), pred.where)
+    return sql.SQL("SELECT count(*), 0 FROM (SELECT 1 FROM {} WHERE {} LIMIT {}) expired").format(
+        ident(pred.table), pred.where, sql.Literal(cap)
+    )
