@@ -90,8 +90,8 @@ async def test_a_table_losing_40_percent_every_pass_is_told_to_partition_once_th
     """2,500 rows a pass, a quarter of what the one-pass advice needs: told from the pass at
     which the day's passes add up to the window's 10,000 rows, with the width and the config
     line. (Both thresholds a tenth of the shipped 100,000, and the table with them.)"""
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 10_000)
-    monkeypatch.setattr("activities.engine.leftover.PARTITION_ADVICE_ROWS", 10_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 10_000)
+    monkeypatch.setattr("activities.engine.partition_advice.PARTITION_ADVICE_ROWS", 10_000)
     feed = Feed(db, "feed", slot_rows=1_250, slots=5, origin=PAST_NOW)
 
     results = await hourly_passes(feed, pool, 5)
@@ -111,7 +111,7 @@ async def test_a_table_losing_a_small_share_every_pass_is_not_told(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """5% a pass, however many rows the day's passes add up to."""
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     feed = Feed(db, "steady", slot_rows=500, slots=40, origin=PAST_NOW)
 
     results = await hourly_passes(feed, pool, 5)
@@ -125,7 +125,7 @@ async def test_a_large_share_in_only_some_passes_is_not_most(
 ) -> None:
     """Two of five passes find 40% expired; the other three, each a minute after another,
     find nothing: at no pass did most of the day's passes remove a large share."""
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     feed = Feed(db, "bursty", slot_rows=1_000, slots=5, origin=PAST_NOW)
     minute = 60_000
     results = []
@@ -140,7 +140,7 @@ async def test_a_large_share_in_only_some_passes_is_not_most(
 async def test_without_the_shares_table_passes_sweep_as_before_and_are_not_told(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     db.execute("DROP TABLE purge_shares")
     feed = Feed(db, "feed", slot_rows=1_000, slots=5, origin=PAST_NOW)
 
@@ -153,7 +153,7 @@ async def test_without_the_shares_table_passes_sweep_as_before_and_are_not_told(
 async def test_a_role_that_may_only_read_the_shares_table_sweeps_and_is_not_told(
     db: psycopg.Connection[Any], schema_url: str, role: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     feed = Feed(db, "feed", slot_rows=1_000, slots=5, origin=PAST_NOW)
     db.execute(f'GRANT SELECT, DELETE ON feed TO "{role}"')
     db.execute(f'GRANT SELECT ON purge_shares TO "{role}"')
@@ -171,7 +171,7 @@ async def test_a_pass_through_temporal_carries_the_advice_to_its_result_and_repo
 ) -> None:
     """Three hourly passes at instants before the test began, then the `Purge` pass at the
     workflow's clock, seconds after the test began."""
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     origin = harness.now_ms - 3 * HOUR
     feed = Feed(harness.db, "feed", slot_rows=1_000, slots=5, origin=origin)
     await hourly_passes(feed, harness.pool, 3)
@@ -191,7 +191,7 @@ async def test_without_the_ledger_the_shares_still_remember(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The two optional tables are independent: counts from heartbeats, advice from shares."""
-    monkeypatch.setattr("activities.engine.shares.WINDOW_ROWS", 1_000)
+    monkeypatch.setattr("activities.engine.partition_advice.WINDOW_ROWS", 1_000)
     db.execute("DROP TABLE purge_progress")
     feed = Feed(db, "feed", slot_rows=1_000, slots=5, origin=PAST_NOW)
 

@@ -478,7 +478,7 @@ async def test_enough_partitions_ahead_warn_of_nothing(
 async def test_a_plain_table_losing_a_large_share_is_told_to_partition(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("activities.engine.leftover.PARTITION_ADVICE_ROWS", 100)
+    monkeypatch.setattr("activities.engine.partition_advice.PARTITION_ADVICE_ROWS", 100)
     db.execute("CREATE TABLE audit (id bigint, at_ms bigint NOT NULL)")
     db.execute("CREATE INDEX ON audit (at_ms)")
     # 400 rows over 4 days of retention (100 a day), the oldest 300 of them expired.

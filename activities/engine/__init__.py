@@ -4,7 +4,6 @@ runs (a batch's in `batch_sql`, the ledger's in `ledger`). It knows nothing of T
 raises its own errors, which the activity turns into the contract's at its edge."""
 
 from activities.engine.access import ConnectionSource, TableAccess
-from activities.engine.attempt import TargetSweeper
 from activities.engine.context import SweepContext
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.engine.rules import (
@@ -16,6 +15,7 @@ from activities.engine.rules import (
     Rule,
 )
 from activities.engine.sql_target import SqlTarget
+from activities.engine.target_tables import TargetSweeper
 
 __all__ = [  # noqa: RUF022 (grouped by role, the order a reader learns the package in)
     # A target: what the activity asks of the built-in kinds.

@@ -12,11 +12,11 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.batch_sql import local_bounds
+from activities.engine.batch_sql import local_timeouts
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
+from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, plan_table, unindexed_children
-from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.units import check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
@@ -46,7 +46,7 @@ class TableAccess:
         advice = []
         for rule in rules:
             async with self.connection(rule) as conn, conn.transaction():
-                await self.bound(conn, self.settings.statement_timeout_ms)
+                await self.set_timeouts(conn, self.settings.statement_timeout_ms)
                 pred = await self.bind(conn, rule, now_ms)
                 if not self.partitions.removes:
                     continue
@@ -62,7 +62,7 @@ class TableAccess:
         """The rule bound to its table, and the table's plan for this pass (with the advice
         its unindexed child tables call for, or SweepRefused if they are refused)."""
         async with conn.transaction():
-            await self.bound(conn, self.settings.statement_timeout_ms)
+            await self.set_timeouts(conn, self.settings.statement_timeout_ms)
             pred = await self.bind(conn, rule, now_ms)
             plan = await plan_table(conn, pred)
             # Only a table a foreign key references has child tables to read (most have none:
@@ -85,11 +85,11 @@ class TableAccess:
         """Take this table's advisory lock, waiting up to busy_wait; False if it stayed taken."""
         rel = {"rel": ident(pred.table).as_string(conn)}
         try:
-            # One round trip: pipelined up to one Sync, the bound and the lock are one implicit
+            # One round trip: pipelined up to one Sync, the timeouts and the lock are one implicit
             # transaction. The lock is the session's: it outlives that transaction.
             async with conn.pipeline():
                 await conn.execute(
-                    local_bounds(),
+                    local_timeouts(),
                     (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),
                 )
                 await conn.execute(lock_table(), rel)
@@ -104,9 +104,9 @@ class TableAccess:
         with contextlib.suppress(psycopg.Error):
             await conn.execute(unlock_tables())
 
-    async def bound(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
+    async def set_timeouts(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
         """Lock and statement timeouts local to this transaction: they never leak to the pool."""
-        await conn.execute(local_bounds(), (self.settings.lock_timeout_ms, statement_timeout_ms))
+        await conn.execute(local_timeouts(), (self.settings.lock_timeout_ms, statement_timeout_ms))
 
     @asynccontextmanager
     async def connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:

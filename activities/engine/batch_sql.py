@@ -1,9 +1,9 @@
 """The SQL of a batch, and the transaction settings it runs under.
 
-- `local_bounds`: the statement every transaction of a sweep starts with (its lock and
+- `local_timeouts`: the statement every transaction of a sweep starts with (its lock and
   statement timeouts; for a batch, the planner settings its strategy wants, and the mark the
   ledger counts a plain DELETE's rows from);
-- each strategy's batch: `index_batch` (index order, counted in SQL), `key_bounds` and
+- each strategy's batch: `index_batch` (index order, counted in SQL), `key_boundary` and
   `key_delete` (a keyset batch; `tie_delete` and `tie_walk` for a run of one key),
   `range_batch` and `range_delete` (a walk of a page range), each composed with `psycopg.sql`
   from a bound `Predicate` (the rule's WHERE clause and its parameters: the caller's instant,
@@ -24,10 +24,10 @@ from psycopg import sql
 from activities.engine.rules import Predicate, ident
 
 
-def local_bounds(walk: bool = False, generic: bool = False, mark: bool = False) -> sql.Composed:
-    """The statement that bounds the current transaction: its parameters are the lock and the
-    statement timeout in ms (and, with `mark`, the table). Every transaction of a sweep starts
-    with it."""
+def local_timeouts(walk: bool = False, generic: bool = False, mark: bool = False) -> sql.Composed:
+    """The statement that sets the current transaction's lock and statement timeouts: its
+    parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
+    starts with it; `walk` and `generic` add the planner settings those batches want."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [
@@ -142,7 +142,7 @@ def index_batch(
     )
 
 
-def key_bounds(pred: Predicate, after: bool) -> sql.Composed:
+def key_boundary(pred: Predicate, after: bool) -> sql.Composed:
     """A keyset batch's boundary: the least key of the expired rows left (from `%(key_after)s`
     on, when `after`: where the last batch stopped), and the one `%(key_skip)s` entries past it
     (a batch's rows less one), NULL when fewer are left. Both read only index entries (an

@@ -19,7 +19,7 @@ from psycopg import AsyncConnection, errors, sql
 from activities.engine.batch_sql import (
     count_expired,
     index_batch,
-    local_bounds,
+    local_timeouts,
     range_batch,
     range_delete,
 )
@@ -244,7 +244,7 @@ class BatchSweeper:
         # trips a batch (measured on this machine: 0.69 ms against 0.21 ms per empty batch).
         async with self.conn.pipeline():
             await self.conn.execute(
-                local_bounds(walk),
+                local_timeouts(walk),
                 (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
             if lazy:
@@ -276,7 +276,7 @@ async def count_left(
     query = count_expired(pred, cap=BACKLOG_COUNT_CAP)
     try:
         async with conn.transaction():
-            await conn.execute(local_bounds(False), (settings.lock_timeout_ms, COUNT_LEFT_MS))
+            await conn.execute(local_timeouts(False), (settings.lock_timeout_ms, COUNT_LEFT_MS))
             cur = await conn.execute(query, pred.params)
             row = await cur.fetchone()
             return Backlog(int(row[0]) if row else 0, estimated=False)
@@ -314,9 +314,9 @@ def _walk_backlog(plan: TablePlan, removed: int, walked: int, page: int) -> int:
     return round(plan.expired * left / plan.pages)
 
 
-def _resize(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:
+def _resize(size: int, ms: float, target_ms: int, size_range: tuple[int, int]) -> int:
     """The next batch's size: scaled towards the target duration, growing at most 4x (a small
     first batch reaches full size in a few) and shrinking at most by half (one slow batch, a
     checkpoint or a lock wait, does not swing it wildly)."""
     factor = min(4.0, max(0.5, target_ms / max(ms, 0.1)))
-    return min(bounds[1], max(bounds[0], int(size * factor)))
+    return min(size_range[1], max(size_range[0], int(size * factor)))

@@ -24,7 +24,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.batch_sql import local_bounds
+from activities.engine.batch_sql import local_timeouts
 from activities.engine.context import SweepContext
 from activities.engine.ledger import count_partition, mark_key, marked
 from activities.engine.partitions import Layout
@@ -148,7 +148,7 @@ class PartitionRemover:
         FINALIZE (which run outside any transaction block), reset before the connection is used
         for anything else."""
         await self.conn.execute(
-            session_bounds(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+            session_timeouts(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
         )
         try:
             yield
@@ -169,7 +169,7 @@ class PartitionRemover:
         async with self.conn.pipeline(), self.conn.transaction():
             # The counts read whole partitions: give them the sweep's time budget.
             await self.conn.execute(
-                local_bounds(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)
+                local_timeouts(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)
             )
             for table, key in tables:
                 if detach_from is not None:
@@ -207,7 +207,7 @@ class PartitionRemover:
 # and the state of a partition an earlier attempt marked.
 
 
-def session_bounds() -> sql.SQL:
+def session_timeouts() -> sql.SQL:
     """Lock and statement timeouts (ms) for this session, not a transaction: a `DETACH ...
     CONCURRENTLY` runs outside any transaction block. Undone by `session_reset`."""
     return sql.SQL(

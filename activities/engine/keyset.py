@@ -14,7 +14,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine.batch_sql import (
-    key_bounds,
+    key_boundary,
     key_delete,
     tie_delete,
     tie_walk,
@@ -72,14 +72,14 @@ async def run_key_batch(
     started = time.perf_counter()
     params = {**keyed.pred.params, **tally.params}
     async with conn.pipeline():
-        # Its statements prepared at once, planned once for all batches (local_bounds).
+        # Its statements prepared at once, planned once for all batches (local_timeouts).
         await conn.execute(*tally.begin(settings, generic=True))
-        bounds = await conn.execute(
-            key_bounds(keyed.pred, keyed.after is not None),
+        boundary = await conn.execute(
+            key_boundary(keyed.pred, keyed.after is not None),
             {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},
             prepare=True,
         )
-        least, last = await bounds.fetchone() or (None, None)
+        least, last = await boundary.fetchone() or (None, None)
         added, lazy = None, False
         if least is not None:
             lazy = commits.lazy(more_may_follow=last is not None)

@@ -43,10 +43,10 @@ from typing import Any, NamedTuple
 import psycopg
 from psycopg import AsyncConnection, AsyncCursor, sql
 
-from activities.engine.batch_sql import local_bounds, pipeline_flush
+from activities.engine.batch_sql import local_timeouts, pipeline_flush
+from activities.engine.partition_advice import WINDOW_MS as SHARES_WINDOW_MS
+from activities.engine.partition_advice import shares_expire
 from activities.engine.rules import ident
-from activities.engine.shares import WINDOW_MS as SHARES_WINDOW_MS
-from activities.engine.shares import shares_expire
 from activities.progress import LedgerKey
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
@@ -109,7 +109,7 @@ class Ledger:
         expiry = (info.host, info.port, info.dbname, row[1], row[3], self.key.now_ms)
         # One round trip: pipelined up to one Sync, these are one implicit transaction.
         async with conn.pipeline():
-            await conn.execute(local_bounds(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
+            await conn.execute(local_timeouts(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
             if expiry not in _EXPIRED:
                 if ledger:
                     await conn.execute(ledger_expire(), params)
@@ -209,11 +209,11 @@ class BatchTally:
     def begin(
         self, settings: SweepSettings, walk: bool = False, generic: bool = False
     ) -> tuple[sql.Composed, tuple[object, ...]]:
-        """A plain batch's first statement (`local_bounds`) and its parameters: its timeouts,
+        """A plain batch's first statement (`local_timeouts`) and its parameters: its timeouts,
         and the table when its deletes are counted on the server (see `add`)."""
         marked = (self.rel,) if self.rel is not None else ()
         return (
-            local_bounds(walk, generic, mark=self.rel is not None),
+            local_timeouts(walk, generic, mark=self.rel is not None),
             (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked),
         )
 
@@ -372,7 +372,7 @@ def ledger_add() -> sql.SQL:
 
 def ledger_add_deleted() -> sql.SQL:
     """`ledger_add`, its count taken on the server: the rows the batch's DELETE removed from
-    `%(rel)s`, since `local_bounds(mark=True)` began the transaction. So it follows the DELETE
+    `%(rel)s`, since `local_timeouts(mark=True)` began the transaction. So it follows the DELETE
     in the same pipeline with no round trip to read the DELETE's tag first (one of a batch's
     three; bench/README.md, issue 20). The session's count of deleted rows goes on across
     transactions until its statistics are flushed (PostgreSQL 15+), hence the difference. A

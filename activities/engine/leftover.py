@@ -8,8 +8,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.batch_sql import local_bounds
-from activities.engine.planning import TablePlan
+from activities.engine.batch_sql import local_timeouts
 from activities.engine.rules import Predicate, ident
 
 #: A sweep that removed more than this share of a table calls for fresh statistics (and, when
@@ -44,7 +43,7 @@ async def leftover(
     if not complete:
         try:
             async with conn.transaction():
-                await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+                await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
                 cur = await conn.execute(oldest_expired(pred), pred.params)
                 row = await cur.fetchone()
             instant = row[0] if row else None
@@ -86,54 +85,6 @@ def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
     )
 
 
-#: A plain table whose pass removed at least this many rows, and more than LARGE_SHARE of it, is
-#: told it wants partitions: below it a batched delete costs a fraction of a second a pass.
-PARTITION_ADVICE_ROWS = 100_000
-
-
-async def partition_advice(
-    conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan, removed: int, left: Leftover
-) -> str:
-    """One pass's evidence that a plain table wants RANGE partitions on its expiry column: the
-    pass removed a large share of it (more than LARGE_SHARE, PARTITION_ADVICE_ROWS rows or more).
-    The rows a day, read from the span of the rows left (through the index), size the advice."""
-    key = pred.range_key
-    before = removed + left.live
-    if key is None or plan.partitioned or removed < PARTITION_ADVICE_ROWS or not before:
-        return ""
-    share = removed / before
-    if share <= LARGE_SHARE:
-        return ""
-    per_day = await _rows_per_day(conn, pred, left.live) if plan.index is not None else None
-    rate = f", about {per_day:,.0f} rows a day ({per_day / 24:,.0f} an hour)" if per_day else ""
-    return (
-        f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table){rate}; "
-        f"partition it by RANGE on {key.column}, each partition narrower than the time between "
-        "passes, and set partitions = 'drop': a partition wholly expired then goes with one DROP "
-        "instead of a DELETE of each row, ~100x cheaper (measured here for a million rows: 1.2 "
-        "MB of WAL against 246 MB). The partition straddling the cutoff at a pass is deleted "
-        "row by row: with partitions W wide and passes every P, about W/2P of the rows (hourly "
-        "partitions, daily passes: 2%; daily partitions, hourly passes: 98%, no gain)"
-    )
-
-
-async def _rows_per_day(conn: AsyncConnection[Any], pred: Predicate, live: int) -> float | None:
-    """`live` rows over the days their values span (those not expired: the live rows): the
-    rate rows arrive at, if the table keeps a steady retention."""
-    assert pred.range_key is not None
-    try:
-        async with conn.transaction():
-            await conn.execute(local_bounds(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
-            cur = await conn.execute(
-                value_span_days(pred, pred.range_key.sql_type), {"cutoff": pred.range_key.cutoff}
-            )
-            row = await cur.fetchone()
-    except (errors.QueryCanceled, errors.DataError):
-        return None
-    days = float(row[0]) if row and row[0] is not None else 0.0
-    return live / days if days > 0 else None
-
-
 async def analyze_after(
     conn: AsyncConnection[Any], pred: Predicate, removed: int, left: Leftover, budget_ms: int
 ) -> tuple[bool, str]:
@@ -152,7 +103,7 @@ async def analyze_after(
             "ownership); statistics left as they were"
         )
     async with conn.transaction():
-        await conn.execute(local_bounds(), (READ_TIMEOUT_MS, budget_ms))
+        await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, budget_ms))
         await conn.execute(analyze(pred))
     return True, ""
 
@@ -169,24 +120,6 @@ def oldest_expired(pred: Predicate) -> sql.Composed:
         )
     return sql.SQL("SELECT min({}) FROM {} WHERE {}").format(
         pred.expired_at, ident(pred.table), pred.where
-    )
-
-
-def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
-    """One row: the days between the least and the greatest value of the rule's column among
-    the rows not expired, those past `%(cutoff)s` (NULL when there are none), read from the
-    ends of its index. Not over every row: right after a sweep the least value would be found
-    by walking the index from its start over an entry for every row the sweep deleted (1.1 s
-    after a million, measured in bench case 1); the bound starts the scan past them."""
-    assert pred.column is not None
-    column = sql.Identifier(pred.column)
-    span = (
-        sql.SQL("(max({c}) - min({c}))::float8 / 86400000")
-        if sql_type in ("bigint", "integer")
-        else sql.SQL("extract(epoch FROM max({c}) - min({c}))::float8 / 86400")
-    ).format(c=column)
-    return sql.SQL("SELECT {} FROM {} WHERE {} > %(cutoff)s").format(
-        span, ident(pred.table), column
     )
 
 

@@ -1,7 +1,7 @@
 """The built-in targets: tables with expiry rules, swept in batches through the worker's pool.
 
 `SqlTarget` is the front: what the activity asks of a target. Behind it, `TableAccess` is the
-way into each table, `TargetSweeper` (`attempt`) one attempt at its sweep, table by table.
+way into each table, `TargetSweeper` (`target_tables`) one run of its tables, table by table.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import Any
 from psycopg import sql
 
 from activities.engine.access import ConnectionSource, TableAccess
-from activities.engine.attempt import TargetSweeper
 from activities.engine.batch_sql import count_expired
 from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.target_tables import TargetSweeper
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.names import TableName
 from purge_config.settings import Guards, PartitionPolicy, SweepSettings
@@ -102,7 +102,7 @@ class SqlTarget:
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
                 # A count reads what a whole sweep would: give it the sweep's time budget.
-                await self._access.bound(conn, self.settings.time_budget_ms)
+                await self._access.set_timeouts(conn, self.settings.time_budget_ms)
                 pred = await self._access.bind(conn, rule, now_ms)
                 query = count_expired_and_all(pred) if total else count_expired(pred)
                 cur = await conn.execute(query, pred.params)
@@ -119,7 +119,7 @@ class SqlTarget:
         stats = SweepStats(advice=await self._access.check(self.rules, now_ms))
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
-                await self._access.bound(conn, self.settings.time_budget_ms)
+                await self._access.set_timeouts(conn, self.settings.time_budget_ms)
                 pred = await self._access.bind(conn, rule, now_ms)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()

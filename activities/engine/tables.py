@@ -11,13 +11,13 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors
 
-from activities.engine.batch_sql import local_bounds
+from activities.engine.batch_sql import local_timeouts
 from activities.engine.batching import BatchSweeper, count_left
 from activities.engine.context import SweepContext
 from activities.engine.detaching import PartitionRemover
+from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import Layout, Leaf, read_layout
 from activities.engine.planning import TablePlan, plan_table
-from activities.engine.rights import check_partitions
 from activities.engine.rules import Predicate
 from activities.progress import SweepStats
 
@@ -114,7 +114,8 @@ class TableSweeper:
     async def _plan(self, pred: Predicate) -> TablePlan:
         async with self.conn.transaction():
             await self.conn.execute(
-                local_bounds(), (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms)
+                local_timeouts(),
+                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
             return await plan_table(self.conn, pred)
 

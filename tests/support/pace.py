@@ -61,8 +61,8 @@ def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     factor = PACES[pace]
     resize = batching._resize
 
-    def paced(size: int, ms: float, target_ms: int, bounds: tuple[int, int]) -> int:
-        return resize(size, ms * factor, target_ms, bounds)
+    def paced(size: int, ms: float, target_ms: int, size_range: tuple[int, int]) -> int:
+        return resize(size, ms * factor, target_ms, size_range)
 
     monkeypatch.setattr(batching, "_resize", paced)
     if factor > 1:

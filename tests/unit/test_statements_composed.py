@@ -1,7 +1,7 @@
 """Every statement the package sends is composed with `psycopg.sql`, never formatted as text: an
 audit of every `execute(`/`executemany(` call in activities/, read from the source (no server).
 
-A statement may be a function's result (`local_bounds()`, `sql.SQL(...).format(...)`), a module
+A statement may be a function's result (`local_timeouts()`, `sql.SQL(...).format(...)`), a module
 constant, a string literal (psycopg's `LiteralString`: nothing in it came from outside), a
 parameter annotated as `sql` composable, or a local bound to one of those; never an f-string, a
 `%`-formatted or `.format`ted string, or text added to a string."""

@@ -1,5 +1,6 @@
-"""One attempt at a target's sweep: table after table, each under its advisory lock, from where
-the progress says, until done, out of time, or at a table another sweep holds."""
+"""A target's tables swept in turn: table after table, each under its advisory lock, from where
+the progress says, until done, out of time, or at a table another sweep holds. One call is one
+run of the target (an activity attempt, for the caller; the engine knows no Temporal)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from psycopg import AsyncConnection
 
 from activities.engine.access import TableAccess
 from activities.engine.context import SweepContext, partition_action
-from activities.engine.leftover import analyze_after, leftover, partition_advice, vacuum_advice
+from activities.engine.leftover import analyze_after, leftover, vacuum_advice
+from activities.engine.partition_advice import pass_advice, record_share, remembered_advice
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
-from activities.engine.shares import record_share, remembered_advice
 from activities.engine.tables import TableSweeper
 from activities.progress import SweepStats
 
@@ -108,7 +109,7 @@ class TargetSweeper:
             )
             after.analyzed = analyzed
             after.advice += [warning] if warning else []
-        partition = await partition_advice(conn, pred, plan, table.removed, left)
+        partition = await pass_advice(conn, pred, plan, table.removed, left)
         if not partition and ctx.remember and pred.range_key and not plan.partitioned:
             # One pass's evidence said nothing: the day's passes may.
             passes = await record_share(

@@ -1,10 +1,11 @@
-"""activities/engine/shares.py without a server: when the day's passes call for partitions, and
-the width the advice offers. The same advice over real passes is in tests/test_partition_advice.py.
+"""activities/engine/partition_advice.py without a server: when the day's passes call for
+partitions, and the width the advice offers. The same advice over real passes is in
+tests/test_partition_advice.py.
 """
 
 from __future__ import annotations
 
-from activities.engine.shares import SharePass, remembered_advice
+from activities.engine.partition_advice import SharePass, remembered_advice
 
 HOUR = 3_600_000
 
