@@ -44,12 +44,13 @@ from bench.cpu import CpuMeter, postmaster_pid
 from bench.services import (
     TargetEntry,
     fleet_config,
+    running_workers,
     scratch_databases,
     temporal_dev_server,
 )
 from purge_config import PurgeConfig
 from purge_ops.connect import lazy_pools, open_pool
-from purge_ops.runner import new_worker
+from purge_ops.runner import config_workers
 
 log = logging.getLogger("bench")
 
@@ -233,7 +234,7 @@ async def run_orchestration(bench: Bench, scratch: Path) -> OrchestrationResult:
             activities = PurgeActivities(registry)
             async with (
                 temporal_dev_server(scratch) as (client, temporal_pid),
-                new_worker(client, registry, config.task_queue),
+                running_workers(config_workers(client, config, registry)),
             ):
                 meter = CpuMeter()
                 for name, pid in (
