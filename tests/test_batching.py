@@ -22,7 +22,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_kinds as kinds
 from activities.engine import batching
-from activities.engine.filter_plan import plan_nodes
+from activities.engine.catalog import plan_nodes
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep

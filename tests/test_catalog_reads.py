@@ -8,15 +8,15 @@ pg_constraint costs the pass time in proportion to the square of the tables (ben
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from activities.engine import leftover, partitions, statements
-from activities.engine.filter_plan import plan_nodes
+from activities.engine import catalog, leftover, partitions
+from activities.engine.catalog import plan_nodes
 
 #: The catalogs a per-table read may look into, by index, a few rows each.
 CATALOGS = {
@@ -73,7 +73,7 @@ def test_a_foreign_key_is_found_on_the_table_it_references_and_on_no_other(
     tables = ["parent", "child", "selfref", "pair", "pair_child", "pp", "pp_1", "pp_2"]
     tables += ["pp_child", "gone", "goner", "viewed", "indexed_child"]
 
-    found = {rel: bool(_one(db, statements.is_referenced(), rel)[0]) for rel in tables}
+    found = {rel: bool(_one(db, catalog.is_referenced(), rel)[0]) for rel in tables}
 
     assert found == {rel: _referenced(db, rel) for rel in tables}
     assert {rel for rel, yes in found.items() if yes} == {
@@ -81,7 +81,7 @@ def test_a_foreign_key_is_found_on_the_table_it_references_and_on_no_other(
     }  # fmt: skip
     # The keys without an index on the child's columns, one row a key (a key of two columns
     # depends on both: found once).
-    children = statements.unindexed_children()
+    children = catalog.unindexed_children()
     params = {"column": "id"}
     assert db.execute(children, {**params, "rel": "parent"}).fetchall() == [
         ("child", ["parent_id"], "NO ACTION")
@@ -127,7 +127,7 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
         ).fetchone() or [0]
         return int(n)
 
-    size = statements.table_size()
+    size = catalog.table_size()
     # The last column: whether a DELETE of the table counts, on the server, every row it
     # removes as the table's own, and only those (track_counts on; no partitions, inheritance
     # children, rules or DELETE triggers).
@@ -176,18 +176,18 @@ def many_tenants(db: psycopg.Connection[Any], schema: str) -> Iterator[str]:
             )
 
 
-#: Every read a sweep makes of one table's catalog entries, by its function's name.
-PER_TABLE_READS = [
-    "table_size",
-    "is_referenced",
-    "unindexed_children",
-    "serving_index",
-    "column_statistics",
-    "column_correlation",
-    "table_tuples",
-    "partition_key",
-    "partition_children",
-    "partition_tree",
+#: Every read a sweep makes of one table's catalog entries (`%(rel)s`, `%(column)s`).
+PER_TABLE_READS: list[Callable[[], sql.Composable]] = [
+    catalog.table_size,
+    catalog.is_referenced,
+    catalog.unindexed_children,
+    catalog.serving_index,
+    catalog.column_statistics,
+    catalog.column_correlation,
+    leftover.table_tuples,
+    partitions.partition_key,
+    partitions.partition_children,
+    partitions.partition_tree,
 ]
 
 
@@ -199,8 +199,7 @@ def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of
     (its actual rows and the rows its filter removed). Scanning pg_class read 6,000 here."""
     too_many = {}
     for read, rel in itertools.product(PER_TABLE_READS, [many_tenants, "parted"]):
-        home = next(m for m in (statements, leftover, partitions) if hasattr(m, read))
-        explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + getattr(home, read)()
+        explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + read()
         row = db.execute(explain, {"rel": rel, "column": "expires_at"}).fetchone()
         assert row is not None
         for node in plan_nodes(row[0][0]["Plan"]):
@@ -210,6 +209,6 @@ def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of
                 "Rows Removed by Filter", 0
             )
             if rows > 50:
-                too_many[(read, rel, node["Node Type"], node["Relation Name"])] = rows
+                too_many[(read.__name__, rel, node["Node Type"], node["Relation Name"])] = rows
 
     assert too_many == {}

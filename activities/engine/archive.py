@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
+from activities.engine import catalog
 from activities.engine.errors import BadTable, MissingRights
 from purge_config.names import TableName
 
@@ -51,13 +52,7 @@ async def bind_archive(
     """The archive of `source`, checked; BadTable (or MissingRights) naming what does not fit."""
     names = {"src": source_rel.as_string(conn), "arc": archive_rel.as_string(conn)}
     try:
-        cur = await conn.execute(
-            "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
-            " has_table_privilege(a.oid, 'INSERT'), current_user::text"
-            " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
-            " LEFT JOIN pg_class a ON a.oid = r.oid",
-            names,
-        )
+        cur = await conn.execute(catalog.archive_target(), names)
     except errors.InsufficientPrivilege as err:
         # A schema this role may not use: to_regclass() raises rather than saying NULL.
         raise MissingRights(
@@ -91,13 +86,7 @@ async def _columns(
     conn: AsyncConnection[Any], source_oid: int, archive_oid: int
 ) -> tuple[dict[str, _Column], dict[str, _Column]]:
     """The source's columns and the archive's, by name, in their tables' order."""
-    cur = await conn.execute(
-        "SELECT attrelid = %(src)s::oid, attname, format_type(atttypid, atttypmod),"
-        " attnotnull, atthasdef, attidentity::text, attgenerated::text"
-        " FROM pg_attribute WHERE attrelid IN (%(src)s::oid, %(arc)s::oid)"
-        " AND attnum > 0 AND NOT attisdropped ORDER BY attrelid = %(src)s::oid DESC, attnum",
-        {"src": source_oid, "arc": archive_oid},
-    )
+    cur = await conn.execute(catalog.archive_columns(), {"src": source_oid, "arc": archive_oid})
     theirs: dict[str, _Column] = {}
     ours: dict[str, _Column] = {}
     for is_source, name, kind, not_null, has_default, identity, generated in await cur.fetchall():

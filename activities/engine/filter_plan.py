@@ -16,14 +16,13 @@ order, a page again and again) where a range walk reads each page once for all o
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from activities.engine import catalog
 from activities.engine.rules import Predicate, ident
 
 #: An index on the expiry column alone still serves a filtered rule when at most this share of
@@ -88,20 +87,7 @@ async def _candidates(
     those that cover the most filter columns."""
     assert pred.row_filter is not None
     assert pred.column is not None
-    cur = await conn.execute(
-        """
-        SELECT ic.relname::text, i.indexrelid::regclass::text, i.indpred IS NOT NULL,
-               array(SELECT a.attname::text
-                     FROM unnest((i.indkey::int2[])[0:i.indnkeyatts - 1]) WITH ORDINALITY k(n, o)
-                     LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n
-                     ORDER BY k.o)
-        FROM pg_index i
-        JOIN pg_class ic ON ic.oid = i.indexrelid
-        JOIN pg_am am ON am.oid = ic.relam AND am.amname = 'btree'
-        WHERE i.indrelid = %s::regclass AND i.indisvalid
-        """,
-        (relation,),
-    )
+    cur = await conn.execute(catalog.btree_indexes(), (relation,))
     fixed = pred.row_filter.index_columns
     found: list[_Candidate] = []
     for relname, name, partial, keys in await cur.fetchall():
@@ -121,49 +107,27 @@ async def _planner_uses(conn: AsyncConnection[Any], pred: Predicate, index: _Can
     """Whether the planner can walk the partial `index` for this filter in order: asked with
     every other way of reading the table priced out, in a savepoint that is then undone."""
     assert pred.column is not None
-    query = sql.SQL(
-        "EXPLAIN (FORMAT JSON) SELECT ctid FROM {} WHERE {} ORDER BY {} LIMIT {}"
-    ).format(
-        ident(pred.table),
-        pred.where,
-        sql.SQL(", ").join(sql.Identifier(c) for c in index.order or (pred.column,)),
-        sql.Literal(_PROBE_ROWS),
+    query = catalog.ordered_walk(
+        ident(pred.table), pred.where, index.order or (pred.column,), _PROBE_ROWS
     )
     async with conn.transaction() as savepoint:
-        await conn.execute(
-            "SELECT set_config('enable_seqscan', 'off', true),"
-            " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
-        )
+        await conn.execute(catalog.index_order_only())
         cur = await conn.execute(query, pred.params)
         row = await cur.fetchone()
         # Undo the settings with the savepoint: they must not reach the sweep's own statements.
         raise psycopg.Rollback(savepoint)
     if row is None:
         return False
-    document = json.loads(row[0]) if isinstance(row[0], str) else row[0]
-    nodes = list(plan_nodes(document[0]["Plan"]))
+    nodes = list(catalog.plan_nodes(catalog.top_plan(row)))
     return not any(n.get("Node Type") == "Sort" for n in nodes) and any(
         n.get("Index Name") == index.relname for n in nodes
     )
 
 
-def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """An `EXPLAIN (FORMAT JSON)` plan node and every node under it."""
-    yield node
-    for child in node.get("Plans", []):
-        yield from plan_nodes(child)
-
-
 async def _estimate(conn: AsyncConnection[Any], pred: Predicate, where: sql.Composable) -> float:
-    query = sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
-        ident(pred.table), where
-    )
-    cur = await conn.execute(query, pred.params)
+    cur = await conn.execute(catalog.estimate(ident(pred.table), where), pred.params)
     row = await cur.fetchone()
-    if row is None:
-        return 0.0
-    document = json.loads(row[0]) if isinstance(row[0], str) else row[0]
-    return float(document[0]["Plan"]["Plan Rows"])
+    return float(catalog.top_plan(row)["Plan Rows"]) if row is not None else 0.0
 
 
 def filtered_advice(

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection, sql
 
+from activities.engine import catalog
 from activities.engine.errors import BadTable, first_line
 from purge_config.filters import MatchValue, RowFilter
 from purge_config.names import TableName
@@ -101,11 +102,10 @@ async def _check_values(
     are read when it is bound, so one that reads no row finds any value that cannot be one."""
     if not bound.params:
         return
-    probe = sql.SQL("SELECT 1 FROM {} WHERE {} LIMIT 0")
     try:
         # A savepoint inside the caller's transaction: a refused value must not abort it.
         async with conn.transaction():
-            await conn.execute(probe.format(relation, bound.where), bound.params)
+            await conn.execute(catalog.filter_values(relation, bound.where), bound.params)
     except (psycopg.DataError, psycopg.ProgrammingError) as err:
         column = await _culprit(conn, relation, bound)
         where = f"match.{column}" if column else "match"
@@ -118,10 +118,7 @@ async def _culprit(
     """The first `match` column whose values the server refuses, to name it."""
     for i, (column, texts) in enumerate(bound.equal):
         names = [f"match_{i}_{j}" for j in range(len(texts))]
-        holders = sql.SQL(", ").join(sql.Placeholder(name) for name in names)
-        probe = sql.SQL("SELECT 1 FROM {} WHERE {} IN ({}) LIMIT 0").format(
-            relation, sql.Identifier(column), holders
-        )
+        probe = catalog.filter_column_values(relation, column, names)
         try:
             async with conn.transaction():
                 await conn.execute(probe, {name: bound.params[name] for name in names})

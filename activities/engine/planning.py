@@ -15,13 +15,12 @@ Two strategies, measured in bench/ (PostgreSQL 18, 2 cores, 2M rows):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.engine import statements
+from activities.engine import catalog
 from activities.engine.batch_sql import index_batch
 from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
 from activities.engine.rules import Predicate, ident
@@ -72,7 +71,7 @@ class TablePlan:
     counts_deletes: bool = False
     """Whether the rows a DELETE of this table removes are counted on the server as its own,
     and only those: `track_counts` on; no partitions, inheritance children, rules or DELETE
-    triggers (`statements.table_size`); no foreign key referencing it (one of its own, ON
+    triggers (`catalog.table_size`); no foreign key referencing it (one of its own, ON
     DELETE CASCADE, would count the rows it cascades to). A plain batch's ledger row then takes
     its count there (`ledger.ledger_add_deleted`)."""
 
@@ -157,18 +156,18 @@ async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: s
     rel = {"rel": relation}
     # The catalog reads do not depend on one another: one pipelined round trip, not five.
     async with conn.pipeline():
-        sizes = await conn.execute(statements.table_size(), rel)
-        estimate = await conn.execute(_estimate_query(pred), pred.params)
+        sizes = await conn.execute(catalog.table_size(), rel)
+        estimate = await conn.execute(catalog.estimate(ident(pred.table), pred.where), pred.params)
         serving = (
-            await conn.execute(statements.serving_index(), {**rel, "column": pred.column})
+            await conn.execute(catalog.serving_index(), {**rel, "column": pred.column})
             if pred.column
             else None
         )
-        referencing = await conn.execute(statements.is_referenced(), rel)
+        referencing = await conn.execute(catalog.is_referenced(), rel)
         # Wanted only for an index sweep (its first batch's size), not yet chosen: read
         # anyway, as the same round trip carries it.
         correlating = (
-            await conn.execute(statements.column_correlation(), {**rel, "column": pred.column})
+            await conn.execute(catalog.column_correlation(), {**rel, "column": pred.column})
             if pred.column and pred.row_filter is None
             else None
         )
@@ -181,19 +180,12 @@ async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: s
     return _Catalog(
         pages=int(pages),
         rows=None if never_analyzed else float(reltuples or 0),
-        expired=float(_plan(explained)["Plan Rows"]) if explained else 0.0,
+        expired=float(catalog.top_plan(explained)["Plan Rows"]) if explained else 0.0,
         index=str(found[0]) if found else None,
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
         correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
         counts_deletes=bool(counts),
-    )
-
-
-def _estimate_query(pred: Predicate) -> sql.Composed:
-    """The planner's estimate of the expired rows (its top node's `Plan Rows`)."""
-    return sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(
-        ident(pred.table), pred.where
     )
 
 
@@ -207,11 +199,11 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     share = plan.share
     if share is None or share >= SMALL_SHARE:
         return ""
-    explained = await conn.execute(
-        sql.SQL("EXPLAIN (FORMAT JSON) ").format() + index_batch(pred, 1000), pred.params
-    )
+    explained = await conn.execute(catalog.explain(index_batch(pred, 1000)), pred.params)
     row = await explained.fetchone()
-    whole_scan = plan.strategy == "range" or (row is not None and _scans_whole(_plan(row)))
+    whole_scan = plan.strategy == "range" or (
+        row is not None and _scans_whole(catalog.top_plan(row))
+    )
     if not whole_scan:
         return ""
     if pred.row_filter is not None:
@@ -229,13 +221,6 @@ async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) 
     )
 
 
-def _plan(row: Any) -> dict[str, Any]:
-    """The top plan node of an `EXPLAIN (FORMAT JSON)` result row."""
-    document = json.loads(row[0]) if isinstance(row[0], str) else row[0]
-    node: dict[str, Any] = document[0]["Plan"]
-    return node
-
-
 def _scans_whole(node: dict[str, Any]) -> bool:
     if node.get("Node Type") == "Seq Scan":
         return True
@@ -247,7 +232,7 @@ async def unindexed_children(conn: AsyncConnection[Any], pred: Predicate) -> str
     with its columns, and the index that fixes it; empty when there is none. Without the index
     every parent row deleted makes PostgreSQL read the whole child table."""
     cur = await conn.execute(
-        statements.unindexed_children(), {"rel": ident(pred.table).as_string(conn)}
+        catalog.unindexed_children(), {"rel": ident(pred.table).as_string(conn)}
     )
     lines = []
     for child, columns, action in await cur.fetchall():

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine import catalog
 from activities.engine.archive import Archive, bind_archive
 from activities.engine.errors import BadTable
 from activities.engine.filters import BoundFilter, bind_filter
@@ -253,17 +254,7 @@ async def _archive(
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
     """Column name to SQL type (domains resolved to their base type); BadTable if no table."""
     qualified = ident(table).as_string(conn)
-    cur = await conn.execute(
-        """
-        SELECT a.attname, format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL),
-               c.relkind
-        FROM pg_class c
-        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-        JOIN pg_type t ON t.oid = a.atttypid
-        WHERE c.oid = to_regclass(%s)
-        """,
-        (qualified,),
-    )
+    cur = await conn.execute(catalog.column_types(), (qualified,))
     rows = await cur.fetchall()
     if not rows:
         raise BadTable(f"table {table} does not exist (looked for {qualified})")

@@ -13,9 +13,9 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from activities.engine.catalog import column_sample, column_statistics
 from activities.engine.errors import BadTable
 from activities.engine.rules import ident
-from activities.engine.statements import column_sample, column_statistics
 from purge_config.names import TableName
 from purge_config.settings import EPOCH_UNITS, EpochUnit
 
@@ -82,8 +82,10 @@ async def _sample(
 ) -> list[tuple[int, float]]:
     """(value, weight) pairs: the planner's histogram bounds and most common values with their
     share of the rows, or, without statistics, a few rows read as they come."""
-    rel = ident(table).as_string(conn)
-    cur = await conn.execute(column_statistics(), {"rel": rel, "column": column})
+    relation = ident(table)
+    cur = await conn.execute(
+        column_statistics(), {"rel": relation.as_string(conn), "column": column}
+    )
     row = await cur.fetchone()
     if row is not None:
         bounds, common, freqs = row[0] or [], row[1] or [], row[2] or []
@@ -92,5 +94,5 @@ async def _sample(
         pairs += [(int(v), rest / len(bounds)) for v in bounds]
         if pairs:
             return pairs
-    cur = await conn.execute(column_sample(table, column, SAMPLE_ROWS))
+    cur = await conn.execute(column_sample(relation, column, SAMPLE_ROWS))
     return [(int(r[0]), 1.0) for r in await cur.fetchall()]
