@@ -16,8 +16,9 @@ from activities.engine.batch_sql import local_timeouts
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
-from activities.engine.planning import TablePlan, plan_table, unindexed_children
+from activities.engine.planning import TablePlan, plan_table
 from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.table_facts import unindexed_children
 from activities.engine.units import check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
 

@@ -27,7 +27,7 @@ from activities.engine.context import SweepContext
 from activities.engine.keyset import KeyBatch, Ran, run_key_batch
 from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
 from activities.engine.pacing import Pacer
-from activities.engine.planning import TablePlan, keyset
+from activities.engine.planning import TablePlan, keyset_batches
 from activities.engine.rules import Predicate
 from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
@@ -77,7 +77,9 @@ class BatchSweeper:
         self.progress.strategy = self.plan.strategy
         self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
         await self.pacer.start()
-        by_key = keyset(pred, self.plan.partitioned, self.plan.order)
+        by_key = keyset_batches(
+            pred.column, pred.archive is not None, self.plan.partitioned, self.plan.order
+        )
         self.tally = BatchTally.of(
             self.ctx.ledger, self.conn, pred.table, server_counts=self.plan.counts_deletes
         )

@@ -231,11 +231,6 @@ def column_sample(relation: sql.Identifier, column: str, rows: int) -> sql.Compo
 # -- The planner's estimates: EXPLAIN, never run ------------------------------------------------
 
 
-def explain(statement: sql.Composable) -> sql.Composed:
-    """The planner's plan for `statement`, which is not run."""
-    return sql.SQL("EXPLAIN (FORMAT JSON) ").format() + statement
-
-
 def estimate(relation: sql.Identifier, where: sql.Composable) -> sql.Composed:
     """The planner's estimate of the rows `where` selects (the top node's `Plan Rows`)."""
     return sql.SQL("EXPLAIN (FORMAT JSON) SELECT 1 FROM {} WHERE {}").format(relation, where)

@@ -6,11 +6,14 @@ Two strategies, measured in bench/ (PostgreSQL 18, 2 cores, 2M rows):
   expired rows, and it needs no index. Right for large shares and for predicates no index serves.
 - `index`: reads only expired rows through an index on the expiry column. Right for small shares:
   its cost follows the expired rows, not the table (31 ms vs 290-520 ms for a walk, at 1% of 2M
-  rows). By keyset batches (`keyset` below chooses them; `activities.engine.keyset` runs them):
-  the key where the next n expired rows end, then one plain DELETE of that key range; by ctid
+  rows). By keyset batches (`keyset_batches` below chooses them; `activities.engine.keyset` runs
+  them): the key where the next n expired rows end, then one plain DELETE of that key range; by ctid
   batches (`ctid = ANY(ARRAY(SELECT ctid ... ORDER BY col LIMIT n)) AND expired`) where a range
   cannot serve: a composite filter index, a partitioned parent, an archive that needs the rows
   back.
+
+The choice is `choose_plan`, a pure function of what `table_facts` read (tests/unit/engine/
+test_plan_choice.py holds its rules); `plan_table` reads, then chooses.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.engine import catalog
-from activities.engine.batch_sql import index_batch
-from activities.engine.filter_plan import filtered_advice, filtered_index, index_pays
+from activities.engine.filters import BoundFilter
 from activities.engine.rules import Predicate, ident
+from activities.engine.table_facts import TableFacts, read_table_facts
 from activities.progress import Strategy
 
 #: Above this share of expired rows the walk is cheaper than the index, even with one...
@@ -39,6 +41,18 @@ IN_ORDER_MAX_SHARE = 0.75
 #: tables cost too little to bother anyone with advice.
 LARGE_PAGES = 1024
 SMALL_SHARE = 0.1
+#: An index on the expiry column alone still serves a filtered rule when at most this share of
+#: the rows it finds expired does not match the filter (each batch steps over those again).
+STEP_OVER_SHARE = 0.1
+#: The most selected rows per heap page for which index batches beat a walk, for a filtered
+#: rule: its rows share their heap pages with the rows it leaves, so index batches visit a page
+#: for each row they delete (in index order, a page again and again) where a range walk reads
+#: each page once for all of its rows. Measured here (2M rows of about 100 bytes, 2 cores,
+#: PostgreSQL 18 with full-page writes), against one DELETE of the same rows: at 0.2 rows a
+#: page the index took 1.2-1.4x and a walk 2x; at 0.6, the index 1.4x and a walk 1.1x; at 10
+#: (one state of three, half expired) the index 13x and a walk 0.93x (bench/README.md,
+#: "Filters and archives").
+INDEX_ROWS_PER_PAGE = 0.5
 
 
 @dataclass(frozen=True)
@@ -90,158 +104,130 @@ class TablePlan:
         return min(1.0, self.expired / self.rows)
 
 
-@dataclass(frozen=True)
-class _Catalog:
-    """What the catalog and the statistics say of one table, read in one round trip."""
-
-    pages: int
-    rows: float | None
-    expired: float
-    index: str | None
-    referenced: bool
-    partitioned: bool
-    correlation: float | None
-    counts_deletes: bool
-
-
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
-    """Estimate, choose a strategy, and check the chosen batch statement's plan."""
-    relation = ident(pred.table).as_string(conn)
-    known = await _read_catalog(conn, pred, relation)
-    index = known.index
-    order: tuple[str, ...] = ()
-    if pred.row_filter is not None and pred.column is not None:
-        # A filter wants an index that serves it too (activities.engine.filter_plan).
-        index, order = await filtered_index(conn, relation, pred, index, known.expired)
-    share = None if not known.rows else min(1.0, known.expired / known.rows)
+    """Read what the catalog and the planner say of the table, and choose its plan."""
+    return choose_plan(await read_table_facts(conn, pred))
+
+
+def choose_plan(facts: TableFacts) -> TablePlan:
+    """The strategy for sweeping the table, and the advice for its operator: no I/O."""
+    index, order = _serving_index(facts)
+    share = None if not facts.rows else min(1.0, facts.expired / facts.rows)
     in_order = (
-        known.correlation is not None
-        and abs(known.correlation) >= IN_ORDER
+        facts.correlation is not None
+        and abs(facts.correlation) >= IN_ORDER
         and share is not None
         and share <= IN_ORDER_MAX_SHARE
-        and keyset(pred, partitioned=known.partitioned, order=order)
+        and keyset_batches(facts.column, facts.archived, facts.partitioned, order)
     )
     use_index = index is not None and (share is None or share <= INDEX_MAX_SHARE or in_order)
-    if use_index and pred.row_filter is not None:
+    if use_index and facts.row_filter is not None:
         # A filter's rows are spread among rows it leaves: the index pays only when sparse.
-        use_index = index_pays(known.expired, known.pages)
+        use_index = index_pays(facts.expired, facts.pages)
     plan = TablePlan(
         strategy="index" if use_index else "range",
-        pages=known.pages,
-        rows=known.rows,
-        expired=known.expired,
+        pages=facts.pages,
+        rows=facts.rows,
+        expired=facts.expired,
         index=index,
-        referenced=known.referenced,
-        partitioned=known.partitioned,
+        referenced=facts.referenced,
+        partitioned=facts.partitioned,
         order=order,
-        correlation=known.correlation,
-        counts_deletes=known.counts_deletes and not known.referenced,
+        correlation=facts.correlation,
+        counts_deletes=facts.counts_deletes and not facts.referenced,
     )
-    return replace(plan, advice=await _advice(conn, pred, plan))
+    column, rows = facts.column, facts.rows
+    if index is not None or column is None or not rows or not _worth_advice(facts, rows):
+        return plan
+    # No index serves, so the plan is a walk that reads the whole table on every pass.
+    if facts.row_filter is not None:
+        return replace(plan, advice=_filtered_advice(facts, facts.row_filter, column, rows))
+    return replace(plan, advice=_advice(facts, column, rows))
 
 
-def keyset(pred: Predicate, partitioned: bool, order: tuple[str, ...]) -> bool:
-    """Whether an index sweep of this table goes by keyset batches: the index is the expiry
+def keyset_batches(
+    column: str | None, archived: bool, partitioned: bool, order: tuple[str, ...]
+) -> bool:
+    """Whether an index sweep of a table goes by keyset batches: the index is the expiry
     column's own (a composite filter index orders by other keys first), the table is not swept
     through a partitioned parent, and no archive needs the deleted rows returned."""
-    return (
-        pred.column is not None
-        and pred.archive is None
-        and not partitioned
-        and order in ((), (pred.column,))
-    )
+    return column is not None and not archived and not partitioned and order in ((), (column,))
 
 
-async def _read_catalog(conn: AsyncConnection[Any], pred: Predicate, relation: str) -> _Catalog:
-    rel = {"rel": relation}
-    # The catalog reads do not depend on one another: one pipelined round trip, not five.
-    async with conn.pipeline():
-        sizes = await conn.execute(catalog.table_size(), rel)
-        estimate = await conn.execute(catalog.estimate(ident(pred.table), pred.where), pred.params)
-        serving = (
-            await conn.execute(catalog.serving_index(), {**rel, "column": pred.column})
-            if pred.column
-            else None
-        )
-        referencing = await conn.execute(catalog.is_referenced(), rel)
-        # Wanted only for an index sweep (its first batch's size), not yet chosen: read
-        # anyway, as the same round trip carries it.
-        correlating = (
-            await conn.execute(catalog.column_correlation(), {**rel, "column": pred.column})
-            if pred.column and pred.row_filter is None
-            else None
-        )
-    size = await sizes.fetchone() or (0, 0, True, False, False)
-    pages, reltuples, never_analyzed, partitioned, counts = size
-    explained = await estimate.fetchone()
-    found = await serving.fetchone() if serving is not None else None
-    referenced = await referencing.fetchone()
-    correlated = await correlating.fetchone() if correlating is not None else None
-    return _Catalog(
-        pages=int(pages),
-        rows=None if never_analyzed else float(reltuples or 0),
-        expired=float(catalog.top_plan(explained)["Plan Rows"]) if explained else 0.0,
-        index=str(found[0]) if found else None,
-        referenced=bool(referenced and referenced[0]),
-        partitioned=bool(partitioned),
-        correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
-        counts_deletes=bool(counts),
-    )
+def index_pays(expired: float, pages: int) -> bool:
+    """Whether index batches beat a walk for a filtered rule: at most about one selected row
+    in two heap pages."""
+    return expired <= INDEX_ROWS_PER_PAGE * max(pages, 1)
 
 
-async def _advice(conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan) -> str:
-    """EXPLAIN the batch statement about to run; when it reads a large table whole for a small
-    share of expired rows, say which index would let it read only those."""
-    if pred.column is None or plan.pages < LARGE_PAGES or plan.index is not None:
-        # No column an index could serve, a table too small to matter, or an index that
-        # already serves it: no index to advise.
-        return ""
-    share = plan.share
-    if share is None or share >= SMALL_SHARE:
-        return ""
-    explained = await conn.execute(catalog.explain(index_batch(pred, 1000)), pred.params)
-    row = await explained.fetchone()
-    whole_scan = plan.strategy == "range" or (
-        row is not None and _scans_whole(catalog.top_plan(row))
-    )
-    if not whole_scan:
-        return ""
-    if pred.row_filter is not None:
-        # Only an index that would be used: past half a row a page the table is walked anyway.
-        if not index_pays(plan.expired, plan.pages):
-            return ""
-        return filtered_advice(conn, pred, plan.expired, plan.rows or 0)
+def _serving_index(facts: TableFacts) -> tuple[str | None, tuple[str, ...]]:
+    """The index the rule's batches may walk and its order (empty: the expiry column's)."""
+    if facts.row_filter is None or facts.column is None:
+        return facts.index, ()
+    if facts.filter_index is not None:
+        return facts.filter_index, facts.filter_order
+    # An index on the expiry column alone steps over every expired row the filter leaves, on
+    # every batch: it serves only when nearly every expired row matches.
+    found = facts.age_expired
+    if (
+        facts.index is not None
+        and found is not None
+        and found - facts.expired <= STEP_OVER_SHARE * found
+    ):
+        return facts.index, ()
+    return None, ()
+
+
+def _worth_advice(facts: TableFacts, rows: float) -> bool:
+    """Whether a table no index serves is worth one: large, with a small share expired; for a
+    filter, sparse enough that the index would be used (past half a row a page the table is
+    walked anyway)."""
+    if facts.pages < LARGE_PAGES or facts.expired / rows >= SMALL_SHARE:
+        return False
+    return facts.row_filter is None or index_pays(facts.expired, facts.pages)
+
+
+def _advice(facts: TableFacts, column: str, rows: float) -> str:
+    """The index on the expiry column."""
     create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
-        ident(pred.table), sql.Identifier(pred.column)
+        ident(facts.table), sql.Identifier(column)
     )
+    share = min(1.0, facts.expired / rows)
     return (
-        f"{pred.table}: about {plan.expired:,.0f} of {plan.rows or 0:,.0f} rows "
-        f"({share:.1%}) are expired and no index serves {pred.column}, so every pass reads the "
-        f"whole table; create one: {create.as_string(conn)}"
+        f"{facts.table}: about {facts.expired:,.0f} of {rows:,.0f} rows "
+        f"({share:.1%}) are expired and no index serves {column}, so every pass reads the "
+        f"whole table; create one: {create.as_string()}"
     )
 
 
-def _scans_whole(node: dict[str, Any]) -> bool:
-    if node.get("Node Type") == "Seq Scan":
-        return True
-    return any(_scans_whole(child) for child in node.get("Plans", []))
-
-
-async def unindexed_children(conn: AsyncConnection[Any], pred: Predicate) -> str:
-    """A warning naming each foreign key into the table whose child table has no index leading
-    with its columns, and the index that fixes it; empty when there is none. Without the index
-    every parent row deleted makes PostgreSQL read the whole child table."""
-    cur = await conn.execute(
-        catalog.unindexed_children(), {"rel": ident(pred.table).as_string(conn)}
+def _filtered_advice(facts: TableFacts, bound: BoundFilter, expiry: str, rows: float) -> str:
+    """The composite index on the filter's fixed columns and the expiry column, or a partial
+    one holding only the rows the filter selects."""
+    table, column = ident(facts.table), sql.Identifier(expiry)
+    options: list[sql.Composable] = []
+    if bound.equal:
+        keys = [sql.Identifier(c) for c, _ in bound.equal] + [column]
+        options.append(
+            sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(table, sql.SQL(", ").join(keys))
+        )
+    # Values as quoted literals: advice is text a person reads and runs, never run here.
+    conditions: list[sql.Composable] = []
+    for name, texts in bound.equal:
+        values = sql.SQL(", ").join(sql.Literal(text) for text in texts)
+        form = "{} = {}" if len(texts) == 1 else "{} IN ({})"
+        conditions.append(sql.SQL(form).format(sql.Identifier(name), values))
+    conditions += [sql.SQL("{} IS NULL").format(sql.Identifier(c)) for c in bound.null]
+    conditions += [sql.SQL("{} IS NOT NULL").format(sql.Identifier(c)) for c in bound.not_null]
+    options.append(
+        sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({}) WHERE {}").format(
+            table, column, sql.SQL(" AND ").join(conditions)
+        )
     )
-    lines = []
-    for child, columns, action in await cur.fetchall():
-        create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
-            sql.SQL(child), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
-        )
-        lines.append(
-            f"{pred.table}: {child} ({', '.join(columns)}) references it ON DELETE {action} with "
-            f"no index on those columns, so each deleted row reads all of {child}; create one: "
-            f"{create.as_string(conn)}"
-        )
-    return " ".join(lines)
+    share = facts.expired / rows
+    named = ", ".join([c for c, _ in bound.equal] + [*bound.null, *bound.not_null])
+    create = ", or a partial one: ".join(o.as_string() for o in options)
+    return (
+        f"{facts.table}: about {facts.expired:,.0f} of {rows:,.0f} rows ({share:.1%}) "
+        f"match the filter and are expired, and no index serves both the filter ({named}) and "
+        f"{expiry}, so every pass reads the whole table; create one: {create}"
+    )

@@ -1,0 +1,137 @@
+"""What the catalog, the statistics and the planner say of one table, read before its plan is
+chosen: the I/O half of planning (`planning.choose_plan` is the other, with no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from psycopg import AsyncConnection, sql
+
+from activities.engine import catalog
+from activities.engine.filter_plan import find_filter_index
+from activities.engine.filters import BoundFilter
+from activities.engine.rules import Predicate, ident
+from purge_config.names import TableName
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """One table and its rule as read this pass: everything the choice of its plan depends on."""
+
+    table: TableName
+    column: str | None
+    """The rule's expiry column, which an index can serve; None when none can (the full-bucket
+    arithmetic)."""
+    pages: int
+    """Heap pages of its largest leaf (of the table itself, when it is not partitioned)."""
+    rows: float | None
+    """Live rows per the statistics, or None when the table was never analyzed."""
+    expired: float
+    """The planner's estimate of the rows the rule (its filter included) selects."""
+    index: str | None = None
+    """A valid btree index whose first key is the expiry column."""
+    referenced: bool = False
+    """Whether a foreign key references the table."""
+    partitioned: bool = False
+    correlation: float | None = None
+    """ANALYZE's correlation between the expiry column's order and the heap's; None when not
+    known (never analyzed, or a filtered rule, whose rows are not read in that order)."""
+    counts_deletes: bool = False
+    """Whether a DELETE's tag counts exactly the table's own rows (`catalog.table_size`)."""
+    archived: bool = False
+    """Whether the rule moves its rows to an archive (which needs them returned)."""
+    row_filter: BoundFilter | None = None
+    filter_index: str | None = None
+    """An index that serves the filter and the expiry column together (`filter_plan`)."""
+    filter_order: tuple[str, ...] = ()
+    """Its keys up to the expiry column, when it leads with filter columns."""
+    age_expired: float | None = None
+    """The planner's estimate of the rows the age alone selects: read for a filtered rule with
+    no index of its own but the expiry column's, whose batches would step over the rest."""
+
+
+async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> TableFacts:
+    """Read what planning needs of `pred`'s table: one pipelined round trip, and for a filtered
+    rule a few more to find the index that serves it."""
+    relation = ident(pred.table)
+    rel = {"rel": relation.as_string(conn)}
+    # The catalog reads do not depend on one another: one pipelined round trip, not five.
+    async with conn.pipeline():
+        sizes = await conn.execute(catalog.table_size(), rel)
+        estimate = await conn.execute(catalog.estimate(relation, pred.where), pred.params)
+        serving = (
+            await conn.execute(catalog.serving_index(), {**rel, "column": pred.column})
+            if pred.column
+            else None
+        )
+        referencing = await conn.execute(catalog.is_referenced(), rel)
+        # Wanted only for an index sweep (its first batch's size), not yet chosen: read
+        # anyway, as the same round trip carries it.
+        correlating = (
+            await conn.execute(catalog.column_correlation(), {**rel, "column": pred.column})
+            if pred.column and pred.row_filter is None
+            else None
+        )
+    size = await sizes.fetchone() or (0, 0, True, False, False)
+    pages, reltuples, never_analyzed, partitioned, counts = size
+    explained = await estimate.fetchone()
+    found = await serving.fetchone() if serving is not None else None
+    referenced = await referencing.fetchone()
+    correlated = await correlating.fetchone() if correlating is not None else None
+    facts = TableFacts(
+        table=pred.table,
+        column=pred.column,
+        pages=int(pages),
+        rows=None if never_analyzed else float(reltuples or 0),
+        expired=float(catalog.top_plan(explained)["Plan Rows"]) if explained else 0.0,
+        index=str(found[0]) if found else None,
+        referenced=bool(referenced and referenced[0]),
+        partitioned=bool(partitioned),
+        correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
+        counts_deletes=bool(counts),
+        archived=pred.archive is not None,
+        row_filter=pred.row_filter,
+    )
+    if pred.row_filter is None or pred.column is None:
+        return facts
+    return await _filter_facts(conn, pred, facts)
+
+
+async def _filter_facts(
+    conn: AsyncConnection[Any], pred: Predicate, facts: TableFacts
+) -> TableFacts:
+    """The facts with the index that serves the filter, or, failing one, how many rows an
+    index on the expiry column alone would find."""
+    assert pred.row_filter is not None
+    name, order = await find_filter_index(conn, pred)
+    if name is not None:
+        return replace(facts, filter_index=name, filter_order=order)
+    if facts.index is None:
+        return facts
+    cur = await conn.execute(
+        catalog.estimate(ident(pred.table), pred.row_filter.age_where), pred.params
+    )
+    row = await cur.fetchone()
+    age_expired = float(catalog.top_plan(row)["Plan Rows"]) if row is not None else 0.0
+    return replace(facts, age_expired=age_expired)
+
+
+async def unindexed_children(conn: AsyncConnection[Any], pred: Predicate) -> str:
+    """A warning naming each foreign key into the table whose child table has no index leading
+    with its columns, and the index that fixes it; empty when there is none. Without the index
+    every parent row deleted makes PostgreSQL read the whole child table."""
+    cur = await conn.execute(
+        catalog.unindexed_children(), {"rel": ident(pred.table).as_string(conn)}
+    )
+    lines = []
+    for child, columns, action in await cur.fetchall():
+        create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
+            sql.SQL(child), sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        )
+        lines.append(
+            f"{pred.table}: {child} ({', '.join(columns)}) references it ON DELETE {action} with "
+            f"no index on those columns, so each deleted row reads all of {child}; create one: "
+            f"{create.as_string(conn)}"
+        )
+    return " ".join(lines)
