@@ -88,7 +88,8 @@ import psycopg
 from purge_config.errors import ConfigError
 from purge_config.file import PurgeConfig, config_path, load_config
 from purge_config.names import STEP_NAME
-from purge_ops import ddl, logs
+from purge_ops import ddl, discover_render, logs
+from purge_ops import discover as discovery
 from purge_ops.checks import check_passes
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import (
@@ -97,18 +98,19 @@ from purge_ops.passes import (
     pattern_tables,
     recent_passes,
     replay,
+    schedules_table,
     sweep,
     tables_table,
 )
 from purge_ops.runner import new_worker, run_worker
-from purge_ops.schedule import ensure_schedule
+from purge_ops.schedule import ensure_schedules
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
 __all__ = ["cli", "main", "new_worker"]
 
-COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "dev")
+COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "discover", "dev")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -123,6 +125,7 @@ def parser() -> argparse.ArgumentParser:
     _worker_commands(sub)
     _reading_commands(sub)
     _schema_command(sub)
+    _discover_command(sub)
     dev = sub.add_parser(
         "dev",
         help="embedded Temporal and PostgreSQL with demo rows, a worker, and one pass now",
@@ -165,6 +168,12 @@ def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         metavar="NAME",
         type=_target_name,
         help="sweep only this target (repeatable); default: every target of the config",
+    )
+    sweep.add_argument(
+        "--schedule",
+        metavar="NAME",
+        type=_target_name,
+        help="the targets of [schedules.NAME], through that schedule (its overlap policy)",
     )
 
 
@@ -213,6 +222,21 @@ def _schema_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="also the reference tables of the built-in kinds the config sweeps",
     )
+
+
+def _discover_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    discover = sub.add_parser(
+        "discover",
+        help="read a database (read-only) and print a commented config to start from",
+    )
+    discover.add_argument(
+        "url",
+        nargs="?",
+        metavar="URL",
+        help="the database (default: $PURGE_DATABASE_URL, else the config's database_url)",
+    )
+    _config_option(discover)
+    discover.add_argument("--json", action="store_true", help="the findings as JSON, for tools")
 
 
 def _config_option(command: argparse.ArgumentParser) -> None:
@@ -274,6 +298,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await _dev(opts.once)
     if command == "replay" and opts.files:
         return await replay(None, "", opts.last, opts.files, _say)
+    if command == "discover":
+        return await _discover(opts)
 
     config = load_config(config_path(opts.config))
     if command == "schema":
@@ -284,12 +310,11 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await _run(config, opts)
     client = await connect_temporal()
     if command == "schedule":
-        outcome = await ensure_schedule(client, config)
-        _say(f"{outcome.action} {outcome.summary}")
+        for outcome in await ensure_schedules(client, config):
+            _say(f"{outcome.action} {outcome.summary}")
         return 0
     if command == "sweep":
-        request = config.pass_input(opts.target, opts.dry_run)
-        return await sweep(client, config.task_queue, request, _say, config.schedule.id)
+        return await _sweep(client, config, opts)
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)
@@ -328,6 +353,46 @@ async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
         return 1
 
 
+async def _sweep(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
+    if opts.schedule is not None and opts.target:
+        print(f"{PROG}: sweep: give --schedule or --target, not both", file=sys.stderr)
+        return 2
+    if opts.schedule is not None:
+        spec = next((s for s in config.named_schedules if s.name == opts.schedule), None)
+        if spec is None:
+            names = ", ".join(s.name for s in config.named_schedules) or "none: it has [schedule]"
+            print(
+                f"{PROG}: sweep --schedule: the config names no schedule {opts.schedule!r} "
+                f"(its schedules: {names})",
+                file=sys.stderr,
+            )
+            return 2
+        request = config.scheduled_input(spec)
+        if opts.dry_run:
+            request["dry_run"] = True
+    else:
+        request = config.pass_input(opts.target, opts.dry_run)
+    # The schedule that starts this very pass, if one does: the pass then goes through it.
+    through = next((s for s in config.schedules if config.scheduled_input(s) == request), None)
+    if through is None and not config.named_schedules:
+        through = config.schedule  # it says why it starts a pass of its own
+    schedule_id = through.id if through else None
+    named = bool(config.named_schedules)
+    return await sweep(client, config.task_queue, request, _say, schedule_id, named)
+
+
+async def _discover(opts: argparse.Namespace) -> int:
+    # The conventions of every command: $PURGE_DATABASE_URL, else the config's database_url;
+    # a URL given on the line comes first, since a new user may have no config yet.
+    url = opts.url or os.environ.get("PURGE_DATABASE_URL") or None
+    if url is None:
+        url = load_config(config_path(opts.config)).database_url
+    url = discovery.resolve_url(opts.url, url)
+    found = await discovery.discover(url)
+    _say(discover_render.as_json(found) if opts.json else discover_render.as_toml(found, url))
+    return 0
+
+
 async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
     if opts.tables:
         found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
@@ -336,6 +401,8 @@ async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace)
             return 1
         _say(tables_table(*found))
         return 0
+    if config.named_schedules and not opts.json:
+        return await _report_schedules(client, config, opts.last)
     passes = await recent_passes(client, config.task_queue, opts.last)
     if opts.json:
         _say(passes_json(passes))
@@ -346,12 +413,19 @@ async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace)
     return 0
 
 
+async def _report_schedules(client: Client, config: PurgeConfig, last: int) -> int:
+    schedules = config.named_schedules
+    passes = await recent_passes(client, config.task_queue, last * (len(schedules) + 1))
+    _say(schedules_table(passes, schedules, config.target_names, last))
+    return 0
+
+
 async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
     if config.needs_default_database:
         config.require_database_url()
     await run_worker(
         config,
-        ensure_schedule=opts.schedule or config.schedule.ensure,
+        ensure_schedule=opts.schedule or any(s.ensure for s in config.schedules),
         metrics=opts.metrics or config.metrics,
         max_sweeps=opts.max_sweeps,
     )

@@ -6,7 +6,8 @@ activities (`SweepSettings`, `Guards`, `TableName`) carry no dependency.
 """
 
 from purge_config.errors import ConfigError
-from purge_config.file import PurgeConfig, ScheduleConfig, config_path, load_config, parse_config
+from purge_config.file import PurgeConfig, config_path, load_config, parse_config
+from purge_config.schedules import ScheduleConfig
 
 __all__ = [
     "ConfigError",

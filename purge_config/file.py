@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from purge_config.errors import ConfigError
 from purge_config.fleet import (
@@ -25,6 +24,12 @@ from purge_config.fleet import (
     parse_queues,
 )
 from purge_config.names import QUEUE_NAME
+from purge_config.schedules import (
+    ScheduleConfig,
+    check_membership,
+    parse_schedule,
+    parse_schedules,
+)
 from purge_config.settings import SweepSettings
 from purge_config.specs import (
     SWEEP_FLAGS,
@@ -35,21 +40,14 @@ from purge_config.specs import (
     sweep_settings,
 )
 from purge_config.values import (
-    HOUR_MS,
-    cron_ok,
     cron_period_ms,
-    default_catchup_ms,
     duration_within,
     no_unknown,
     opt_str,
-    read_duration,
 )
 
 DEFAULT_PATH = Path("purge.toml")
 DEFAULT_TASK_QUEUE = "purge"
-DEFAULT_SCHEDULE_ID = "purge-hourly"
-DEFAULT_CRON = "23 * * * *"
-DEFAULT_TIME_ZONE = "UTC"
 
 _TOP_KEYS = frozenset(
     {
@@ -59,39 +57,19 @@ _TOP_KEYS = frozenset(
         "task_queue",
         "metrics",
         "schedule",
+        "schedules",
         "sweep",
         "pass",
         "targets",
     }
 )
 
-_SCHEDULE_KEYS = frozenset({"id", "cron", "time_zone", "catchup_window", "jitter", "ensure"})
-
-#: Spread fire times a little, so deployments sharing a cluster or a database do not all start
-#: at :23:00 sharp.
-DEFAULT_JITTER_MS = 30_000
-#: Temporal refuses a catch-up window under 10 s.
-MIN_CATCHUP_MS = 10_000
 #: How long a starting worker waits for its first database connection before it gives up.
 DEFAULT_DATABASE_WAIT_MS = 30_000
 DATABASE_WAIT_RANGE_MS = (1_000, 3_600_000)
 _METRICS = re.compile(r"(?P<host>[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 _QUEUE = QUEUE_NAME
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """The `[schedule]` table."""
-
-    id: str = DEFAULT_SCHEDULE_ID
-    cron: str = DEFAULT_CRON
-    time_zone: str = DEFAULT_TIME_ZONE
-    catchup_window_ms: int = HOUR_MS
-    """How late a missed pass may still run after an outage: about one period, so at most one."""
-    jitter_ms: int = DEFAULT_JITTER_MS
-    ensure: bool = False
-    """Whether `run` creates or updates the schedule at start."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +90,24 @@ class PurgeConfig:
     queues: Mapping[str, str] = field(default_factory=dict)
     """`[databases.NAME] task_queue`: the queue of each routed database's activities."""
     limits: PassLimits = field(default_factory=PassLimits)
-    """`[pass]`: concurrency and the pass's time budget."""
+    """`[pass]`: concurrency and the pass's time budget (under named schedules, the budget
+    that ends before the most frequent one fires again)."""
     database_wait_ms: int = DEFAULT_DATABASE_WAIT_MS
     """How long a starting worker waits for its first database connection."""
+    named_schedules: tuple[ScheduleConfig, ...] = ()
+    """`[schedules.NAME]`, each over its own targets; empty when the config has `[schedule]`
+    (or neither)."""
+    budgets_ms: Mapping[str, int] = field(default_factory=dict)
+    """Each named schedule's pass budget: `[pass] budget`, else five sixths of its period."""
+
+    @property
+    def schedules(self) -> tuple[ScheduleConfig, ...]:
+        """Every schedule the config declares: its named ones, else the single `[schedule]`."""
+        return self.named_schedules or (self.schedule,)
+
+    def scheduled_input(self, spec: ScheduleConfig) -> dict[str, Any]:
+        """The input of the passes `spec` starts: its targets (every one for `[schedule]`)."""
+        return self.pass_input(list(spec.targets) or None, budget_ms=self.budgets_ms.get(spec.name))
 
     @property
     def target_names(self) -> list[str]:
@@ -144,7 +137,9 @@ class PurgeConfig:
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
         return f"{self.task_queue}:{digest}"
 
-    def pass_input(self, names: list[str] | None = None, dry_run: bool = False) -> dict[str, Any]:
+    def pass_input(
+        self, names: list[str] | None = None, dry_run: bool = False, budget_ms: int | None = None
+    ) -> dict[str, Any]:
         """The workflow input of a pass over `names` (default: every target): the limits and
         each target's database travel with it, so the workflow needs no config of its own;
         so do the names of the targets that are table patterns, expanded by the pass, and the
@@ -159,7 +154,7 @@ class PurgeConfig:
             "targets": names,
             "max_concurrent": self.limits.max_concurrent,
             "max_per_database": self.limits.max_per_database,
-            "budget_ms": self.limits.budget_ms,
+            "budget_ms": budget_ms or self.limits.budget_ms,
         }
         if len(names) <= INLINE_DATABASES:
             request["databases"] = {name: on[name] for name in names if name in on}
@@ -253,7 +248,13 @@ def parse_config(
     if not _QUEUE.fullmatch(task_queue):
         raise ConfigError(f"{where}: task_queue: not a task queue name, got {task_queue!r}")
 
-    schedule = _parse_schedule(where, raw.get("schedule", {}))
+    if "schedule" in raw and "schedules" in raw:
+        raise ConfigError(
+            f"{where}: schedules: give [schedule] (every target, one cron) or [schedules.NAME] "
+            "tables, not both"
+        )
+    schedule = parse_schedule(where, raw.get("schedule", {}))
+    named = parse_schedules(where, raw["schedules"]) if "schedules" in raw else ()
 
     metrics = opt_str(where, "metrics", raw)
     if metrics is not None:
@@ -261,9 +262,19 @@ def parse_config(
 
     queues = parse_queues(where, raw.get("databases", {}), task_queue)
     databases = parse_databases(where, raw.get("databases", {}), env, routed=set(queues))
-    limits = parse_pass(where, raw.get("pass", {}), cron_period_ms(schedule.cron))
+    periods = {s.name: cron_period_ms(s.cron) for s in named or (schedule,)}
+    known = [p for p in periods.values() if p is not None]
+    limits = parse_pass(where, raw.get("pass", {}), min(known) if known else None)
+    budgets = {
+        name: parse_pass(where, raw.get("pass", {}), period).budget_ms
+        for name, period in periods.items()
+        if named
+    }
     targets = _parse_targets(where, raw)
     _check_targets(where, targets, {*databases, *queues})
+    if named:
+        names = [n for t in targets for n in (t.names if t.kind == "python" else (t.name,))]
+        named = check_membership(where, named, names)
     return PurgeConfig(
         path=path,
         database_url=database_url,
@@ -275,6 +286,8 @@ def parse_config(
         queues=queues,
         limits=limits,
         database_wait_ms=database_wait_ms,
+        named_schedules=named,
+        budgets_ms=budgets,
     )
 
 
@@ -349,57 +362,6 @@ def _parse_database_wait(where: str, raw: Mapping[str, Any]) -> int:
     return duration_within(
         where, "database_wait", raw, DATABASE_WAIT_RANGE_MS, DEFAULT_DATABASE_WAIT_MS
     )
-
-
-def _parse_schedule(where: str, raw: object) -> ScheduleConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: schedule: must be a [schedule] table, got {raw!r}")
-    no_unknown(where, "schedule.", raw, _SCHEDULE_KEYS)
-    cron = opt_str(where, "schedule.cron", raw, "cron") or DEFAULT_CRON
-    if not cron_ok(cron):
-        raise ConfigError(
-            f"{where}: schedule.cron: want five cron fields (minute hour day month weekday) "
-            f"like '23 * * * *', got {cron!r}"
-        )
-    ensure = raw.get("ensure", False)
-    if not isinstance(ensure, bool):
-        raise ConfigError(f"{where}: schedule.ensure: must be true or false, got {ensure!r}")
-    spec = ScheduleConfig(
-        id=opt_str(where, "schedule.id", raw, "id") or DEFAULT_SCHEDULE_ID,
-        cron=cron,
-        time_zone=opt_str(where, "schedule.time_zone", raw, "time_zone") or DEFAULT_TIME_ZONE,
-        catchup_window_ms=read_duration(where, "schedule.catchup_window", raw, "catchup_window")
-        if "catchup_window" in raw
-        else default_catchup_ms(cron),
-        jitter_ms=read_duration(where, "schedule.jitter", raw, "jitter")
-        if "jitter" in raw
-        else DEFAULT_JITTER_MS,
-        ensure=ensure,
-    )
-    _check_schedule(where, raw, spec)
-    return spec
-
-
-def _check_schedule(where: str, raw: Mapping[str, Any], spec: ScheduleConfig) -> None:
-    """The bounds of a [schedule] Temporal (or a pass's timeliness) sets on its values."""
-    if spec.catchup_window_ms < MIN_CATCHUP_MS:
-        raise ConfigError(
-            f"{where}: schedule.catchup_window: at least 10s (Temporal's minimum), "
-            f"got {raw['catchup_window']!r}"
-        )
-    if spec.jitter_ms > HOUR_MS:
-        raise ConfigError(
-            f"{where}: schedule.jitter: at most 1h, so a pass stays near its time, "
-            f"got {raw['jitter']!r}"
-        )
-    if not _QUEUE.fullmatch(spec.id):
-        raise ConfigError(f"{where}: schedule.id: not a schedule id, got {spec.id!r}")
-    try:
-        ZoneInfo(spec.time_zone)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(
-            f"{where}: schedule.time_zone: not an IANA time zone, got {spec.time_zone!r}"
-        ) from None
 
 
 def check_metrics_address(text: str, where: str) -> str:

@@ -28,7 +28,7 @@ from purge_ops.connect import connect_temporal, open_pool
 from purge_ops.ports import free_ports
 from purge_ops.render import report_table
 from purge_ops.runner import config_workers
-from purge_ops.schedule import ensure_schedule
+from purge_ops.schedule import ensure_schedules
 from workflows.purge import PurgeWorkflow
 
 DEFAULT_TEMPORAL_PORT = 7233
@@ -105,8 +105,8 @@ async def _demo_pass(
             if once:
                 return
             say("")
-            outcome = await ensure_schedule(client, config)
-            say(f"{outcome.action} {outcome.summary}")
+            for outcome in await ensure_schedules(client, config):
+                say(f"{outcome.action} {outcome.summary}")
             say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
             queue = config.task_queue
             say(f"worker running on task queue {queue!r}; Ctrl-C stops it and both servers")

@@ -64,6 +64,20 @@ DATA_CONVERTER = dataclasses.replace(
 )
 
 
+def trimming_failures(client: Client) -> Client:
+    """`client` when its failures' stack traces are trimmed (`connect_temporal`'s are), else a
+    client on the same connection, its converter the same but for that: what every worker this
+    package starts reports failures through, whoever connected the client it was given."""
+    converter = client.data_converter
+    if issubclass(converter.failure_converter_class, TrimmedStackFailures):
+        return client
+    config = client.config()
+    config["data_converter"] = dataclasses.replace(
+        converter, failure_converter_class=TrimmedStackFailures
+    )
+    return Client(**config)
+
+
 async def connect_temporal(
     address: str | None = None,
     namespace: str | None = None,

@@ -28,6 +28,7 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from purge_config.schedules import ScheduleConfig
 from purge_ops.render import (
     ESTIMATED_BACKLOG_NOTE,
     LOWER_BOUND_NOTE,
@@ -47,9 +48,15 @@ from workflows.purge import PurgeWorkflow
 Say = Callable[[str], None]
 
 
-async def running_pass(client: Client, task_queue: str) -> WorkflowExecution | None:
-    """A `Purge` running on `task_queue` now (scheduled or by hand), if any."""
-    async for execution in client.list_workflows(purge_query(task_queue, "Running"), limit=1):
+async def running_pass(
+    client: Client, task_queue: str, id_prefix: str = ""
+) -> WorkflowExecution | None:
+    """A `Purge` running on `task_queue` now (scheduled or by hand), if any; with `id_prefix`,
+    only one of those passes (a named schedule's, whose passes run beside other schedules')."""
+    query = purge_query(task_queue, "Running")
+    if id_prefix:
+        query += f" AND WorkflowId STARTS_WITH {json.dumps(id_prefix)}"
+    async for execution in client.list_workflows(query, limit=1):
         # Visibility lags the history: a pass that closed a moment ago may still be listed as
         # running, and waiting for it would print that pass's report (a dry run's, say) as this
         # sweep's. Its own description says whether it still runs.
@@ -65,6 +72,7 @@ async def sweep(
     request: dict[str, Any],
     say: Say,
     schedule_id: str | None = None,
+    only_schedule: bool = False,
 ) -> int:
     """One pass now, through Temporal, or a wait for the one already running; prints the report.
 
@@ -74,7 +82,10 @@ async def sweep(
     under one fixed id. The exit status: 0 when the pass completed, 1 when it (or any target)
     failed.
     """
-    running = await running_pass(client, task_queue)
+    # Under named schedules a running pass of another schedule sweeps other tables: not this
+    # pass, which is its schedule's (`schedule_id`) or, matching none, a pass by hand.
+    prefix = f"{schedule_id}-" if schedule_id else f"purge-sweep-{task_queue}"
+    running = await running_pass(client, task_queue, prefix if only_schedule else "")
     handle: WorkflowHandle[Any, Any] | None = None
     if running is not None:
         say(
@@ -217,6 +228,30 @@ async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummar
             if failed.name.rpartition("@")[0] not in wild:
                 summary.removed[failed.name] = "FAILED"
     return summary
+
+
+def schedules_table(
+    passes: Sequence[PassSummary],
+    schedules: Sequence[ScheduleConfig],
+    names: Sequence[str],
+    last: int,
+) -> str:
+    """Under `[schedules.NAME]`: each schedule's last `last` passes (told by the workflow id
+    Temporal gives a scheduled run, `<schedule id>-<fire time>`), then any started by hand."""
+    sections: list[str] = []
+    for spec in schedules:
+        mine = [p for p in passes if p.workflow_id.startswith(f"{spec.id}-")]
+        title = (
+            f"schedule {spec.name} ({spec.id}, cron {spec.cron!r} in {spec.time_zone}): "
+            + ", ".join(spec.targets)
+        )
+        body = passes_table(mine[:last], spec.targets) if mine else "no passes yet"
+        sections.append(f"{title}\n{body}")
+    ids = tuple(f"{spec.id}-" for spec in schedules)
+    others = [p for p in passes if not p.workflow_id.startswith(ids)]
+    if others:
+        sections.append(f"passes started by hand\n{passes_table(others[:last], names)}")
+    return "\n\n".join(sections)
 
 
 def passes_table(passes: Sequence[PassSummary], order: Sequence[str] = ()) -> str:

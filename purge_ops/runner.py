@@ -20,7 +20,13 @@ from activities.sweep import PurgeActivities
 from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
 from purge_ops import schedule
-from purge_ops.connect import LazyPool, connect_temporal, lazy_pools, open_pool
+from purge_ops.connect import (
+    LazyPool,
+    connect_temporal,
+    lazy_pools,
+    open_pool,
+    trimming_failures,
+)
 from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
 from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
@@ -59,7 +65,9 @@ def new_worker(
     activities = PurgeActivities(registry)
     count_passes_from_zero(client, task_queue)
     return Worker(
-        client,
+        # Stack traces trimmed, whoever connected the client: a retried activity's failure
+        # past 4 KB reaches the server as "Failure exceeds size limit." (connect.py).
+        trimming_failures(client),
         task_queue=task_queue,
         workflows=[PurgeWorkflow, PurgeChunkWorkflow],
         activities=[activities.purge_target, activities.expand_pattern] if sweeps else [],
@@ -79,7 +87,7 @@ def activity_worker(
         **options,
     }
     return Worker(
-        client,
+        trimming_failures(client),  # as new_worker's
         task_queue=task_queue,
         activities=[activities.purge_target, activities.expand_pattern],
         **settings,  # type: ignore[arg-type]
@@ -139,8 +147,8 @@ async def run_worker(
             )
             health.client = client
             if ensure_schedule:
-                outcome = await schedule.ensure_schedule(client, config)
-                log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
+                for outcome in await schedule.ensure_schedules(client, config):
+                    log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
             await _poll(client, config, registry, health, stop, url, max_sweeps)

@@ -29,9 +29,10 @@ from temporalio.client import (
 )
 from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
+from temporalio.service import RPCError
 
 from activities.searchable import at_start
-from purge_config import PurgeConfig
+from purge_config import PurgeConfig, ScheduleConfig
 from purge_ops.searchable import namespace_defines
 
 WORKFLOW_TYPE = "Purge"
@@ -51,18 +52,17 @@ class ScheduleOutcome:
     """What will run, when: the config's schedule and the server's next fire times."""
 
 
-def desired(config: PurgeConfig, searchable: bool = False) -> Schedule:
-    """The schedule the config asks for; with `searchable`, its passes start with the search
+def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> Schedule:
+    """The schedule `spec` of the config; with `searchable`, its passes start with the search
     attributes they record (`activities.searchable`)."""
-    spec = config.schedule
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,
-            config.pass_input(),
+            config.scheduled_input(spec),
             # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
             id=spec.id,
             task_queue=config.task_queue,
-            memo={MEMO_KEY: fingerprint(config, searchable)},
+            memo={MEMO_KEY: fingerprint(config, spec, searchable)},
             typed_search_attributes=at_start() if searchable else TypedSearchAttributes.empty,
         ),
         spec=ScheduleSpec(
@@ -78,17 +78,16 @@ def desired(config: PurgeConfig, searchable: bool = False) -> Schedule:
     return schedule
 
 
-def fingerprint(config: PurgeConfig, searchable: bool = False) -> str:
+def fingerprint(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> str:
     """A digest of everything the schedule is made from: equal configs, equal schedules."""
-    spec = config.schedule
     material: dict[str, object] = {
         "cron": spec.cron,
         "time_zone": spec.time_zone,
         "jitter_ms": spec.jitter_ms,
         "catchup_window_ms": spec.catchup_window_ms,
         "task_queue": config.task_queue,
-        "targets": config.target_names,
-        "input": config.pass_input(),
+        "targets": list(spec.targets) or config.target_names,
+        "input": config.scheduled_input(spec),
         "workflow": WORKFLOW_TYPE,
         "overlap": "skip",
     }
@@ -122,11 +121,50 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
     )
 
 
-async def ensure_schedule(client: Client, config: PurgeConfig) -> ScheduleOutcome:
+async def ensure_schedules(client: Client, config: PurgeConfig) -> list[ScheduleOutcome]:
+    """Create or update every schedule of the config (`[schedule]`, or each `[schedules.NAME]`)."""
+    searchable = await namespace_defines(client)
+    outcomes = [await _ensure(client, config, spec, searchable) for spec in config.schedules]
+    return outcomes + await _left_behind(client, config)
+
+
+async def _left_behind(client: Client, config: PurgeConfig) -> list[ScheduleOutcome]:
+    """Schedules this package made for the config's task queue that the config no longer names
+    (a schedule renamed or removed): still firing, so said, never deleted behind a user's back."""
+    wanted = {spec.id for spec in config.schedules}
+    found: list[ScheduleOutcome] = []
+    async for listed in await client.list_schedules():
+        action = listed.schedule.action if listed.schedule else None
+        if listed.id in wanted or getattr(action, "workflow", None) != WORKFLOW_TYPE:
+            continue
+        try:
+            described = await client.get_schedule_handle(listed.id).describe()
+        except RPCError:
+            continue  # deleted between the list and the read
+        made = described.schedule.action
+        if (
+            isinstance(made, ScheduleActionStartWorkflow)
+            and made.task_queue == config.task_queue
+            and MEMO_KEY in (made.memo or {})
+        ):
+            found.append(
+                ScheduleOutcome(
+                    "left behind",
+                    f"schedule {listed.id}: not in the config but still firing on task queue "
+                    f"{config.task_queue!r}; delete it with "
+                    f"`temporal schedule delete --schedule-id {listed.id}`",
+                )
+            )
+    return found
+
+
+async def _ensure(
+    client: Client, config: PurgeConfig, spec: ScheduleConfig, searchable: bool
+) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs; safe to run from many workers
     at once (the loser of a create race updates, which is idempotent)."""
-    want = desired(config, await namespace_defines(client))
-    schedule_id = config.schedule.id
+    want = desired(config, spec, searchable)
+    schedule_id = spec.id
     try:
         handle = await client.create_schedule(schedule_id, want)
         action = "created"
@@ -146,12 +184,11 @@ async def ensure_schedule(client: Client, config: PurgeConfig) -> ScheduleOutcom
             await handle.update(update)
             action = "updated"
     described = await handle.describe()
-    return ScheduleOutcome(action=action, summary=summarize(config, described))
+    return ScheduleOutcome(action=action, summary=summarize(config, spec, described))
 
 
-def summarize(config: PurgeConfig, described: ScheduleDescription) -> str:
+def summarize(config: PurgeConfig, spec: ScheduleConfig, described: ScheduleDescription) -> str:
     """One paragraph a person reads to know what will run, when."""
-    spec = config.schedule
     state = " (PAUSED)" if described.schedule.state.paused else ""
     runs = ", ".join(
         t.strftime("%Y-%m-%d %H:%M:%S %Z") for t in described.info.next_action_times[:3]
@@ -159,7 +196,7 @@ def summarize(config: PurgeConfig, described: ScheduleDescription) -> str:
     return (
         f"schedule {spec.id}{state}: cron {spec.cron!r} in {spec.time_zone}, "
         f"starts {WORKFLOW_TYPE} on task queue {config.task_queue!r} "
-        f"with targets {config.target_names}; overlap SKIP, "
+        f"with targets {list(spec.targets) or config.target_names}; overlap SKIP, "
         f"catch-up window {timedelta(milliseconds=spec.catchup_window_ms)}, "
         f"jitter {timedelta(milliseconds=spec.jitter_ms)}\nnext runs: {runs or 'none'}"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from purge_config.file import load_config
 from purge_ops.passes import sweep
-from purge_ops.schedule import ensure_schedule
+from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.procs import worker_config
 
@@ -45,7 +45,7 @@ async def test_the_schedule_firing_during_a_sweep_pass_starts_no_second_pass(
     config = load_config(path)
     slow = Slow()
     said: list[str] = []
-    await ensure_schedule(harness.client, config)
+    await ensure_schedules(harness.client, config)
     schedule = harness.client.get_schedule_handle(schedule_id)
     try:
         async with harness.run_worker([slow], config=config):

@@ -23,8 +23,9 @@ from temporalio.client import Client
 
 import worker
 from activities.registry import PurgeTarget
-from purge_config.file import _SCHEDULE_KEYS, _TOP_KEYS
+from purge_config.file import _TOP_KEYS
 from purge_config.fleet import _DATABASE_KEYS, _PASS_KEYS
+from purge_config.schedules import _NAMED_KEYS
 from purge_config.specs import _ENTRY_KEYS, SWEEP_FLAGS, SWEEP_KEYS, SWEEP_PACING
 from tests.support.servers import RunningTemporal
 from tests.test_ops_deploy import PROMETHEUS_METRICS, Uses, recorded_names, rule_expressions
@@ -40,7 +41,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 #: Each config table's keys, as the parser checks them (`databases` is `[databases.NAME]`,
 #: `targets` is `[[targets]]`, whose entries take every kind's keys).
 SECTION_KEYS: dict[str, frozenset[str]] = {
-    "schedule": _SCHEDULE_KEYS,
+    "schedule": _NAMED_KEYS - {"targets"},
+    "schedules": _NAMED_KEYS,
     "sweep": frozenset({*SWEEP_KEYS, *SWEEP_FLAGS, *SWEEP_PACING}),
     "pass": _PASS_KEYS,
     "databases": _DATABASE_KEYS,

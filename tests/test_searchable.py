@@ -31,7 +31,7 @@ from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable
 from purge_ops.passes import sweep
 from purge_ops.runner import activity_worker, new_worker
-from purge_ops.schedule import ensure_schedule
+from purge_ops.schedule import ensure_schedules
 from purge_ops.searchable import namespace_defines
 from tests.conftest import Harness
 from tests.support.rows import HOUR, idempotency_rows
@@ -180,8 +180,8 @@ async def test_the_schedule_starts_its_passes_with_the_attributes_where_they_are
         env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
     )
 
-    first = await ensure_schedule(searchable_client, config)
-    again = await ensure_schedule(searchable_client, config)
+    (first,) = await ensure_schedules(searchable_client, config)
+    (again,) = await ensure_schedules(searchable_client, config)
 
     assert (first.action, again.action) == ("created", "unchanged")
     handle = searchable_client.get_schedule_handle(schedule_id)
