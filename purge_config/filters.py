@@ -1,6 +1,6 @@
 """Row filters (`match`, `match_null`, `match_not_null`) and archive tables, as a config writes
 them: checked here as values and names; turned into SQL (names as identifiers, values as
-parameters) only in `activities.engine.filters` and `activities.engine.archive`.
+parameters) only in `activities.engine.filter_binding` and `activities.engine.archive`.
 """
 
 from __future__ import annotations

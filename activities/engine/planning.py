@@ -23,7 +23,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
-from activities.engine.filters import BoundFilter
+from activities.engine.filter_binding import BoundFilter
 from activities.engine.rules import Predicate, ident
 from activities.engine.table_facts import TableFacts, read_table_facts
 from activities.progress import Strategy

@@ -15,7 +15,7 @@ from psycopg import AsyncConnection, sql
 from activities.engine import catalog
 from activities.engine.archive import Archive, bind_archive
 from activities.engine.errors import BadTable
-from activities.engine.filters import BoundFilter, bind_filter
+from activities.engine.filter_binding import BoundFilter, bind_filter
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 from purge_config.settings import EpochUnit

@@ -9,8 +9,8 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine import catalog
-from activities.engine.filter_plan import find_filter_index
-from activities.engine.filters import BoundFilter
+from activities.engine.filter_binding import BoundFilter
+from activities.engine.filter_index import find_filter_index
 from activities.engine.rules import Predicate, ident
 from purge_config.names import TableName
 
@@ -43,7 +43,7 @@ class TableFacts:
     """Whether the rule moves its rows to an archive (which needs them returned)."""
     row_filter: BoundFilter | None = None
     filter_index: str | None = None
-    """An index that serves the filter and the expiry column together (`filter_plan`)."""
+    """An index that serves the filter and the expiry column together (`filter_index`)."""
     filter_order: tuple[str, ...] = ()
     """Its keys up to the expiry column, when it leads with filter columns."""
     age_expired: float | None = None

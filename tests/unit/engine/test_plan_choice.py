@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from psycopg import sql
 
-from activities.engine.filters import BoundFilter
+from activities.engine.filter_binding import BoundFilter
 from activities.engine.planning import choose_plan
 from activities.engine.table_facts import TableFacts
 from purge_config.names import TableName
