@@ -3,7 +3,7 @@ deletes that key range as one plain DELETE counted by its command tag.
 
 The next batch starts at the key this one stopped below, so no batch steps over the index
 entries of rows earlier batches deleted. A run of equal keys longer than a batch is taken by
-ctid, a batch at a time. Used where `planning.keyset` holds; see `batching.BatchSweeper`.
+ctid, a batch at a time. Used where `planning.keyset_batches` holds; see `batching.BatchSweeper`.
 """
 
 from __future__ import annotations
