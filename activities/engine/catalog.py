@@ -266,6 +266,11 @@ def top_plan(row: Any) -> dict[str, Any]:
     return node
 
 
+def estimated_rows(row: Any) -> float:
+    """The top node's `Plan Rows` of an `estimate` result row; 0 without a row."""
+    return float(top_plan(row)["Plan Rows"]) if row is not None else 0.0
+
+
 def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """An `EXPLAIN (FORMAT JSON)` plan node and every node under it."""
     yield node

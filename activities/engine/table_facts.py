@@ -75,7 +75,6 @@ async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> Table
         )
     size = await sizes.fetchone() or (0, 0, True, False, False)
     pages, reltuples, never_analyzed, partitioned, counts = size
-    explained = await estimate.fetchone()
     found = await serving.fetchone() if serving is not None else None
     referenced = await referencing.fetchone()
     correlated = await correlating.fetchone() if correlating is not None else None
@@ -84,7 +83,7 @@ async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> Table
         column=pred.column,
         pages=int(pages),
         rows=None if never_analyzed else float(reltuples or 0),
-        expired=float(catalog.top_plan(explained)["Plan Rows"]) if explained else 0.0,
+        expired=catalog.estimated_rows(await estimate.fetchone()),
         index=str(found[0]) if found else None,
         referenced=bool(referenced and referenced[0]),
         partitioned=bool(partitioned),
@@ -112,9 +111,7 @@ async def _filter_facts(
     cur = await conn.execute(
         catalog.estimate(ident(pred.table), pred.row_filter.age_where), pred.params
     )
-    row = await cur.fetchone()
-    age_expired = float(catalog.top_plan(row)["Plan Rows"]) if row is not None else 0.0
-    return replace(facts, age_expired=age_expired)
+    return replace(facts, age_expired=catalog.estimated_rows(await cur.fetchone()))
 
 
 async def unindexed_children(conn: AsyncConnection[Any], pred: Predicate) -> str:
