@@ -29,6 +29,7 @@ CATALOGS = {
     "pg_inherits",
     "pg_namespace",
     "pg_partitioned_table",
+    "pg_type",
 }
 
 
@@ -191,6 +192,20 @@ PER_TABLE_READS: list[Callable[[], sql.Composable]] = [
 ]
 
 
+def _by_name(rel: str, oid: int) -> dict[str, str]:
+    return {"rel": rel, "column": "expires_at"}
+
+
+#: The reads that bind a rule to its table, each with its own parameters (from the table's name
+#: and its OID).
+BINDING_READS: dict[Callable[[], sql.Composable], Callable[[str, int], Any]] = {
+    catalog.column_types: lambda rel, oid: (rel,),
+    catalog.btree_indexes: lambda rel, oid: (rel,),
+    catalog.archive_target: lambda rel, oid: {"src": rel, "arc": rel},
+    catalog.archive_columns: lambda rel, oid: {"src": oid, "arc": oid},
+}
+
+
 @pytest.mark.slow
 def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of_tables(
     db: psycopg.Connection[Any], many_tenants: str
@@ -198,9 +213,11 @@ def test_each_per_table_catalog_read_reads_a_few_catalog_rows_among_thousands_of
     """Among 2,000 tables, no node of a read's plan reads more than a few dozen catalog rows
     (its actual rows and the rows its filter removed). Scanning pg_class read 6,000 here."""
     too_many = {}
-    for read, rel in itertools.product(PER_TABLE_READS, [many_tenants, "parted"]):
+    reads = {**dict.fromkeys(PER_TABLE_READS, _by_name), **BINDING_READS}
+    for (read, params), rel in itertools.product(reads.items(), [many_tenants, "parted"]):
+        [oid] = db.execute("SELECT %s::regclass::oid", (rel,)).fetchone() or [0]
         explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) ") + read()
-        row = db.execute(explain, {"rel": rel, "column": "expires_at"}).fetchone()
+        row = db.execute(explain, params(rel, oid)).fetchone()
         assert row is not None
         for node in plan_nodes(row[0][0]["Plan"]):
             if node.get("Relation Name") not in CATALOGS:
