@@ -68,47 +68,46 @@ class PurgeActivities:
         # refused (a float, seconds for milliseconds) before anything, and not be retried.
         step = parse_step(step)
         try:
-            # Engine errors leave as the contract's, here at the edge (with no frame of its own: a
-            # retrying activity's failure past limit.mutableStateActivityFailureSize.error, 4 KB by
-            # default, reaches describe() as "Failure exceeds size limit." instead of itself).
+            # Engine errors leave as the contract's, here at the edge.
             with contract_errors():
-                # Resolved now, not at worker start: a factory's target built since is found.
-                target = self.registry.resolve(step.name)
-                if step.dry_run and not isinstance(target, CountingTarget):
-                    raise DryRunUnsupported(
-                        f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
-                    )
-                started = time.monotonic()
-                sweep = PurgeSweep(
-                    name=step.name, removed=0, dry_run=step.dry_run, strategy="custom"
-                )
-                removed: object
-                if isinstance(target, BatchedTarget) and not step.dry_run:
-                    removed = await self._sweep_tables(target, step, sweep)
-                elif isinstance(target, BatchedTarget):
-                    async with _heartbeating(_Beat(step.name)):
-                        stats = await target.preview(step.now_ms)
-                    removed = stats.removed
-                    sweep.take_figures(stats)
-                    sweep.strategy = "count"
-                else:
-                    async with _heartbeating(_Beat(step.name)):
-                        if step.dry_run:
-                            assert isinstance(target, CountingTarget)
-                            removed = await target.count_expired(step.now_ms)
-                        else:
-                            removed = await target.purge_expired(step.now_ms)
-                batched = isinstance(target, BatchedTarget) and not step.dry_run
-                return _finished(step, sweep, removed, time.monotonic() - started, batched)
+                return await self._purge(step)
         except BadPurgeTarget as err:
             patterns = self.registry.patterns
             if patterns is None or not await patterns.gone(step.name):
                 raise
             # A pattern's match dropped since the pass matched it (a tenant deleted): there is
-            # nothing left to sweep, which is not a failure of the pass. Handled here, in this
-            # frame, not a helper's: see the frame note above.
+            # nothing left to sweep, which is not a failure of the pass.
             activity.logger.info("purge target %s: its table is gone (%s)", step.name, err)
             return _gone(step)
+
+    async def _purge(self, step: PurgeStep) -> PurgeSweep:
+        """The step's target resolved, then swept (or, in a dry run, counted)."""
+        # Resolved now, not at worker start: a factory's target built since is found.
+        target = self.registry.resolve(step.name)
+        if step.dry_run and not isinstance(target, CountingTarget):
+            raise DryRunUnsupported(
+                f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
+            )
+        started = time.monotonic()
+        sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
+        removed: object
+        if isinstance(target, BatchedTarget) and not step.dry_run:
+            removed = await self._sweep_tables(target, step, sweep)
+        elif isinstance(target, BatchedTarget):
+            async with _heartbeating(_Beat(step.name)):
+                stats = await target.preview(step.now_ms)
+            removed = stats.removed
+            sweep.take_figures(stats)
+            sweep.strategy = "count"
+        else:
+            async with _heartbeating(_Beat(step.name)):
+                if step.dry_run:
+                    assert isinstance(target, CountingTarget)
+                    removed = await target.count_expired(step.now_ms)
+                else:
+                    removed = await target.purge_expired(step.now_ms)
+        batched = isinstance(target, BatchedTarget) and not step.dry_run
+        return _finished(step, sweep, removed, time.monotonic() - started, batched)
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or

@@ -3,6 +3,7 @@ report. Configuration faults fail at once; transient ones get bounded retries.""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -13,6 +14,7 @@ from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport
 from purge_config.names import TableName
+from purge_ops.connect import STACK_TRACE_KEPT
 from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.history import events, target_runs
@@ -145,3 +147,55 @@ async def test_transient_failures_are_retried_and_bounded(
     assert recovers.calls == 3
     assert never.calls == TARGET_RETRY.maximum_attempts == 5
     assert after.calls == 1
+
+
+def _deep(n: int) -> None:
+    # Two functions calling each other: Python folds a run of one repeated frame, not this.
+    if n == 0:
+        raise ConnectionError("deep: server closed the connection")
+    _deeper(n - 1)
+
+
+def _deeper(n: int) -> None:
+    _deep(n)
+
+
+class Deep:
+    """Fails, with an error Temporal retries, from 80 frames down."""
+
+    name = "deep"
+
+    async def purge_expired(self, now_ms: int) -> int:
+        _deep(80)
+        return 0
+
+
+async def test_a_retried_failure_raised_deep_in_a_stack_keeps_its_message_on_the_server(
+    harness: Harness,
+) -> None:
+    """The server keeps a retrying activity's last failure only up to 4 KB, stack trace
+    included, and past that shows "Failure exceeds size limit." instead of why it failed. A
+    worker this package starts trims each stack trace to its innermost frames, even on a client
+    connected without the package's converter (as this harness's is): the failure the server
+    holds still names the error and where it was raised."""
+    handle = await harness.client.start_workflow(
+        "Purge",
+        {"targets": ["deep"]},
+        id=f"purge-{uuid.uuid4()}",
+        task_queue=harness.task_queue,
+    )
+    failure = None
+    async with harness.run_worker([Deep()]):
+        for _ in range(500):
+            described = await handle.describe()
+            pending = described.raw_description.pending_activities
+            if pending and pending[0].HasField("last_failure"):
+                failure = pending[0].last_failure
+                break
+            await asyncio.sleep(0.02)
+        await handle.terminate("the failure was read")
+
+    assert failure is not None, "the activity never failed"
+    assert failure.message == "deep: server closed the connection"
+    assert len(failure.stack_trace) <= STACK_TRACE_KEPT + 4
+    assert "_deep" in failure.stack_trace

@@ -6,9 +6,6 @@ way into each table, `TargetSweeper` (`target_tables`) one run of its tables, ta
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any
-
 from psycopg import sql
 
 from activities.engine.access import ConnectionSource, TableAccess
@@ -56,14 +53,14 @@ class SqlTarget:
         """Delete every row the rules call expired at `now_ms` (within the time budget)."""
         return (await self.sweep(now_ms)).removed
 
-    def sweep(
+    async def sweep(
         self,
         now_ms: int,
         resume: Progress | None = None,
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
-    ) -> Coroutine[Any, Any, SweepStats]:
+    ) -> SweepStats:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
         heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
         ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
@@ -87,9 +84,7 @@ class SqlTarget:
             deadline=SweepContext.deadline_in(budget),
             ledger=Ledger(ledger) if ledger is not None else None,
         )
-        # Returned, not awaited here: no frame more in a failed batch's stack, which goes into
-        # the activity's failure, of which the server keeps 4 KB (see activities.sweep).
-        return TargetSweeper(self._access, self.rules).sweep(ctx)
+        return await TargetSweeper(self._access, self.rules).sweep(ctx)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""

@@ -44,27 +44,28 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
-            # Inline, not a method of its own: a failed batch's stack goes into the activity's
-            # failure, of which the server keeps 4 KB (see activities.sweep).
-            async with self.access.connection(rule) as conn:
-                pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
-                if plan.pages == 0 and not plan.partitioned:
-                    stats.merge(_nothing_to_sweep(plan))
-                    continue
-                if not await self.access.lock(conn, pred):
-                    stats.busy = _held(rule, self.settings.busy_wait_ms)
-                    break
-                try:
-                    sweeper = TableSweeper(ctx, conn)
-                    table = await sweeper.sweep(pred, plan, check=not several)
-                    stats.merge(await self._after(conn, pred, plan, table, ctx))
-                finally:
-                    await self.access.unlock(conn)
+            table = await self._table(ctx, rule, check=not several)
             stats.merge(table)
-            if not table.complete:
-                break  # out of time: the tables after this one wait for the next pass
+            if table.busy or not table.complete:
+                break  # held by another sweep, or out of time: the rest wait for the next pass
         await self._totals(ctx, stats)
         return stats
+
+    async def _table(self, ctx: SweepContext, rule: Rule, check: bool) -> SweepStats:
+        """One table swept under its advisory lock, with what it left (`busy` set, and nothing
+        swept, when another sweep held the lock for longer than busy_wait)."""
+        async with self.access.connection(rule) as conn:
+            pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
+            if plan.pages == 0 and not plan.partitioned:
+                return _nothing_to_sweep(plan)
+            if not await self.access.lock(conn, pred):
+                return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
+            try:
+                table = await TableSweeper(ctx, conn).sweep(pred, plan, check=check)
+                after = await self._after(conn, pred, plan, table, ctx)
+            finally:
+                await self.access.unlock(conn)
+        return after.merge(table)
 
     async def _open_ledger(self, ctx: SweepContext) -> tuple[SweepContext, SweepStats]:
         """With a ledger key, the count so far from `purge_progress` (exact, whatever an earlier
