@@ -319,7 +319,8 @@ class LazyCommits:
 
 #: The ledger's upsert, in two pieces around the row it adds: each batch's count accumulates in
 #: its pass's row, which returns the pass's total. Shared by the upsert inside a batch's own
-#: statement (`_LEDGER`) and the one after a plain DELETE (`ledger_add`).
+#: statement (`_LEDGER`), the one after a plain DELETE (`ledger_add`, `ledger_add_deleted`)
+#: and, its first piece, a partition's count (`_COUNT_PARTITION`).
 _LEDGER_INTO = (
     "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
 )
@@ -344,16 +345,14 @@ _NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
 #: `count_partition` with the ledger: the partition's rows added to the pass's total (not a
 #: batch: batches 0) and written into its mark, set done.
 _COUNT_PARTITION = sql.SQL(
-    "WITH n AS (SELECT count(*) AS rows FROM {table}),"
-    " total AS (INSERT INTO purge_progress AS p"
-    " (workflow_id, run_id, target, now_ms, removed, batches)"
-    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+    "WITH n AS (SELECT count(*) AS rows FROM {table}), total AS ("
+    + _LEDGER_INTO
+    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
     " n.rows, 0 FROM n"
     " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
-    " + EXCLUDED.removed RETURNING removed),"
-    " mark AS (INSERT INTO purge_progress AS p"
-    " (workflow_id, run_id, target, now_ms, removed, batches)"
-    " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
+    " + EXCLUDED.removed RETURNING removed), mark AS ("
+    + _LEDGER_INTO
+    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
     " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
     " batches = 1)"
     " SELECT n.rows, (SELECT removed FROM total) FROM n"
