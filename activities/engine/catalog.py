@@ -93,7 +93,7 @@ def table_size() -> sql.SQL:
     table outside any partition tree)."""
     # Each leaf's pg_class row looked up by its OID (the LATERAL kept apart by OFFSET 0): a
     # plain join let the planner hash the leaves against a scan of every relation on the
-    # server, 4.3 ms a table among 3,000 tables, growing with them (bench/README.md).
+    # server (why: docs/decisions/catalog-reads-by-oid.md).
     return sql.SQL(
         "WITH rel AS (SELECT %(rel)s::regclass AS oid),"
         " leaves AS ("
@@ -158,7 +158,7 @@ def is_referenced() -> sql.SQL:
     """Whether any foreign key references `%(rel)s`."""
     # Found through what depends on the table (pg_depend, indexed by the object depended on: a
     # foreign key depends on the columns it references), not by scanning pg_constraint, which
-    # no index serves by `confrelid`: 1.4 ms a table among 3,000 tables, growing with them.
+    # no index serves by `confrelid` (why: docs/decisions/catalog-reads-by-oid.md).
     return sql.SQL(
         "SELECT EXISTS (SELECT 1 FROM pg_constraint f WHERE f.oid IN ("
         + _DEPENDENT_CONSTRAINTS
@@ -192,7 +192,7 @@ def unindexed_children() -> sql.SQL:
 
 #: `pg_stats` rows of `%(column)s` of `%(rel)s`, its schema and table names compared with
 #: values: joined to pg_class by name instead, the view is computed for every table of that
-#: name (every tenant's `sessions`), 76 ms a call among 3,000 of them against 0.9 ms (measured).
+#: name, every tenant's `sessions` (why: docs/decisions/catalog-reads-by-oid.md).
 _STATS_OF_REL = (
     "(s.schemaname, s.tablename) = (SELECT n.nspname, c.relname FROM pg_class c"
     " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %(rel)s::regclass)"

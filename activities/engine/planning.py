@@ -47,11 +47,7 @@ STEP_OVER_SHARE = 0.1
 #: The most selected rows per heap page for which index batches beat a walk, for a filtered
 #: rule: its rows share their heap pages with the rows it leaves, so index batches visit a page
 #: for each row they delete (in index order, a page again and again) where a range walk reads
-#: each page once for all of its rows. Measured here (2M rows of about 100 bytes, 2 cores,
-#: PostgreSQL 18 with full-page writes), against one DELETE of the same rows: at 0.2 rows a
-#: page the index took 1.2-1.4x and a walk 2x; at 0.6, the index 1.4x and a walk 1.1x; at 10
-#: (one state of three, half expired) the index 13x and a walk 0.93x (bench/README.md,
-#: "Filters and archives").
+#: each page once for all of its rows (why: docs/decisions/filter-strategy.md).
 INDEX_ROWS_PER_PAGE = 0.5
 
 
