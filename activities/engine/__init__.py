@@ -1,7 +1,8 @@
 """The SQL engine of the built-in kinds: rules bound to real tables, the plan of each sweep,
 the batches, the ledger that counts them, and what a sweep leaves. Each room keeps the SQL it
-runs (a batch's in `batch_sql`, the ledger's in `ledger`). It knows nothing of Temporal: it
-raises its own errors, which the activity turns into the contract's at its edge."""
+runs (a batch's in `batch_sql`, the ledger's in `ledger`), but for the reads of the catalog that
+bind a rule or choose a plan, all in `catalog`. It knows nothing of Temporal: it raises its own
+errors, which the activity turns into the contract's at its edge."""
 
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.context import SweepContext
