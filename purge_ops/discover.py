@@ -195,9 +195,11 @@ async def discover(url: str, now_ms: int | None = None) -> Discovery:
     try:
         conn = await AsyncConnection.connect(url, application_name=APPLICATION_NAME)
     except psycopg.Error as err:
-        reason = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        reason = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
         # libpq's message names host and port, never the password.
-        raise DiscoverError(f"cannot connect to {redact(url)}: {reason}") from None
+        raise DiscoverError(
+            f"cannot connect to {redact(url)}: {reason or type(err).__name__}"
+        ) from None
     try:
         await conn.set_read_only(True)
         async with conn.transaction():
@@ -506,23 +508,24 @@ def group(findings: list[Finding], tables: list[Table]) -> tuple[list[Finding], 
     families: list[Family] = []
     left = [f for f in findings if f.is_target]
     rest = [f for f in findings if not f.is_target]
-    by_table: dict[tuple[str, str, str], list[Finding]] = defaultdict(list)
+    # One entry reads one column of one type and unit with one age in every table it matches.
+    by_table: dict[tuple[str, ...], list[Finding]] = defaultdict(list)
     for finding in left:
-        by_table[(finding.table, finding.column, finding.max_age)].append(finding)
+        by_table[(finding.table, *_shape(finding))].append(finding)
     covered: set[int] = set()
-    for (name, _, _), members in by_table.items():
+    for (name, *_), members in by_table.items():
         if len({m.schema for m in members}) < FAMILY_MIN:
             continue
         star = _star([m.schema for m in members])
         if star is not None:
             families.append(_family(f"{star}.{name}", members, tables))
             covered.update(id(m) for m in members)
-    by_shape: dict[tuple[str, str, str, str], list[Finding]] = defaultdict(list)
+    by_shape: dict[tuple[str, ...], list[Finding]] = defaultdict(list)
     for finding in left:
         if id(finding) not in covered and re.search(r"\d", finding.table):
-            shape = re.sub(r"\d+", "#", finding.table)
-            by_shape[(finding.schema, shape, finding.column, finding.max_age)].append(finding)
-    for (schema, _, _, _), members in by_shape.items():
+            numbered = re.sub(r"\d+", "#", finding.table)
+            by_shape[(finding.schema, numbered, *_shape(finding))].append(finding)
+    for (schema, *_), members in by_shape.items():
         if len(members) < FAMILY_MIN:
             continue
         star = _star([m.table for m in members])
@@ -534,15 +537,20 @@ def group(findings: list[Finding], tables: list[Table]) -> tuple[list[Finding], 
     return singles, families
 
 
+def _shape(finding: Finding) -> tuple[str, ...]:
+    """What one entry fixes for every table it sweeps."""
+    return (finding.column, finding.column_type, finding.unit or "", finding.max_age)
+
+
 def _star(names: list[str]) -> str | None:
     """The pattern part (`tenant_*`) that covers every name with one `*` standing for at
-    least one character of each, or None when only a bare `*` would."""
+    least one character of each, or None when the names share too little for one."""
     # A star takes every numbered part (tenant_0001 .. tenant_0042 is tenant_*, not
     # tenant_00*; events_2026_01 .. events_2026_03 is events_*, which next year's match too).
     prefix = _unnumbered(_common_prefix(names))
     rest = [n[len(prefix) :][::-1] for n in names]
     suffix = _unnumbered(_common_prefix(rest))[::-1]
-    if not prefix and not suffix:
+    if len(prefix + suffix) < 2:  # `*` alone matches every table, `*a` most of them
         return None
     if any(len(n) <= len(prefix) + len(suffix) for n in names):
         return None

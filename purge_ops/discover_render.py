@@ -200,8 +200,10 @@ def _other(finding: Finding) -> list[str]:
             f"{preset.cleanup}. Schema: {preset.documented}."
         )
     elif preset is not None:
-        head = f"{preset.framework}: {finding.qualified}.{finding.column}: leave it to it."
-        body = f"{preset.meaning}; {preset.cleanup}: {preset.needs}."
+        head = (
+            f"{preset.framework}: {finding.qualified}.{finding.column}: left to {preset.framework}."
+        )
+        body = f"Why: {preset.meaning}; {preset.cleanup}: {preset.needs}."
     else:
         head = f"{_title(finding)}: not swept as it is."
         body = f"Why: {finding.problem}."

@@ -124,8 +124,7 @@ PRESETS: tuple[Preset, ...] = (
         documented=_PROCRASTINATE,
         treatment="not_expressible",
         needs="an age kept in another table (the newest procrastinate_events.at through "
-        "job_id, events going by ON DELETE CASCADE), which no target kind reads today; keep "
-        "remove_old_jobs until then",
+        "job_id, events going by ON DELETE CASCADE), which no target kind reads today",
     ),
     Preset(
         "procrastinate",
@@ -158,8 +157,7 @@ PRESETS: tuple[Preset, ...] = (
         documented=_GOODJOB,
         treatment="not_expressible",
         needs="removal with its job, which no target kind does today: an execution's own "
-        "finished_at would take the earlier attempts of a job still retrying; keep GoodJob's "
-        "cleanup for this table",
+        "finished_at would take the earlier attempts of a job still retrying",
     ),
     Preset(
         "GoodJob",

@@ -27,7 +27,7 @@ from psycopg.conninfo import make_conninfo
 import worker
 from purge_config.file import load_config
 from purge_ops import discover_render
-from purge_ops.discover import Discovery, Finding, discover
+from purge_ops.discover import EXPIRY_NAME, Discovery, Finding, _star, discover
 from purge_ops.runner import run_worker
 from tests.conftest import Harness
 from tests.support import framework_apps, framework_ddl
@@ -452,3 +452,28 @@ async def test_python_frameworks_own_migrations_and_cleanup_meaning(
         for table in expected:
             count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             assert count == (framework_apps.LIVE,), table
+
+
+class TestNames:
+    """The pure rules behind the findings: which names look like an expiry, which pattern
+    covers a family."""
+
+    @pytest.mark.parametrize(
+        "name",
+        ["expires_at", "expire_date", "expiry", "expiration", "expires_at_ms", "valid_until",
+         "until_ms", "token_expires", "purge_after"],
+    )  # fmt: skip
+    def test_an_expiry_word_or_an_until_is_expiry_like(self, name: str) -> None:
+        assert EXPIRY_NAME.search(name)
+
+    @pytest.mark.parametrize(
+        "name", ["created_at", "updated_at", "expired", "last_seen", "untiled", "experience"]
+    )
+    def test_when_a_row_was_made_or_touched_is_not(self, name: str) -> None:
+        assert not EXPIRY_NAME.search(name)
+
+    def test_a_star_takes_every_numbered_part_and_never_stands_alone(self) -> None:
+        assert _star([f"tenant_{i:04}" for i in range(1, 43)]) == "tenant_*"
+        assert _star(["events_2026_01", "events_2026_02", "events_2027_01"]) == "events_*"
+        assert _star(["shop_a_carts", "shop_b_carts", "shop_c_carts"]) == "shop_*_carts"
+        assert _star(["alpha", "beta", "gamma"]) is None
