@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from activities.engine.rules import INSTANT_TYPES, MS_TYPES, ExpiryRule, FullBucketRule, Rule
+from activities.engine.rules import (
+    INSTANT_TYPES,
+    MS_TYPES,
+    ExpiryRule,
+    FullBucketRule,
+    NewestRelatedRule,
+    Rule,
+)
 from activities.engine.sql_target import ConnectionSource, SqlTarget
 from activities.patterns import PatternTargets
 from activities.registry import PurgeTarget, TargetFactory, TargetRegistry
@@ -94,11 +101,13 @@ def expiring(
     unit: EpochUnit = "ms",
     row_filter: RowFilter | None = None,
     archive: TableName | None = None,
+    age_from: TableName | None = None,
 ) -> SqlTarget:
     """Any table whose `column + max_age <= now`: epoch ms (or `unit`), timestamptz or
     timestamp (as UTC); only its rows that match `row_filter`, if given; moved to `archive`, if
-    given."""
-    rule = _expiring_rule(table, column, max_age_ms, unit, row_filter, archive)
+    given. With `age_from`, `column` is that table's, and a row's age is its newest related
+    row's (the rows whose foreign key, ON DELETE CASCADE, points at it)."""
+    rule = _expiring_rule(table, column, max_age_ms, unit, row_filter, archive, age_from)
     return SqlTarget(name, pool, [rule], settings, guards, partitions)
 
 
@@ -109,7 +118,13 @@ def _expiring_rule(
     unit: EpochUnit,
     row_filter: RowFilter | None,
     archive: TableName | None,
-) -> ExpiryRule:
+    age_from: TableName | None = None,
+) -> Rule:
+    if age_from is not None:
+        if archive is not None:
+            # As the config refuses it: the cascaded rows would go without their copy.
+            raise ValueError(f"{table}: age_from and an archive cannot go together")
+        return NewestRelatedRule(table, age_from, column, max_age_ms, unit, row_filter)
     return ExpiryRule(
         table,
         column,
@@ -127,7 +142,13 @@ def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
         archive = spec.archives[0] if spec.archives else None
         rules: list[Rule] = [
             _expiring_rule(
-                spec.tables[0], spec.column, spec.max_age_ms, spec.unit, spec.row_filter, archive
+                spec.tables[0],
+                spec.column,
+                spec.max_age_ms,
+                spec.unit,
+                spec.row_filter,
+                archive,
+                spec.age_from,
             )
         ]
     elif spec.kind in BUILTIN_KINDS:

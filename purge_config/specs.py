@@ -46,7 +46,8 @@ _TARGET_KEYS: dict[str, frozenset[str]] = {
         for kind, spec in BUILTIN_KINDS.items()
     },
     "expiring": frozenset(
-        {"name", "table", "column", "max_age", "database", "unit", "allow_any", *_PARTITION_KEYS}
+        {"name", "table", "column", "max_age", "database", "unit", "allow_any", "age_from"}
+        | _PARTITION_KEYS
     ),
     "python": frozenset({"factory", "names"}),
 }
@@ -121,6 +122,9 @@ class TargetSpec:
     """Each table's archive (in the order of `tables`), where its rows move; None for none."""
     allow_any: bool = False
     """Whether its table pattern may match every schema and table (`*.*`)."""
+    age_from: TableName | None = None
+    """For `expiring`: the table whose rows, through their foreign key to `tables[0]`, hold
+    each row's age in `column` (its newest); None when the age is the table's own column."""
 
     @property
     def pattern(self) -> TablePattern | None:
@@ -140,7 +144,10 @@ class TargetSpec:
             return None
         tables = (match.table, *(pattern.fill(t, match) for t in self.tables[1:]))
         archives = tuple(a and pattern.fill(a, match) for a in self.archives)
-        return replace(self, name=name, tables=tables, archives=archives, allow_any=False)
+        age_from = self.age_from and pattern.fill(self.age_from, match)
+        return replace(
+            self, name=name, tables=tables, archives=archives, age_from=age_from, allow_any=False
+        )
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
@@ -341,16 +348,50 @@ def _expiring_spec(at: str, raw: Mapping[str, Any], common: _Common) -> TargetSp
         )
     archive = archive_table(at, "archive_table", raw, table)
     partitions = common["partitions"]
+    age_from = _age_from(at, raw, table, archive, partitions)
+    # The related table's column is no column of the table: a filter may name one alike.
+    own = column if age_from is None else ""
     return TargetSpec(
         **common,
         tables=(table,),
         column=column,
         max_age_ms=max_age_ms,
         unit=unit,
-        row_filter=_filtered(at, partitions, parse_filter(at, raw, column)),
+        row_filter=_filtered(at, partitions, parse_filter(at, raw, own)),
         archives=_copied(at, partitions, (archive,)),
-        allow_any=_check_pattern(at, raw, (table,), (archive,)),
+        allow_any=_check_pattern(at, raw, (table,), (archive, age_from)),
+        age_from=age_from,
     )
+
+
+def _age_from(
+    at: str,
+    raw: Mapping[str, Any],
+    table: TableName,
+    archive: TableName | None,
+    partitions: PartitionPolicy,
+) -> TableName | None:
+    """`age_from`, the table holding each row's age, checked against the entry's other keys."""
+    if "age_from" not in raw:
+        return None
+    related = _table(at, "age_from", raw, None)
+    value = raw["age_from"]
+    if related == table:
+        raise ConfigError(
+            f"{at}: age_from: the table itself ({table}); for a row's own column leave "
+            f"age_from out, got {value!r}"
+        )
+    if archive is not None:
+        raise ConfigError(
+            f"{at}: age_from: with archive_table, the rows of {related} that each delete "
+            f"cascades to would be lost, not archived; remove one of them, got {value!r}"
+        )
+    if partitions.removes:
+        raise ConfigError(
+            f"{at}: partitions: {partitions.mode!r} judges a partition by its bounds, but with "
+            "age_from a row's age is in another table; keep partitions = 'delete'"
+        )
+    return related
 
 
 def _check_pattern(
@@ -360,7 +401,8 @@ def _check_pattern(
     archives: tuple[TableName | None, ...],
 ) -> bool:
     """`allow_any`, once the tables are checked as a pattern: the first table is the pattern
-    (or no table is one), and every star of the others has one of its stars to fill it."""
+    (or no table is one), and every star of the others (the archives', and `age_from`'s, passed
+    among `archives`) has one of its stars to fill it."""
     allow_any = raw.get("allow_any", False)
     if not isinstance(allow_any, bool):
         raise ConfigError(f"{at}: allow_any: must be true or false, got {allow_any!r}")

@@ -79,7 +79,7 @@ class TableAccess:
         """The rule bound to its table, its epoch columns checked for a wrong unit."""
         pred = await rule.bind(conn, now_ms)
         for column, unit in pred.epoch_columns:
-            await check_unit(conn, pred.table, column, unit)
+            await check_unit(conn, pred.epoch_table or pred.table, column, unit)
         return pred
 
     async def lock(self, conn: AsyncConnection[Any], pred: Predicate) -> bool:

@@ -78,6 +78,37 @@ def archive_columns() -> sql.SQL:
     )
 
 
+def related_keys() -> sql.SQL:
+    """The foreign keys from `%(related)s` to `%(rel)s` (a partitioned table's own, not the
+    copies on its partitions): (name, ON DELETE action as pg_constraint's letter, the related
+    table's columns, the columns they reference, both in the key's order, whether this role may
+    read the related table, whether a valid whole index of it leads with the key's columns, and
+    whether one leads with them then `%(column)s`)."""
+    # By the related table's OID: pg_constraint's index on conrelid serves it, no scan.
+    return sql.SQL(
+        "SELECT f.conname::text, f.confdeltype::text,"
+        " array(SELECT a.attname::text FROM unnest(f.conkey) WITH ORDINALITY k(n, o)"
+        " JOIN pg_attribute a ON a.attrelid = f.conrelid AND a.attnum = k.n ORDER BY k.o),"
+        " array(SELECT a.attname::text FROM unnest(f.confkey) WITH ORDINALITY k(n, o)"
+        " JOIN pg_attribute a ON a.attrelid = f.confrelid AND a.attnum = k.n ORDER BY k.o),"
+        " has_table_privilege(f.conrelid, 'SELECT'),"
+        " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = f.conrelid AND i.indisvalid"
+        " AND i.indpred IS NULL"
+        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] @> f.conkey"
+        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey),"
+        " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = f.conrelid AND i.indisvalid"
+        " AND i.indpred IS NULL"
+        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] @> f.conkey"
+        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey"
+        " AND i.indkey[cardinality(f.conkey)] = (SELECT a.attnum FROM pg_attribute a"
+        " WHERE a.attrelid = f.conrelid AND a.attname = %(column)s))"
+        " FROM pg_constraint f"
+        " WHERE f.conrelid = %(related)s::regclass AND f.contype = 'f'"
+        " AND f.confrelid = %(rel)s::regclass AND f.conparentid = 0"
+        " ORDER BY f.conname"
+    )
+
+
 # -- Choosing a plan: sizes, indexes, foreign keys, statistics ----------------------------------
 
 

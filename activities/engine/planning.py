@@ -101,8 +101,12 @@ class TablePlan:
 
 
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
-    """Read what the catalog and the planner say of the table, and choose its plan."""
-    return choose_plan(await read_table_facts(conn, pred))
+    """Read what the catalog and the planner say of the table, and choose its plan (with the
+    advice binding its rule gave, such as the index a related table needs)."""
+    plan = choose_plan(await read_table_facts(conn, pred))
+    if pred.advice:
+        plan = replace(plan, advice=" ".join(filter(None, (plan.advice, pred.advice))))
+    return plan
 
 
 def choose_plan(facts: TableFacts) -> TablePlan:

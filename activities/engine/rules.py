@@ -93,6 +93,10 @@ class Predicate:
     index that serves the filter too."""
     archive: Archive | None = None
     """Where each batch inserts the rows it deletes, in the same statement; None: deleted."""
+    epoch_table: TableName | None = None
+    """The table `epoch_columns` belong to when it is not `table` (a related table's)."""
+    advice: str = ""
+    """What the operator should know from binding alone (an index the rule's reads need)."""
 
 
 class Rule(Protocol):
@@ -129,18 +133,14 @@ class ExpiryRule:
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         types = await column_types(conn, self.table)
         kind = _require(self.table, types, self.column, self.accepts)
-        if self.unit != "ms" and kind not in MS_TYPES:
-            raise BadTable(
-                f"column {self.table}.{self.column} is {kind}: unit = {self.unit!r} is for "
-                "integer epoch columns; remove it"
-            )
+        _check_unit_type(self.table, self.column, kind, self.unit)
         # Move the age onto the parameter, not the column, so an index on the column serves;
         # and convert the cutoff, never the column, to the column's unit for the same reason.
-        cutoff = self._cutoff(kind, now_ms - self.max_age_ms)
+        cutoff = _cutoff(kind, self.unit, now_ms - self.max_age_ms)
         column = sql.Identifier(self.column)
         where = sql.SQL("{} <= %(cutoff)s").format(column)
         expired_at = sql.SQL("{} + {}").format(
-            self._instant(kind, column), sql.Literal(self.max_age_ms)
+            _instant(kind, self.unit, column), sql.Literal(self.max_age_ms)
         )
         epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
         params: dict[str, object] = {"cutoff": cutoff}
@@ -169,22 +169,152 @@ class ExpiryRule:
             archive=await _archive(conn, self.table, self.archive),
         )
 
-    def _cutoff(self, kind: str, cutoff_ms: int) -> object:
-        """The greatest expired value as a value of the column's type (`kind`)."""
-        if kind in MS_TYPES:
-            return _in_unit(cutoff_ms, self.unit)
-        if kind == "timestamp with time zone":
-            return _EPOCH + timedelta(milliseconds=cutoff_ms)
-        # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
-        # session's TimeZone never enters the comparison.
-        return (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
 
-    def _instant(self, kind: str, column: sql.Identifier) -> sql.Composable:
-        """The row's own instant in epoch ms: extract() of the column, never of the server's
-        clock; a `timestamp` column's epoch is read as UTC, as the cutoff reads it."""
-        if kind in MS_TYPES:
-            return sql.SQL("{}::float8 * {}").format(column, sql.Literal(_UNIT_MS[self.unit]))
-        return sql.SQL("extract(epoch FROM {})::float8 * 1000").format(column)
+@dataclass(frozen=True)
+class NewestRelatedRule:
+    """Expired when the newest of its related rows is at least `max_age` old: a job by its
+    newest event, a conversation by its last message. The related rows are those of `related`
+    whose one foreign key points at the row; `column` is theirs (an integer epoch in `unit`, or
+    a timestamp). A row with no related row has no age and is kept. The key must be ON DELETE
+    CASCADE: the related rows leave with their row, by the server, in the same statement."""
+
+    table: TableName
+    related: TableName
+    column: str
+    max_age_ms: int = 0
+    unit: EpochUnit = "ms"
+    row_filter: RowFilter | None = None
+    """Only rows that also match this (`match`, `match_null`, `match_not_null`) expire."""
+
+    @property
+    def archive(self) -> TableName | None:
+        """None: an archive would keep the row but not the related rows its delete cascades to."""
+        return None
+
+    async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
+        types = await column_types(conn, self.table)
+        kind = _require(
+            self.related,
+            await column_types(conn, self.related),
+            self.column,
+            (*MS_TYPES, *INSTANT_TYPES),
+        )
+        _check_unit_type(self.related, self.column, kind, self.unit)
+        key = await self._key(conn)
+        newest = _newest_related(self.related, self.column, key, set(types))
+        cutoff = _cutoff(kind, self.unit, now_ms - self.max_age_ms)
+        # NULL (no related row, or none with a value) is never <= the cutoff: such rows stay.
+        where: sql.Composable = sql.SQL("{} <= %(cutoff)s").format(newest)
+        expired_at = sql.SQL("{} + {}").format(
+            _instant(kind, self.unit, newest), sql.Literal(self.max_age_ms)
+        )
+        params: dict[str, object] = {"cutoff": cutoff}
+        bound = None
+        if self.row_filter is not None:
+            bound = await bind_filter(
+                conn, self.table, ident(self.table), types, self.row_filter, where
+            )
+            where = sql.SQL("{} AND {}").format(where, bound.where)
+            params.update(bound.params)
+        # No index on the table serves the age (column None: the heap is walked), and no
+        # partition's bounds can say its rows are expired (no range key).
+        return Predicate(
+            self.table,
+            where,
+            params,
+            None,
+            expired_at,
+            epoch_columns=((self.column, self.unit),) if kind in MS_TYPES else (),
+            row_filter=bound,
+            epoch_table=self.related,
+            advice=self._advice(key),
+        )
+
+    async def _key(self, conn: AsyncConnection[Any]) -> RelatedKey:
+        """The one foreign key from the related table to the table, ON DELETE CASCADE."""
+        names = {
+            "rel": ident(self.table).as_string(conn),
+            "related": ident(self.related).as_string(conn),
+            "column": self.column,
+        }
+        cur = await conn.execute(catalog.related_keys(), names)
+        rows = await cur.fetchall()
+        pair = f"{self.related} -> {self.table}"
+        if not rows:
+            raise BadTable(
+                f"age_from: no foreign key from {self.related} to {self.table}: the age of a row "
+                f"of {self.table} is read from the rows of {self.related} that reference it"
+            )
+        if len(rows) > 1:
+            named = ", ".join(str(row[0]) for row in rows)
+            raise BadTable(
+                f"age_from: {len(rows)} foreign keys {pair} ({named}): which rows are a row's "
+                "related rows is ambiguous; keep one key"
+            )
+        name, action, columns, referenced, readable, indexed, ideal = rows[0]
+        if not readable:
+            raise BadTable(f"age_from: this role may not read {self.related} (grant SELECT)")
+        if action != "c":
+            raise BadTable(
+                f"age_from: foreign key {name} ({pair}) is not ON DELETE CASCADE: deleting a row "
+                f"of {self.table} would fail, or orphan its rows in {self.related}, while they "
+                "remain; make the key ON DELETE CASCADE"
+            )
+        return RelatedKey(str(name), tuple(columns), tuple(referenced), bool(indexed), bool(ideal))
+
+    def _advice(self, key: RelatedKey) -> str:
+        """The index the related table needs, when none leads with the key's columns: without
+        it each row's age reads the whole related table, and so does each cascaded delete."""
+        if key.indexed:
+            return ""
+        create = sql.SQL("CREATE INDEX CONCURRENTLY ON {} ({})").format(
+            ident(self.related),
+            sql.SQL(", ").join(sql.Identifier(c) for c in (*key.columns, self.column)),
+        )
+        return (
+            f"{self.table}: no index of {self.related} leads with {', '.join(key.columns)} (the "
+            f"foreign key {key.name}), so reading each row's newest {self.column}, and each "
+            f"cascaded delete, reads all of {self.related}; create one: {create.as_string()}"
+        )
+
+
+@dataclass(frozen=True)
+class RelatedKey:
+    """The foreign key through which a row's related rows are found."""
+
+    name: str
+    columns: tuple[str, ...]
+    """The related table's columns, in the key's order."""
+    referenced: tuple[str, ...]
+    """The table's columns they reference, in the same order."""
+    indexed: bool
+    """Whether a valid, whole index of the related table leads with `columns`."""
+    ideal: bool
+    """Whether one leads with `columns` then the age column: each age is one index probe."""
+
+
+def _newest_related(
+    related: TableName, column: str, key: RelatedKey, outer: set[str]
+) -> sql.Composed:
+    """`(SELECT max(column) of the row's related rows)`, correlated by unqualified names: the
+    same SQL then serves the table and each of its partitions (swept by their own names). The
+    related rows are read through a derived table whose only columns are named here, apart
+    from every column of the table, so no name can be captured inside the subquery."""
+    names = ["newest", *(f"key_{i}" for i in range(len(key.columns)))]
+    while outer & set(names):
+        names = [f"_{n}" for n in names]
+    value, *keys = names
+    inner = sql.SQL(", ").join(
+        sql.SQL("{} AS {}").format(sql.Identifier(c), sql.Identifier(n))
+        for c, n in zip((column, *key.columns), names, strict=True)
+    )
+    joined = sql.SQL(" AND ").join(
+        sql.SQL("r.{} = {}").format(sql.Identifier(k), sql.Identifier(c))
+        for k, c in zip(keys, key.referenced, strict=True)
+    )
+    return sql.SQL("(SELECT max(r.{}) FROM (SELECT {} FROM {}) r WHERE {})").format(
+        sql.Identifier(value), inner, ident(related), joined
+    )
 
 
 @dataclass(frozen=True)
@@ -230,6 +360,34 @@ class FullBucketRule:
             epoch_columns=(("last_ms", "ms"),),
             archive=await _archive(conn, self.table, self.archive),
         )
+
+
+def _check_unit_type(table: TableName, column: str, kind: str, unit: EpochUnit) -> None:
+    """BadTable when `unit` is set on a column that is no integer epoch."""
+    if unit != "ms" and kind not in MS_TYPES:
+        raise BadTable(
+            f"column {table}.{column} is {kind}: unit = {unit!r} is for integer epoch "
+            "columns; remove it"
+        )
+
+
+def _cutoff(kind: str, unit: EpochUnit, cutoff_ms: int) -> object:
+    """The greatest expired value as a value of the column's type (`kind`)."""
+    if kind in MS_TYPES:
+        return _in_unit(cutoff_ms, unit)
+    if kind == "timestamp with time zone":
+        return _EPOCH + timedelta(milliseconds=cutoff_ms)
+    # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
+    # session's TimeZone never enters the comparison.
+    return (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
+
+
+def _instant(kind: str, unit: EpochUnit, value: sql.Composable) -> sql.Composable:
+    """A value of the column's type in epoch ms: extract() of the value, never of the server's
+    clock; a `timestamp`'s epoch is read as UTC, as the cutoff reads it."""
+    if kind in MS_TYPES:
+        return sql.SQL("{}::float8 * {}").format(value, sql.Literal(_UNIT_MS[unit]))
+    return sql.SQL("extract(epoch FROM {})::float8 * 1000").format(value)
 
 
 def _range_key(column: str, kind: str, cutoff: object, now_ms: int) -> RangeKey:
