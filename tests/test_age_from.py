@@ -8,15 +8,18 @@ or the config asks for what it cannot do (an archive)."""
 
 from __future__ import annotations
 
+import asyncio
 import tomllib
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
+from activities.engine.rules import NewestRelatedRule
 from activities.errors import BadPurgeTarget
 from activities.inputs import PurgeStep
 from activities.registry import PurgeTarget, TargetRegistry
@@ -24,8 +27,10 @@ from activities.results import PurgeSweep
 from activities.sweep import PurgeActivities, contract_errors
 from purge_config import parse_config
 from purge_config.errors import ConfigError
+from purge_config.names import TableName
+from purge_config.settings import EpochUnit
 from tests.support.activity import activity_env
-from tests.support.pace import fixed_batches
+from tests.support.pace import durable_every, fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
 
 NOW = PAST_NOW
@@ -142,16 +147,36 @@ async def test_a_job_goes_when_its_newest_event_is_old_and_its_events_go_with_it
     assert result.oldest_expired_age_s in (0, 0.0, None)
 
 
-async def test_many_batches_count_exactly_what_one_would(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("at_type", "unit"), [("timestamp", "ms"), ("bigint", "s")])
+async def test_the_oldest_expired_row_is_dated_by_its_newest_related_row(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], at_type: str, unit: EpochUnit
 ) -> None:
-    fixed_batches(monkeypatch, pages=2)
+    # What the report's oldest_expired_age_s reads when a time budget leaves expired rows.
+    make(db, at_type)
+    insert(db, at_type=at_type)
+    rule = NewestRelatedRule(TableName("jobs"), TableName("events"), "at", 7 * DAY, unit)
+    async with pool.connection() as conn:
+        pred = await rule.bind(conn, NOW)
+        cur = await conn.execute(
+            sql.SQL("SELECT min({}) FROM jobs WHERE {}").format(pred.expired_at, pred.where),
+            pred.params,
+        )
+        [oldest] = await cur.fetchone() or [None]
+
+    # Without the filter, job 4's newest event, 30 days old, is the oldest: expired 23 days ago.
+    assert oldest == pytest.approx(NOW - 23 * DAY, abs=1000)
+    assert pred.column is None  # no index of jobs serves it: walked
+    assert pred.range_key is None  # no partition leaves whole
+
+
+def many_jobs(db: psycopg.Connection[Any]) -> int:
+    """3,000 jobs, walked in many batches: every fifth live; every job but each third has an
+    old event, each seventh a recent one too. Returns how many jobs are expired."""
     make(db)
     db.execute(
         "INSERT INTO jobs SELECT i, CASE WHEN i % 5 = 0 THEN 'doing' ELSE 'succeeded' END, 'q'"
         " FROM generate_series(1, 3000) i"
     )
-    # Every job but each third has an old event; each seventh also has a recent one.
     db.execute(
         "INSERT INTO events (job_id, at) SELECT i, to_timestamp(%s / 1000.0) - interval '30 days'"
         " FROM generate_series(1, 3000) i WHERE i %% 3 <> 0",
@@ -164,15 +189,15 @@ async def test_many_batches_count_exactly_what_one_would(
     )
     db.execute("VACUUM ANALYZE jobs")
     db.execute("VACUUM ANALYZE events")
-    [(expected,)] = db.execute(
+    [(expired,)] = db.execute(
         "SELECT count(*) FROM generate_series(1, 3000) i"
         " WHERE i % 5 <> 0 AND i % 3 <> 0 AND i % 7 <> 0"
     ).fetchall()
+    return int(expired)
 
-    result, run_id = await sweep(target(pool))
 
-    assert result.batches > 3
-    assert (result.removed, ledger(db, run_id)) == (expected, expected)
+def swept_exactly(db: psycopg.Connection[Any], expired: int) -> None:
+    """No expired job is left, every other job is, and no event outlived its job."""
     [(left,)] = db.execute(
         "SELECT count(*) FROM jobs j WHERE status = 'succeeded'"
         " AND (SELECT max(at) FROM events e WHERE e.job_id = j.id)"
@@ -180,12 +205,64 @@ async def test_many_batches_count_exactly_what_one_would(
         (NOW,),
     ).fetchall()
     assert left == 0
-    assert db.execute("SELECT count(*) FROM jobs").fetchone() == (3000 - expected,)
+    assert db.execute("SELECT count(*) FROM jobs").fetchone() == (3000 - expired,)
     [(orphans,)] = db.execute(
         "SELECT count(*) FROM events e"
         " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id)"
     ).fetchall()
     assert orphans == 0
+
+
+async def test_many_batches_count_exactly_what_one_would(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fixed_batches(monkeypatch, pages=2)
+    expired = many_jobs(db)
+
+    result, run_id = await sweep(target(pool))
+
+    assert result.batches > 3
+    assert (result.removed, ledger(db, run_id)) == (expired, expired)
+    swept_exactly(db, expired)
+
+
+async def test_an_attempt_killed_mid_sweep_is_retried_and_counts_each_job_once(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The retry resumes from the dead attempt's first heartbeat, behind what it had deleted:
+    # the ledger, not the heartbeat, says what the pass removed.
+    fixed_batches(monkeypatch, pages=2)
+    durable_every(monkeypatch, 1)
+    expired = many_jobs(db)
+    jobs = target(pool)
+    first = activity_env()
+    beats: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        if details and isinstance(details[0], dict) and "batch_ms" in details[0]:
+            beats.append(details[0])
+            if len(beats) == 3:
+                first.cancel()
+
+    first.on_heartbeat = beat
+    with pytest.raises(asyncio.CancelledError):
+        await first.run(
+            PurgeActivities(TargetRegistry([jobs])).purge_target,
+            PurgeStep(name="jobs", now_ms=NOW),
+        )
+    [(gone,)] = db.execute("SELECT 3000 - count(*) FROM jobs").fetchall()
+    assert beats[0]["removed"] < gone < expired
+
+    retry = activity_env(
+        workflow_run_id=first.info.workflow_run_id, attempt=2, heartbeat_details=[beats[0]]
+    )
+    result: PurgeSweep = await retry.run(
+        PurgeActivities(TargetRegistry([jobs])).purge_target, PurgeStep(name="jobs", now_ms=NOW)
+    )
+
+    assert (result.removed, result.lower_bound) == (expired, False)
+    assert ledger(db, first.info.workflow_run_id) == expired
+    swept_exactly(db, expired)
 
 
 async def test_a_partitioned_table_is_swept_leaf_by_leaf_with_the_same_rule(
