@@ -370,13 +370,9 @@ async def _counted(
     cutoff), or the planner's estimate and why where they could not be counted."""
     column = finding.column if cutoff is not None else None
     counted = await _count(conn, table, column, match or (), cutoff)
-    if counted is not None:
+    if not isinstance(counted, str):
         return replace(finding, rows=counted[0], expired=counted[1] if column else None)
-    unread = (
-        "this role may not SELECT from it"
-        if not table.readable
-        else f"counting took over {COUNT_TIMEOUT}"
-    )
+    unread = counted
     rows = table.estimate if table.estimate >= 0 else None  # -1: never analyzed
     return replace(finding, rows=rows, estimated=True, unread=unread)
 
@@ -403,12 +399,12 @@ async def _count(
     column: str | None,
     match: tuple[tuple[str, tuple[str, ...]], ...],
     cutoff: object,
-) -> tuple[int, int] | None:
-    """(rows, rows that would go) of `table` (none go without a `column`), or None when the
-    role may not read it or the count outlived COUNT_TIMEOUT (its savepoint rolled back, the
-    transaction goes on)."""
+) -> tuple[int, int] | str:
+    """(rows, rows that would go) of `table` (none go without a `column`), or why they were not
+    counted: the role may not read it, or the count outlived COUNT_TIMEOUT (its savepoint
+    rolled back, the transaction goes on)."""
     if not table.readable:
-        return None
+        return "this role may not SELECT from it"
     if column is None:
         expired: sql.Composable = sql.SQL("false")
         params: list[object] = []
@@ -426,9 +422,11 @@ async def _count(
         async with conn.transaction():
             cur = await conn.execute(query, params)
             row = await cur.fetchone()
-    except (psycopg.errors.QueryCanceled, psycopg.errors.InsufficientPrivilege):
-        return None
-    return (int(row[0]), int(row[1])) if row else None
+    except psycopg.errors.QueryCanceled:
+        return f"counting took over {COUNT_TIMEOUT}"
+    except psycopg.errors.InsufficientPrivilege as err:
+        return f"the count was refused: {err.diag.message_primary or err}"
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 async def _epoch_unit(

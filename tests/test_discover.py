@@ -324,6 +324,17 @@ async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
         run_sql(database, f'GRANT SELECT ON tokens TO "{role}"')
         [seeing] = (await discover(as_role)).singles
         assert (seeing.rows, seeing.expired, seeing.estimated) == (2, 1, False)
+
+        # SELECT on a table in a schema it has no USAGE on: found, the refusal said, the rest read.
+        run_sql(
+            database,
+            "CREATE SCHEMA hidden; CREATE TABLE hidden.codes (id int, expires_at timestamptz);"
+            f' GRANT SELECT ON hidden.codes TO "{role}"',
+        )
+        found = {f.qualified: f for f in (await discover(as_role)).singles}
+        assert found["hidden.codes"].estimated
+        assert "permission denied for schema hidden" in found["hidden.codes"].unread
+        assert found["public.tokens"].rows == 2
     finally:
         run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
