@@ -203,7 +203,7 @@ BINDING_READS: dict[Callable[[], sql.Composable], Callable[[str, int], Any]] = {
     catalog.btree_indexes: lambda rel, oid: (rel,),
     catalog.archive_target: lambda rel, oid: {"src": rel, "arc": rel},
     catalog.archive_columns: lambda rel, oid: {"src": oid, "arc": oid},
-    catalog.related_keys: lambda rel, oid: {"rel": rel, "related": rel, "column": "expires_at"},
+    catalog.related_keys: lambda rel, oid: {"rel": rel, "related": rel},
 }
 
 

@@ -1,7 +1,7 @@
 """What the engine reads of the catalog, the statistics and the planner, in one room.
 
 Every read that binds a rule to its table (the columns and their types, a filter's values, an
-archive's shape) or that chooses a table's plan (its size, the index that serves the expiry
+archive's shape, the foreign key an age kept in another table is read through) or that chooses a table's plan (its size, the index that serves the expiry
 column or a filter, the foreign keys into it, the planner's estimates) is written here; the code
 that runs each read lives beside its one user (`rules`, `filter_binding`, `archive`, `units`,
 `table_facts`, `filter_index`). A sweep runs these once a table, among possibly thousands of
@@ -82,8 +82,8 @@ def related_keys() -> sql.SQL:
     """The foreign keys from `%(related)s` to `%(rel)s` (a partitioned table's own, not the
     copies on its partitions): (name, ON DELETE action as pg_constraint's letter, the related
     table's columns, the columns they reference, both in the key's order, whether this role may
-    read the related table, whether a valid whole index of it leads with the key's columns, and
-    whether one leads with them then `%(column)s`)."""
+    read the related table, and whether a valid whole index of it leads with the key's
+    columns)."""
     # By the related table's OID: pg_constraint's index on conrelid serves it, no scan.
     return sql.SQL(
         "SELECT f.conname::text, f.confdeltype::text,"
@@ -95,13 +95,7 @@ def related_keys() -> sql.SQL:
         " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = f.conrelid AND i.indisvalid"
         " AND i.indpred IS NULL"
         " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] @> f.conkey"
-        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey),"
-        " EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = f.conrelid AND i.indisvalid"
-        " AND i.indpred IS NULL"
-        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] @> f.conkey"
-        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey"
-        " AND i.indkey[cardinality(f.conkey)] = (SELECT a.attnum FROM pg_attribute a"
-        " WHERE a.attrelid = f.conrelid AND a.attname = %(column)s))"
+        " AND (i.indkey::int2[])[0:cardinality(f.conkey) - 1] <@ f.conkey)"
         " FROM pg_constraint f"
         " WHERE f.conrelid = %(related)s::regclass AND f.contype = 'f'"
         " AND f.confrelid = %(rel)s::regclass AND f.conparentid = 0"

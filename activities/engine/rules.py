@@ -235,7 +235,6 @@ class NewestRelatedRule:
         names = {
             "rel": ident(self.table).as_string(conn),
             "related": ident(self.related).as_string(conn),
-            "column": self.column,
         }
         cur = await conn.execute(catalog.related_keys(), names)
         rows = await cur.fetchall()
@@ -251,7 +250,7 @@ class NewestRelatedRule:
                 f"age_from: {len(rows)} foreign keys {pair} ({named}): which rows are a row's "
                 "related rows is ambiguous; keep one key"
             )
-        name, action, columns, referenced, readable, indexed, ideal = rows[0]
+        name, action, columns, referenced, readable, indexed = rows[0]
         if not readable:
             raise BadTable(f"age_from: this role may not read {self.related} (grant SELECT)")
         if action != "c":
@@ -260,7 +259,7 @@ class NewestRelatedRule:
                 f"of {self.table} would fail, or orphan its rows in {self.related}, while they "
                 "remain; make the key ON DELETE CASCADE"
             )
-        return RelatedKey(str(name), tuple(columns), tuple(referenced), bool(indexed), bool(ideal))
+        return RelatedKey(str(name), tuple(columns), tuple(referenced), bool(indexed))
 
     def _advice(self, key: RelatedKey) -> str:
         """The index the related table needs, when none leads with the key's columns: without
@@ -289,8 +288,6 @@ class RelatedKey:
     """The table's columns they reference, in the same order."""
     indexed: bool
     """Whether a valid, whole index of the related table leads with `columns`."""
-    ideal: bool
-    """Whether one leads with `columns` then the age column: each age is one index probe."""
 
 
 def _newest_related(
