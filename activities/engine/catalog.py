@@ -1,9 +1,10 @@
 """What the engine reads of the catalog, the statistics and the planner, in one room.
 
 Every read that binds a rule to its table (the columns and their types, a filter's values, an
-archive's shape, the foreign key an age kept in another table is read through) or that chooses a table's plan (its size, the index that serves the expiry
-column or a filter, the foreign keys into it, the planner's estimates) is written here; the code
-that runs each read lives beside its one user (`rules`, `filter_binding`, `archive`, `units`,
+archive's shape, the foreign key through which an age kept in another table is read) or that
+chooses a table's plan (its size, the index that serves the expiry column or a filter, the
+foreign keys into it, the planner's estimates) is written here; the code that runs each read
+lives beside its one user (`rules`, `filter_binding`, `archive`, `units`,
 `table_facts`, `filter_index`). A sweep runs these once a table, among possibly thousands of
 tables: each must read a few catalog rows by index, never scan pg_class or pg_constraint
 (tests/test_catalog_reads.py holds them to it).
