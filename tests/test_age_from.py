@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
@@ -29,6 +30,7 @@ from purge_config import parse_config
 from purge_config.errors import ConfigError
 from purge_config.names import TableName
 from purge_config.settings import EpochUnit
+from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
 from tests.support.pace import durable_every, fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
@@ -366,6 +368,27 @@ async def test_tables_that_cannot_hold_the_rule_are_refused_in_one_line_deleting
         assert "\n" not in str(error)
     assert refused.value.non_retryable
     assert ids(db) == {1}
+
+
+async def test_the_role_needs_select_on_the_related_table_and_no_delete_there(
+    db: psycopg.Connection[Any], schema_url: str, role: str
+) -> None:
+    # The cascade runs with the key's owner's rights: the sweep's role only reads the ages.
+    make(db)
+    insert(db)
+    db.execute(f'GRANT SELECT, DELETE ON jobs TO "{role}"')
+    pool = await open_pool(make_conninfo(schema_url, user=role))
+    try:
+        with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+            await target(pool).purge_expired(NOW)
+        assert "age_from: this role may not read events (grant SELECT)" in str(refused.value)
+        assert ids(db) == {j[0] for j in JOBS}
+
+        db.execute(f'GRANT SELECT ON events TO "{role}"')
+        assert await target(pool).purge_expired(NOW) == len(GONE)
+    finally:
+        await pool.close()
+    assert ids(db) == {j[0] for j in JOBS} - GONE
 
 
 async def test_an_epoch_column_in_another_unit_is_refused_before_anything_is_deleted(
