@@ -41,7 +41,7 @@ def local_timeouts(walk: bool = False, generic: bool = False, mark: bool = False
         # the planner might otherwise pick an index scan filtered by ctid for every batch. Not
         # for a table foreign keys reference: the cascades and checks its deletes run on the
         # child tables are planned in this transaction too, and must keep their indexes
-        # (measured in bench/harm.py: a child's indexed cascade went from 0.04 s to 4 s).
+        # (why: docs/decisions/walks-and-foreign-keys.md).
         parts.append(
             sql.SQL(
                 ", set_config('enable_indexscan', 'off', true),"
@@ -52,9 +52,8 @@ def local_timeouts(walk: bool = False, generic: bool = False, mark: bool = False
         # A keyset batch's prepared boundary read and DELETE run by their generic plan: planned
         # with its values, each batch's boundary read probed the expiry index's end for its
         # actual least value, over the entries of every row earlier batches had deleted (not
-        # yet vacuumed), 1.5-2.7 ms of planning a batch against 1 ms of executing
-        # (bench/README.md, issue 20). Their generic plan is the one they are written for: the
-        # expiry index, in order, from a key on.
+        # yet vacuumed; why: docs/decisions/keyset-batches.md). Their generic plan is the one
+        # they are written for: the expiry index, in order, from a key on.
         parts.append(sql.SQL(", set_config('plan_cache_mode', 'force_generic_plan', true)"))
     if mark:
         # The rows this session has deleted from the table so far, as the statistics count
@@ -149,8 +148,8 @@ def key_boundary(pred: Predicate, after: bool) -> sql.Composed:
     index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
     work once; skipping entries to the last costs less than aggregating them (no count, min and
     max per row). The batch's size is a parameter, not part of the text, so the text is the
-    same for every batch of a sweep and psycopg prepares it: planned anew each time, it spent
-    1.5 ms of each batch's 3.9 ms boundary read planning (bench/README.md, issue 20)."""
+    same for every batch of a sweep and is prepared, not planned anew for each batch (why:
+    docs/decisions/keyset-batches.md)."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
     next_key = sql.SQL(
@@ -196,10 +195,9 @@ def tie_walk() -> sql.SQL:
     """Sent before a `tie_delete`, in its transaction: the batch's rows come from the expiry
     index in its order, stopping at the batch's count. Left to itself, the generic plan of
     `column = %(key_at)s` goes by the statistics' guess at how many rows share a value: a
-    bitmap scan, which gathers every row of the value for each batch (a never-analyzed table's
-    400,000-row run of one value: 25 ms a batch of any size, 118 s in all, against 3.2 s), or,
-    where the statistics saw few distinct values, a sequential scan, which reads again, for each
-    batch, every page earlier batches emptied (12.8-21 s; measured here, PostgreSQL 18). Local
+    bitmap scan, which gathers every row of the value for each batch (a never-analyzed table),
+    or, where the statistics saw few distinct values, a sequential scan, which reads again, for
+    each batch, every page earlier batches emptied (why: docs/decisions/tie-walk.md). Local
     to the batch's transaction; the cascades of a foreign key planned in it keep their indexes
     (only other scans are turned off), and a child without one is still read."""
     return sql.SQL(
@@ -232,8 +230,8 @@ def range_batch(pred: Predicate, closing: Closing = no_ledger) -> sql.Composed:
 def range_delete(pred: Predicate) -> sql.Composed:
     """The range batch without an archive: every expired row in pages [lo, hi), checked on the
     row itself, counted by its command tag. Not `range_batch`'s RETURNING and count in one
-    statement: projecting every deleted row made the DELETE cost 1.75x (a million rows of 2M,
-    PostgreSQL 18, measured here: 400 ms plain, 700 ms through the CTE). The ledger's
+    statement: projecting every deleted row made the DELETE far dearer (why:
+    docs/decisions/server-count.md). The ledger's
     `ledger_add` follows in the same transaction."""
     return sql.SQL(
         "DELETE FROM {table} WHERE ctid >= %(lo)s::tid AND ctid < %(hi)s::tid AND {where}"

@@ -33,8 +33,8 @@ from activities.progress import SweepStats
 from purge_config.settings import SweepSettings
 
 #: Starting sizes, small so that a first batch on a cold cache holds its locks briefly; each batch
-#: then resizes towards the target duration, growing at most 4x, so the steady size (about 465
-#: pages for 15 ms on the bench machine) is reached within a few batches.
+#: then resizes towards the target duration, growing at most 4x, so the steady size is reached
+#: within a few batches (why: docs/decisions/short-batches.md).
 FIRST_PAGES = 64
 FIRST_ROWS = 500
 #: An index sweep's first batch takes the rows that lie on about this many heap pages (the same
@@ -243,7 +243,7 @@ class BatchSweeper:
         # them one implicit transaction (committed at the Sync, rolled back whole if either
         # fails; the timeouts, local to it, hold for the DELETE). Not conn.transaction():
         # psycopg waits for the BEGIN's and the COMMIT's replies even in a pipeline, 4 round
-        # trips a batch (measured on this machine: 0.69 ms against 0.21 ms per empty batch).
+        # trips a batch (why: docs/decisions/server-count.md).
         async with self.conn.pipeline():
             await self.conn.execute(
                 local_timeouts(walk),

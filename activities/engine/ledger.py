@@ -15,8 +15,8 @@ is here, and everything else reaches it through `Ledger`:
 Lazy commits. A batch whose ledger row is in its own transaction may commit without waiting for
 its WAL (`lazy_commit`): a crash of the server that loses that commit loses the batch's deletes
 and its count together, so the ledger's count stays exact. Each batch's commit otherwise waited
-for its WAL to reach disk, where one DELETE of the same rows waits once (bench/README.md, issue
-20).
+for its WAL to reach disk, where one DELETE of the same rows waits once (why:
+docs/decisions/lazy-commits.md).
 
 What a sweep reports must not be undone by a crash: a lazy batch's heartbeat (its rows into the
 worker's `purge_rows_removed` counter, its place for a retry) waits for a durable point, a
@@ -103,8 +103,8 @@ class Ledger:
         assert row is not None
         params = {**self.params, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
         # Old passes' rows go once per pass and database on this worker, not before every
-        # target: the delete reads the whole ledger (up to 7 days of passes), 95 ms at 840,000
-        # rows.
+        # target: the delete reads the whole ledger, up to 7 days of passes (why:
+        # docs/decisions/catalog-reads-by-oid.md).
         info = conn.info
         expiry = (info.host, info.port, info.dbname, row[1], row[3], self.key.now_ms)
         # One round trip: pipelined up to one Sync, these are one implicit transaction.
@@ -373,7 +373,7 @@ def ledger_add_deleted() -> sql.SQL:
     """`ledger_add`, its count taken on the server: the rows the batch's DELETE removed from
     `%(rel)s`, since `local_timeouts(mark=True)` began the transaction. So it follows the DELETE
     in the same pipeline with no round trip to read the DELETE's tag first (one of a batch's
-    three; bench/README.md, issue 20). The session's count of deleted rows goes on across
+    three; why: docs/decisions/server-count.md). The session's count of deleted rows goes on across
     transactions until its statistics are flushed (PostgreSQL 15+), hence the difference. A
     batch that deleted nothing writes no row. Only where `track_counts` is on: without it the
     count stays 0."""

@@ -1,16 +1,15 @@
 """Choosing how to sweep one table in one pass, from what the catalog and the planner know.
 
-Two strategies, measured in bench/ (PostgreSQL 18, 2 cores, 2M rows):
+Two strategies (why: docs/decisions/short-batches.md and keyset-batches.md):
 - `range`: walk the heap in fixed physical ranges, `ctid >= lo AND ctid < hi AND expired`. It reads
-  every page once, so it costs about what one big DELETE does (1.05-1.1x) whatever the share of
-  expired rows, and it needs no index. Right for large shares and for predicates no index serves.
+  every page once, so it costs about what one big DELETE does whatever the share of expired
+  rows, and it needs no index. Right for large shares and for predicates no index serves.
 - `index`: reads only expired rows through an index on the expiry column. Right for small shares:
-  its cost follows the expired rows, not the table (31 ms vs 290-520 ms for a walk, at 1% of 2M
-  rows). By keyset batches (`keyset_batches` below chooses them; `activities.engine.keyset` runs
-  them): the key where the next n expired rows end, then one plain DELETE of that key range; by ctid
-  batches (`ctid = ANY(ARRAY(SELECT ctid ... ORDER BY col LIMIT n)) AND expired`) where a range
-  cannot serve: a composite filter index, a partitioned parent, an archive that needs the rows
-  back.
+  its cost follows the expired rows, not the table. By keyset batches (`keyset_batches` below
+  chooses them; `activities.engine.keyset` runs them): the key where the next n expired rows end,
+  then one plain DELETE of that key range; by ctid batches
+  (`ctid = ANY(ARRAY(SELECT ctid ... ORDER BY col LIMIT n)) AND expired`) where a range cannot
+  serve: a composite filter index, a partitioned parent, an archive that needs the rows back.
 
 The choice is `choose_plan`, a pure function of what `table_facts` read (tests/unit/engine/
 test_plan_choice.py holds its rules); `plan_table` reads, then chooses.
