@@ -17,7 +17,7 @@ class SweepSettings:
     """No batch runs longer than this, whatever the plan."""
     batch_target_ms: int = 15
     """Each batch is resized to take about this long: short enough that no lock outlives it,
-    long enough that the per-batch overhead (~0.2 ms) stays small."""
+    long enough that the per-batch overhead stays small (why: docs/decisions/short-batches.md)."""
     time_budget_ms: int = 600_000
     """A target's sweep ends cleanly after this long and reports its backlog; the next pass
     continues. Well inside an hourly schedule's period."""
