@@ -117,6 +117,9 @@ class SweepStats:
     live_rows: int = 0
     dead_rows: int = 0
     """The tables' live and dead tuples after the sweep, from the statistics views."""
+    live_from: str = "stats"
+    """Where `live_rows` came from: `stats` (the views), `estimate` (the planner's, where the
+    views held no count of a table), `unknown` (neither: no share of the table is given)."""
     analyzed: bool = False
     busy: str = ""
     """Why the sweep stopped at a table another sweep held (empty when it did not)."""
@@ -160,6 +163,9 @@ class SweepStats:
         self.oldest_expired_age_ms = None if mine is None or theirs is None else max(mine, theirs)
         self.live_rows += other.live_rows
         self.dead_rows += other.dead_rows
+        # The least sure source of any part is the whole's.
+        order = ("stats", "estimate", "unknown")
+        self.live_from = max(self.live_from, other.live_from, key=order.index)
         self.analyzed = self.analyzed or other.analyzed
         self.busy = self.busy or other.busy
         self.reason = self.reason or other.reason
@@ -172,8 +178,11 @@ class SweepStats:
         return self
 
     @property
-    def dead_share(self) -> float:
-        """Dead tuples as a share of all tuples after the sweep (0 when the views know none)."""
+    def dead_share(self) -> float | None:
+        """Dead tuples as a share of all tuples after the sweep (0 when the views know none;
+        None when the live rows are unknown)."""
+        if self.live_from == "unknown":
+            return None
         total = self.live_rows + self.dead_rows
         return round(self.dead_rows / total, 4) if total else 0.0
 

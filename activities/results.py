@@ -47,8 +47,15 @@ class PurgeSweep:
     oldest_expired_age_s: float | None = 0.0
     """How long the oldest expired row still there after the sweep has been expired, in
     seconds: 0 when none is left, None when it could not be read in time."""
-    dead_tuple_share: float = 0.0
-    """The tables' dead tuples as a share of all their tuples after the sweep (statistics)."""
+    dead_tuple_share: float | None = 0.0
+    """The tables' dead tuples as a share of all their tuples after the sweep (statistics);
+    None when the live rows are unknown (`live_rows_from`)."""
+    live_rows_from: str = "stats"
+    """Where the live rows after the sweep (behind `dead_tuple_share` and every share of the
+    table the advice gives) came from: `stats`, the statistics views; `estimate`, the
+    planner's row estimate less the rows removed, where the views held no count of a table (a
+    database made from a template or restored, after crash recovery or pg_stat_reset());
+    `unknown`, neither, and then no share is given."""
     analyzed: bool = False
     """Whether `analyze_after` ran ANALYZE on a table this sweep removed a large share of."""
     status: str = "ok"
@@ -95,7 +102,7 @@ class PurgeSweep:
         self.archived = stats.archived
         age = stats.oldest_expired_age_ms
         self.oldest_expired_age_s = None if age is None else round(age / 1000, 3)
-        self.dead_tuple_share = stats.dead_share
+        self.dead_tuple_share, self.live_rows_from = stats.dead_share, stats.live_from
         self.paused_s = round(stats.paused_s, 3)
         self.analyzed = stats.analyzed
         if stats.partition_action == "dropped":

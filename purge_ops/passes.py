@@ -33,6 +33,7 @@ from purge_ops.render import (
     ESTIMATED_BACKLOG_NOTE,
     LOWER_BOUND_NOTE,
     backlog_text,
+    dead_text,
     human_duration,
     oldest_text,
     partitions_text,
@@ -342,7 +343,7 @@ def _last_sweep_row(sweep: PurgeSweep, whole: bool) -> list[object]:
         *parts,
         backlog_text(sweep),
         oldest_text(sweep.oldest_expired_age_s) or "0",
-        f"{sweep.dead_tuple_share:.0%}",
+        dead_text(sweep),
         "yes" if sweep.analyzed else "",
         "lower bound" if sweep.lower_bound else "exact",
     ]

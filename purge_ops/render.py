@@ -81,7 +81,7 @@ def _swept_row(s: PurgeSweep, whole: bool) -> list[object]:
         f"{s.p95_batch_ms:.1f}" if batched else "",
         backlog_text(s) if s.backlog else "",
         oldest_text(s.oldest_expired_age_s),
-        f"{s.dead_tuple_share:.0%}" if batched else "",
+        dead_text(s) if batched else "",
         _status(s),
     ]
 
@@ -95,7 +95,17 @@ def _notes(report: PurgeReport) -> list[str]:
         notes.append(LOWER_BOUND_NOTE)
     if any(s.backlog and s.backlog_estimated for s in report.swept):
         notes.append(ESTIMATED_BACKLOG_NOTE)
+    if any(s.live_rows_from != "stats" for s in report.swept):
+        notes.append(NO_STATISTICS_NOTE)
     return notes
+
+
+def dead_text(s: PurgeSweep) -> str:
+    """The dead tuples' share: `~N%` when the live rows are the planner's estimate, `?` when
+    no one knows them (see NO_STATISTICS_NOTE)."""
+    if s.dead_tuple_share is None or s.live_rows_from == "unknown":
+        return "?"
+    return ("~" if s.live_rows_from == "estimate" else "") + f"{s.dead_tuple_share:.0%}"
 
 
 def compact_lines(report: PurgeReport) -> list[str]:
@@ -176,6 +186,11 @@ LOWER_BOUND_NOTE = (
 
 
 #: Said under any table holding a `~N` backlog.
+NO_STATISTICS_NOTE = (
+    "dead ~N% or ?: PostgreSQL's statistics views held no count of the table (a database made "
+    "from a template or restored, after crash recovery, a promoted standby or pg_stat_reset()); "
+    "~ is the planner's estimate, ? means no share of the table is given, nor advice from one"
+)
 ESTIMATED_BACKLOG_NOTE = (
     "~N: an estimated backlog: a walked table's, from the expired rows in the pages it walked, "
     "or one whose count ran out of time, from the planner's estimate; any other backlog is "

@@ -69,6 +69,7 @@ async def test_a_large_share_removed_gets_vacuum_advice_and_the_dead_share(
 
     assert result.removed == expired
     # Half the tuples are now dead, as the statistics views count them once flushed.
+    assert result.dead_tuple_share is not None
     assert 0.4 <= result.dead_tuple_share <= 0.6, result.dead_tuple_share
     assert result.oldest_expired_age_s == 0  # a finished sweep leaves none
     assert "removed 5,000 rows (50% of the table)" in result.advice

@@ -4,7 +4,7 @@ and the ANALYZE they call for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from psycopg import AsyncConnection, errors, sql
 
@@ -20,6 +20,12 @@ ADVICE_MIN_ROWS = 1_000
 READ_TIMEOUT_MS = 2_000
 
 
+#: Where a table's live rows after its sweep come from: PostgreSQL's statistics views; the
+#: planner's estimate (`pg_class.reltuples`) less the rows the pass removed, when the views have
+#: no count of the table; or nowhere (`unknown`), when neither can be trusted.
+TuplesFrom = Literal["stats", "estimate", "unknown"]
+
+
 @dataclass(frozen=True)
 class Leftover:
     """One table after its sweep."""
@@ -28,10 +34,18 @@ class Leftover:
     """How long its oldest expired row has been expired: 0 when none, None when unknown."""
     live: int
     dead: int
+    live_from: TuplesFrom = "stats"
+
+    def share(self, removed: int) -> float | None:
+        """The share of the table the pass removed; None when the live rows are unknown."""
+        before = removed + self.live
+        if self.live_from == "unknown" or not before:
+            return None
+        return removed / before
 
 
 async def leftover(
-    conn: AsyncConnection[Any], pred: Predicate, now_ms: int, complete: bool
+    conn: AsyncConnection[Any], pred: Predicate, now_ms: int, complete: bool, removed: int
 ) -> Leftover:
     """What the sweep left in the table. The oldest expired row is looked for only when the
     sweep ran out of time: a finished sweep left none as of `now_ms` (a walk read every page;
@@ -50,11 +64,22 @@ async def leftover(
             age = max(0, now_ms - int(instant)) if instant is not None else 0
         except errors.QueryCanceled:
             age = None
-    live, dead = await _tuples(conn, pred)
-    return Leftover(age, live, dead)
+    live, dead, estimated = await _tuples(conn, pred)
+    if live or not removed:
+        return Leftover(age, live, dead)
+    # The views say no row is left. True after a sweep that emptied the table; but the views
+    # also say 0 for a table they hold no count of (a database made from a template, a restored
+    # copy, a promoted standby, crash recovery, pg_stat_reset()), and then this pass would read
+    # as having removed all of it. One row left says which.
+    if not await _any_row(conn, pred):
+        return Leftover(age, 0, dead)
+    if estimated is not None and estimated > removed:
+        return Leftover(age, estimated - removed, dead, "estimate")
+    return Leftover(age, 0, dead, "unknown")
 
 
-async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int]:
+async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int, int | None]:
+    """Live and dead tuples per the views, and the planner's row estimate (None: never made)."""
     rel = {"rel": ident(pred.table).as_string(conn)}
     if conn.info.server_version >= 150000:
         # Our own batches' dead tuples reach the views when this session goes idle: after
@@ -62,22 +87,42 @@ async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int
         await conn.execute(flush_statistics())
     cur = await conn.execute(table_tuples(), rel)
     row = await cur.fetchone()
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    if not row:
+        return 0, 0, None
+    return int(row[0]), int(row[1]), None if row[2] is None else int(row[2])
+
+
+async def _any_row(conn: AsyncConnection[Any], pred: Predicate) -> bool:
+    """Whether the table holds a row; True when the read runs out of time (rows behind the
+    pages the sweep emptied: assume some, and give no share rather than a wrong one)."""
+    try:
+        async with conn.transaction():
+            await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+            cur = await conn.execute(any_row(pred))
+            row = await cur.fetchone()
+    except errors.QueryCanceled:
+        return True
+    return bool(row and row[0])
 
 
 def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
     """An advice line when the sweep removed a large share of the table: VACUUM now, and the
     autovacuum setting that would keep up with this rate (a vacuum after every pass)."""
-    before = removed + left.live
-    if removed < ADVICE_MIN_ROWS or not before or removed / before <= LARGE_SHARE:
+    share = left.share(removed)
+    if removed < ADVICE_MIN_ROWS or share is None or share <= LARGE_SHARE:
         return ""
-    share = removed / before
+    about = (
+        " (by the planner's estimate: the statistics views hold no count)"
+        if (left.live_from == "estimate")
+        else ""
+    )
     dead = left.dead / (left.live + left.dead) if left.live + left.dead else 0.0
     # Autovacuum starts at 50 + scale_factor x live rows dead: half this pass's share makes it
     # run once per pass at this rate, within PostgreSQL's sensible range.
     factor = min(0.2, max(0.01, round(removed / max(left.live, 1) / 2, 2)))
     return (
-        f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table) and left "
+        f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table{about}) "
+        "and left "
         f"{dead:.0%} of it dead tuples; reclaim them now with VACUUM (ANALYZE) {pred.table}, "
         f"and keep up at this rate with ALTER TABLE {pred.table} SET "
         f"(autovacuum_vacuum_scale_factor = {factor}, autovacuum_analyze_scale_factor = "
@@ -90,8 +135,8 @@ async def analyze_after(
 ) -> tuple[bool, str]:
     """ANALYZE the table when the sweep removed more than a tenth of it: (analyzed, a warning
     when the role may not)."""
-    before = removed + left.live
-    if not before or removed / before <= LARGE_SHARE:
+    share = left.share(removed)
+    if share is None or share <= LARGE_SHARE:
         return False, ""
     rel = {"rel": ident(pred.table).as_string(conn)}
     cur = await conn.execute(may_analyze(conn.info.server_version), rel)
@@ -126,13 +171,20 @@ def oldest_expired(pred: Predicate) -> sql.Composed:
 def table_tuples() -> sql.SQL:
     """One row: live and dead tuples of `%(rel)s` (over its leaf partitions) per the views."""
     # By OID, not through pg_stat_all_tables: the view computes every relation's row before
-    # it filters, 20 ms a call with 3,000 tables on the server against 0.1 ms (measured).
+    # it filters (why: docs/decisions/catalog-reads-by-oid.md).
+    # reltuples is -1 for a table never vacuumed or analyzed (PostgreSQL 14+): no estimate.
     return sql.SQL(
         "SELECT coalesce(sum(pg_stat_get_live_tuples(t.relid)), 0),"
-        " coalesce(sum(pg_stat_get_dead_tuples(t.relid)), 0)"
+        " coalesce(sum(pg_stat_get_dead_tuples(t.relid)), 0),"
+        " sum(c.reltuples) FILTER (WHERE c.reltuples >= 0 AND c.relkind = 'r')::bigint"
         " FROM (SELECT relid FROM pg_partition_tree(%(rel)s::regclass) WHERE isleaf"
-        " UNION SELECT %(rel)s::regclass) t"
+        " UNION SELECT %(rel)s::regclass) t JOIN pg_class c ON c.oid = t.relid"
     )
+
+
+def any_row(pred: Predicate) -> sql.Composed:
+    """One row: whether the table holds any row at all."""
+    return sql.SQL("SELECT EXISTS (SELECT FROM {})").format(ident(pred.table))
 
 
 def flush_statistics() -> sql.SQL:

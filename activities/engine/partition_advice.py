@@ -60,10 +60,9 @@ async def pass_advice(
     pass removed a large share of it (more than LARGE_SHARE, PARTITION_ADVICE_ROWS rows or more).
     The rows a day, read from the span of the rows left (through the index), size the advice."""
     key = pred.range_key
-    before = removed + left.live
-    if key is None or plan.partitioned or removed < PARTITION_ADVICE_ROWS or not before:
+    share = left.share(removed)
+    if key is None or plan.partitioned or removed < PARTITION_ADVICE_ROWS or share is None:
         return ""
-    share = removed / before
     if share <= LARGE_SHARE:
         return ""
     per_day = await _rows_per_day(conn, pred, left.live) if plan.index is not None else None
@@ -202,8 +201,8 @@ def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
     """One row: the days between the least and the greatest value of the rule's column among
     the rows not expired, those past `%(cutoff)s` (NULL when there are none), read from the
     ends of its index. Not over every row: right after a sweep the least value would be found
-    by walking the index from its start over an entry for every row the sweep deleted (1.1 s
-    after a million, measured in bench case 1); the bound starts the scan past them."""
+    by walking the index from its start over an entry for every row the sweep deleted (why:
+    docs/decisions/short-batches.md); the bound starts the scan past them."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
     span = (

@@ -100,9 +100,12 @@ class TargetSweeper:
         ctx: SweepContext,
     ) -> SweepStats:
         """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
-        left = await leftover(conn, pred, ctx.now_ms, table.complete)
+        left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed)
         after = SweepStats(
-            oldest_expired_age_ms=left.oldest_age_ms, live_rows=left.live, dead_rows=left.dead
+            oldest_expired_age_ms=left.oldest_age_ms,
+            live_rows=left.live,
+            dead_rows=left.dead,
+            live_from=left.live_from,
         )
         if self.settings.analyze_after:
             analyzed, warning = await analyze_after(
@@ -111,7 +114,9 @@ class TargetSweeper:
             after.analyzed = analyzed
             after.advice += [warning] if warning else []
         partition = await pass_advice(conn, pred, plan, table.removed, left)
-        if not partition and ctx.remember and pred.range_key and not plan.partitioned:
+        # A day's passes remember what each removed of the table: never a share no one knows.
+        remember = ctx.remember and left.live_from != "unknown"
+        if not partition and remember and pred.range_key and not plan.partitioned:
             # One pass's evidence said nothing: the day's passes may.
             passes = await record_share(
                 conn, ctx.target, str(pred.table), ctx.now_ms, table.removed, left.live
