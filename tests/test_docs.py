@@ -145,3 +145,31 @@ class TestReadme:
         first = README.read_text(encoding="utf-8").splitlines()[:FIRST_SCREEN]
         assert TEST_COMMAND in (line.strip() for line in first)
         assert any(DEV_COMMAND in line for line in first)
+
+
+def _map_rows() -> list[tuple[str, str]]:
+    """README's map of the house: each row's first cell (its room) and second (what it does)."""
+    text = README.read_text(encoding="utf-8")
+    table = text.split("## A map of the house", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    return [(row[0].lstrip("| "), row[1]) for row in rows]
+
+
+def test_every_module_the_map_names_exists_and_every_module_is_on_the_map() -> None:
+    """The map is read as the house: a room it names that is gone misleads, and a module it
+    leaves out is one a newcomer never finds."""
+    named: set[Path] = set()
+    for room, does in _map_rows():
+        folders = re.findall(r"`([\w/]+/)`", room)
+        base = REPO / (folders[0] if folders else "")
+        first = re.findall(r"`([\w/]+\.py)`", room)
+        if first and "/" in first[0]:
+            base = REPO / Path(first[0]).parent
+        for name in re.findall(r"`([\w/.]+\.py)`", room + " " + does):
+            path = REPO / name if "/" in name else base / name
+            assert path.is_file(), f"README's map names {name} ({path.relative_to(REPO)}): gone"
+            named.add(path)
+    for package in ("activities", "activities/engine", "workflows", "purge_config", "purge_ops"):
+        for module in sorted((REPO / package).glob("*.py")):
+            if module.name != "__init__.py":
+                assert module in named, f"{module.relative_to(REPO)} is not on README's map"
