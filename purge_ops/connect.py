@@ -20,6 +20,7 @@ from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
 from temporalio.service import TLSConfig
 
+from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
 from purge_config.errors import ConfigError
 
@@ -30,8 +31,8 @@ APPLICATION_NAME = "temporal-pg-purge"
 #: 50, which puts every sweep and most passes in the first bucket and makes any p95 read 50.
 SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 HISTOGRAM_BUCKETS = {
-    "purge_target_seconds": SECONDS_BUCKETS,
-    "purge_pass_seconds": (*SECONDS_BUCKETS, 7200, 14400),
+    TARGET_SECONDS.name: SECONDS_BUCKETS,
+    PASS_SECONDS.name: (*SECONDS_BUCKETS, 7200, 14400),
 }
 
 

@@ -255,7 +255,7 @@ async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_gen
     the batch's size a parameter, prepared at its first use and run by its generic plan, as is
     the DELETE: the size written into the text made each batch a statement planned anew, and
     planning a batch's boundary read probed the index over every entry earlier batches had
-    deleted (1.5-2.7 ms a batch in bench/README.md's steady profile)."""
+    deleted (docs/decisions/keyset-batches.md)."""
     # Each batch 250 rows larger than the last, whatever each took.
     monkeypatch.setattr(batching, "_resize", lambda size, *_: size + 250)
     db.execute(

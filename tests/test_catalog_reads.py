@@ -2,7 +2,8 @@
 and, among thousands of tables, each reads a few catalog rows, not every relation's.
 
 A pass over thousands of tenants' tables runs these once a table: a read that scans pg_class or
-pg_constraint costs the pass time in proportion to the square of the tables (bench/README.md).
+pg_constraint costs the pass time in proportion to the square of the tables
+(docs/decisions/catalog-reads-by-oid.md).
 """
 
 from __future__ import annotations
