@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from purge_config.names import TableName
+from purge_config.presets import PRESETS
 
 #: How a table's expired rows are told: one epoch-ms column at or before now, or a token bucket
 #: full again at now (see activities.engine.rules).
@@ -79,5 +80,5 @@ BUILTIN_KINDS: dict[str, BuiltinKind] = {
     ),
 }
 
-#: Every `kind` a `[[targets]]` entry may name.
-KINDS = (*BUILTIN_KINDS, "expiring", "python")
+#: Every `kind` a `[[targets]]` entry may name; a framework preset is read as `expiring`.
+KINDS = (*BUILTIN_KINDS, "expiring", "python", *PRESETS)

@@ -16,6 +16,7 @@ from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
 from purge_config.names import SQL_NAME, TARGET_NAME, TableName
 from purge_config.patterns import TablePattern, parse_table, pattern_of, split_match_name
+from purge_config.presets import FIXED_KEYS, PRESETS, expand
 from purge_config.settings import (
     EPOCH_UNITS,
     PARTITION_MODES,
@@ -89,6 +90,8 @@ _ENTRY_KEYS: dict[str, frozenset[str]] = {
     )
     for kind in _TARGET_KEYS
 }
+# A framework preset takes an `expiring` entry's keys but those it fixes (purge_config.presets).
+_ENTRY_KEYS |= {kind: _ENTRY_KEYS["expiring"] - FIXED_KEYS for kind in PRESETS}
 
 _FACTORY = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
@@ -314,6 +317,8 @@ def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
     no_unknown(at, "", raw, _ENTRY_KEYS[kind])
+    if kind in PRESETS:
+        return at, "expiring", expand(at, kind, raw)
     return at, kind, raw
 
 
