@@ -1,7 +1,9 @@
 """What `pg-purge discover` found, as a commented config to paste or as JSON for tools.
 
 The config uses only keys the config reader takes today (`[[targets]]` of kind `expiring`, with
-`unit`, `match` and table patterns); what no target can say yet is printed as comments only.
+`unit`, `match` and table patterns, or a framework preset's one line, `kind = "django_sessions"`,
+with only the keys that differ from the preset's); what no target can say yet is printed as
+comments only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from purge_config.dsn import redact
+from purge_config.presets import PRESETS
 from purge_ops.discover import Discovery, Family, Finding
 
 #: Findings and family members named one by one in a comment, before "and N more".
@@ -22,6 +25,8 @@ _WIDTH = 100
 def target_keys(finding: Finding, name: str, table: str) -> dict[str, Any]:
     """The `[[targets]]` entry for `finding` (or its family, whose `table` is the pattern), in
     the order it is printed."""
+    if finding.preset is not None and finding.preset.kind:
+        return _preset_keys(finding.preset.kind, finding.max_age, name, table)
     keys: dict[str, Any] = {
         "kind": "expiring",
         "name": name,
@@ -39,12 +44,34 @@ def target_keys(finding: Finding, name: str, table: str) -> dict[str, Any]:
     return keys
 
 
+def _preset_keys(kind: str, max_age: str, name: str, table: str) -> dict[str, Any]:
+    """A preset's entry: its kind, and each key whose value is not the preset's own (the table
+    in `public` is the preset's, as the framework names it: unqualified)."""
+    preset = PRESETS[kind]
+    keys: dict[str, Any] = {"kind": kind}
+    if name != kind:
+        keys["name"] = name
+    if table != f"public.{preset.table}":
+        keys["table"] = table
+    if max_age != preset.max_age:
+        keys["max_age"] = max_age
+    return keys
+
+
+def live(finding: Finding) -> bool:
+    """Whether `finding` is printed as a live entry: a target, or a table a preset sweeps."""
+    preset = finding.preset
+    return finding.is_target or (
+        preset is not None and preset.treatment == "preset" and not finding.problem
+    )
+
+
 def as_toml(found: Discovery, url: str) -> str:
     """A config to paste: every live entry starts a worker as it is; each says why it is there."""
     lines = _header(found, url)
-    framework = [f for f in found.singles if f.source == "framework" and f.is_target]
-    expiry = [f for f in found.singles if f.source == "expiry" and f.is_target]
-    others = [f for f in found.singles if not f.is_target]
+    framework = [f for f in found.singles if f.source == "framework" and live(f)]
+    expiry = [f for f in found.singles if f.source == "expiry" and live(f)]
+    others = [f for f in found.singles if not live(f)]
     if framework:
         lines += _section("Tables recognised by their framework's documented schema")
         for finding in framework:
@@ -106,12 +133,21 @@ def _comment(text: str, indent: str = "") -> list[str]:
 
 
 def _entry(found: Discovery, finding: Finding) -> list[str]:
-    name = found.names[f"{finding.qualified}:{finding.column}"]
+    name = _name(found, finding)
     lines = ["", *_comment(_title(finding))]
     lines += _comment(_why(finding), "  ")
     lines += _comment(_figures(finding), "  ")
     lines += _comment(_index(finding), "  ")
     return lines + _toml_entry(target_keys(finding, name, finding.qualified))
+
+
+def _name(found: Discovery, finding: Finding) -> str:
+    """The finding's target name: discover names each target; a preset's table not counted as
+    one (procrastinate's jobs) takes the preset's name."""
+    key = f"{finding.qualified}:{finding.column}"
+    if key in found.names:
+        return found.names[key]
+    return finding.preset.name if finding.preset and finding.preset.name else finding.table
 
 
 def _title(finding: Finding) -> str:
@@ -272,8 +308,8 @@ def _finding_json(found: Discovery, finding: Finding) -> dict[str, Any]:
             "documented": preset.documented,
             "needs": preset.needs or None,
         }
-    if finding.is_target:
-        name = found.names.get(f"{finding.qualified}:{finding.column}", finding.table)
+    if live(finding):
+        name = _name(found, finding)
         data["target"] = target_keys(finding, name, finding.qualified)
     return data
 

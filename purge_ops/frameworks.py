@@ -2,9 +2,10 @@
 means by an old row.
 
 Pure data: a table is recognised when its name and every column an entry names are in the
-catalog (any schema). Each entry says what the framework's own cleanup does, so the printed
-config can say which cleanup a sweep replaces and where its boundary differs (frameworks delete
-`< cutoff`; this package's expiry is inclusive, `<=`).
+catalog (any schema). Where a config preset (purge_config.presets) says the entry, `kind` names
+it and discover prints that one line. Each entry says what the framework's own cleanup does, so
+the printed config can say which cleanup a sweep replaces and where its boundary differs
+(frameworks delete `< cutoff`; this package's expiry is inclusive, `<=`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Literal
 
 from purge_config.settings import EpochUnit
 
-#: What discover does with a recognised table: print a target, print why no target can say it
-#: today, or say the framework keeps the table itself and a sweep must leave it.
-Treatment = Literal["target", "not_expressible", "leave"]
+#: What discover does with a recognised table: print a target, print its config preset (a
+#: `kind` of purge_config.presets whose rule no column of the table alone says, so it is not
+#: counted here), print why no target can say it today, or say the framework keeps the table
+#: itself and a sweep must leave it.
+Treatment = Literal["target", "preset", "not_expressible", "leave"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Preset:
     """A row filter (`match = { column = [values] }`) the framework's cleanup applies."""
     name: str = ""
     """The target name to suggest; the table's name when empty."""
+    kind: str = ""
+    """The config preset (purge_config.presets) that says this entry in one line, if any."""
     treatment: Treatment = "target"
     needs: str = ""
     """For `not_expressible` and `leave`: why, and what it would need."""
@@ -71,6 +76,8 @@ PRESETS: tuple[Preset, ...] = (
         "weeks by default, is already added), so it goes at that instant: max_age 0",
         cleanup="`manage.py clearsessions` (expire_date < now)",
         documented=_DJANGO,
+        name="django_sessions",
+        kind="django_sessions",
     ),
     Preset(
         "django-celery-results",
@@ -82,6 +89,8 @@ PRESETS: tuple[Preset, ...] = (
         cleanup="`celery.backend_cleanup`, which calls TaskResult.objects.delete_expired "
         "(date_done < now - result_expires)",
         documented=_DCR,
+        name="celery_results",
+        kind="celery_results",
     ),
     Preset(
         "django-celery-results",
@@ -92,6 +101,8 @@ PRESETS: tuple[Preset, ...] = (
         "date_done",
         cleanup="`celery.backend_cleanup` (GroupResult.objects.delete_expired)",
         documented=_DCR,
+        name="celery_group_results",
+        kind="celery_group_results",
     ),
     Preset(
         "Celery SQLAlchemy result backend",
@@ -102,6 +113,8 @@ PRESETS: tuple[Preset, ...] = (
         "written in UTC into a timestamp column (read here as UTC)",
         cleanup="`celery.backend_cleanup` (DatabaseBackend.cleanup: date_done < now - expires)",
         documented=_CELERY_SA,
+        name="celery_taskmeta",
+        kind="celery_taskmeta",
     ),
     Preset(
         "Celery SQLAlchemy result backend",
@@ -112,19 +125,27 @@ PRESETS: tuple[Preset, ...] = (
         "date_done, in UTC",
         cleanup="`celery.backend_cleanup` (DatabaseBackend.cleanup)",
         documented=_CELERY_SA,
+        name="celery_tasksetmeta",
+        kind="celery_tasksetmeta",
     ),
     Preset(
         "procrastinate",
         "procrastinate_jobs",
         "status",
+        # remove_old_jobs' max_hours has no default, nor the preset's max_age: this one is a
+        # suggestion the printed comment says to set.
+        max_age="3d",
         meaning="a finished job's age is its newest row in procrastinate_events (at): the "
-        "jobs table has no finish time",
+        "jobs table has no finish time; succeeded jobs only, as remove_old_jobs by default "
+        "(widen match.status to failed, cancelled, aborted as its remove_* flags do); its "
+        "events go with it (ON DELETE CASCADE). procrastinate has no default age (max_hours "
+        "is required): 3d here is a suggestion, set your own",
         cleanup="procrastinate's builtin task `remove_old_jobs` (max_hours; succeeded jobs, "
         "failed/cancelled/aborted when asked)",
         documented=_PROCRASTINATE,
-        treatment="not_expressible",
-        needs="an age kept in another table (the newest procrastinate_events.at through "
-        "job_id, events going by ON DELETE CASCADE), which no target kind reads today",
+        treatment="preset",
+        name="procrastinate",
+        kind="procrastinate",
     ),
     Preset(
         "procrastinate",

@@ -409,8 +409,9 @@ async def test_python_frameworks_own_migrations_and_cleanup_meaning(
 ) -> None:
     """Django sessions and django-celery-results made by `migrate`, Celery's SQLAlchemy
     backend by its models, procrastinate by `apply_schema`, each filled through its own API:
-    each is recognised with its framework's age; procrastinate's jobs are said not to be
-    expressible; the printed config's worker removes the old rows and only those."""
+    each is recognised with its framework's age and printed as its preset's one line
+    (procrastinate's with the age it suggests); the printed config's worker removes the old
+    rows and only those."""
     made = subprocess.run(
         [sys.executable, "-m", "tests.support.framework_apps", database],
         cwd=REPO,
@@ -439,11 +440,23 @@ async def test_python_frameworks_own_migrations_and_cleanup_meaning(
         assert finding.index.serves, table
     [jobs] = tables["procrastinate_jobs"]
     assert jobs.preset is not None
-    assert jobs.preset.treatment == "not_expressible"
+    assert jobs.preset.treatment == "preset"
     assert jobs.rows == framework_apps.OLD + framework_apps.LIVE
     text = discover_render.as_toml(found, database)
     assert "remove_old_jobs" in text
     assert "clearsessions" in text
+    presets = {
+        "django_session": "django_sessions",
+        "django_celery_results_taskresult": "celery_results",
+        "django_celery_results_groupresult": "celery_group_results",
+        "celery_taskmeta": "celery_taskmeta",
+        "celery_tasksetmeta": "celery_tasksetmeta",
+        "procrastinate_jobs": "procrastinate",
+    }
+    assert sorted(tomllib.loads(text)["targets"], key=lambda t: str(t["kind"])) == [
+        {"kind": kind} | ({"max_age": "3d"} if kind == "procrastinate" else {})
+        for kind in sorted(presets.values())
+    ]
 
     path = tmp_path / "purge.toml"
     path.write_text(text, encoding="utf-8")
@@ -457,10 +470,10 @@ async def test_python_frameworks_own_migrations_and_cleanup_meaning(
     )
     assert result["failed"] == []
     assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(
-        expected, framework_apps.OLD
+        presets.values(), framework_apps.OLD
     )
     with psycopg.connect(database) as conn:
-        for table in expected:
+        for table in presets:
             count = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             assert count == (framework_apps.LIVE,), table
 
