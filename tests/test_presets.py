@@ -1,18 +1,35 @@
 """Framework presets (purge_config.presets): each `kind` read as the `expiring` entry it stands
-for, its keys overridable as any entry's, and what it refuses."""
+for, its keys overridable as any entry's, and what it refuses; and, in the slow suite, each
+removing the same rows as the framework's own cleanup on a copy of the schema its migrations
+made."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import tomllib
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
+from activities.builtin_kinds import build_registry
+from activities.inputs import PurgeStep
+from activities.results import PurgeSweep
+from activities.sweep import PurgeActivities
 from purge_config import ConfigError
-from purge_config.file import load_config
+from purge_config.file import load_config, parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_config.specs import TargetSpec, parse_target
+from purge_ops.connect import open_pool
+from tests.support import framework_apps
+from tests.support.activity import activity_env
 
 DAY_MS = 86_400_000
 
@@ -127,3 +144,105 @@ def test_a_config_of_presets_loads(tmp_path: Path) -> None:
         ("expiring", "celery_results"),
         ("expiring", "procrastinate"),
     ]
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: Each framework table and the preset that sweeps it.
+TABLES = {
+    "django_session": "django_sessions",
+    "django_celery_results_taskresult": "celery_results",
+    "django_celery_results_groupresult": "celery_group_results",
+    "celery_taskmeta": "celery_taskmeta",
+    "celery_tasksetmeta": "celery_tasksetmeta",
+    "procrastinate_jobs": "procrastinate",
+}
+#: One line each; procrastinate's age is the cleanup's max_hours (framework_cleanups.MAX_HOURS).
+PRESETS_TOML = "".join(f'[[targets]]\nkind = "{kind}"\n' for kind in TABLES.values()).replace(
+    'kind = "procrastinate"\n', 'kind = "procrastinate"\nmax_age = "2d"\n{widen}'
+)
+WIDEN = 'match = { status = ["succeeded", "failed", "cancelled", "aborted"] }\n'
+
+
+def python(*args: str) -> None:
+    subprocess.run(
+        [sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True, check=True,
+        timeout=180,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def copies(pg_url: str) -> Iterator[Callable[[str | None], str]]:
+    """`copies(template)`: a database of the test's own (a copy of `template`), its URL."""
+    made: list[str] = []
+
+    def make(template: str | None) -> str:
+        name = f"preset_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            copy = f' TEMPLATE "{template}"' if template else ""
+            admin.execute(f'CREATE DATABASE "{name}"{copy}')
+        made.append(name)
+        return name
+
+    yield make
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        for name in reversed(made):
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def rows(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of each framework table (procrastinate's events too), in key order."""
+    with psycopg.connect(url) as conn:
+        return {
+            table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+            for table in (*TABLES, "procrastinate_events")
+        }
+
+
+async def sweep_presets(url: str, widen: bool) -> dict[str, int]:
+    """A sweep of every preset's target on `url`, as a pass runs it: rows removed by target."""
+    text = PRESETS_TOML.format(widen=WIDEN if widen else "")
+    config = parse_config(tomllib.loads(text), env={"PURGE_DATABASE_URL": url})
+    pool = await open_pool(url)
+    try:
+        activities = PurgeActivities(build_registry(config, pool))
+        removed = {}
+        now_ms = int(time.time() * 1000)
+        for kind in TABLES.values():
+            result: PurgeSweep = await activity_env().run(
+                activities.purge_target, PurgeStep(name=kind, now_ms=now_ms)
+            )
+            removed[kind] = result.removed
+        return removed
+    finally:
+        await pool.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("widen", [False, True], ids=["succeeded", "finished"])
+async def test_each_preset_removes_what_the_frameworks_cleanup_removes(
+    pg_url: str, copies: Callable[[str | None], str], widen: bool
+) -> None:
+    """Schemas made by the frameworks' migrations and filled through their APIs
+    (framework_apps, and procrastinate jobs failed, cancelled and waiting), copied twice: the
+    frameworks' cleanups (clearsessions, backend_cleanup, remove_old_jobs) on one, the presets
+    on the other; the same rows remain. No row sits at the cutoff (every old one is a day or
+    more past it), where the two differ: they delete `< cutoff`, a sweep `<=`."""
+    filled = copies(None)
+    url = make_conninfo(pg_url, dbname=filled)
+    python("tests.support.framework_apps", url)
+    python("tests.support.framework_cleanups", "extra", url)
+    before = rows(url)
+    theirs, ours = (make_conninfo(pg_url, dbname=copies(filled)) for _ in range(2))
+
+    python("tests.support.framework_cleanups", "clean", theirs, *(["widen"] if widen else []))
+    removed = await sweep_presets(ours, widen)
+
+    after = rows(theirs)
+    assert rows(ours) == after
+    gone = {table: len(before[table]) - len(after[table]) for table in TABLES}
+    # procrastinate: the old succeeded jobs; widened, the old failed and cancelled one too (the
+    # old job still waiting stays either way).
+    jobs = framework_apps.OLD + (2 if widen else 0)
+    assert gone == dict.fromkeys(TABLES, framework_apps.OLD) | {"procrastinate_jobs": jobs}
+    assert removed == {kind: gone[table] for table, kind in TABLES.items()}
