@@ -151,6 +151,8 @@ def _name(found: Discovery, finding: Finding) -> str:
 
 
 def _title(finding: Finding) -> str:
+    if finding.preset is not None and finding.preset.treatment == "preset":
+        return f'{finding.preset.framework}: {finding.qualified} (kind = "{finding.preset.kind}")'
     unit = f", epoch {finding.unit}" if finding.unit else ""
     where = f"{finding.qualified}.{finding.column} ({finding.column_type}{unit})"
     return f"{finding.preset.framework}: {where}" if finding.preset else where
@@ -177,6 +179,10 @@ def _figures(finding: Finding) -> str:
         if finding.rows is None:
             return f"Rows: not counted ({finding.unread}), and never analyzed: no estimate."
         return f"Rows: ~{finding.rows:,}, the planner's estimate ({finding.unread})."
+    if finding.preset is not None and finding.preset.treatment == "preset":
+        # Its age is in another table: counted by `sweep --dry-run`, not here.
+        rows = f"Rows: {finding.rows or 0:,}"
+        return f"{rows}; `pg-purge sweep --dry-run` counts those that would go."
     if finding.expired is None:
         return f"Rows: {finding.rows or 0:,}."
     return f"Rows: {finding.rows or 0:,}; would go now: {finding.expired or 0:,}."
