@@ -30,6 +30,7 @@ from purge_config.specs import TargetSpec, parse_target
 from purge_ops.connect import open_pool
 from tests.support import framework_apps
 from tests.support.activity import activity_env
+from tests.support.rows import HOUR, PAST_NOW
 
 DAY_MS = 86_400_000
 
@@ -144,6 +145,53 @@ def test_a_config_of_presets_loads(tmp_path: Path) -> None:
         ("expiring", "celery_results"),
         ("expiring", "procrastinate"),
     ]
+
+
+#: django.contrib.sessions' table as its migration 0001_initial creates it (`sqlmigrate
+#: sessions 0001` on PostgreSQL), index included.
+DJANGO_SESSION_DDL = """
+CREATE TABLE django_session (session_key varchar(40) NOT NULL PRIMARY KEY,
+    session_data text NOT NULL, expire_date timestamp with time zone NOT NULL);
+CREATE INDEX django_session_expire_date_a5c62663 ON django_session (expire_date);
+"""
+
+
+async def test_django_sessions_end_to_end_on_the_published_table(
+    pg_url: str, copies: Callable[[str | None], str]
+) -> None:
+    """One line sweeps Django's table: the expired sessions go, the live stay, and the one
+    expiring exactly now goes too, which clearsessions (`expire_date < now`) would keep."""
+    url = make_conninfo(pg_url, dbname=copies(None))
+    at = "to_timestamp(%s / 1000.0)"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(DJANGO_SESSION_DDL)
+        for key, offset in (("old", -HOUR), ("older", -24 * HOUR), ("now", 0), ("live", HOUR)):
+            conn.execute(
+                f"INSERT INTO django_session VALUES (%s, '', {at})", (key, PAST_NOW + offset)
+            )
+        clearsessions_keeps = {
+            row[0]
+            for row in conn.execute(
+                f"SELECT session_key FROM django_session WHERE NOT expire_date < {at}",
+                (PAST_NOW,),
+            )
+        }
+    config = parse_config(
+        tomllib.loads('[[targets]]\nkind = "django_sessions"\n'),
+        env={"PURGE_DATABASE_URL": url},
+    )
+    pool = await open_pool(url)
+    try:
+        result: PurgeSweep = await activity_env().run(
+            PurgeActivities(build_registry(config, pool)).purge_target,
+            PurgeStep(name="django_sessions", now_ms=PAST_NOW),
+        )
+    finally:
+        await pool.close()
+    with psycopg.connect(url) as conn:
+        left = {row[0] for row in conn.execute("SELECT session_key FROM django_session")}
+    assert (result.removed, left) == (3, {"live"})
+    assert clearsessions_keeps - left == {"now"}  # the boundary row, and only it
 
 
 REPO = Path(__file__).resolve().parent.parent
