@@ -138,19 +138,13 @@ class ExpiryRule:
         # and convert the cutoff, never the column, to the column's unit for the same reason.
         cutoff = _cutoff(kind, self.unit, now_ms - self.max_age_ms)
         column = sql.Identifier(self.column)
-        where = sql.SQL("{} <= %(cutoff)s").format(column)
+        where: sql.Composable = sql.SQL("{} <= %(cutoff)s").format(column)
         expired_at = sql.SQL("{} + {}").format(
             _instant(kind, self.unit, column), sql.Literal(self.max_age_ms)
         )
         epoch = ((self.column, self.unit),) if kind in MS_TYPES else ()
         params: dict[str, object] = {"cutoff": cutoff}
-        bound = None
-        if self.row_filter is not None:
-            bound = await bind_filter(
-                conn, self.table, ident(self.table), types, self.row_filter, where
-            )
-            where = sql.SQL("{} AND {}").format(where, bound.where)
-            params.update(bound.params)
+        where, bound = await _filtered(conn, self.table, types, self.row_filter, where, params)
         # The instant in the column's unit too: partitions ahead of it are judged in that unit.
         # A filter or an archive means a partition's bounds cannot say all its rows may go
         # (or go without their copy): then no partition leaves whole.
@@ -209,13 +203,7 @@ class NewestRelatedRule:
             _instant(kind, self.unit, newest), sql.Literal(self.max_age_ms)
         )
         params: dict[str, object] = {"cutoff": cutoff}
-        bound = None
-        if self.row_filter is not None:
-            bound = await bind_filter(
-                conn, self.table, ident(self.table), types, self.row_filter, where
-            )
-            where = sql.SQL("{} AND {}").format(where, bound.where)
-            params.update(bound.params)
+        where, bound = await _filtered(conn, self.table, types, self.row_filter, where, params)
         # No index on the table serves the age (column None: the heap is walked), and no
         # partition's bounds can say its rows are expired (no range key).
         return Predicate(
@@ -385,6 +373,23 @@ def _instant(kind: str, unit: EpochUnit, value: sql.Composable) -> sql.Composabl
     if kind in MS_TYPES:
         return sql.SQL("{}::float8 * {}").format(value, sql.Literal(_UNIT_MS[unit]))
     return sql.SQL("extract(epoch FROM {})::float8 * 1000").format(value)
+
+
+async def _filtered(
+    conn: AsyncConnection[Any],
+    table: TableName,
+    types: dict[str, str],
+    row_filter: RowFilter | None,
+    where: sql.Composable,
+    params: dict[str, object],
+) -> tuple[sql.Composable, BoundFilter | None]:
+    """`where` narrowed by the rule's row filter, bound to the table (its values added to
+    `params`); unchanged, with no bound filter, when the rule has none."""
+    if row_filter is None:
+        return where, None
+    bound = await bind_filter(conn, table, ident(table), types, row_filter, where)
+    params.update(bound.params)
+    return sql.SQL("{} AND {}").format(where, bound.where), bound
 
 
 def _range_key(column: str, kind: str, cutoff: object, now_ms: int) -> RangeKey:
