@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from activities.results import FailedTarget, PatternLine, PurgeSweep
+from activities.results import FailedTarget, PatternLine, PurgeSweep, SweepStatus
 from activities.routing import Route
 from purge_config.patterns import split_match_name
 
@@ -72,8 +72,8 @@ class ChunkReport:
 
     targets: int = 0
     removed: int = 0
-    statuses: dict[str, int] = field(default_factory=dict)
-    """How many sweeps ended `ok`, `skipped`, `busy` or `gone` (failures are not here)."""
+    statuses: dict[SweepStatus, int] = field(default_factory=dict)
+    """How many sweeps ended each way (failures are not here)."""
     failures: list[RankedFailure] = field(default_factory=list)
     """The first FAILED_CAP failures, by position."""
     failed_total: int = 0
@@ -94,7 +94,7 @@ class ChunkReport:
             self.failures = _first([*self.failures, RankedFailure(position, outcome)])
             return
         self.removed += outcome.removed
-        counts = Counter(self.statuses)
+        counts: Counter[SweepStatus] = Counter(self.statuses)
         counts[outcome.status] += 1
         self.statuses = dict(counts)
         self.lower_bound = self.lower_bound or outcome.lower_bound

@@ -10,10 +10,16 @@ report field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
     from activities.progress import SweepStats
+
+SweepStatus = Literal["ok", "skipped", "busy", "gone"]
+"""How a sweep ended, on the wire as the string itself. `ok`: it ran. `skipped`: the pass's
+budget was spent before it started. `busy`: another sweep held one of its tables. `gone`: a
+pattern's match was dropped before its sweep. None of the last three is a failure, and none of
+them measured anything."""
 
 
 @dataclass
@@ -58,10 +64,8 @@ class PurgeSweep:
     `unknown`, neither, and then no share is given."""
     analyzed: bool = False
     """Whether `analyze_after` ran ANALYZE on a table this sweep removed a large share of."""
-    status: str = "ok"
-    """`ok`; `skipped` (the pass's budget was spent before it started); `busy` (another sweep
-    held one of its tables); `gone` (a pattern's match dropped before its sweep). None of the
-    last three is a failure."""
+    status: SweepStatus = "ok"
+    """How it ended (see `SweepStatus`): only an `ok` sweep ran."""
     reason: str = ""
     """Why it was skipped or busy, or why pacing left a backlog."""
     paused_s: float = 0.0
@@ -180,8 +184,8 @@ class PurgeReport:
     `children` that swept it."""
     targets: int = 0
     """In a compact report: the targets swept, patterns expanded."""
-    statuses: dict[str, int] = field(default_factory=dict)
-    """In a compact report: how many sweeps ended `ok`, `skipped`, `busy` or `gone`."""
+    statuses: dict[SweepStatus, int] = field(default_factory=dict)
+    """In a compact report: how many sweeps ended each way."""
     patterns: list[PatternLine] = field(default_factory=list)
     """In a compact report: one line per pattern target, in input order."""
     failed_total: int = 0
@@ -200,7 +204,10 @@ class PurgeReport:
             failed=[FailedTarget(**known_fields(FailedTarget, f)) for f in raw.get("failed", [])],
             compact=bool(raw.get("compact", False)),
             targets=int(raw.get("targets", 0)),
-            statuses={str(k): int(v) for k, v in raw.get("statuses", {}).items()},
+            # Read as written: a status a newer worker added is shown, not refused.
+            statuses={
+                cast("SweepStatus", str(k)): int(v) for k, v in raw.get("statuses", {}).items()
+            },
             patterns=[PatternLine(**known_fields(PatternLine, p)) for p in raw.get("patterns", [])],
             failed_total=int(raw.get("failed_total", 0)),
             children=[str(c) for c in raw.get("children", [])],

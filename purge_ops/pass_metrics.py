@@ -46,11 +46,12 @@ from activities.metrics import (
     TARGET_FAILURES,
     Counter,
 )
+from activities.results import SweepStatus
 
 PURGE_WORKFLOW = "Purge"
 SWEEP_ACTIVITY = "purge_target"
 #: The status of a sweep that ran; `busy`, `gone` and `skipped` ones did not (PurgeSweep.status).
-RAN = "ok"
+RAN: SweepStatus = "ok"
 
 
 class PassMetrics(Interceptor):

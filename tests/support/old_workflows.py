@@ -12,6 +12,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    # Known to the sandbox so decoding a sweep's result resolves its hints (SweepStatus).
+    import activities.results  # noqa: F401
     from activities.input_checks import parse_input
     from activities.inputs import PurgeStep
     from activities.sweep import PurgeActivities
