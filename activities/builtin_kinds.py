@@ -14,7 +14,7 @@ from activities.engine.rules import (
     Rule,
 )
 from activities.engine.sql_target import ConnectionSource, SqlTarget
-from activities.patterns import PatternTargets
+from activities.pattern_matches import PatternTargets
 from activities.registry import PurgeTarget, TargetFactory, TargetRegistry
 from purge_config import PurgeConfig
 from purge_config.filters import RowFilter

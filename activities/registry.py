@@ -10,7 +10,7 @@ from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards
 
 if TYPE_CHECKING:
-    from activities.patterns import PatternTargets
+    from activities.pattern_matches import PatternTargets
 
 
 @runtime_checkable

@@ -13,7 +13,6 @@ from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
 from activities import metrics
-from activities.chunks import PatternPage, PatternStep
 from activities.clock import check_now_ms
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
@@ -23,6 +22,7 @@ from activities.inputs import PurgeStep
 from activities.progress import LedgerKey, Progress, SweepStats
 from activities.registry import BatchedTarget, CountingTarget, TargetRegistry
 from activities.results import PurgeSweep
+from activities.spread_steps import PatternPage, PatternStep
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).

@@ -2,7 +2,7 @@
 
 A `*` stands for one run of identifier characters (letters, digits, `_`), at most one in the
 schema part and one in the table part. The pattern is expanded from the target database's
-catalog once per pass (`activities.patterns`); each match is a target of its own, named
+catalog once per pass (`activities.pattern_matches`); each match is a target of its own, named
 `NAME@SUFFIX`, where SUFFIX is what the stars matched the names of:
 
 | pattern                | a match              | its target            |

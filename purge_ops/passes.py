@@ -29,6 +29,7 @@ from activities.errors import failure_of
 from activities.pass_records import pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
 from purge_config.schedules import ScheduleConfig
+from purge_ops.namespace_check import start_attributes
 from purge_ops.render import (
     ESTIMATED_BACKLOG_NOTE,
     LOWER_BOUND_NOTE,
@@ -42,7 +43,6 @@ from purge_ops.render import (
     report_table,
     table,
 )
-from purge_ops.searchable import start_attributes
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 

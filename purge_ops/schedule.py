@@ -31,9 +31,9 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError
 
-from activities.searchable import at_start
+from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
-from purge_ops.searchable import namespace_defines
+from purge_ops.namespace_check import namespace_defines
 
 WORKFLOW_TYPE = "Purge"
 #: The action memo key holding the fingerprint of the config the schedule was made from. In the
@@ -54,7 +54,7 @@ class ScheduleOutcome:
 
 def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> Schedule:
     """The schedule `spec` of the config; with `searchable`, its passes start with the search
-    attributes they record (`activities.searchable`)."""
+    attributes they record (`activities.search_attributes`)."""
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from activities.chunks import FAILED_CAP, LARGEST_CAP, ChunkReport
 from activities.input_checks import parse_input
 from activities.results import FailedTarget, PurgeSweep
+from activities.spread_steps import FAILED_CAP, LARGEST_CAP, ChunkReport
 from purge_config.errors import ConfigError
 from purge_config.file import parse_config
 from purge_config.names import TableName

@@ -25,14 +25,14 @@ from temporalio.worker import Replayer
 from activities import builtin_kinds as kinds
 from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
-from activities.searchable import FAILED_TARGETS, ROWS_REMOVED
+from activities.search_attributes import FAILED_TARGETS, ROWS_REMOVED
 from purge_config import parse_config
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable
+from purge_ops.namespace_check import namespace_defines
 from purge_ops.passes import sweep
 from purge_ops.runner import activity_worker, new_worker
 from purge_ops.schedule import ensure_schedules
-from purge_ops.searchable import namespace_defines
 from tests.conftest import Harness
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import running_temporal

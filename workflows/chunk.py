@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
     # activities.results is imported here, not only through workflows.steps, so the sandbox
     # knows the module: decoding a sweep's result resolves its type hints (SweepStatus) there.
     import activities.results  # noqa: F401
-    from activities.chunks import ChunkInput, ChunkReport
+    from activities.spread_steps import ChunkInput, ChunkReport
     from workflows.steps import sweep_limited
 
 

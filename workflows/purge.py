@@ -13,15 +13,15 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     # Passed through so the sandbox does not re-execute these (and psycopg) on every run.
-    # activities.chunks is imported here, not only through workflows.spread, so the sandbox
+    # activities.spread_steps is imported here, not only through workflows.spread, so the sandbox
     # knows the module: decoding a child's report resolves its type hints there.
-    import activities.chunks  # noqa: F401
+    import activities.spread_steps  # noqa: F401
     from activities.clock import epoch_ms
     from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed
     from activities.input_checks import MAX_BUDGET_MS, duplicate_names, parse_input
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PurgeReport, PurgeSweep
-    from workflows.searchable import record_outcome
+    from workflows.outcome_attributes import record_outcome
     from workflows.spread import (
         DEFAULT_MAX_CONCURRENT,
         DEFAULT_MAX_PER_DATABASE,

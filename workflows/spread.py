@@ -17,16 +17,16 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.chunks import ChunkInput, ChunkReport, PatternStep
     from activities.clock import epoch_ms
     from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed, failure_of
     from activities.input_checks import MAX_BUDGET_MS, duplicate_names
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PatternLine, PurgeReport
     from activities.routing import Route
+    from activities.spread_steps import ChunkInput, ChunkReport, PatternStep
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
-    from workflows.searchable import record_outcome
+    from workflows.outcome_attributes import record_outcome
     from workflows.steps import TARGET_RETRY, routed, skipped, unpolled
 
 #: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first

@@ -20,7 +20,7 @@ from activities import builtin_kinds as kinds
 from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from activities.schema import reference_ddl
-from activities.searchable import at_start
+from activities.search_attributes import at_start
 from purge_config.file import parse_config
 from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import venv_executable

@@ -1,6 +1,6 @@
-"""Whether the namespace defines the search attributes a pass records (`activities.searchable`):
-asked by whoever starts passes (`sweep`, the schedule), never by the workflow, which only sees
-whether its pass was started with them."""
+"""Whether the namespace defines the search attributes a pass records
+(`activities.search_attributes`): asked by whoever starts passes (`sweep`, the schedule), never
+by the workflow, which only sees whether its pass was started with them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from temporalio.client import Client
 from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError
 
-from activities.searchable import KEYS, at_start
+from activities.search_attributes import KEYS, at_start
 
 log = logging.getLogger(__name__)
 

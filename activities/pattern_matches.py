@@ -8,9 +8,9 @@ from typing import Any
 
 from psycopg import sql
 
-from activities.chunks import EXPAND_PAGE, PatternPage, PatternStep
 from activities.errors import BadPurgeTarget
 from activities.registry import PurgeTarget
+from activities.spread_steps import EXPAND_PAGE, PatternPage, PatternStep
 from purge_config.patterns import TablePattern
 from purge_config.specs import TargetSpec
 
