@@ -141,6 +141,8 @@ async def passes_side_by_side(
     return ids
 
 
+# Real worker processes, 7 s: the slow suite (tests/README.md), as the fleet tests are.
+@pytest.mark.slow
 async def test_a_target_only_the_new_config_has_is_swept_by_a_new_worker_beside_old_ones(
     harness: Harness, fleet: Fleet
 ) -> None:
@@ -191,6 +193,8 @@ async def test_a_pass_of_the_old_config_is_swept_by_old_workers_while_a_new_one_
         assert new_worker not in {who for tries in runs.values() for _, who in tries}
 
 
+# Real worker processes, 7 s: the slow suite (tests/README.md), as the fleet tests are.
+@pytest.mark.slow
 async def test_a_pattern_only_the_new_config_has_is_expanded_and_swept_by_the_new_worker(
     harness: Harness, fleet: Fleet, pg_url: str
 ) -> None:
