@@ -27,10 +27,11 @@ from psycopg.conninfo import conninfo_to_dict
 OLD, LIVE = 3, 2
 
 
-def django_site(conninfo: str) -> dict[str, Any]:
+def configure_django(conninfo: str, secret: str) -> None:
+    """Django's settings for the sessions and django-celery-results apps on `conninfo`, once a
+    process (Django allows no second `settings.configure`)."""
     import django
     from django.conf import settings
-    from django.core.management import call_command
 
     params = conninfo_to_dict(conninfo)
     settings.configure(
@@ -47,9 +48,15 @@ def django_site(conninfo: str) -> dict[str, Any]:
         INSTALLED_APPS=["django.contrib.sessions", "django_celery_results"],
         USE_TZ=True,
         TIME_ZONE="UTC",
-        SECRET_KEY="discover-test",
+        SECRET_KEY=secret,
     )
     django.setup()
+
+
+def django_site(conninfo: str) -> dict[str, Any]:
+    from django.core.management import call_command
+
+    configure_django(conninfo, "discover-test")
     call_command("migrate", verbosity=0, interactive=False)
 
     from django.contrib.sessions.backends.db import SessionStore

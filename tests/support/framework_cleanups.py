@@ -19,6 +19,8 @@ import sys
 
 from psycopg.conninfo import conninfo_to_dict
 
+from tests.support.framework_apps import configure_django
+
 #: procrastinate's max_hours in `clean`: a preset's max_age of "2d".
 MAX_HOURS = 48
 
@@ -51,30 +53,12 @@ async def extra_jobs(conninfo: str) -> None:
 
 
 def clean(conninfo: str, widen: bool) -> None:
-    import django
     from celery import Celery
-    from django.conf import settings
     from django.core.management import call_command
     from sqlalchemy.engine import URL
 
+    configure_django(conninfo, "preset-test")
     params = conninfo_to_dict(conninfo)
-    settings.configure(
-        DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.postgresql",
-                "NAME": params.get("dbname", ""),
-                "USER": params.get("user", ""),
-                "PASSWORD": params.get("password", ""),
-                "HOST": params.get("host", ""),
-                "PORT": str(params.get("port", "")),
-            }
-        },
-        INSTALLED_APPS=["django.contrib.sessions", "django_celery_results"],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        SECRET_KEY="preset-test",
-    )
-    django.setup()
     call_command("clearsessions", verbosity=0)
     Celery("preset-test", backend="django-db").backend.cleanup()
     url = URL.create(
