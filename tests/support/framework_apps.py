@@ -84,9 +84,8 @@ def django_site(conninfo: str) -> dict[str, Any]:
     return {"django_session": OLD + LIVE, "taskresult": OLD + LIVE, "groupresult": OLD + LIVE}
 
 
-def celery_sqlalchemy(conninfo: str) -> dict[str, Any]:
-    from celery import Celery
-    from celery.backends.database.models import Task, TaskSet
+def celery_database_backend(conninfo: str) -> str:
+    """Celery's SQLAlchemy result backend URL (`db+postgresql+psycopg://...`) for `conninfo`."""
     from sqlalchemy.engine import URL
 
     params = conninfo_to_dict(conninfo)
@@ -98,7 +97,14 @@ def celery_sqlalchemy(conninfo: str) -> dict[str, Any]:
         port=int(params["port"]) if params.get("port") else None,
         database=params.get("dbname"),
     )
-    app = Celery("discover-test", backend="db+" + url.render_as_string(hide_password=False))
+    return "db+" + url.render_as_string(hide_password=False)
+
+
+def celery_sqlalchemy(conninfo: str) -> dict[str, Any]:
+    from celery import Celery
+    from celery.backends.database.models import Task, TaskSet
+
+    app = Celery("discover-test", backend=celery_database_backend(conninfo))
     backend = app.backend
     for i in range(OLD + LIVE):
         backend.store_result(f"sa-task-{i}", i, "SUCCESS")

@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from psycopg.conninfo import conninfo_to_dict
-
-from tests.support.framework_apps import configure_django
+from tests.support.framework_apps import celery_database_backend, configure_django
 
 #: procrastinate's max_hours in `clean`: a preset's max_age of "2d".
 MAX_HOURS = 48
@@ -55,22 +53,11 @@ async def extra_jobs(conninfo: str) -> None:
 def clean(conninfo: str, widen: bool) -> None:
     from celery import Celery
     from django.core.management import call_command
-    from sqlalchemy.engine import URL
 
     configure_django(conninfo, "preset-test")
-    params = conninfo_to_dict(conninfo)
     call_command("clearsessions", verbosity=0)
     Celery("preset-test", backend="django-db").backend.cleanup()
-    url = URL.create(
-        "postgresql+psycopg",
-        username=params.get("user"),
-        password=params.get("password"),
-        host=params.get("host"),
-        port=int(params["port"]) if params.get("port") else None,
-        database=params.get("dbname"),
-    )
-    backend = "db+" + url.render_as_string(hide_password=False)
-    Celery("preset-test", backend=backend).backend.cleanup()
+    Celery("preset-test", backend=celery_database_backend(conninfo)).backend.cleanup()
     asyncio.run(_remove_old_jobs(conninfo, widen))
 
 
