@@ -141,10 +141,13 @@ def index_batch(
     )
 
 
-def key_boundary(pred: Predicate, after: bool) -> sql.Composed:
+def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Composed:
     """A keyset batch's boundary: the least key of the expired rows left (from `%(key_after)s`
     on, when `after`: where the last batch stopped), and the one `%(key_skip)s` entries past it
-    (a batch's rows less one), NULL when fewer are left. Both read only index entries (an
+    (a batch's rows less one), NULL when fewer are left; with `mid`, a third: the key
+    `%(key_mid)s` entries past the least, from which the span after the batch is sized (the
+    density of the batch's upper half: a few old keys far below the rest, at its start, do not
+    make it wide). Both read only index entries (an
     index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
     work once; skipping entries to the last costs less than aggregating them (no count, min and
     max per row). The batch's size is a parameter, not part of the text, so the text is the
@@ -157,8 +160,9 @@ def key_boundary(pred: Predicate, after: bool) -> sql.Composed:
     ).format(
         column=column, table=ident(pred.table), where=pred.where, after=_from_key(column, after)
     )
-    return sql.SQL("SELECT ({next} LIMIT 1), ({next} OFFSET %(key_skip)s LIMIT 1)").format(
-        next=next_key
+    middle = sql.SQL(", ({next} OFFSET %(key_mid)s LIMIT 1)") if mid else sql.SQL("")
+    return sql.SQL("SELECT ({next} LIMIT 1), ({next} OFFSET %(key_skip)s LIMIT 1){middle}").format(
+        next=next_key, middle=middle.format(next=next_key)
     )
 
 

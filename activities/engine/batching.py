@@ -24,7 +24,14 @@ from activities.engine.batch_sql import (
     range_delete,
 )
 from activities.engine.context import SweepContext
-from activities.engine.keyset import KeyBatch, Ran, run_key_batch
+from activities.engine.keyset import (
+    SPAN_RETRY_SHARE,
+    KeyBatch,
+    KeySpans,
+    Ran,
+    run_key_batch,
+    run_key_span,
+)
 from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
 from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan, keyset_batches
@@ -90,7 +97,8 @@ class BatchSweeper:
                 await self._by_index(pred, result)
             else:
                 await self._walk(pred, result)
-        result.advice, result.reason = list(self.pacer.warnings), self.pacer.reason
+        result.advice += [w for w in self.pacer.warnings if w not in result.advice]
+        result.reason = self.pacer.reason
         result.paused_s = self.pacer.paused_s
         return result
 
@@ -151,22 +159,64 @@ class BatchSweeper:
             rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
 
     async def _by_key(self, pred: Predicate, result: SweepStats) -> None:
-        # See activities.engine.keyset.
+        # See activities.engine.keyset: the first batch (and every batch of a run of one key)
+        # reads its boundary; the others delete a key span sized from the last one's density.
         rows, after = first_index_rows(self.plan), None
+        spans = KeySpans.of(pred.column_cutoff)
+        width: int | None = None
         while True:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
-            keyed = KeyBatch(pred, rows, after)
-            run = functools.partial(
-                run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
+            end = spans.end(after, width) if spans and width and after is not None else None
+            if end is None:
+                # The first batch, a run of one key, or a span that would reach past the last
+                # expired key: the boundary read finds where the rows end (the rest is the
+                # sweep's last batch) and whether one key holds more than a batch (walked).
+                keyed = KeyBatch(pred, rows, after, mid=spans is not None)
+                run = functools.partial(
+                    run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
+                )
+                found, ms = await self._batch(result, run, page=0)
+                if found < rows:
+                    return  # fewer expired rows than asked for were left: that was all of them
+                planned, after = rows, keyed.next_after
+                rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
+                # Sized from the batch's upper half: its rows from the middle key up to the
+                # last one found, about half of them.
+                held = spans.width(keyed.middle, after) if spans and not keyed.tie else None
+                width = KeySpans.next_width(held, planned - planned // 2, rows) if held else None
+                continue
+            assert width is not None
+            span = functools.partial(
+                run_key_span,
+                self.conn,
+                self.settings,
+                self.commits,
+                self.tally,
+                pred,
+                after,
+                end,
             )
-            found, ms = await self._batch(result, run, page=0)
-            if found < rows:
-                return  # fewer expired rows than asked for were left: that was all of them
-            after = keyed.next_after
-            rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
+            try:
+                found, ms = await self._batch(result, span, page=0)
+            except errors.QueryCanceled:
+                # Ran into statement_timeout, rolled back whole: the same start, a quarter of
+                # the width (a run of one key narrower than that reads its boundary instead).
+                retried = (
+                    f"{pred.table}: a batch's span of {pred.column} ran into statement_timeout "
+                    f"({self.settings.statement_timeout_ms} ms), was rolled back and taken "
+                    "again in narrower spans: its expired rows are unevenly spread"
+                )
+                if retried not in result.advice:
+                    result.advice.append(retried)
+                width = width // SPAN_RETRY_SHARE or None
+                continue
+            planned, after = rows, end
+            rows = _resize(max(found, 1), ms, self.settings.batch_target_ms, ROWS_RANGE)
+            # The density met says what width holds the next span's rows; an empty span grows.
+            width = KeySpans.next_width(width, found, rows if found else planned)
 
     def _advance(
         self, result: SweepStats, removed: int, total: int | None, ms: float, page: int

@@ -1,14 +1,24 @@
-"""Keyset batches: each finds where the next n expired rows end in the expiry index, then
-deletes that key range as one plain DELETE counted by its command tag.
+"""Keyset batches: each deletes one span of the expiry index's keys as one plain DELETE,
+counted by its command tag.
 
-The next batch starts at the key this one stopped below, so no batch steps over the index
-entries of rows earlier batches deleted. A run of equal keys longer than a batch is taken by
-ctid, a batch at a time. Used where `planning.keyset_batches` holds; see `batching.BatchSweeper`.
+A sweep's first batch reads its boundary: where the next n expired rows end in the index (two
+probes), then deletes that key range. Every batch after it deletes a key span sized from the
+rows the last one found in its span (`KeySpans`), with no read before it: the bound a user
+feels is how long a batch holds its locks, not how many rows it holds, so a span's rows may
+exceed the plan, and the next span follows the density met. A span that runs into
+`statement_timeout` is rolled back and tried again at a quarter of its width. The next batch
+starts at the key this one stopped below, so no batch steps over the index entries of rows
+earlier batches deleted. Where more rows than a batch share one key, the sweep reads
+boundaries again, and that run is taken by ctid, a batch at a time (the tie walk). Used where
+`planning.keyset_batches` holds; see `batching.BatchSweeper` (why:
+docs/decisions/keyset-batches.md).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -30,9 +40,11 @@ Ran = tuple[int, int, int | None, float]
 class KeyBatch:
     """One keyset batch's inputs, and the statement its boundary calls for."""
 
-    def __init__(self, pred: Predicate, rows: int, after: object | None) -> None:
-        self.pred, self.rows, self.after = pred, rows, after
+    def __init__(self, pred: Predicate, rows: int, after: object | None, mid: bool = False) -> None:
+        self.pred, self.rows, self.after, self.mid = pred, rows, after, mid
         self.next_after: object | None = after
+        self.middle: object | None = None
+        """With `mid`: the key half a batch past the least found (None: fewer were left)."""
         self.tie = False
         """Whether the last `delete` was a `tie_delete`: it wants `tie_walk` before it."""
 
@@ -75,11 +87,17 @@ async def run_key_batch(
         # Its statements prepared at once, planned once for all batches (local_timeouts).
         await conn.execute(*tally.begin(settings, generic=True))
         boundary = await conn.execute(
-            key_boundary(keyed.pred, keyed.after is not None),
-            {**params, "key_after": keyed.after, "key_skip": keyed.rows - 1},
+            key_boundary(keyed.pred, keyed.after is not None, keyed.mid),
+            {
+                **params,
+                "key_after": keyed.after,
+                "key_skip": keyed.rows - 1,
+                "key_mid": keyed.rows // 2,
+            },
             prepare=True,
         )
-        least, last = await boundary.fetchone() or (None, None)
+        least, last, *middle = await boundary.fetchone() or (None, None)
+        keyed.middle = middle[0] if middle else None
         added, lazy = None, False
         if least is not None:
             lazy = commits.lazy(more_may_follow=last is not None)
@@ -99,3 +117,96 @@ async def run_key_batch(
     # A whole batch was there (its last key was found); else what was left, all deleted.
     found = keyed.rows if last is not None else removed
     return found, removed, int(row[0]) if row else None, ms
+
+
+#: A span grows at most this many times over the last one's width: across a stretch with few
+#: expired keys, the density met says little about what follows it.
+SPAN_GROWTH = 4
+#: A span that ran into statement_timeout is tried again at this share of its width.
+SPAN_RETRY_SHARE = 4
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True)
+class KeySpans:
+    """Key arithmetic for one keyset sweep: a key span's end from its start and width, and the
+    width that holds the rows a batch should take at the density the last span met. Keys are
+    integers (an epoch in any unit) or timestamps, whose widths are counted in microseconds."""
+
+    stop: int | datetime
+    """The greatest expired key (`Predicate.column_cutoff`): a span reaching past it is the
+    sweep's last, and deletes every expired row from its start on."""
+
+    @staticmethod
+    def of(cutoff: object | None) -> KeySpans | None:
+        """The spans of a sweep whose rule bounds its key by `cutoff`; None when there is no
+        such bound or no arithmetic on its type (every batch then reads its boundary)."""
+        if isinstance(cutoff, int | datetime) and not isinstance(cutoff, bool):
+            return KeySpans(cutoff)
+        return None
+
+    def width(self, least: object, last: object) -> int | None:
+        """The width of the key range [least, last), None when the keys are not of the
+        cutoff's type (then no span is tried)."""
+        if isinstance(self.stop, datetime):
+            if not isinstance(least, datetime) or not isinstance(last, datetime):
+                return None
+            try:
+                return (last - least) // _MICROSECOND
+            except TypeError:  # one naive, one aware: never a span
+                return None
+        if isinstance(least, int) and isinstance(last, int):
+            return last - least
+        return None
+
+    def end(self, start: object, width: int) -> object | None:
+        """The key `width` past `start`, or None when that reaches past the last expired key
+        (the boundary read then finds where the rows end)."""
+        if isinstance(self.stop, datetime):
+            assert isinstance(start, datetime)
+            try:
+                end: object = start + width * _MICROSECOND
+            except OverflowError:
+                return None
+            return end if end <= self.stop else None  # type: ignore[operator]
+        assert isinstance(start, int)
+        end_key = start + width
+        return end_key if end_key <= self.stop else None
+
+    @staticmethod
+    def next_width(width: int, found: int, rows: int) -> int:
+        """The next span's width: the width that held `rows` at the density this one met
+        (`found` rows in `width`), growing at most SPAN_GROWTH times; at least one key."""
+        if found <= 0:
+            return max(1, width * SPAN_GROWTH)
+        return max(1, min(width * SPAN_GROWTH, width * rows // found))
+
+
+async def run_key_span(
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    commits: LazyCommits,
+    tally: BatchTally,
+    pred: Predicate,
+    start: object,
+    end: object,
+) -> Ran:
+    """One key span in one implicit transaction: the plain DELETE of the expired rows with keys
+    from `start` up to, not including, `end`, and the ledger's row, with no read before it;
+    committed lazily when `commits` allows it (a span is never a sweep's last: the boundary
+    read finds the last), else as the session does. Its statements are those of a boundary
+    batch's DELETE, prepared once."""
+    started = time.perf_counter()
+    params = {**pred.params, **tally.params, "key_after": start, "key_below": end}
+    lazy = commits.lazy(more_may_follow=True)
+    async with conn.pipeline():
+        await conn.execute(*tally.begin(settings, generic=True))
+        if lazy:
+            await conn.execute(lazy_commit(), prepare=True)
+        cur = await conn.execute(key_delete(pred, after=True, below=True), params, prepare=True)
+        added = await tally.add(conn, cur)
+    ms = (time.perf_counter() - started) * 1000
+    removed = max(cur.rowcount, 0)
+    commits.committed(lazy, wrote=removed > 0)
+    row = await added.fetchone() if added is not None else None
+    return removed, removed, int(row[0]) if row else None, ms

@@ -97,6 +97,10 @@ class Predicate:
     """The table `epoch_columns` belong to when it is not `table` (a related table's)."""
     advice: str = ""
     """What the operator should know from binding alone (an index the rule's reads need)."""
+    column_cutoff: object | None = None
+    """The greatest expired value of `column` (a value of its type), when `where` is
+    `column <= cutoff`, alone or AND-ed with a filter: every expired row's key is at most this,
+    so a keyset sweep's key spans end there (`activities.engine.keyset.KeySpans`)."""
 
 
 class Rule(Protocol):
@@ -161,6 +165,7 @@ class ExpiryRule:
             epoch_columns=epoch,
             row_filter=bound,
             archive=await _archive(conn, self.table, self.archive),
+            column_cutoff=cutoff,
         )
 
 

@@ -1,0 +1,191 @@
+"""Key spans (issue 37): after a sweep's first keyset batch, each batch deletes a span of the
+expiry index's keys sized from the density the last one met, with no boundary read before it.
+
+On the real server, with batches of a fixed number of rows (`fixed_batches`) so that a table is a
+known number of spans whatever the machine's speed. Boundary reads are counted by observing
+`batching.run_key_batch` (the batch that reads one) as the sweep looks it up: the engine runs
+as it ships.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from activities import builtin_kinds as kinds
+from activities.engine import batching
+from activities.inputs import PurgeStep
+from activities.registry import TargetRegistry
+from activities.results import PurgeSweep
+from activities.sweep import PurgeActivities
+from purge_config.names import TableName
+from purge_config.settings import SweepSettings
+from tests.support.activity import activity_env
+from tests.support.pace import fixed_batches
+from tests.support.rows import HOUR, PAST_NOW
+
+NOW = PAST_NOW
+ROWS = 200
+
+
+def boundary_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets one entry per keyset batch that reads its boundary."""
+    seen: list[int] = []
+    run = batching.run_key_batch
+
+    async def counted(*args: Any) -> Any:
+        seen.append(1)
+        return await run(*args)
+
+    monkeypatch.setattr(batching, "run_key_batch", counted)
+    return seen
+
+
+def fill(db: psycopg.Connection[Any], expired: int, live: int, spacing_ms: int) -> None:
+    """`expired` keys spaced `spacing_ms` apart, the last at NOW; `live` after NOW."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, '{}', %s - i * %s::bigint FROM generate_series(0, %s - 1) i",
+        (NOW, spacing_ms, expired),
+    )
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'live' || i, '{}', %s + 1 + i FROM generate_series(0, %s - 1) i",
+        (NOW, live),
+    )
+    db.execute("VACUUM ANALYZE x_idempotency")
+
+
+def on_batch(removed: list[int]) -> Callable[[Any], None]:
+    return lambda progress: removed.append(progress.batch_removed)
+
+
+async def test_after_the_first_batch_spans_hold_a_batch_each_with_no_boundary_read(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4,000 expired keys a second apart: the first batch reads its boundary, every batch after
+    it deletes a span of about ROWS keys without one, and only the last reads one again (to find
+    where the rows end). Without spans every one of the 20 batches would read its boundary."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert (stats.strategy, stats.removed) == ("index", 4_000)
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    assert len(reads) <= 3 < stats.batches
+    assert stats.batches == len(removed) <= 4_000 // ROWS + 2
+    # A span holds about a batch: the density of an even table is what the last span met.
+    assert max(removed) <= ROWS + 1
+
+
+async def test_a_few_old_keys_far_below_the_rest_do_not_make_the_spans_wide(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three rows ten minutes older than the 4,000 others (a second apart) open the first
+    batch: sized from the key range of its whole batch, every span would reach over about four
+    batches' rows. Sized from its upper half, each still holds about a batch."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'old' || i, '{}', %s - 4000 * 1000 - 600 * 1000 - i FROM generate_series(0, 2) i",
+        (NOW,),
+    )
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert stats.removed == 4_003
+    assert len(reads) <= 3 < stats.batches
+    assert max(removed) <= 2 * ROWS
+
+
+async def test_spans_walk_a_timestamp_key_in_microseconds(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `expiring` target on a timestamptz column: spans are counted in microseconds, every
+    expired row goes (the one exactly at the cutoff too) and no live one."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    db.execute("CREATE TABLE stamped (id bigint PRIMARY KEY, seen timestamptz NOT NULL)")
+    db.execute("CREATE INDEX ON stamped (seen)")
+    cutoff = datetime.fromtimestamp((NOW - HOUR) / 1000, UTC)
+    db.execute(
+        "INSERT INTO stamped SELECT i, %s - i * interval '1.5 seconds'"
+        " FROM generate_series(0, 2999) i",
+        (cutoff,),
+    )
+    db.execute(
+        "INSERT INTO stamped SELECT 10000 + i, %s + i * interval '1 second'"
+        " FROM generate_series(1, 20000) i",
+        (cutoff,),
+    )
+    db.execute("VACUUM ANALYZE stamped")
+    target = kinds.expiring(pool, "stamped", TableName("stamped"), "seen", max_age_ms=HOUR)
+
+    stats = await target.sweep(NOW)
+
+    assert (stats.strategy, stats.removed) == ("index", 3_000)
+    assert db.execute("SELECT count(*), min(seen) FROM stamped").fetchone() == (
+        20_000,
+        cutoff + timedelta(seconds=1),
+    )
+    assert len(reads) <= 3 < stats.batches
+
+
+@pytest.fixture
+def slow_rows(db: psycopg.Connection[Any]) -> None:
+    """Deleting a row whose key starts with 'slow' takes 0.2 s (a trigger's sleep): three such
+    rows in one statement run past a 500 ms statement_timeout, one does not."""
+    db.execute(
+        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF OLD.key LIKE 'slow%' THEN PERFORM pg_sleep(0.2); END IF; RETURN OLD; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency"
+        " FOR EACH ROW EXECUTE FUNCTION slow_delete()"
+    )
+
+
+@pytest.mark.usefixtures("slow_rows")
+async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_narrower(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five slow rows, 60 keys apart, in the middle of 4,000: a span of ROWS keys holds three
+    or four of them and runs past statement_timeout; it is rolled back whole (its rows and its
+    ledger row), and the same keys are taken again at a quarter of the width, each piece holding
+    at most one. The sweep completes with every expired row gone, counted exactly in the ledger
+    and the result, and says why it slowed; it never fails for it."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    db.execute(
+        "UPDATE x_idempotency SET key = 'slow' || key"
+        " WHERE key IN ('k2000', 'k2060', 'k2120', 'k2180', 'k2240')"
+    )
+    settings = SweepSettings(statement_timeout_ms=500)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=settings)]))
+    env = activity_env()
+    run = functools.partial(env.run, activities.purge_target)
+
+    result: PurgeSweep = await run(PurgeStep(name="x_idempotency", now_ms=NOW))
+
+    assert result.removed == 4_000
+    assert db.execute(
+        "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
+    ).fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+    ).fetchone()
+    assert ledger == (4_000,)
+    assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
