@@ -7,8 +7,9 @@
   the same DELETE ... RETURNING feeding the INSERT, as one statement over every expired row, and
   (h2) an INSERT ... SELECT of the expired rows and then their DELETE, in one transaction that
   first locks writers out (else a row renewed between the two statements would be archived and
-  kept). The archive is a plain heap, as an append-only archive usually is, made fresh for each
-  form that fills it.
+  kept). (h) is the floor (issue 37): what a DBA types with writers running. (h2) is shown, not
+  a floor: every writer waits for the whole of it. The archive is a plain heap, as an
+  append-only archive usually is, made fresh for each form that fills it.
 - `filtered`: a job table (x_idempotency's columns and a `state`), three states; the target
   takes one (`match = { state = "done" }`), with the index its advice names,
   `(state, expires_at_ms)`, against (a) one DELETE of the same rows. Two datasets: half the rows
@@ -310,7 +311,9 @@ async def _measure(bench: Bench, case: Case, data: Dataset, template: str, form:
 
 
 def archive_targets(results: Sequence[FormResult]) -> list[str]:
-    """The issue's targets for cases 7 and 8, with this run's figures."""
+    """The issue's targets for cases 7 and 8, with this run's figures. The archive's headline
+    is the sweep against (h), the one-statement archive by hand: the activity alone and the
+    pass through Temporal end to end (issue 37: at most 1.3x, writer p99 at most 10 ms)."""
     lines: list[str] = []
 
     def check(what: str, value: float | None, limit: float, unit: str) -> None:
@@ -318,24 +321,39 @@ def archive_targets(results: Sequence[FormResult]) -> list[str]:
             verdict = "met" if value <= limit else "NOT met"
             lines.append(f"{verdict:7} {what}: {value:.2f}{unit} (target <= {limit:g}{unit})")
 
+    archive = {r.form: r for r in results if r.case == "archive"}
+    hand = archive.get("hand_archive")
+    if hand is not None:
+        ours, through = archive.get("ours"), archive.get("ours_temporal")
+        if ours is not None:
+            # Its writer p99 is checked with every case's sweep (report.issue_targets).
+            check("archive: the activity vs (h) by hand, one statement", _x_hand(ours), 1.3, "x")
+            check("archive: the activity's p99 batch", ours.p99_ms, 25, " ms")
+        if through is not None:
+            check("archive: through Temporal vs (h), end to end", _x_hand(through), 1.3, "x")
+            inside = through.notes.get("activity_x_hand")
+            if isinstance(inside, float):
+                lines.append(f"info    archive: the activity inside the pass vs (h): {inside:.2f}x")
+            check("archive: writer p99 during the pass", through.writer_p99_ms, 10, " ms")
+        locked = archive.get("hand_locked")
+        x_locked = _x_hand(locked) if locked is not None else None
+        if locked is not None and x_locked is not None:
+            lines.append(
+                f"info    archive: (h2) locked, two statements: {x_locked:.2f}x (h), not a floor:"
+                f" every writer waits for the whole move (writer p99"
+                f" {locked.writer_p99_ms or 0.0:,.0f} ms)"
+            )
+        plain = ", ".join(
+            f"{label} {r.ratio:.2f}x"
+            for label, r in (("(h)", hand), ("the activity", ours), ("through Temporal", through))
+            if r is not None and r.ratio is not None
+        )
+        if plain:
+            lines.append(f"info    archive: against one plain DELETE (no archive): {plain}")
     for r in results:
-        if r.case == "archive" and r.form == "ours_temporal":
-            hand, activity = r.notes.get("x_hand"), r.notes.get("activity_x_hand")
-            if isinstance(hand, float) and isinstance(activity, float):
-                lines.append(
-                    f"info    archive: through Temporal vs (h): {hand:.2f}x end to end,"
-                    f" {activity:.2f}x the activity; vs plain DELETE: {r.ratio or 0:.2f}x"
-                )
         if r.form != "ours":
             continue
-        if r.case == "archive":
-            check("archive: archive-and-delete vs plain DELETE", r.ratio, 2.5, "x")
-            check("archive: ours p99 batch", r.p99_ms, 25, " ms")
-            check("archive: writer p99 during ours", r.writer_p99_ms, 10, " ms")
-            hand = r.notes.get("x_hand")
-            if isinstance(hand, float):
-                lines.append(f"info    archive: ours vs (h) by hand, one statement: {hand:.2f}x")
-        elif r.case == "filtered" and r.expired * 20 > r.rows:
+        if r.case == "filtered" and r.expired * 20 > r.rows:
             check("filtered: one state of three, half expired, vs its DELETE", r.ratio, 2.0, "x")
         elif r.case == "filtered" and r.ratio is not None:
             # The sparse set shows the index at work; its DELETE takes tens of ms, so fixed
@@ -345,3 +363,8 @@ def archive_targets(results: Sequence[FormResult]) -> list[str]:
                 f" {r.ratio:.2f}x its DELETE"
             )
     return lines
+
+
+def _x_hand(result: FormResult) -> float | None:
+    x = result.notes.get("x_hand")
+    return x if isinstance(x, float) else None
