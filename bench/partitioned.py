@@ -21,11 +21,12 @@ and in WAL. After each: expired rows left, live rows lost (the table's own and t
 and partitions left half-detached.
 
 What (h) costs on the bench machine (issue 37, by pg_stat_statements, the server's log and
-pg_stat_activity sampled during the forms): each concurrent detach 1-3 ms, waiting at most for
-the writer's one insert in flight; no session of the bench, the pool or the worker holds a
-transaction open meanwhile. Most of (h)'s time, as of (b)'s, is the commit of the drops: the
-partitions' files (about 17 MB each, on disk since the checkpoint before the form) removed by the
-file system, 10-15 ms a partition whether dropped one by one or together.
+pg_stat_activity sampled during the forms): each concurrent detach mostly 1-3 ms (up to about
+15 ms on a loaded machine), waiting on a lock at most for the writer's one insert in flight; no
+session of the bench, the pool or the worker holds a transaction open meanwhile. Most of (h)'s
+time, as of (b)'s, is the commit of the drops: the partitions' files (about 17 MB each, on disk
+since the checkpoint before the form) removed by the file system, 10-15 ms a partition whether
+dropped one by one or together.
 """
 
 from __future__ import annotations
