@@ -63,6 +63,9 @@ DURABLE_EVERY_S = 0.5
 #: name, so that a test can count batches instead of seconds (tests/support/pace.py).
 clock = time.monotonic
 
+#: No more columns after a batch's closing select (`BatchTally.closing`).
+NOTHING = sql.SQL("")
+
 #: (host, port, database, the tables' OIDs, pass instant) whose ledger this worker has cleared
 #: of old passes.
 _EXPIRED: set[tuple[object, ...]] = set()
@@ -97,33 +100,57 @@ class Ledger:
         passes, and whether the shares may be recorded."""
         cur = await conn.execute(ledger_writable())
         row = await cur.fetchone()
-        ledger, shares = bool(row and row[0]), bool(row and row[2])
+        ledger, shares = usable(row)
         if not ledger and not shares:
             return Opened(None, False)
-        assert row is not None
-        params = {**self.params, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
-        # Old passes' rows go once per pass and database on this worker, not before every
-        # target: the delete reads the whole ledger, up to 7 days of passes (why:
-        # docs/decisions/catalog-reads-by-oid.md).
-        info = conn.info
-        expiry = (info.host, info.port, info.dbname, row[1], row[3], self.key.now_ms)
         # One round trip: pipelined up to one Sync, these are one implicit transaction.
         async with conn.pipeline():
-            await conn.execute(local_timeouts(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
-            if expiry not in _EXPIRED:
-                if ledger:
-                    await conn.execute(ledger_expire(), params)
-                if shares:
-                    await conn.execute(shares_expire(), params)
-            cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), params)
-        _EXPIRED.add(expiry)
-        if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
-            _EXPIRED.clear()
-            _EXPIRED.add(expiry)
+            expiry = await self._expire(conn, settings, row)
+            cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), self.params)
+        _expired(expiry)
         entry = await cur.fetchone()
         if not ledger:
             return Opened(None, shares)
         return Opened(int(entry[0]) if entry else 0, shares)
+
+    async def expire_old(
+        self, conn: AsyncConnection[Any], settings: SweepSettings, writable: Any
+    ) -> None:
+        """What `open` does but read the count: old passes' rows removed (once per pass and
+        database on this worker), given what `ledger_writable` returned (`writable`)."""
+        if not any(usable(writable)) or _expiry_key(conn, writable, self.key) in _EXPIRED:
+            return
+        async with conn.pipeline():
+            expiry = await self._expire(conn, settings, writable)
+        _expired(expiry)
+
+    async def _expire(
+        self, conn: AsyncConnection[Any], settings: SweepSettings, writable: Any
+    ) -> tuple[object, ...]:
+        """In a pipeline: the timeouts of opening the ledger and, unless done already in this
+        pass, the deletes of old passes' rows; the key to note as done once they ran."""
+        ledger, shares = usable(writable)
+        params = {**self.params, "keep_ms": LEDGER_KEEP_MS, "window_ms": SHARES_WINDOW_MS}
+        # Old passes' rows go once per pass and database on this worker, not before every
+        # target: the delete reads the whole ledger, up to 7 days of passes (why:
+        # docs/decisions/catalog-reads-by-oid.md).
+        expiry = _expiry_key(conn, writable, self.key)
+        await conn.execute(local_timeouts(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
+        if expiry not in _EXPIRED:
+            if ledger:
+                await conn.execute(ledger_expire(), params)
+            if shares:
+                await conn.execute(shares_expire(), params)
+        return expiry
+
+    @staticmethod
+    def counted() -> sql.SQL:
+        """An expression: the pass's count so far for the target as the statement's snapshot
+        sees it (NULL before its first row), for a statement that reads it beside its batch."""
+        return sql.SQL(
+            "(SELECT removed FROM purge_progress WHERE workflow_id = %(ledger_workflow)s"
+            " AND run_id = %(ledger_run)s AND target = %(ledger_target)s)"
+        )
 
     async def durable_point(self, conn: AsyncConnection[Any]) -> None:
         """Make every lazy commit of this server before now durable (see `durable_point`)."""
@@ -152,6 +179,24 @@ class Ledger:
                 names.append(marked(key)[1])
                 rows += removed
         return names, rows
+
+
+def usable(writable: Any) -> tuple[bool, bool]:
+    """Whether `purge_progress` and `purge_shares` may be used, from `ledger_writable`'s row."""
+    return bool(writable and writable[0]), bool(writable and writable[2])
+
+
+def _expiry_key(conn: AsyncConnection[Any], writable: Any, key: LedgerKey) -> tuple[object, ...]:
+    """(host, port, database, the tables' OIDs, pass instant): a pass's old rows, once gone."""
+    info = conn.info
+    return (info.host, info.port, info.dbname, writable[1], writable[3], key.now_ms)
+
+
+def _expired(expiry: tuple[object, ...]) -> None:
+    _EXPIRED.add(expiry)
+    if len(_EXPIRED) > 1024:  # a worker's passes over weeks: keep the set small
+        _EXPIRED.clear()
+        _EXPIRED.add(expiry)
 
 
 def mark_key(target: str, oid: int, table: TableName) -> str:
@@ -201,10 +246,12 @@ class BatchTally:
         """The ledger's parameters for a batch's statements (none without the ledger)."""
         return self.ledger.params if self.ledger is not None else {}
 
-    def closing(self, found: sql.Composable) -> sql.Composed:
+    def closing(self, found: sql.Composable, more: sql.Composable = NOTHING) -> sql.Composed:
         """The closing select of a batch statement that counts in SQL: (rows found, rows
-        deleted, the ledger's total or NULL), the ledger's upsert in the same statement."""
-        return (_LEDGER if self.ledger is not None else _NO_LEDGER).format(found=found)
+        deleted, the ledger's total or NULL), the ledger's upsert in the same statement; then
+        `more` (`, expression, ...`), if given."""
+        closing = _LEDGER if self.ledger is not None else _NO_LEDGER
+        return closing.format(found=found) + more
 
     def begin(
         self, settings: SweepSettings, walk: bool = False, generic: bool = False

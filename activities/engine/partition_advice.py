@@ -122,14 +122,7 @@ async def record_share(
 ) -> list[SharePass]:
     """Record this pass over `table` and return the table's passes of the window, oldest
     first, this one last; empty if the record could not be made (then no advice)."""
-    params = {
-        "target": target,
-        "table": table,
-        "now_ms": now_ms,
-        "removed": removed,
-        "live": live,
-        "window_ms": WINDOW_MS,
-    }
+    params = {**share_params(target, table, now_ms), "removed": removed, "live": live}
     try:
         # One round trip: pipelined up to one Sync, the timeouts and the record are one
         # implicit transaction.
@@ -218,24 +211,58 @@ def value_span_days(pred: Predicate, sql_type: str) -> sql.Composed:
 # `purge_shares`, written and read only here (and expired with the ledger: `ledger.Ledger.open`).
 
 
-def share_record() -> sql.SQL:
+#: The record of one pass over one table (a retried attempt adds its rows to the pass's), from
+#: a row source `{values}` of (removed, live), named by `%(share_target)s`, `%(share_table)s`
+#: and `%(share_now)s`; it returns the row as recorded.
+_SHARE_UPSERT = (
+    "INSERT INTO purge_shares AS s (target, table_name, now_ms, removed, live)"
+    " SELECT %(share_target)s, %(share_table)s, %(share_now)s, v.removed, v.live FROM {values}"
+    " ON CONFLICT (target, table_name, now_ms) DO UPDATE"
+    " SET removed = s.removed + EXCLUDED.removed, live = EXCLUDED.live"
+    " RETURNING now_ms, removed, live"
+)
+#: The table's passes within the window (`%(share_window)s`) before this pass's instant.
+_SHARE_WINDOW = (
+    "SELECT now_ms, removed, live FROM purge_shares"
+    " WHERE target = %(share_target)s AND table_name = %(share_table)s"
+    " AND now_ms > %(share_now)s - %(share_window)s AND now_ms < %(share_now)s"
+)
+
+
+def share_params(target: str, table: str, now_ms: int) -> dict[str, object]:
+    """The parameters naming one pass over one table in `share_record` and `shared`."""
+    return {
+        "share_target": target,
+        "share_table": table,
+        "share_now": now_ms,
+        "share_window": WINDOW_MS,
+    }
+
+
+def share_record() -> sql.Composed:
     """Record what this pass removed from one table and the live rows it left (`%(removed)s`,
-    `%(live)s`; a retried attempt adds its rows to the pass's), and return the table's passes
-    within the window before this pass's instant `%(now_ms)s`, this one included, oldest
-    first: (now_ms, removed, live). Through the primary key only: a read of a day's rows of
-    one table, whatever else the table holds."""
+    `%(live)s`, with `share_params`), and return the table's passes within the window before
+    this pass's instant, this one included, oldest first: (now_ms, removed, live). Through the
+    primary key only: a read of a day's rows of one table, whatever else the table holds."""
+    values = sql.SQL("(SELECT %(removed)s::bigint, %(live)s::bigint) v(removed, live)")
     return sql.SQL(
-        "WITH this AS ("
-        "INSERT INTO purge_shares AS s (target, table_name, now_ms, removed, live)"
-        " VALUES (%(target)s, %(table)s, %(now_ms)s, %(removed)s, %(live)s)"
-        " ON CONFLICT (target, table_name, now_ms) DO UPDATE"
-        " SET removed = s.removed + EXCLUDED.removed, live = EXCLUDED.live"
-        " RETURNING now_ms, removed, live"
-        ") SELECT now_ms, removed, live FROM purge_shares"
-        " WHERE target = %(target)s AND table_name = %(table)s"
-        " AND now_ms > %(now_ms)s - %(window_ms)s AND now_ms < %(now_ms)s"
-        " UNION ALL SELECT now_ms, removed, live FROM this ORDER BY 1"
+        "WITH this AS (" + _SHARE_UPSERT + ") " + _SHARE_WINDOW + " UNION ALL"
+        " SELECT now_ms, removed, live FROM this ORDER BY 1"
+    ).format(values=values)
+
+
+def shared(values: sql.Composable) -> tuple[sql.Composed, sql.SQL]:
+    """`share_record` inside another statement (a small table's one statement, which knows what
+    it removed only as it runs): a CTE `, shared AS (...)` recording the row `values` gives
+    (a row source of `removed` and `live`), and an expression, the table's passes as
+    `share_record` returns them, as a bigint[][] (NULL when there are none)."""
+    cte = sql.SQL(", shared AS (" + _SHARE_UPSERT + ")").format(values=values)
+    passes = sql.SQL(
+        "(SELECT array_agg(ARRAY[p.now_ms, p.removed, p.live] ORDER BY p.now_ms) FROM ("
+        + _SHARE_WINDOW
+        + " UNION ALL SELECT now_ms, removed, live FROM shared) p)"
     )
+    return cte, passes
 
 
 def shares_expire() -> sql.SQL:

@@ -9,6 +9,8 @@ planner's statistics when the table was analyzed, else a few hundred rows, never
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -38,7 +40,13 @@ async def check_unit(
 ) -> None:
     """BadTable, before anything is deleted, when most of `column`'s values do not read as
     plausible instants in `unit`; an empty column passes."""
-    weighted = await _sample(conn, table, column)
+    judge_unit(table, column, unit, await _sample(conn, table, column))
+
+
+def judge_unit(
+    table: TableName, column: str, unit: EpochUnit, weighted: list[tuple[int, float]]
+) -> None:
+    """`check_unit`'s verdict on a sample already read: (value, weight) pairs."""
     values = [(v, w) for v, w in weighted if v not in SENTINELS]
     total = sum(w for _, w in values)
     if not total:
@@ -88,11 +96,24 @@ async def _sample(
     )
     row = await cur.fetchone()
     if row is not None:
-        bounds, common, freqs = row[0] or [], row[1] or [], row[2] or []
-        rest = max(0.0, 1.0 - sum(freqs))
-        pairs = [(int(v), float(f)) for v, f in zip(common, freqs, strict=False)]
-        pairs += [(int(v), rest / len(bounds)) for v in bounds]
+        pairs = weighted_statistics(row[0] or [], row[1] or [], row[2] or [])
         if pairs:
             return pairs
     cur = await conn.execute(column_sample(relation, column, SAMPLE_ROWS))
     return [(int(r[0]), 1.0) for r in await cur.fetchall()]
+
+
+def weighted_statistics(
+    bounds: Sequence[object], common: Sequence[object], freqs: Sequence[object]
+) -> list[tuple[int, float]]:
+    """(value, weight) pairs from the planner's statistics of a column: each most common value
+    with its share of the rows, each histogram bound with an even part of the rest."""
+    rest = max(0.0, 1.0 - sum(float(str(f)) for f in freqs))
+    pairs = [(_integer(v), float(str(f))) for v, f in zip(common, freqs, strict=False)]
+    pairs += [(_integer(v), rest / len(bounds)) for v in bounds]
+    return pairs
+
+
+def _integer(value: object) -> int:
+    """An integer column's value as the statistics give it (numeric, or its text)."""
+    return int(Decimal(str(value)))
