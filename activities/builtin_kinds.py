@@ -136,8 +136,11 @@ def _expiring_rule(
     )
 
 
-def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
-    """The target a non-`python` config entry describes."""
+def build_target(
+    spec: TargetSpec, pool: ConnectionSource, small_tables: bool = False
+) -> PurgeTarget:
+    """The target a non-`python` config entry describes; with `small_tables` (a pattern's
+    matches), a table the catalog shows small is swept in one statement."""
     if spec.kind == "expiring":
         archive = spec.archives[0] if spec.archives else None
         rules: list[Rule] = [
@@ -155,7 +158,15 @@ def build_target(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
         rules = builtin_rules(spec.kind, spec.tables, spec.archives)
     else:
         raise ValueError(f"no built-in kind {spec.kind!r}")
-    return SqlTarget(spec.name, pool, rules, spec.settings, spec.guards, spec.partitions)
+    return SqlTarget(
+        spec.name, pool, rules, spec.settings, spec.guards, spec.partitions, small_tables
+    )
+
+
+def build_match(spec: TargetSpec, pool: ConnectionSource) -> PurgeTarget:
+    """The target of one of a pattern's matches: thousands of tables a pass, most of them
+    small, each swept in one statement when it is (`activities.engine.small_tables`)."""
+    return build_target(spec, pool, small_tables=True)
 
 
 def build_registry(
@@ -175,6 +186,6 @@ def build_registry(
     # A factory's targets are checked against the PurgeTarget protocol when it is called.
     factories = [cast(TargetFactory, spec.factory) for spec in config.targets if spec.factory]
     patterns = PatternTargets(
-        [(spec, pools[spec.database]) for spec in here if spec.pattern is not None], build_target
+        [(spec, pools[spec.database]) for spec in here if spec.pattern is not None], build_match
     )
     return TargetRegistry(fixed, factories, patterns)

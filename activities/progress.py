@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-Strategy = Literal["index", "range"]
-"""How a table's batches find its expired rows (`activities.engine.planning`)."""
-SweptBy = Literal["index", "range", "partitions"]
+Strategy = Literal["index", "range", "single"]
+"""How a table's batches find its expired rows (`activities.engine.planning`), or `single`: a
+small table's in one statement (`activities.engine.small_tables`)."""
+SweptBy = Literal["index", "range", "single", "partitions"]
 """What took a table's rows out: a batched strategy, or whole partitions."""
 PartitionAction = Literal["dropped", "detached"]
 """What became of the partitions that left their table whole."""

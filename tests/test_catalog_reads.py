@@ -186,6 +186,7 @@ PER_TABLE_READS: list[Callable[[], sql.Composable]] = [
     catalog.serving_index,
     catalog.column_statistics,
     catalog.column_correlation,
+    catalog.small_table,
     leftover.table_tuples,
     partitions.partition_key,
     partitions.partition_children,

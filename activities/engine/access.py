@@ -151,6 +151,19 @@ def lock_table() -> sql.Composed:
     ).format(sql.Literal(LOCK_SPACE))
 
 
+def try_lock_in_transaction() -> sql.Composed:
+    """Take this table's advisory lock (`%(rel)s`) for the current transaction only, if no one
+    holds it (true when taken; it never waits), and set the transaction's lock and statement
+    timeouts for the statements after it (`%(lock_ms)s`, `%(statement_ms)s`). The same lock
+    as `lock_table`'s: a sweep holding either keeps the other out."""
+    return sql.SQL(
+        "SELECT pg_try_advisory_xact_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4),"
+        " set_config('lock_timeout', %(lock_ms)s::text, true),"
+        " set_config('statement_timeout', %(statement_ms)s::text, true),"
+        " set_config('plan_cache_mode', 'force_generic_plan', true)"
+    ).format(sql.Literal(LOCK_SPACE))
+
+
 def unlock_tables() -> sql.SQL:
     """Release every advisory lock of this session: the connection goes back to the pool."""
     return sql.SQL("SELECT pg_advisory_unlock_all()")

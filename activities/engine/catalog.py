@@ -254,6 +254,42 @@ def column_sample(relation: sql.Identifier, column: str, rows: int) -> sql.Compo
     )
 
 
+def small_table() -> sql.SQL:
+    """One row for `%(rel)s`, all a table needs to be swept in one statement when it is small
+    (`activities.engine.small_tables`): its relkind; whether it has inheritance children or
+    rules (a DELETE of it would reach other tables' rows, or be rewritten); its heap pages
+    (exact, from the file's size); its dead tuples per the views; whether a foreign key
+    references it; and the unit check's view of `%(column)s`, its statistics as text
+    (histogram bounds, most common values and their frequencies; NULL when never analyzed).
+    The same text for every table: prepared once a connection, planned once (pg_stats, a
+    view of many joins, took 4 ms to plan each time)."""
+    return sql.SQL(
+        "SELECT c.relkind::text, c.relhassubclass OR c.relhasrules,"
+        " pg_relation_size(c.oid) / current_setting('block_size')::int,"
+        " pg_stat_get_dead_tuples(c.oid),"
+        # By OID, as is_referenced: no scan of pg_constraint.
+        " EXISTS (SELECT 1 FROM pg_constraint f WHERE f.oid IN ("
+        + _DEPENDENT_CONSTRAINTS
+        + ") AND f.contype = 'f' AND f.confrelid = c.oid),"
+        " st.bounds, st.common, st.freqs"
+        " FROM pg_class c LEFT JOIN LATERAL (SELECT s.histogram_bounds::text,"
+        " s.most_common_vals::text, s.most_common_freqs::text FROM pg_stats s WHERE "
+        + _STATS_OF_REL
+        + " ORDER BY s.inherited DESC LIMIT 1) st(bounds, common, freqs) ON true"
+        " WHERE c.oid = %(rel)s::regclass"
+    )
+
+
+def sample_texts(relation: sql.Identifier, column: str, rows: int) -> sql.Composed:
+    """An expression: up to `rows` values of the column as text[] (of any type, so that it
+    may be read before the type is known), as `column_sample` reads them (the first pages'
+    non-null values, never a scan)."""
+    return sql.SQL(
+        "(SELECT array_agg(v::text) FROM (SELECT {col} AS v FROM {t} WHERE {col} IS NOT NULL"
+        " LIMIT {n}) sample)"
+    ).format(col=sql.Identifier(column), t=relation, n=sql.Literal(rows))
+
+
 # -- The planner's estimates: EXPLAIN, never run ------------------------------------------------
 
 

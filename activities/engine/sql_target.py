@@ -14,6 +14,7 @@ from activities.engine.context import SweepContext, ignore_batch, partition_acti
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.small_tables import SmallTables
 from activities.engine.target_tables import TargetSweeper
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.names import TableName
@@ -33,6 +34,7 @@ class SqlTarget:
         settings: SweepSettings | None = None,
         guards: Guards | None = None,
         partitions: PartitionPolicy | None = None,
+        small_tables: bool = False,
     ) -> None:
         self._name = name
         self._pool = pool
@@ -41,6 +43,9 @@ class SqlTarget:
         self.guards = guards or Guards()
         self.partitions = partitions or PartitionPolicy()
         self._access = TableAccess(pool, self.settings, self.partitions)
+        self._small = SmallTables() if small_tables else None
+        """With `small_tables`, a table the catalog shows small is swept in one statement
+        (`activities.engine.small_tables`): a pattern's matches, swept by thousands."""
 
     @property
     def name(self) -> str:
@@ -84,7 +89,7 @@ class SqlTarget:
             deadline=SweepContext.deadline_in(budget),
             ledger=Ledger(ledger) if ledger is not None else None,
         )
-        return await TargetSweeper(self._access, self.rules).sweep(ctx)
+        return await TargetSweeper(self._access, self.rules, self._small).sweep(ctx)
 
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""

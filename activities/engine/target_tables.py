@@ -15,23 +15,39 @@ from activities.engine.leftover import analyze_after, leftover, vacuum_advice
 from activities.engine.partition_advice import pass_advice, record_share, remembered_advice
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
+from activities.engine.small_tables import SMALL_PAGES, SmallSweep, SmallTables, sweep_small
 from activities.engine.tables import TableSweeper
 from activities.progress import SweepStats
 
 
 class TargetSweeper:
-    """Sweeps a target's tables, in order, through its `TableAccess`."""
+    """Sweeps a target's tables, in order, through its `TableAccess`; with `small`, a target
+    of one small table in one statement first (`small_tables`)."""
 
-    def __init__(self, access: TableAccess, rules: list[Rule]) -> None:
+    def __init__(
+        self, access: TableAccess, rules: list[Rule], small: SmallTables | None = None
+    ) -> None:
         self.access = access
         self.rules = rules
         self.settings = access.settings
         self.partitions = access.partitions
+        self.small = small
 
     async def sweep(self, ctx: SweepContext) -> SweepStats:
         """What this attempt did; its `removed` (and `archived`, and the partitions) count
         every attempt of the pass, as the ledger (or the progress) holds them."""
+        small = await self._small(ctx)
+        if small is not None and not small.more:
+            stats = small.stats
+            stats.ledger, stats.ledger_start = small.ledger, small.ledger_start
+            await self._totals(ctx, stats)
+            return stats
         ctx, stats = await self._open_ledger(ctx)
+        if small is not None:
+            # A batch's worth found: the batched sweep goes on; the ledger's count before this
+            # attempt is what it was before the one statement.
+            stats.ledger_start = small.ledger_start if stats.ledger else 0
+            stats.merge(small.stats)
         progress = ctx.progress
         # One table checks itself once locked; several are all checked before the first delete:
         # a target refused for its second table (a column in the wrong unit, rights its
@@ -51,11 +67,31 @@ class TargetSweeper:
         await self._totals(ctx, stats)
         return stats
 
+    async def _small(self, ctx: SweepContext) -> SmallSweep | None:
+        """A target of one table, small, swept in one statement (`small_tables`); None when the
+        target, its settings or where an earlier attempt stopped call for the batched sweep
+        (pacing waits between batches, partitions may leave whole), or the table is not small."""
+        progress, settings = ctx.progress, self.settings
+        if (
+            self.small is None
+            or len(self.rules) != 1
+            or self.partitions.removes
+            or settings.max_replica_lag_ms is not None
+            or settings.max_wal_rate
+            or progress.page
+            or progress.leaf
+        ):
+            return None
+        return await sweep_small(self.access, self.rules[0], ctx, self.small)
+
     async def _table(self, ctx: SweepContext, rule: Rule, check: bool) -> SweepStats:
         """One table swept under its advisory lock, with what it left (`busy` set, and nothing
         swept, when another sweep held the lock for longer than busy_wait)."""
         async with self.access.connection(rule) as conn:
             pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
+            if self.small is not None:
+                small = plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
+                self.small.saw(rule.table, small)
             if plan.pages == 0 and not plan.partitioned:
                 return _nothing_to_sweep(plan)
             if not await self.access.lock(conn, pred):

@@ -1,0 +1,385 @@
+"""A pattern's small tables, each swept in one transaction (activities.engine.small_tables): the
+statements the server receives for one, counted from its own log, and every property of the
+batched sweep kept: exact counts in the ledger through retries, live rows untouched, the
+refusals' one line with nothing deleted, a held table left busy, a table larger than a batch
+finished in batches, the advice of a referenced table and the day's partition advice."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+from temporalio.exceptions import ApplicationError
+
+from activities import builtin_kinds as kinds
+from activities.builtin_kinds import build_registry
+from activities.engine.access import lock_table
+from activities.engine.rules import ExpiryRule, FullBucketRule, NewestRelatedRule
+from activities.engine.small_tables import rule_column
+from activities.inputs import PurgeStep
+from activities.registry import TargetRegistry
+from activities.results import PurgeSweep
+from activities.sweep import PurgeActivities
+from purge_config.file import parse_config
+from purge_config.filters import RowFilter
+from purge_config.names import TableName
+from purge_dev.servers import EmbeddedPostgres
+from purge_ops.connect import open_pool
+from tests.support.activity import activity_env
+from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
+
+#: What the server receives for one small table (issue 37's goal: at most 8): the pool's check,
+#: the lock tried with the timeouts, the table's facts, the unit check's sample, the rule's
+#: column types, and the one statement. The batched sweep sent 25.
+STATEMENTS = 6
+
+
+def registry(pool: AsyncConnectionPool[Any], prefix: str, **extra: Any) -> TargetRegistry:
+    config = parse_config(
+        {
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                    **extra,
+                }
+            ]
+        }
+    )
+    return build_registry(config, pool)
+
+
+def match(prefix: str, i: int) -> str:
+    return f"sessions@{prefix}_{i:04d}"
+
+
+def table(prefix: str, i: int) -> sql.Identifier:
+    return sql.Identifier(f"{prefix}_{i:04d}", "sessions")
+
+
+async def sweep(
+    targets: TargetRegistry, name: str, now_ms: int, **info: Any
+) -> tuple[PurgeSweep, list[dict[str, Any]]]:
+    """One step through the activity, and its heartbeats."""
+    env = activity_env(**info)
+    beats: list[dict[str, Any]] = []
+    env.on_heartbeat = lambda *details: beats.append(details[0])
+    swept = await env.run(PurgeActivities(targets).purge_target, PurgeStep(name, now_ms))
+    return swept, beats
+
+
+def ledger(db: psycopg.Connection[Any], name: str) -> list[int]:
+    return [
+        r[0] for r in db.execute("SELECT removed FROM purge_progress WHERE target = %s", (name,))
+    ]
+
+
+@pytest.fixture
+async def logged_pool(
+    pg_server: EmbeddedPostgres | None, pg_url: str, schema: str
+) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """A worker's pool whose connections have the server log every statement they send."""
+    if pg_server is None:
+        pytest.skip("counts statements from the log of the tests' own server")
+    options = f"-c search_path={schema} -c log_statement=all"
+    opened = await open_pool(make_conninfo(pg_url, options=options))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+#: A statement's line in the server's log: a simple query, or an extended one's execute.
+_STATEMENT = re.compile(r" LOG:  (?:statement|execute [^:]*): (.*)")
+
+
+async def test_a_small_table_costs_six_statements_as_the_server_counts_them(
+    pg_server: EmbeddedPostgres,
+    logged_pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    pg_url: str,
+    real_now: int,
+) -> None:
+    """The second table of a pass (the first cleared the ledger of old passes): every statement
+    the server received, the pool's check included, from its log; the expired rows gone, the
+    live rows kept, the count in the ledger."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1, 3), real_now)
+        targets = registry(logged_pool, prefix)
+        run_id = "a-pass"
+        await sweep(targets, match(prefix, 1), real_now, workflow_run_id=run_id)
+        offset = pg_server.log_path.stat().st_size
+
+        swept, beats = await sweep(targets, match(prefix, 2), real_now, workflow_run_id=run_id)
+
+        await asyncio.sleep(0.2)  # the server's log is written beside its replies
+        with pg_server.log_path.open("rb") as log:
+            log.seek(offset)
+            lines = log.read().decode(errors="replace").splitlines()
+        sent = [m[1][:90] for m in map(_STATEMENT.search, lines) if m]
+        assert len(sent) <= STATEMENTS, "\n".join(sent)
+        assert (swept.removed, swept.strategy, swept.lower_bound) == (2, "single", False)
+        assert counts(conn, prefix, real_now, range(1, 3)) == {
+            f"{prefix}_0001": (0, 2),
+            f"{prefix}_0002": (0, 2),
+        }
+        assert ledger(db, match(prefix, 2)) == [2]
+        assert [(b["batches"], b["removed"], b["batch_removed"]) for b in beats] == [(1, 2, 2)]
+
+
+async def test_a_retry_whose_attempt_was_lost_counts_from_the_ledger(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+) -> None:
+    """An attempt that deleted and committed, then died before anything reached Temporal: the
+    retry deletes nothing more and reports what the ledger holds, exact."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3, 4), real_now)
+        targets = registry(pool, prefix)
+        first, _ = await sweep(targets, match(prefix, 3), real_now, workflow_run_id="lost")
+
+        retry, _ = await sweep(
+            targets, match(prefix, 3), real_now, workflow_run_id="lost", attempt=2
+        )
+
+        assert (first.removed, first.strategy) == (3, "single")
+        assert (retry.removed, retry.strategy, retry.lower_bound) == (3, "single", False)
+        assert ledger(db, match(prefix, 3)) == [3]
+        assert counts(conn, prefix, real_now, range(3, 4)) == {f"{prefix}_0003": (0, 2)}
+
+
+async def test_old_passes_rows_go_from_the_ledger_and_the_shares(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+) -> None:
+    """As the batched sweep's ledger does, once a pass: judged by the pass's clock."""
+    week, day = 7 * 24 * HOUR_MS, 24 * HOUR_MS
+    db.execute(
+        "INSERT INTO purge_progress VALUES ('w', 'old', 't', %s, 5, 1),"
+        " ('w', 'kept', 't', %s, 5, 1)",
+        (real_now - week - HOUR_MS, real_now - week + HOUR_MS),
+    )
+    db.execute(
+        "INSERT INTO purge_shares VALUES ('t', 'old', %s, 1, 1), ('t', 'kept', %s, 1, 1)",
+        (real_now - day, real_now - day + HOUR_MS),
+    )
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1, 2), real_now)
+
+        swept, _ = await sweep(registry(pool, prefix), match(prefix, 1), real_now)
+
+    assert swept.strategy == "single"
+    assert [r[0] for r in db.execute("SELECT run_id FROM purge_progress WHERE target = 't'")] == [
+        "kept"
+    ]
+    assert [r[0] for r in db.execute("SELECT table_name FROM purge_shares WHERE target = 't'")] == [
+        "kept"
+    ]
+
+
+@pytest.mark.parametrize("analyzed", [False, True])
+async def test_a_column_in_seconds_is_refused_as_the_batched_sweep_refuses_it(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int, analyzed: bool
+) -> None:
+    """Epoch seconds where the target says milliseconds: every row would read as 1970. The
+    same one line as the batched sweep's (from the statistics, or without them a sample), and
+    nothing deleted."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1), real_now)
+        seconds = real_now // 1000
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {} (expires_at) SELECT %s + g FROM generate_series(1, 50) g"
+            ).format(table(prefix, 0)),
+            (seconds,),
+        )
+        if analyzed:
+            conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
+        batched = kinds.expiring(
+            pool, "batched", TableName("sessions", f"{prefix}_0000"), "expires_at"
+        )
+
+        with pytest.raises(ApplicationError) as small:
+            await sweep(registry(pool, prefix), match(prefix, 0), real_now)
+        with pytest.raises(ApplicationError) as refused:
+            await sweep(TargetRegistry([batched]), "batched", real_now)
+
+        assert small.value.type == "BadPurgeTarget"
+        assert str(small.value) == str(refused.value)
+        assert "do not look like epoch milliseconds" in str(small.value)
+        assert "\n" not in str(small.value)
+        [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
+        assert rows == 52
+
+
+async def test_a_table_another_sweep_holds_is_left_busy_after_busy_wait(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+) -> None:
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn, psycopg.connect(pg_url, autocommit=True) as other:
+        create_tenants(conn, prefix, range(1, 2), real_now)
+        other.execute(lock_table(), {"rel": table(prefix, 1).as_string(other)})
+
+        swept, _ = await sweep(
+            registry(pool, prefix, busy_wait="100ms"), match(prefix, 1), real_now
+        )
+
+        assert (swept.status, swept.removed) == ("busy", 0)
+        assert counts(conn, prefix, real_now, range(1, 2)) == {f"{prefix}_0001": (1, 2)}
+
+
+async def test_more_than_a_batch_is_finished_in_batches_and_counted_once(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+) -> None:
+    """A small table holding more expired rows than one statement takes (500): the batched
+    sweep goes on after it, and the ledger and the report count each row once."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1), real_now)
+        conn.execute(
+            sql.SQL("INSERT INTO {} (expires_at) SELECT %s FROM generate_series(1, 700)").format(
+                table(prefix, 0)
+            ),
+            (real_now - HOUR_MS,),
+        )
+
+        swept, beats = await sweep(registry(pool, prefix), match(prefix, 0), real_now)
+
+        assert swept.removed == 700
+        assert swept.strategy.startswith("single+")
+        assert ledger(db, match(prefix, 0)) == [700]
+        assert beats[0]["batch_removed"] == 500
+        assert counts(conn, prefix, real_now, range(1)) == {f"{prefix}_0000": (0, 2)}
+
+
+async def test_a_large_table_is_swept_in_batches_as_before(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+) -> None:
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3, 4), real_now)
+        conn.execute(
+            sql.SQL("INSERT INTO {} (expires_at) SELECT %s FROM generate_series(1, 20000)").format(
+                table(prefix, 3)
+            ),
+            (real_now + HOUR_MS,),
+        )
+        targets = registry(pool, prefix)
+
+        swept, _ = await sweep(targets, match(prefix, 3), real_now)
+
+        assert (swept.removed, swept.strategy) == (3, "index")
+        assert counts(conn, prefix, real_now, range(3, 4)) == {f"{prefix}_0003": (0, 20002)}
+
+
+async def test_a_referenced_table_keeps_the_advice_its_unindexed_children_call_for(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+) -> None:
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1, 2), real_now)
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.notes (session_id bigint REFERENCES {} ON DELETE CASCADE)"
+            ).format(sql.Identifier(f"{prefix}_0001"), table(prefix, 1))
+        )
+
+        swept, _ = await sweep(registry(pool, prefix), match(prefix, 1), real_now)
+
+        assert swept.removed == 1
+        assert swept.strategy != "single"
+        assert "notes (session_id) references it ON DELETE CASCADE" in swept.advice
+
+
+async def test_the_day_of_passes_is_recorded_and_its_partition_advice_given(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+) -> None:
+    """The one statement records the pass in `purge_shares` (its rows and the live rows it
+    left, exactly) and reads the day back: two earlier passes that removed 60,000 rows each
+    and this one make a day of large shares, told to partition as the batched sweep tells it."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1, 2), real_now)
+        name, table_name = match(prefix, 1), str(TableName("sessions", f"{prefix}_0001"))
+        for hours in (2, 1):
+            db.execute(
+                "INSERT INTO purge_shares VALUES (%s, %s, %s, 60000, 1000)",
+                (name, table_name, real_now - hours * HOUR_MS),
+            )
+
+        swept, _ = await sweep(registry(pool, prefix), match(prefix, 1), real_now)
+
+        assert swept.strategy == "single"
+        assert "partition it by RANGE on expires_at" in swept.advice
+        recorded = db.execute(
+            "SELECT removed, live FROM purge_shares WHERE target = %s AND now_ms = %s",
+            (name, real_now),
+        ).fetchall()
+        assert recorded == [(1, 2)]
+
+
+async def test_a_cancelled_sweep_finishes_its_statement_and_reports_it_first(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+) -> None:
+    """Cancelled while its DELETE waits for a row an application holds: the statement still
+    commits once the row is let go, and its heartbeat says so before the cancellation goes on,
+    so the count stays exact."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn, psycopg.connect(pg_url) as holder:
+        create_tenants(conn, prefix, range(2, 3), real_now)
+        holder.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE expires_at <= %s FOR UPDATE").format(table(prefix, 2)),
+            (real_now,),
+        )
+        env = activity_env()
+        beats: list[dict[str, Any]] = []
+        env.on_heartbeat = lambda *details: beats.append(details[0])
+        targets = registry(pool, prefix, lock_timeout="30s")
+        running = asyncio.ensure_future(
+            env.run(PurgeActivities(targets).purge_target, PurgeStep(match(prefix, 2), real_now))
+        )
+        for _ in range(200):
+            waiting = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'WITH found%%'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                break
+            await asyncio.sleep(0.05)
+        env.cancel()
+        await asyncio.sleep(0.2)
+        holder.rollback()
+
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+        # The statement's heartbeat, then the attempt's clean exit: its count complete.
+        assert [(b["batch_removed"], b["removed"], b["clean_exit"]) for b in beats] == [
+            (2, 2, False),
+            (2, 2, True),
+        ]
+        assert ledger(db, match(prefix, 2)) == [2]
+        assert counts(conn, prefix, real_now, range(2, 3)) == {f"{prefix}_0002": (0, 2)}
+
+
+def test_only_a_rule_that_binds_from_its_columns_alone_is_swept_in_one_statement() -> None:
+    """A filter's values, an archive's shape, an age kept in another table: each is read to
+    bind, and the batched sweep reads and checks them."""
+    t = TableName("sessions", "t")
+    assert rule_column(ExpiryRule(t, "expires_at", unit="s")) == ("expires_at", "s")
+    assert rule_column(FullBucketRule(t)) == ("last_ms", "ms")
+    assert rule_column(ExpiryRule(t, "expires_at", row_filter=RowFilter(null=("x",)))) is None
+    assert rule_column(ExpiryRule(t, "expires_at", archive=TableName("a", "t"))) is None
+    assert rule_column(FullBucketRule(t, archive=TableName("a", "t"))) is None
+    assert rule_column(NewestRelatedRule(t, TableName("events", "t"), "at")) is None
