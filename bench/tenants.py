@@ -22,7 +22,9 @@ The forms, in one run, each on freshly re-armed tables (one expired row back in 
 Every pass's histories are read back, parent and every child run (continue-as-new followed
 from the child's started event and each run's last event): events and the largest payload of
 each run, against Temporal's warnings. The activity's own cost is timed apart: direct calls
-through ActivityEnvironment on one tenant, every statement they send counted and timed.
+through ActivityEnvironment, one tenant each, as a pass makes them; then a few more whose every
+statement the server received is counted from its log (the pool's check, BEGIN, COMMIT and SET
+included) with its server time, and printed against issue 37's goal (at most 8).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import re
 import statistics
 import time
 import uuid
@@ -42,6 +45,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from psycopg import AsyncConnection, sql
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -66,8 +70,12 @@ WEEK_MS = 7 * 86_400_000
 CREATE_BATCH = 500
 #: Independent clients of the parallel floor (the tuned pass's max_concurrent).
 FLOOR_CLIENTS = 8
-#: Direct activity calls on one tenant, after one cold call.
+#: Direct activity calls, each on a tenant of its own, after one cold call; then calls whose
+#: statements the server counts (the first of them uncounted: its pool's first connections).
 DIRECT_CALLS = 20
+COUNTED_CALLS = 6
+#: Issue 37's goal: statements the server receives for one small table.
+GOAL_STATEMENTS = 8
 #: Ledger sizes at which the sweep's per-target ledger cleanup is timed apart.
 LEDGER_SIZES = (5_000, 120_000, 840_000)
 #: Issue 18's goal, and Temporal's documented warnings.
@@ -146,6 +154,7 @@ class StatementCost:
     statement: str
     per_call: float
     ms_per_call: float
+    """The server's own time (parse, bind and execute), per call."""
 
 
 @dataclass
@@ -155,7 +164,9 @@ class TenantsResult:
     direct_cold_ms: float = 0.0
     direct_ms: list[float] = field(default_factory=list)
     statements: list[StatementCost] = field(default_factory=list)
+    """What the server received for one small table, from its log (empty with --url)."""
     statements_per_call: float = 0.0
+    direct_strategy: str = ""
     ledger_expire_ms: dict[int, float] = field(default_factory=dict)
 
     def per_target_ms(self, form: str) -> float:
@@ -411,71 +422,121 @@ async def _pass_history(client: Client, workflow_id: str) -> PassHistory:
 # -- the activity alone ----------------------------------------------------------------------
 
 
-#: Every statement the direct calls send: how many, and the time each execute() took
-#: (pipelined statements are only queued, so their round trip lands on the pipeline's exit).
-_COUNTED: dict[str, list[float]] = defaultdict(list)
+#: A log entry's first line starts with its timestamp (log_line_prefix's %m).
+_LOG_ENTRY = re.compile(r"\d{4}-\d\d-\d\d ")
+#: A statement's line in the server's log (log_min_duration_statement = 0): its duration, the
+#: protocol step (a simple query's `statement`, or an extended one's parse, bind and execute)
+#: and its text.
+_DURATION = re.compile(r"duration: ([0-9.]+) ms\s+(parse|bind|execute|statement)[^:]*: (.*)")
+_TENANT = re.compile(r'"tenant_\d+"')
+#: What the counted statements are called when their text says nothing.
+EMPTY = "(empty: the pool's check before lending)"
 
 
-class CountingConnection(AsyncConnection[Any]):
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        text = query if isinstance(query, str) else query.as_string(self)
-        key = " ".join(text.split())[:70] or "(empty: the pool's check before lending)"
-        started = time.perf_counter()
-        try:
-            return await super().execute(query, params, **kwargs)
-        finally:
-            _COUNTED[key].append(1000 * (time.perf_counter() - started))
+def _log_path(bench: Bench) -> Path | None:
+    """The embedded server's log (None with --url: the statements are not counted then)."""
+    if bench.data_dir is None:
+        return None
+    path = bench.data_dir.parent / "postgres.log"
+    return path if path.exists() else None
+
+
+def _direct_pool(url: str, logged: bool) -> AsyncConnectionPool[Any]:
+    """A pool as `purge_ops.connect.open_pool` makes it (autocommit, checked before lending);
+    `logged`, the server logs every statement of its connections, and its time (only theirs:
+    log_min_duration_statement = 0 set by each connection's options)."""
+    options = "-c log_min_duration_statement=0" if logged else None
+    return AsyncConnectionPool(
+        make_conninfo(url, options=options) if options else url,
+        open=False,
+        min_size=1,
+        max_size=4,
+        kwargs={"autocommit": True, "application_name": "purge-bench-direct"},
+        check=AsyncConnectionPool.check_connection,
+    )
 
 
 async def _direct(
     bench: Bench, url: str, config: PurgeConfig, result: TenantsResult, conn: AsyncConnection[Any]
 ) -> None:
-    """DIRECT_CALLS + 1 sweeps of one tenant through ActivityEnvironment, on a registry and a
-    pool of their own (the first call builds and plans its target: the cold cost), each with
-    one expired row put back first (untimed); every statement counted."""
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        url,
-        open=False,
-        min_size=1,
-        max_size=4,
-        connection_class=CountingConnection,
-        kwargs={"autocommit": True, "application_name": "purge-bench-direct"},
-        check=AsyncConnectionPool.check_connection,
-    )
+    """Direct calls through ActivityEnvironment, as one pass makes them (one instant, one run):
+    one cold call (its pool's first connections, the ledger's cleanup, its target built), then
+    DIRECT_CALLS timed, each on its own tenant holding one expired row; then, on a pool whose
+    connections have the server log every statement, COUNTED_CALLS more, each statement the
+    server received counted from its log: the pool's check, BEGIN, COMMIT and SET included."""
+    calls = 1 + DIRECT_CALLS + COUNTED_CALLS
+    now_ms = int(time.time() * 1000)
+    await conn.execute("SELECT bench_rearm(%s, %s, %s)", (now_ms - HOUR_MS, 0, calls))
+    run_id = str(uuid.uuid4())
+
+    async def sweep(activities: PurgeActivities, n: int) -> float:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, workflow_run_id=run_id)
+        started = time.perf_counter()
+        swept = await env.run(
+            activities.purge_target, PurgeStep(name="sessions@" + _schema(n), now_ms=now_ms)
+        )
+        if swept.removed != 1:
+            raise RuntimeError(f"tenants: a direct call removed {swept.removed}, want 1")
+        result.direct_strategy = swept.strategy
+        return 1000 * (time.perf_counter() - started)
+
+    pool = _direct_pool(url, logged=False)
     await pool.open()
     await pool.wait()
     try:
         activities = PurgeActivities(build_registry(config, pool))
-        name = "sessions@" + _schema(0)
-        table = sql.Identifier(_schema(0), "sessions")
-        for n in range(DIRECT_CALLS + 1):
-            now_ms = int(time.time() * 1000)
-            await conn.execute(
-                sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table),
-                (now_ms - HOUR_MS,),
-            )
-            if n == 1:
-                _COUNTED.clear()  # count the warm calls only
-            env = ActivityEnvironment()
-            env.info = dataclasses.replace(env.info, workflow_run_id=str(uuid.uuid4()))
-            started = time.perf_counter()
-            sweep = await env.run(activities.purge_target, PurgeStep(name=name, now_ms=now_ms))
-            ms = 1000 * (time.perf_counter() - started)
-            if sweep.removed != 1:
-                raise RuntimeError(f"tenants: a direct call removed {sweep.removed}, want 1")
-            if n == 0:
-                result.direct_cold_ms = ms
-            else:
-                result.direct_ms.append(ms)
-        total = 0
-        for statement, times in sorted(_COUNTED.items(), key=lambda kv: -sum(kv[1])):
-            total += len(times)
-            result.statements.append(
-                StatementCost(statement, len(times) / DIRECT_CALLS, sum(times) / DIRECT_CALLS)
-            )
-        result.statements_per_call = total / DIRECT_CALLS
+        result.direct_cold_ms = await sweep(activities, 0)
+        for n in range(1, 1 + DIRECT_CALLS):
+            result.direct_ms.append(await sweep(activities, n))
     finally:
         await pool.close()
+    log_path = _log_path(bench)
+    if log_path is None:
+        return
+    pool = _direct_pool(url, logged=True)
+    await pool.open()
+    await pool.wait()
+    try:
+        activities = PurgeActivities(build_registry(config, pool))
+        # A first call on the new pool, uncounted: the rest find its connections made.
+        await sweep(activities, 1 + DIRECT_CALLS)
+        await asyncio.sleep(0.2)
+        offset = log_path.stat().st_size
+        for n in range(2 + DIRECT_CALLS, calls):
+            await sweep(activities, n)
+    finally:
+        await pool.close()
+    # The server writes its log asynchronously to us: give it a moment.
+    await asyncio.sleep(0.5)
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    _count_statements(text, COUNTED_CALLS - 1, result)
+
+
+def _count_statements(text: str, calls: int, result: TenantsResult) -> None:
+    """Each statement the log holds (a simple query's line, or an extended one's execute),
+    grouped by its text (the tenant's schema left out), with its server time: parse, bind and
+    execute together."""
+    counts: dict[str, int] = defaultdict(int)
+    times: dict[str, float] = defaultdict(float)
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        match = _DURATION.search(line)
+        if not match:
+            continue
+        what = match[3].strip()
+        after = lines[n + 1].strip() if n + 1 < len(lines) else ""
+        if not what and after and not _LOG_ENTRY.match(after):
+            what = after  # a statement that starts with a line break goes on in the next line
+        key = " ".join(_TENANT.sub('"tenant_N"', what).split())[:70] or EMPTY
+        times[key] += float(match[1])
+        if match[2] in ("statement", "execute"):
+            counts[key] += 1
+    for key, ms in sorted(times.items(), key=lambda kv: -kv[1]):
+        result.statements.append(StatementCost(key, counts[key] / calls, ms / calls))
+    result.statements_per_call = sum(counts.values()) / calls
 
 
 async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult) -> None:
@@ -702,16 +763,25 @@ def tenants_lines(result: TenantsResult) -> list[str]:
     n = result.tenants
     direct = result.direct_median_ms
     lines = [
-        f"activity alone (ActivityEnvironment, one tenant, one expired row each call): first call"
-        f" {result.direct_cold_ms:.1f} ms (target built and planned), then median {direct:.2f} ms"
-        f" over {len(result.direct_ms)} calls (min {min(result.direct_ms, default=0):.2f},"
-        f" max {max(result.direct_ms, default=0):.2f});"
-        f" {result.statements_per_call:.1f} statements a call (times include the event loop's"
-        " other work; pipelined ones show on the statement after the pipeline):",
+        f"activity alone (ActivityEnvironment, as one pass calls it: one instant, one tenant a"
+        f" call, one expired row each, strategy {result.direct_strategy or '-'}): first call"
+        f" {result.direct_cold_ms:.1f} ms (pool, ledger cleanup, target built), then median"
+        f" {direct:.2f} ms over {len(result.direct_ms)} calls (min"
+        f" {min(result.direct_ms, default=0):.2f}, max {max(result.direct_ms, default=0):.2f})",
     ]
-    lines += [
-        f"  {s.per_call:4.1f} x {s.ms_per_call:6.2f} ms  {s.statement}" for s in result.statements
-    ]
+    if result.statements:
+        verdict = "met" if result.statements_per_call <= GOAL_STATEMENTS else "NOT met"
+        lines.append(
+            f"statements the server received for one small table (its log, pool check, BEGIN,"
+            f" COMMIT and SET included): {result.statements_per_call:.1f} a call; goal at most"
+            f" {GOAL_STATEMENTS}, {verdict}; each with its server time (parse, bind, execute):"
+        )
+        lines += [
+            f"  {s.per_call:4.1f} x {s.ms_per_call:6.3f} ms  {s.statement}"
+            for s in result.statements
+        ]
+    else:
+        lines.append("statements a small table: not counted (no server log to read with --url)")
     for form in PASSES:
         if form not in result.forms:
             continue
