@@ -32,6 +32,9 @@ from tests.support.rows import HOUR, PAST_NOW
 
 NOW = PAST_NOW
 ROWS = 200
+#: The engine's own resize, taken before `machine_pace` can scale batch times: a sleep in the
+#: server lasts as long on a machine fifty times faster.
+RESIZE = batching._resize
 
 
 def boundary_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -189,3 +192,29 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
     ).fetchone()
     assert ledger == (4_000,)
     assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
+
+
+@pytest.mark.usefixtures("slow_rows")
+async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slow row (0.2 s, far past twice the 15 ms target on any machine) in the middle of
+    4,000 even keys: the span that meets it is followed by one of half its width, so about half
+    its rows, whatever each batch's size was before. The moment is the sleep, which no
+    machine's speed shortens: batch times are taken as they are (`RESIZE`)."""
+    monkeypatch.setattr(batching, "_resize", RESIZE)
+    monkeypatch.setattr(batching, "FIRST_ROWS", ROWS)
+    monkeypatch.setattr(batching, "ROWS_RANGE", (50, 2 * ROWS))
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    db.execute("UPDATE x_idempotency SET key = 'slow' || key WHERE key = 'k2000'")
+    batches: list[tuple[int, float]] = []
+
+    stats = await kinds.idempotency(pool).sweep(
+        NOW, on_batch=lambda p: batches.append((p.batch_removed, p.batch_ms))
+    )
+
+    assert stats.removed == 4_000
+    slow = next(i for i, (_, ms) in enumerate(batches) if ms >= 200)
+    assert slow + 1 < len(batches) - 1  # the next batch is a span, not the last boundary read
+    slow_rows, _ = batches[slow]
+    assert batches[slow + 1][0] <= max(slow_rows // 2 + 1, 51)
