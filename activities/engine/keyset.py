@@ -8,8 +8,9 @@ feels is how long a batch holds its locks, not how many rows it holds, so a span
 exceed the plan, and the next span follows the density met. A span that runs into
 `statement_timeout` is rolled back and tried again at a quarter of its width. The next batch
 starts at the key this one stopped below, so no batch steps over the index entries of rows
-earlier batches deleted. Where more rows than a batch share one key, the sweep reads
-boundaries again, and that run is taken by ctid, a batch at a time (the tie walk). Used where
+earlier batches deleted. Where a boundary read finds more rows than a batch sharing one key,
+that run is taken by ctid, a batch at a time (the tie walk), every batch of it reading its
+boundary; a run inside a span goes with the span. Used where
 `planning.keyset_batches` holds; see `batching.BatchSweeper` (why:
 docs/decisions/keyset-batches.md).
 """
