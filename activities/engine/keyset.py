@@ -1,8 +1,9 @@
 """Keyset batches: each deletes one span of the expiry index's keys as one plain DELETE,
 counted by its command tag.
 
-A sweep's first batch reads its boundary: where the next n expired rows end in the index (two
-probes), then deletes that key range. Every batch after it deletes a key span sized from the
+A sweep's first batch reads its boundary: where the next n expired rows end in the index (the
+least key, the n-th and the one half-way), then deletes that key range; so does the last (a span
+would reach past the cutoff). Every other batch deletes a key span sized from the
 rows the last one found in its span (`KeySpans`), with no read before it: the bound a user
 feels is how long a batch holds its locks, not how many rows it holds, so a span's rows may
 exceed the plan, and the next span follows the density met. A span that runs into
