@@ -218,3 +218,35 @@ async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     assert slow + 1 < len(batches) - 1  # the next batch is a span, not the last boundary read
     slow_rows, _ = batches[slow]
     assert batches[slow + 1][0] <= max(slow_rows // 2 + 1, 51)
+
+
+async def test_where_a_batch_takes_less_than_one_key_step_the_batches_read_their_boundary(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Epoch seconds: 200 rows a second apart, then 100 rows to each second for a minute. Once
+    a span meets that crowd, a batch of 50 rows is less than one second of keys: a span cannot
+    be narrower than a second, so the batches read their boundary again and walk each second
+    50 rows at a time, instead of spans of one second holding twice their rows each."""
+    fixed_batches(monkeypatch, rows=50)
+    db.execute("CREATE TABLE coarse (id bigint PRIMARY KEY, at_s bigint NOT NULL)")
+    db.execute("CREATE INDEX ON coarse (at_s)")
+    start_s = (NOW - HOUR) // 1000
+    db.execute("INSERT INTO coarse SELECT i, %s + i FROM generate_series(0, 199) i", (start_s,))
+    db.execute(
+        "INSERT INTO coarse SELECT 1000 + i, %s + 200 + i / 100 FROM generate_series(0, 5999) i",
+        (start_s,),
+    )
+    db.execute(
+        "INSERT INTO coarse SELECT 100000 + i, %s + i FROM generate_series(1, 60000) i",
+        (NOW // 1000,),
+    )
+    db.execute("VACUUM ANALYZE coarse")
+    target = kinds.expiring(pool, "coarse", TableName("coarse"), "at_s", unit="s")
+    removed: list[int] = []
+
+    stats = await target.sweep(NOW, on_batch=on_batch(removed))
+
+    assert (stats.strategy, stats.removed) == ("index", 6_200)
+    assert db.execute("SELECT count(*) FROM coarse").fetchone() == (60_000,)
+    # The one span that met the crowd held more than a batch; no batch after it did.
+    assert sum(1 for n in removed if n > 50) <= 1

@@ -176,12 +176,14 @@ class KeySpans:
         return end_key if end_key <= self.stop else None
 
     @staticmethod
-    def next_width(width: int, found: int, rows: int) -> int:
+    def next_width(width: int, found: int, rows: int) -> int | None:
         """The next span's width: the width that held `rows` at the density this one met
-        (`found` rows in `width`), growing at most SPAN_GROWTH times; at least one key."""
+        (`found` rows in `width`), growing at most SPAN_GROWTH times. None when `rows` take less
+        than one step of the key (more rows than a batch to a second, for epoch seconds): the
+        next batch then reads its boundary, and a run of one key is walked."""
         if found <= 0:
-            return max(1, width * SPAN_GROWTH)
-        return max(1, min(width * SPAN_GROWTH, width * rows // found))
+            return width * SPAN_GROWTH
+        return min(width * SPAN_GROWTH, width * rows // found) or None
 
 
 async def run_key_span(
