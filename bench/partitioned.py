@@ -25,7 +25,7 @@ pg_stat_activity sampled during the forms): each concurrent detach mostly 1-3 ms
 15 ms on a loaded machine), waiting on a lock at most for the writer's one insert in flight; no
 session of the bench, the pool or the worker holds a transaction open meanwhile. Most of (h)'s
 time, as of (b)'s, is the commit of the drops: the partitions' files (about 17 MB each, on disk
-since the checkpoint before the form) removed by the file system, 10-15 ms a partition whether
+since the checkpoint before the form) removed by the file system, 8-18 ms a partition whether
 dropped one by one or together.
 """
 
