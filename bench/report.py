@@ -315,14 +315,8 @@ def issue_targets(results: Sequence[FormResult]) -> list[str]:
         drop = _find(results, "partitioned", form)
         if drop is None:
             continue
-        check(f"partitioned: {LABELS[form]} vs (a), time", drop.ratio, 0.05, "x")
-        share = drop.notes.get("wal_share_of_delete")
-        check(
-            f"partitioned: {LABELS[form]} vs (a), WAL",
-            100 * share if isinstance(share, float) else None,
-            1,
-            "%",
-        )
+        # Against (a) the mechanism's ratios are information: issue 37's goals are against
+        # the hand-typed floor (h), printed by `partitioned.partitioned_lines`.
         check(
             f"partitioned: writer p99 during {LABELS[form]} ({drop.writer_ops} inserts)",
             drop.writer_p99_ms,
