@@ -49,6 +49,11 @@ class PatternPage:
     """The catalog key of the last match, to ask for the next page after it."""
     more: bool = False
     """Whether another page may follow."""
+    runs_chunks: bool = False
+    """Whether the worker that read this page also runs `PurgeChunk` on the task queue it read
+    it from (the pattern's database's): a child sweeping the matches may then run there, its
+    activities dispatched eagerly with its workflow tasks. False from a worker that does not
+    (one of an older release), whose page leaves the child on the pass's queue."""
 
 
 @dataclass

@@ -50,8 +50,11 @@ def contract_errors() -> Iterator[None]:
 class PurgeActivities:
     """The activities a purge worker runs, bound to the targets that worker may sweep."""
 
-    def __init__(self, registry: TargetRegistry) -> None:
+    def __init__(self, registry: TargetRegistry, *, runs_chunks: bool = False) -> None:
         self.registry = registry
+        self.runs_chunks = runs_chunks
+        """Whether the worker these activities run in also runs `PurgeChunk` on the same task
+        queue (`purge_ops.runner`'s workers do): said in every pattern page it reads."""
 
     @activity.defn(name="expand_pattern")
     async def expand_pattern(self, step: PatternStep) -> PatternPage:
@@ -59,7 +62,9 @@ class PurgeActivities:
         check_now_ms(step.now_ms)
         if self.registry.patterns is None:
             raise BadPurgeTarget(f"no table pattern named {step.name!r} on this worker")
-        return await self.registry.patterns.expand(step)
+        page = await self.registry.patterns.expand(step)
+        page.runs_chunks = self.runs_chunks
+        return page
 
     @activity.defn(name="purge_target")
     async def purge_target(self, step: Any) -> PurgeSweep:

@@ -62,7 +62,7 @@ def new_worker(
         "interceptors": [PassMetrics()],  # the metrics the alert rules need (pass_metrics.py)
         **options,
     }
-    activities = PurgeActivities(registry)
+    activities = PurgeActivities(registry, runs_chunks=True)
     count_passes_from_zero(client, task_queue)
     return Worker(
         # Stack traces trimmed, whoever connected the client: a retried activity's failure
@@ -78,8 +78,10 @@ def new_worker(
 def activity_worker(
     client: Client, registry: TargetRegistry, task_queue: str, **options: object
 ) -> Worker:
-    """A worker of a database's own task queue: its targets' activities, no workflow."""
-    activities = PurgeActivities(registry)
+    """A worker of a database's own task queue: its targets' activities, and the `PurgeChunk`
+    children of a spread pass whose pattern it expanded there (`workflows.spread`), so that
+    their activities are dispatched eagerly, with the workflow task that schedules them."""
+    activities = PurgeActivities(registry, runs_chunks=True)
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -89,6 +91,7 @@ def activity_worker(
     return Worker(
         trimming_failures(client),  # as new_worker's
         task_queue=task_queue,
+        workflows=[PurgeChunkWorkflow],
         activities=[activities.purge_target, activities.expand_pattern],
         **settings,  # type: ignore[arg-type]
     )

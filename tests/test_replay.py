@@ -9,7 +9,7 @@ add new histories (`python -m tests.histories.record --prefix vN`, N one above t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class Shape:
     activity_queues: list[str]
     """The task queue of each ActivityTaskScheduled, in order."""
     workflow_type: str
+    child_queues: list[str] = field(default_factory=list)
+    """The task queue each child was started on, in order."""
 
 
 def shape_of(path: Path) -> Shape:
@@ -64,6 +66,11 @@ def shape_of(path: Path) -> Shape:
         events[0].workflow_execution_started_event_attributes.input.payloads
     )
     scheduled, activity_types, activity_queues, activity_failures = [], [], [], []
+    child_queues = [
+        e.start_child_workflow_execution_initiated_event_attributes.task_queue.name
+        for e in events
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    ]
     result, failure = None, None
     for e in events:
         if e.HasField("activity_task_scheduled_event_attributes"):
@@ -93,6 +100,7 @@ def shape_of(path: Path) -> Shape:
         activity_types,
         activity_queues,
         workflow_type,
+        child_queues,
     )
 
 
@@ -183,6 +191,18 @@ def is_spread(shape: Shape) -> None:
     assert shape.result["removed"] > 0
 
 
+def is_spread_routed(shape: Shape) -> None:
+    """A spread pass whose pattern's database has a queue of its own, whose worker said it runs
+    children: the pattern expanded there, and that database's child started on that queue (the
+    chunk-on-database-queue marker), the other database's on the pass's own."""
+    is_spread(shape)
+    routed = shape.request["queues"][shape.request["databases"]["sessions"]]
+    assert shape.activity_queues == [routed]
+    assert routed in shape.child_queues
+    assert any(queue != routed for queue in shape.child_queues)
+    assert shape.events.count("MARKER_RECORDED") >= 2
+
+
 def is_chunk(shape: Shape) -> None:
     """A child's run that swept its share and continued as new with the rest."""
     assert shape.workflow_type == "PurgeChunk"
@@ -225,6 +245,7 @@ SHAPES: dict[str, Callable[[Shape], None]] = {
     "searchable": is_searchable,
     "routed": is_routed,
     "spread": is_spread,
+    "spread-routed": is_spread_routed,
     "chunk": is_chunk,
     "spread-duplicate": is_spread_duplicate,
     "concurrent": is_concurrent,

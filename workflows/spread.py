@@ -11,7 +11,9 @@ side by side while their targets at once stay within `max_concurrent`.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureError
@@ -45,6 +47,12 @@ DEFAULT_MAX_PER_DATABASE = 1
 EXPAND_START_TO_CLOSE = timedelta(minutes=5)
 #: Failures a failed pass's message names before it says how many more there are.
 NAMED_IN_MESSAGE = 10
+#: The patch under which a child runs on its database's queue (`_placed`); histories from
+#: before it replay with every child on the pass's queue.
+CHUNK_ON_QUEUE = "chunk-on-database-queue"
+#: How long past the pass's deadline a child on its database's queue may run: its targets'
+#: sweeps end at the deadline (their budget), then write their counts and report.
+CHUNK_GRACE = timedelta(minutes=30)
 
 
 def spreads(order: PurgeInput) -> bool:
@@ -59,12 +67,21 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
     patterns = set(order.patterns)
     report = ChunkReport(patterns={name: PatternLine(name) for name in order.patterns})
     entries: list[str | FailedTarget] = []
+    # The routed queues whose workers run children too, as the workers that read a pattern's
+    # matches there said (`PatternPage.runs_chunks`).
+    chunk_queues: set[str] = set()
     for name in order.targets:
         if name in patterns:
-            found = await _matches(name, now_ms, order.route_of(name))
-            if isinstance(found, list) and not found:
-                workflow.logger.warning("purge pattern %s matched no table", name)
-            entries += found if isinstance(found, list) else [found]
+            route = order.route_of(name)
+            found = await _matches(name, now_ms, route)
+            if isinstance(found, Matches):
+                if not found.names:
+                    workflow.logger.warning("purge pattern %s matched no table", name)
+                if found.runs_chunks and route is not None:
+                    chunk_queues.add(route.queue)
+                entries += found.names
+            else:
+                entries.append(found)
         else:
             entries.append(name)
     names = [e for e in entries if isinstance(e, str)]
@@ -79,14 +96,23 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
             report.add(-1, entry, patterns)
 
     chunks = _chunks(order, names, now_ms)
-    children = await _run_children(order, chunks, report)
+    children = await _run_children(order, chunks, report, chunk_queues)
     return _finish(order, now_ms, report, children)
 
 
-async def _matches(name: str, now_ms: int, route: Route | None) -> list[str] | FailedTarget:
+@dataclass
+class Matches:
+    """A pattern's matches, and whether every page came from a worker that runs children on
+    the queue it read them from."""
+
+    names: list[str] = field(default_factory=list)
+    runs_chunks: bool = True
+
+
+async def _matches(name: str, now_ms: int, route: Route | None) -> Matches | FailedTarget:
     """Every match of pattern target `name`, page by page, read by a worker of its database, or
     why it could not be read."""
-    found: list[str] = []
+    found = Matches()
     after: list[str] = []
     while True:
         try:
@@ -101,7 +127,8 @@ async def _matches(name: str, now_ms: int, route: Route | None) -> list[str] | F
         except ActivityError as err:
             failure = unpolled(err, route) or failure_of(err)
             return FailedTarget(name=name, type=failure.type, message=failure.message)
-        found += page.matches
+        found.names += page.matches
+        found.runs_chunks = found.runs_chunks and page.runs_chunks
         if not page.more:
             return found
         after = page.last
@@ -156,10 +183,20 @@ def _limits(order: PurgeInput) -> tuple[int, int]:
 
 
 async def _run_children(
-    order: PurgeInput, chunks: dict[str, list[ChunkInput]], report: ChunkReport
+    order: PurgeInput,
+    chunks: dict[str, list[ChunkInput]],
+    report: ChunkReport,
+    chunk_queues: set[str],
 ) -> list[str]:
     """Run the children, one at a time per database and as many databases at once as
-    `max_concurrent` allows; merge each one's report into `report`. Their ids, in order."""
+    `max_concurrent` allows; merge each one's report into `report`. Their ids, in order.
+
+    A child whose database's queue is in `chunk_queues` runs on that queue, by the workers next
+    to its database, which said so when they read its pattern's matches: its activities are
+    then dispatched with the workflow task that schedules them, not each through the server's
+    matching (38 ms a target, docs/decisions/spread-passes.md). Its run is bounded by the
+    pass's deadline and CHUNK_GRACE, so that one no worker takes (its workers gone since)
+    fails its targets instead of holding the pass."""
     info = workflow.info()
     most, _ = _limits(order)
     started: list[str] = []
@@ -186,7 +223,9 @@ async def _run_children(
             child_id = f"purge-chunk-{info.run_id}-{len(started):04d}"
             started.append(child_id)
             task = asyncio.ensure_future(
-                workflow.execute_child_workflow(PurgeChunkWorkflow.run, chunk, id=child_id)
+                workflow.execute_child_workflow(
+                    PurgeChunkWorkflow.run, chunk, id=child_id, **_placed(chunk, chunk_queues)
+                )
             )
             running[task] = (database, chunk)
         if not running:
@@ -196,6 +235,19 @@ async def _run_children(
             _, chunk = running.pop(task)
             _merge_child(task, chunk, report, patterns)
     return started
+
+
+def _placed(chunk: ChunkInput, chunk_queues: set[str]) -> dict[str, Any]:
+    """The options that run a child on its database's queue (see `_run_children`); none where
+    that queue's workers did not say they run children, as before."""
+    route = chunk.route
+    if route is None or route.queue not in chunk_queues or not workflow.patched(CHUNK_ON_QUEUE):
+        return {}
+    left = max(chunk.deadline_ms - epoch_ms(workflow.now()), 0)
+    return {
+        "task_queue": route.queue,
+        "execution_timeout": timedelta(milliseconds=left) + CHUNK_GRACE,
+    }
 
 
 def _merge_child(

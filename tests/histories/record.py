@@ -95,6 +95,23 @@ SCENARIOS["v4"] = {
 SCENARIOS["v5"] = {
     "searchable": {"targets": ["x_idempotency", "no_such_target", "x_auth"]},
 }
+# v6: a spread pass whose pattern's database has a queue of its own, whose worker runs the
+# children too (the chunk-on-database-queue patch): the child runs there, its activities with it.
+SCENARIOS["v6"] = {
+    "spread-routed": {
+        "targets": ["x_idempotency", "sessions"],
+        "patterns": ["sessions"],
+        "databases": {"sessions": "eu"},
+        "queues": {"eu": "purge-eu"},
+        "worker_wait_ms": 60_000,
+        "max_concurrent": 2,
+        "max_per_database": 2,
+        "budget_ms": 600_000,
+    },
+}
+#: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
+PATTERNED = {"v3", "v6"}
+
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).
 SEARCHABLE = {"v5"}
@@ -141,7 +158,7 @@ async def record(prefix: str) -> None:
             client = await Client.connect(temporal.address)
             registry = (
                 build_registry(parse_config(V3_CONFIG), pool)
-                if prefix == "v3"
+                if prefix in PATTERNED
                 else TargetRegistry(
                     [
                         kinds.idempotency(pool),
