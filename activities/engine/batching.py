@@ -213,10 +213,11 @@ class BatchSweeper:
                     result.advice.append(retried)
                 width = width // SPAN_RETRY_SHARE or None
                 continue
-            planned, after = rows, end
-            rows = _resize(max(found, 1), ms, self.settings.batch_target_ms, ROWS_RANGE)
+            after = end
+            if found:
+                rows = _resize(found, ms, self.settings.batch_target_ms, ROWS_RANGE)
             # The density met says what width holds the next span's rows; an empty span grows.
-            width = KeySpans.next_width(width, found, rows if found else planned)
+            width = KeySpans.next_width(width, found, rows)
 
     def _advance(
         self, result: SweepStats, removed: int, total: int | None, ms: float, page: int
