@@ -113,16 +113,23 @@ async def test_a_few_old_keys_far_below_the_rest_do_not_make_the_spans_wide(
     assert max(removed) <= 2 * ROWS
 
 
+@pytest.mark.parametrize("column_type", ["timestamptz", "timestamp"])
 async def test_spans_walk_a_timestamp_key_in_microseconds(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    column_type: str,
 ) -> None:
-    """An `expiring` target on a timestamptz column: spans are counted in microseconds, every
-    expired row goes (the one exactly at the cutoff too) and no live one."""
+    """An `expiring` target on a timestamp column, with or without a time zone (the latter read
+    as UTC): spans are counted in microseconds, every expired row goes (the one exactly at the
+    cutoff too) and no live one."""
     fixed_batches(monkeypatch, rows=ROWS)
     reads = boundary_reads(monkeypatch)
-    db.execute("CREATE TABLE stamped (id bigint PRIMARY KEY, seen timestamptz NOT NULL)")
+    db.execute(f"CREATE TABLE stamped (id bigint PRIMARY KEY, seen {column_type} NOT NULL)")
     db.execute("CREATE INDEX ON stamped (seen)")
     cutoff = datetime.fromtimestamp((NOW - HOUR) / 1000, UTC)
+    if column_type == "timestamp":
+        cutoff = cutoff.replace(tzinfo=None)
     db.execute(
         "INSERT INTO stamped SELECT i, %s - i * interval '1.5 seconds'"
         " FROM generate_series(0, 2999) i",

@@ -136,8 +136,8 @@ class KeySpans:
     integers (an epoch in any unit) or timestamps, whose widths are counted in microseconds."""
 
     stop: int | datetime
-    """The greatest expired key (`Predicate.column_cutoff`): a span reaching past it is the
-    sweep's last, and deletes every expired row from its start on."""
+    """The greatest expired key (`Predicate.column_cutoff`): no span reaches past it (the
+    boundary read finds where the last rows end)."""
 
     @staticmethod
     def of(cutoff: object | None) -> KeySpans | None:
@@ -167,10 +167,10 @@ class KeySpans:
         if isinstance(self.stop, datetime):
             assert isinstance(start, datetime)
             try:
-                end: object = start + width * _MICROSECOND
-            except OverflowError:
+                end = start + width * _MICROSECOND
+                return end if end <= self.stop else None
+            except (OverflowError, TypeError):  # past the calendar, or naive against aware
                 return None
-            return end if end <= self.stop else None  # type: ignore[operator]
         assert isinstance(start, int)
         end_key = start + width
         return end_key if end_key <= self.stop else None
