@@ -331,6 +331,16 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         assert "6 targets in 1 child workflows: 6 ok" in swept.stdout
         assert re.search(rf"sessions\s+6\s+{expected}\s+0\s+0\s+0\s+0\s+0", swept.stdout)
 
+        # Visibility lags the histories (most under load): `report` lists the passes it reads,
+        # so the pass must be listed, closed, first.
+        query = (
+            f'WorkflowType = "Purge" AND TaskQueue = "{harness.task_queue}"'
+            ' AND ExecutionStatus = "Completed"'
+        )
+        for _ in range(600):
+            if [w async for w in harness.client.list_workflows(query)]:
+                break
+            await asyncio.sleep(0.05)
         report = await asyncio.to_thread(run_main, "report", "--config", str(path), env=env)
         assert report.returncode == 0, report.stderr
         header = report.stdout.splitlines()[0].split()
