@@ -147,7 +147,7 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     (a batch's rows less one), NULL when fewer are left; with `mid`, a third: the key
     `%(key_mid)s` entries past the least, from which the span after the batch is sized (the
     density of the batch's upper half: a few old keys far below the rest, at its start, do not
-    make it wide). Both read only index entries (an
+    make it wide). They read only index entries (an
     index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
     work once; skipping entries to the last costs less than aggregating them (no count, min and
     max per row). The batch's size is a parameter, not part of the text, so the text is the

@@ -164,6 +164,7 @@ class BatchSweeper:
         rows, after = first_index_rows(self.plan), None
         spans = KeySpans.of(pred.column_cutoff)
         width: int | None = None
+        tied = False  # the last boundary batch walked a run of one key
         while True:
             if await self._out_of_time():
                 result.complete = False
@@ -174,18 +175,22 @@ class BatchSweeper:
                 # The first batch, a run of one key, or a span that would reach past the last
                 # expired key: the boundary read finds where the rows end (the rest is the
                 # sweep's last batch) and whether one key holds more than a batch (walked).
-                keyed = KeyBatch(pred, rows, after, mid=spans is not None)
+                # The half-way probe sizes the span after the batch; inside a run of one key
+                # (most likely after a batch of it) no span follows, so it is not read.
+                keyed = KeyBatch(pred, rows, after, mid=spans is not None and not tied)
                 run = functools.partial(
                     run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
                 )
                 found, ms = await self._batch(result, run, page=0)
                 if found < rows:
                     return  # fewer expired rows than asked for were left: that was all of them
-                planned, after = rows, keyed.next_after
+                planned, after, tied = rows, keyed.next_after, keyed.tie
                 rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
                 # Sized from the batch's upper half: its rows from the middle key up to the
                 # last one found, about half of them.
-                held = spans.width(keyed.middle, after) if spans and not keyed.tie else None
+                held = (
+                    spans.width(keyed.middle, after) if spans and keyed.mid and not tied else None
+                )
                 width = KeySpans.next_width(held, planned - planned // 2, rows) if held else None
                 continue
             assert width is not None
