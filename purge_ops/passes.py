@@ -197,12 +197,17 @@ async def recent_passes(client: Client, task_queue: str, last: int) -> list[Pass
     """The last `last` passes on `task_queue`, newest first, with what each removed."""
     found: list[PassSummary] = []
     async for execution in client.list_workflows(purge_query(task_queue), limit=last):
-        found.append(await _summarize(client, execution))
+        found.append(await summarize(client, execution))
     found.sort(key=lambda s: s.started, reverse=True)
     return found[:last]
 
 
-async def _summarize(client: Client, execution: WorkflowExecution) -> PassSummary:
+async def summarize(client: Client, execution: WorkflowExecution) -> PassSummary:
+    """`execution` as `report` shows it. Visibility lags the history (most under load): a pass
+    listed as running may have closed a moment ago, and its own description says so."""
+    if execution.status == WorkflowExecutionStatus.RUNNING:
+        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
+        execution = await handle.describe()
     seconds = (
         (execution.close_time - execution.start_time).total_seconds()
         if execution.close_time

@@ -32,7 +32,7 @@ from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.passes import run_pass
+from tests.support.passes import listed, run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
 from tests.support.servers import RunningTemporal
@@ -185,6 +185,7 @@ async def test_report_json_and_the_last_sweep_of_each_target(
         harness.task_queue,
         '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n',
     )
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')  # what `report` reads
 
     status = await asyncio.to_thread(worker.main, ["report", "--config", str(config), "--json"])
     out = capsys.readouterr().out

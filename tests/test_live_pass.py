@@ -13,6 +13,7 @@ from purge_config.file import load_config
 from purge_ops.passes import sweep
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
+from tests.support.passes import listed
 from tests.support.procs import worker_config
 
 
@@ -72,10 +73,7 @@ async def test_the_schedule_firing_during_a_sweep_pass_starts_no_second_pass(
     assert described.info.num_actions_skipped_overlap == 1
     assert slow.runs == 1
     query = f'TaskQueue = "{harness.task_queue}"'
-    passes = [w async for w in harness.client.list_workflows(query)]
-    while not passes:  # visibility lags the histories a moment
-        await asyncio.sleep(0.1)
-        passes = [w async for w in harness.client.list_workflows(query)]
+    passes = await listed(harness.client, query)  # visibility lags the histories a moment
     assert len(passes) == 1
     assert passes[0].id.startswith(schedule_id)  # started by the schedule, for the sweep
     assert any(line.startswith(f"started pass {schedule_id}") for line in said), said

@@ -22,6 +22,7 @@ from purge_config.errors import ConfigError
 from purge_config.file import load_config
 from purge_ops.schedule import fingerprint
 from tests.conftest import Harness
+from tests.support.passes import listed
 from tests.support.procs import clean_env, run_main, worker_config
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -163,6 +164,7 @@ async def test_each_schedule_is_its_own_temporal_schedule_and_report_shows_each_
             swept = await asyncio.to_thread(
                 run_main, "sweep", "--config", str(path), "--schedule", "hot", env=env
             )
+        await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')  # what `report` reads
         report = await asyncio.to_thread(run_main, "report", "--config", str(path), env=env)
     finally:
         for schedule_id in (hot_id, daily_id):

@@ -8,6 +8,7 @@ others call the same `worker.main` in this process (`cli`), which saves starting
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -18,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from temporalio.client import ScheduleOverlapPolicy, ScheduleRange
+from temporalio.client import ScheduleOverlapPolicy, ScheduleRange, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
@@ -26,12 +27,13 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import load_config
 from purge_dev.servers import venv_executable
+from purge_ops.passes import summarize
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
-from tests.support.passes import run_pass
+from tests.support.passes import listed, run_pass
 from tests.support.procs import (
     REPO,
     Done,
@@ -334,7 +336,7 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
     assert "waiting for it instead of starting a second" in out
     assert re.search(r"^slow\s+3\s", out, re.MULTILINE)  # the result of the pass it waited on
     assert len(runs) == 1
-    passes = [w async for w in harness.client.list_workflows(f'TaskQueue = "{harness.task_queue}"')]
+    passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert [w.id for w in passes] == [first.id]
 
 
@@ -355,6 +357,9 @@ async def test_report_shows_recent_passes_with_removed_per_target(
             )
         await run_pass(harness.client, harness.task_queue, {"targets": ["x_auth"], "dry_run": True})
     config = config_file(tmp_path, harness.url, harness.task_queue)
+    # `report` shows the passes visibility lists: all three first (a status it lags on is
+    # read from the pass's own description, tested below).
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 3)
 
     done = await asyncio.to_thread(cli, temporal_server, "report", "--config", str(config))
 
@@ -377,6 +382,26 @@ async def test_report_shows_recent_passes_with_removed_per_target(
     assert len([ln for ln in last_one.stdout.splitlines() if re.match(r"\d{4}-", ln)]) == 1, (
         last_one.stdout + last_one.stderr
     )
+
+
+async def test_report_reads_the_status_of_a_pass_visibility_still_lists_as_running(
+    harness: Harness,
+) -> None:
+    """Visibility lags the history: right after a pass closes, it may still list it as running.
+    `report` then asks the pass itself, and shows it closed, with what it removed."""
+    idempotency_rows(harness.db, {"a": harness.now_ms - HOUR, "c": harness.now_ms + HOUR})
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
+    [closed] = await listed(
+        harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"'
+    )
+    # The listing as a lagging visibility store gives it: the same run, still running.
+    lagging = dataclasses.replace(closed, status=WorkflowExecutionStatus.RUNNING, close_time=None)
+
+    summary = await summarize(harness.client, lagging)
+
+    assert (summary.status, summary.removed) == ("completed", {"x_idempotency": "1"})
+    assert summary.seconds is not None
 
 
 async def test_worker_serves_rows_removed_per_target_as_prometheus_metrics(
@@ -424,9 +449,9 @@ async def test_replay_checks_recent_passes_and_history_files(
         await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
         await run_pass(harness.client, harness.task_queue, {"targets": []})
     # Visibility lags the histories: the command reads the passes it lists, so both first.
-    query = f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"'
-    while len([w async for w in harness.client.list_workflows(query)]) < 2:
-        await asyncio.sleep(0.05)
+    await listed(
+        harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"', 2
+    )
     config = config_file(tmp_path, harness.url, harness.task_queue)
     from_cluster = await asyncio.to_thread(
         cli, temporal_server, "replay", "--config", str(config), "--last", "5"

@@ -26,7 +26,7 @@ from purge_ops.ports import free_ports
 from tests.conftest import Harness
 from tests.support.direct_caller import DirectCaller
 from tests.support.history import history
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -155,6 +155,8 @@ def test_the_database_password_appears_in_no_log_input_result_error_or_history(
             return done.stdout + done.stderr
 
         texts["sweep"] = command("sweep", "--config", str(config))
+        # `report` reads what visibility lists.
+        asyncio.run(passes_listed(temporal_server.address, harness.task_queue))
         texts["report"] = command("report", "--config", str(config))
         texts["bad url"] = command(
             "run", "--config", str(config),
@@ -182,6 +184,10 @@ def test_the_database_password_appears_in_no_log_input_result_error_or_history(
     assert any(name.startswith("history") for name in texts)
     leaks = [name for name, text in texts.items() if SECRET in text]
     assert leaks == []
+
+
+async def passes_listed(temporal_address: str, task_queue: str) -> None:
+    await listed(await Client.connect(temporal_address), f'TaskQueue = "{task_queue}"')
 
 
 async def histories(temporal_address: str, task_queue: str) -> dict[str, str]:

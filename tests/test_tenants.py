@@ -19,7 +19,7 @@ from activities.registry import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
 from tests.conftest import Harness
 from tests.support.history import child_runs, events
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import (
@@ -333,14 +333,11 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
 
         # Visibility lags the histories (most under load): `report` lists the passes it reads,
         # so the pass must be listed, closed, first.
-        query = (
+        await listed(
+            harness.client,
             f'WorkflowType = "Purge" AND TaskQueue = "{harness.task_queue}"'
-            ' AND ExecutionStatus = "Completed"'
+            ' AND ExecutionStatus = "Completed"',
         )
-        for _ in range(600):
-            if [w async for w in harness.client.list_workflows(query)]:
-                break
-            await asyncio.sleep(0.05)
         report = await asyncio.to_thread(run_main, "report", "--config", str(path), env=env)
         assert report.returncode == 0, report.stderr
         header = report.stdout.splitlines()[0].split()

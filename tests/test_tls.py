@@ -22,6 +22,7 @@ from temporalio.service import RPCError
 
 from activities import builtin_kinds as kinds
 from tests.conftest import Harness
+from tests.support.passes import listed
 from tests.support.procs import (
     Done,
     clean_env,
@@ -107,6 +108,7 @@ async def test_worker_schedule_sweep_and_report_work_through_the_door(
         scheduled = await asyncio.to_thread(run_main, "schedule", "--config", str(config), env=env)
         made = await harness.client.get_schedule_handle(schedule_id).describe()
         swept = await asyncio.to_thread(run_main, "sweep", "--config", str(config), env=env)
+        await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')  # what `report` reads
         reported = await asyncio.to_thread(run_main, "report", "--config", str(config), env=env)
     finally:
         stop(worker)

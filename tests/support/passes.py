@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 
 
@@ -55,3 +55,27 @@ async def failed_pass(
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError), cause
     return cause
+
+
+#: How long `listed` waits for visibility: far beyond its lag on a loaded machine (seconds).
+LISTING_WAIT_S = 120.0
+
+
+async def listed(client: Client, query: str, count: int = 1) -> list[WorkflowExecution]:
+    """What visibility lists for `query`, once it lists at least `count` executions.
+
+    Visibility lags the histories, most on a loaded machine: a command that reads it (`report`,
+    `replay --last`) sees only what it lists, so a test waits for the listing, not a moment.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LISTING_WAIT_S
+    while True:
+        found = [w async for w in client.list_workflows(query)]
+        if len(found) >= count:
+            return found
+        if loop.time() > deadline:
+            raise AssertionError(
+                f"visibility listed {len(found)} of {count} executions for {query} "
+                f"in {LISTING_WAIT_S:.0f} s"
+            )
+        await asyncio.sleep(0.05)
