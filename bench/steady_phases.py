@@ -4,24 +4,24 @@ Case 12's table (`bench.steady`): `--rows` rows created over 100 hours in id ord
 with PostgreSQL's defaults for what the bench tunes (shared_buffers 128MB). Each round deletes
 the next hour's rows, alternately by one DELETE and by the activity, the table's buffers and
 page cache dropped and a checkpoint taken before each form, as case 12 does. For each activity
-round: the time before its first keyset batch, then summed over its batches the boundary read
-(to the DELETE's send), the DELETE with the flush that reads its count, the ledger's upsert and
-the commit, the gaps between batches, and the time after the last.
+round: the time before its first batch; the batches that read their boundary (the first, the
+last, a run of one key) and the key spans (`activities.engine.keyset`), each summed with its
+median; the gaps between batches; and the time after the last.
 
     python -m bench.steady_phases --rows 10000000 --rounds 8   # 100,000 rows an hour
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
 
-The phases are timed by wrapping `run_key_batch` and `BatchTally.add` in this process: the
-activity runs as it ships, only observed. Where the ledger takes a batch's count on the server
-(engine since `585f6dd`: no round trip between the DELETE and the ledger's row), nothing waits
-for the DELETE before the Sync: "DELETEs and counts" is then only their sending, and their
-execution falls in "ledger and commit".
+The phases are timed by wrapping `run_key_batch` and `run_key_span` in this process: the
+activity runs as it ships, only observed. A batch is its whole round trip: its timeouts, its
+statement (the boundary read and the DELETE in one for a boundary batch), the ledger's row
+and the commit, pipelined to one Sync.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -32,7 +32,6 @@ import psycopg
 
 import activities.engine.batching as batching
 from activities import builtin_kinds as kinds
-from activities.engine.ledger import BatchTally
 from activities.schema import reference_ddl
 from bench import data as tables
 from bench import steady
@@ -43,52 +42,42 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 
 START_MS = 1_700_000_000_000
-Marks = list[tuple[str, float]]
+#: (kind of batch, when it started, when it ended), in the order they ran.
+Marks = list[tuple[str, float, float]]
 
 
 def observe(marks: Marks) -> None:
-    """Record, in `marks`, when each keyset batch starts, sends its DELETE, has its count, and
-    ends."""
-    # Through the module's namespace and the class: what a batch looks up when it runs.
+    """Record, in `marks`, each batch's kind ("boundary" or "span"), start and end."""
+    # Through the module's namespace: what `_by_key` looks up when it runs a batch.
     engine = vars(batching)
-    run, add = engine["run_key_batch"], BatchTally.add
 
-    async def timed_add(*args: Any) -> Any:
-        marks.append(("sent", time.perf_counter()))
-        added = await add(*args)
-        marks.append(("counted", time.perf_counter()))
-        return added
+    def timed(kind: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def timed_run(*args: Any) -> Any:
+            started = time.perf_counter()
+            ran = await run(*args)
+            marks.append((kind, started, time.perf_counter()))
+            return ran
 
-    async def timed_run(*args: Any) -> Any:
-        marks.append(("start", time.perf_counter()))
-        ran = await run(*args)
-        marks.append(("end", time.perf_counter()))
-        return ran
+        return timed_run
 
-    setattr(BatchTally, "add", timed_add)  # noqa: B010 (a method replaced, not a field)
-    engine["run_key_batch"] = timed_run
+    engine["run_key_batch"] = timed("boundary", engine["run_key_batch"])
+    engine["run_key_span"] = timed("span", engine["run_key_span"])
 
 
 def phases(marks: Marks, began: float, ended: float) -> str:
     """One activity round's phases, in ms."""
-    at: dict[str, list[float]] = {"start": [], "sent": [], "counted": [], "end": []}
-    for name, t in marks:
-        at[name].append(t)
-    if not at["start"]:
+    if not marks:
         return "no keyset batch"
 
-    def total(pairs: list[tuple[float, float]]) -> str:
-        spans = [(b - a) * 1000 for a, b in pairs]
-        return f"{sum(spans):6.1f} (median {statistics.median(spans) if spans else 0:4.2f})"
+    def total(kind: str) -> str:
+        ms = [(b - a) * 1000 for k, a, b in marks if k == kind]
+        median = statistics.median(ms) if ms else 0.0
+        return f"{len(ms)} {kind} {sum(ms):6.1f} (median {median:5.2f})"
 
-    starts, ends = at["start"], at["end"]
+    gaps = sum((b[1] - a[2]) * 1000 for a, b in itertools.pairwise(marks))
     return (
-        f"{len(starts)} batches; before the first {(starts[0] - began) * 1000:5.1f}; "
-        f"boundary reads {total(list(zip(starts, at['sent'], strict=False)))}; "
-        f"DELETEs and counts {total(list(zip(at['sent'], at['counted'], strict=False)))}; "
-        f"ledger and commit {total(list(zip(at['counted'], ends, strict=False)))}; "
-        f"gaps {total(list(zip(ends, starts[1:], strict=False)))}; "
-        f"after the last {(ended - ends[-1]) * 1000:5.1f} ms"
+        f"before the first {(marks[0][1] - began) * 1000:5.1f}; {total('boundary')}; "
+        f"{total('span')}; gaps {gaps:5.1f}; after the last {(ended - marks[-1][2]) * 1000:5.1f} ms"
     )
 
 
