@@ -8,6 +8,7 @@ from typing import Any
 
 from psycopg import sql
 
+from activities.engine.small_tables import SMALL_PAGES
 from activities.errors import BadPurgeTarget
 from activities.registry import PurgeTarget
 from activities.spread_steps import EXPAND_PAGE, PatternPage, PatternStep
@@ -16,19 +17,30 @@ from purge_config.specs import TargetSpec
 
 #: Ordinary and partitioned tables, never a partition (its parent's target sweeps it), in a
 #: schema that is no catalog, TOAST or temporary one, and that the role may see.
+#: With each, whether it is small as `small_tables` tells a table it sweeps in one statement (its
+#: heap's size exact, from its file), for the page's rows alone: one file's size a table.
+#: Foreign keys in one hashed set, not a scan of pg_constraint per table.
 _CANDIDATES = sql.SQL("""
-SELECT n.nspname, c.relname
-FROM pg_catalog.pg_class c
-JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
-  AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
-  AND c.relname ~ %(table_re)s
-  AND {where_schema}
-  AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
-  AND pg_catalog.has_table_privilege(c.oid, 'SELECT')
-  AND {after}
-ORDER BY {order}
-LIMIT %(limit)s
+SELECT m.nspname, m.relname,
+  m.relkind = 'r' AND NOT m.relhassubclass AND NOT m.relhasrules
+  AND pg_catalog.pg_relation_size(m.oid)
+    <= %(small_pages)s * pg_catalog.current_setting('block_size')::int
+  AND m.oid NOT IN (SELECT f.confrelid FROM pg_catalog.pg_constraint f WHERE f.contype = 'f')
+FROM (
+  SELECT c.oid, n.nspname, c.relname, c.relkind, c.relhassubclass, c.relhasrules
+  FROM pg_catalog.pg_class c
+  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+    AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
+    AND c.relname ~ %(table_re)s
+    AND {where_schema}
+    AND pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+    AND pg_catalog.has_table_privilege(c.oid, 'SELECT')
+    AND {after}
+  ORDER BY {order}
+  LIMIT %(limit)s
+) m
+ORDER BY {outer_order}
 """)
 
 #: Hash joins for the matches' read, local to its transaction. On catalog statistics older
@@ -105,15 +117,16 @@ class PatternTargets:
             rows = await cur.fetchall()
         more = len(rows) > min(step.limit, EXPAND_PAGE)
         rows = rows[: min(step.limit, EXPAND_PAGE)]
-        matches = []
-        for schema, table in rows:
+        matches, small = [], []
+        for schema, table, is_small in rows:
             # A second check in Python of what the catalog matched (and never a system schema).
             match = pattern.match(schema if by_schema else None, table)
             if match is None:
                 continue
             matches.append(f"{spec.name}@{pattern.suffix(match)}")
+            small.append(bool(is_small))
         last = [rows[-1][0], rows[-1][1]] if rows else []
-        return PatternPage(name=step.name, matches=matches, last=last, more=more)
+        return PatternPage(name=step.name, matches=matches, last=last, more=more, small=small)
 
     async def gone(self, name: str) -> bool:
         """Whether `name` is a match of a pattern here whose table has been dropped since."""
@@ -136,14 +149,17 @@ def candidates(pattern: TablePattern, step: PatternStep) -> tuple[sql.Composed, 
         "table_re": pattern.table_regex,
         "schema_re": pattern.schema_regex,
         "limit": min(step.limit, EXPAND_PAGE) + 1,
+        "small_pages": SMALL_PAGES,
     }
     if by_schema:
         where_schema = sql.SQL("n.nspname ~ %(schema_re)s")
         order = sql.SQL("n.nspname, c.relname")
+        outer_order = sql.SQL("m.nspname, m.relname")
     else:
         # Unqualified: the tables the search path finds, as an unqualified name would.
         where_schema = sql.SQL("pg_catalog.pg_table_is_visible(c.oid)")
         order = sql.SQL("c.relname")
+        outer_order = sql.SQL("m.relname")
     after = sql.SQL("true")
     if step.after:
         # `name` sorts in "C" order: the keyset continues exactly where the page ended.
@@ -153,5 +169,7 @@ def candidates(pattern: TablePattern, step: PatternStep) -> tuple[sql.Composed, 
         else:
             after = sql.SQL("c.relname > %(after_table)s")
             params["after_table"] = step.after[-1]
-    query = _CANDIDATES.format(where_schema=where_schema, after=after, order=order)
+    query = _CANDIDATES.format(
+        where_schema=where_schema, after=after, order=order, outer_order=outer_order
+    )
     return query, params

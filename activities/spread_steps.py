@@ -54,6 +54,12 @@ class PatternPage:
     it from (the pattern's database's): a child sweeping the matches may then run there, its
     activities dispatched eagerly with its workflow tasks. False from a worker that does not
     (one of an older release), whose page leaves the child on the pass's queue."""
+    small: list[bool] = field(default_factory=list)
+    """For each of `matches`, whether the catalog showed its table small when the page was read
+    (`activities.engine.small_tables.SMALL_PAGES` heap pages at most, a plain table, with no
+    inheritance child or rule, that no foreign key references): one statement sweeps it, and
+    the pass runs such tables beside each other (`workflows.spread`). Empty from a worker of an
+    older release: none is taken for small."""
 
 
 @dataclass
