@@ -58,6 +58,8 @@ class Shape:
     workflow_type: str
     child_queues: list[str] = field(default_factory=list)
     """The task queue each child was started on, in order."""
+    child_inputs: list[dict[str, Any]] = field(default_factory=list)
+    """The input of each child, in the order they were started."""
 
 
 def shape_of(path: Path) -> Shape:
@@ -66,11 +68,13 @@ def shape_of(path: Path) -> Shape:
         events[0].workflow_execution_started_event_attributes.input.payloads
     )
     scheduled, activity_types, activity_queues, activity_failures = [], [], [], []
-    child_queues = [
-        e.start_child_workflow_execution_initiated_event_attributes.task_queue.name
+    children = [
+        e.start_child_workflow_execution_initiated_event_attributes
         for e in events
         if e.HasField("start_child_workflow_execution_initiated_event_attributes")
     ]
+    child_queues = [child.task_queue.name for child in children]
+    child_inputs = [CONVERTER.from_payloads(child.input.payloads)[0] for child in children]
     result, failure = None, None
     for e in events:
         if e.HasField("activity_task_scheduled_event_attributes"):
@@ -101,6 +105,7 @@ def shape_of(path: Path) -> Shape:
         activity_queues,
         workflow_type,
         child_queues,
+        child_inputs,
     )
 
 
@@ -203,6 +208,18 @@ def is_spread_routed(shape: Shape) -> None:
     assert shape.events.count("MARKER_RECORDED") >= 2
 
 
+def is_spread_small(shape: Shape) -> None:
+    """A spread pass at the default limits whose pattern's matches the catalog showed small:
+    the listed target in a child of its own sweeping one at a time, the matches in one
+    sweeping `max_concurrent` at once (the small-tables-together marker)."""
+    is_spread(shape)
+    assert shape.events.count("MARKER_RECORDED") >= 2
+    first, small = shape.child_inputs
+    assert (first["targets"], first["concurrency"]) == (["x_idempotency"], 1)
+    assert small["concurrency"] == shape.request["max_concurrent"] > 1
+    assert all(name.startswith("sessions@") for name in small["targets"])
+
+
 def is_chunk(shape: Shape) -> None:
     """A child's run that swept its share and continued as new with the rest."""
     assert shape.workflow_type == "PurgeChunk"
@@ -246,6 +263,7 @@ SHAPES: dict[str, Callable[[Shape], None]] = {
     "routed": is_routed,
     "spread": is_spread,
     "spread-routed": is_spread_routed,
+    "spread-small": is_spread_small,
     "chunk": is_chunk,
     "spread-duplicate": is_spread_duplicate,
     "concurrent": is_concurrent,

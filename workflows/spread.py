@@ -5,7 +5,9 @@ database, refuses repeated names again (a match may take an explicit target's na
 then starts children: each some targets of one database (`workflows.chunk`), all measuring
 against the pass's instant and ending by the pass's deadline. At most one child runs per
 database, so `max_per_database` holds inside each child; children of different databases run
-side by side while their targets at once stay within `max_concurrent`.
+side by side while their targets at once stay within `max_concurrent`. A pattern's matches the
+catalog showed small (one statement each) go to children of their own, which sweep up to
+`max_concurrent` of them at once even on one database.
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ CHUNK_ON_QUEUE = "chunk-on-database-queue"
 #: How long past the pass's deadline a child on its database's queue may run: its targets'
 #: sweeps end at the deadline (their budget), then write their counts and report.
 CHUNK_GRACE = timedelta(minutes=30)
+#: The patch under which a pattern's small matches go to children of their own that sweep
+#: `max_concurrent` of them at once (`_chunks`); histories from before it replay with every
+#: match at `max_per_database`.
+SMALL_TOGETHER = "small-tables-together"
 
 
 def spreads(order: PurgeInput) -> bool:
@@ -70,6 +76,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
     # The routed queues whose workers run children too, as the workers that read a pattern's
     # matches there said (`PatternPage.runs_chunks`).
     chunk_queues: set[str] = set()
+    small: set[str] = set()  # matches the catalog showed small
     for name in order.targets:
         if name in patterns:
             route = order.route_of(name)
@@ -80,6 +87,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
                 if found.runs_chunks and route is not None:
                     chunk_queues.add(route.queue)
                 entries += found.names
+                small |= found.small
             else:
                 entries.append(found)
         else:
@@ -95,7 +103,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
         if isinstance(entry, FailedTarget):
             report.add(-1, entry, patterns)
 
-    chunks = _chunks(order, names, now_ms)
+    chunks = _chunks(order, names, now_ms, small)
     children = await _run_children(order, chunks, report, chunk_queues)
     return _finish(order, now_ms, report, children)
 
@@ -107,6 +115,8 @@ class Matches:
 
     names: list[str] = field(default_factory=list)
     runs_chunks: bool = True
+    small: set[str] = field(default_factory=set)
+    """The matches its pages showed small (`PatternPage.small`)."""
 
 
 async def _matches(name: str, now_ms: int, route: Route | None) -> Matches | FailedTarget:
@@ -129,45 +139,57 @@ async def _matches(name: str, now_ms: int, route: Route | None) -> Matches | Fai
             return FailedTarget(name=name, type=failure.type, message=failure.message)
         found.names += page.matches
         found.runs_chunks = found.runs_chunks and page.runs_chunks
+        found.small.update(m for m, small in zip(page.matches, page.small, strict=False) if small)
         if not page.more:
             return found
         after = page.last
 
 
-def _chunks(order: PurgeInput, names: list[str], now_ms: int) -> dict[str, list[ChunkInput]]:
-    """Each database's children, in the order the databases first appear in the pass."""
+def _chunks(
+    order: PurgeInput, names: list[str], now_ms: int, small: set[str]
+) -> dict[str, list[ChunkInput]]:
+    """Each database's children, in the order the databases first appear in the pass.
+
+    A database's `small` matches (the catalog showed each small: one statement of a few
+    milliseconds sweeps it) go to children of their own after its other targets' children,
+    sweeping up to `max_concurrent` at once: `max_per_database` bounds the sweeps that hold a
+    database for seconds, and at its default of 1 it left a pattern of small tables one at a
+    time, 50 ms a table (docs/decisions/spread-passes.md)."""
     patterns = set(order.patterns)
 
     def database_of(name: str) -> str:
         base = name.rpartition("@")[0]
         return order.database_of(base if base in patterns else name)
 
-    by_database: dict[str, list[str]] = {}
+    together = bool(small) and workflow.patched(SMALL_TOGETHER)
+    by_database: dict[str, list[list[str]]] = {}
     for name in names:
-        by_database.setdefault(database_of(name), []).append(name)
+        shares = by_database.setdefault(database_of(name), [[], []])
+        shares[together and name in small].append(name)
     most, per_database = _limits(order)
     budget_ms = order.budget_ms or MAX_BUDGET_MS
     size = order.child_size or DEFAULT_CHILD_SIZE
     chunks: dict[str, list[ChunkInput]] = {}
     first = 0
-    for database, targets in by_database.items():
-        for start in range(0, len(targets), size):
-            share = targets[start : start + size]
-            chunks.setdefault(database, []).append(
-                ChunkInput(
-                    targets=share,
-                    now_ms=now_ms,
-                    deadline_ms=now_ms + budget_ms,
-                    budget_ms=budget_ms,
-                    concurrency=min(most, per_database),
-                    dry_run=order.dry_run,
-                    patterns=list(order.patterns),
-                    run_size=order.run_size or DEFAULT_RUN_SIZE,
-                    first=first,
-                    route=order.route_for(database),
+    for database, (others, smalls) in by_database.items():
+        for targets, concurrency in ((others, min(most, per_database)), (smalls, most)):
+            for start in range(0, len(targets), size):
+                share = targets[start : start + size]
+                chunks.setdefault(database, []).append(
+                    ChunkInput(
+                        targets=share,
+                        now_ms=now_ms,
+                        deadline_ms=now_ms + budget_ms,
+                        budget_ms=budget_ms,
+                        concurrency=concurrency,
+                        dry_run=order.dry_run,
+                        patterns=list(order.patterns),
+                        run_size=order.run_size or DEFAULT_RUN_SIZE,
+                        first=first,
+                        route=order.route_for(database),
+                    )
                 )
-            )
-            first += len(share)
+                first += len(share)
     return chunks
 
 

@@ -109,8 +109,20 @@ SCENARIOS["v6"] = {
         "budget_ms": 600_000,
     },
 }
+# v7: a spread pass at the default limits (4 at once, 1 a database) whose pattern's matches
+# are all small (the small-tables-together patch): the listed target's child sweeps one at a
+# time, the small matches' child four at once.
+SCENARIOS["v7"] = {
+    "spread-small": {
+        "targets": ["x_idempotency", "sessions"],
+        "patterns": ["sessions"],
+        "max_concurrent": 4,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+}
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
-PATTERNED = {"v3", "v6"}
+PATTERNED = {"v3", "v6", "v7"}
 
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).

@@ -1,0 +1,202 @@
+"""A pattern's small tables swept beside each other (issue 37): the catalog read of its matches
+says which are small (one statement sweeps each), and the pass gives those children of their
+own that sweep `max_concurrent` at once, where `max_per_database` (1 by default) kept every
+match one at a time. A large match still sweeps alone. Real Temporal, real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.worker import Worker
+
+from activities.builtin_kinds import build_registry
+from activities.engine.small_tables import SMALL_PAGES
+from activities.spread_steps import PatternPage, PatternStep
+from activities.sweep import PurgeActivities
+from purge_config.file import PurgeConfig, parse_config
+from purge_ops.runner import new_worker
+from tests.conftest import Harness
+from tests.support.activity import activity_env
+from tests.support.history import child_runs, events
+from tests.support.passes import run_pass
+from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
+
+SMALL = 6
+#: Live rows that fill a table past SMALL_PAGES (about 200 bytes a row, 40 rows a page).
+LARGE_ROWS = SMALL_PAGES * 40 * 2
+
+
+def config(prefix: str, **limits: int) -> PurgeConfig:
+    return parse_config(
+        {
+            "pass": limits or {"max_concurrent": 4, "max_per_database": 1},
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                }
+            ],
+        }
+    )
+
+
+def make_large(conn: psycopg.Connection[Any], schema: str, now_ms: int) -> None:
+    """Tenant `schema`'s sessions grown past SMALL_PAGES with live rows (padded)."""
+    conn.execute(f"ALTER TABLE {schema}.sessions ADD COLUMN pad text")
+    conn.execute(
+        f"INSERT INTO {schema}.sessions (expires_at, pad)"
+        f" SELECT %s, repeat('x', 180) FROM generate_series(1, {LARGE_ROWS})",
+        (now_ms + HOUR_MS,),
+    )
+
+
+async def small_flags(harness: Harness, prefix: str) -> dict[str, bool]:
+    cfg = harness.adopt(config(prefix))
+    activities = PurgeActivities(build_registry(cfg, harness.pool))
+    page = await activity_env().run(
+        activities.expand_pattern, PatternStep(name="sessions", now_ms=harness.now_ms)
+    )
+    return dict(zip(page.matches, page.small, strict=True))
+
+
+async def test_the_page_of_matches_says_which_tables_are_small(
+    pg_url: str, harness: Harness
+) -> None:
+    """Small: a plain table of at most SMALL_PAGES heap pages. Not small: one past that, one a
+    foreign key references (its deletes reach another table), one with an inheritance child,
+    a partitioned one."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        make_large(conn, f"{prefix}_0001", harness.now_ms)
+        conn.execute(
+            f"CREATE TABLE {prefix}_0002.logins"
+            f" (id bigint PRIMARY KEY, session bigint REFERENCES {prefix}_0002.sessions)"
+        )
+        conn.execute(f"CREATE SCHEMA {prefix}_0003")
+        conn.execute(f"CREATE TABLE {prefix}_0003.sessions (id bigint, expires_at bigint)")
+        conn.execute(
+            f"CREATE TABLE {prefix}_0003.old_sessions () INHERITS ({prefix}_0003.sessions)"
+        )
+        conn.execute(f"CREATE SCHEMA {prefix}_0004")
+        conn.execute(
+            f"CREATE TABLE {prefix}_0004.sessions (id bigint, expires_at bigint)"
+            " PARTITION BY RANGE (expires_at)"
+        )
+
+        flags = await small_flags(harness, prefix)
+
+    assert flags == {
+        f"sessions@{prefix}_0000": True,
+        f"sessions@{prefix}_0001": False,
+        f"sessions@{prefix}_0002": False,
+        f"sessions@{prefix}_0003": False,
+        f"sessions@{prefix}_0004": False,
+    }
+
+
+async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple[int, int]]:
+    """For each child run: (activities it scheduled before any completed, activities in all)."""
+    runs = await child_runs(harness.client, await events(harness.client, workflow_id))
+    found = []
+    for history in (h for r in runs.values() for h in r):
+        kinds = [e.event_type for e in history]
+        ahead = 0
+        for kind in kinds:
+            if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                break
+            ahead += kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        found.append((ahead, kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)))
+    return found
+
+
+async def test_small_matches_sweep_max_concurrent_at_once_and_a_large_one_alone(
+    pg_url: str, harness: Harness
+) -> None:
+    """At the default limits (4 at once, 1 a database): the large match's child schedules one
+    sweep at a time; the small matches' child schedules four before the first completes. Every
+    expired row gone, every live one kept."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(SMALL + 1), harness.now_ms)
+        make_large(conn, f"{prefix}_0003", harness.now_ms)
+        cfg = harness.adopt(config(prefix))
+        workflow_id = f"purge-small-{uuid.uuid4()}"
+        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            result = await run_pass(
+                harness.client, harness.task_queue, cfg.pass_input(), workflow_id
+            )
+        children = await first_task_schedules(harness, workflow_id)
+
+        assert result["statuses"] == {"ok": SMALL + 1}
+        left = counts(conn, prefix, harness.now_ms)
+    assert children == [(1, 1), (4, SMALL)]
+    assert {expired for expired, _ in left.values()} == {0}
+    assert sorted(live for _, live in left.values()) == [2] * SMALL + [2 + LARGE_ROWS]
+
+
+async def test_a_pass_without_limits_still_sweeps_small_matches_one_at_a_time(
+    pg_url: str, harness: Harness
+) -> None:
+    """An input without limits (as the `temporal` CLI sends one) sweeps one target at a time:
+    small matches too."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        cfg = harness.adopt(config(prefix))
+        workflow_id = f"purge-small-{uuid.uuid4()}"
+        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            limits = ("max_concurrent", "max_per_database", "budget_ms")
+            request = {k: v for k, v in cfg.pass_input().items() if k not in limits}
+            result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
+        children = await first_task_schedules(harness, workflow_id)
+
+    assert result["statuses"] == {"ok": 3}
+    assert children == [(1, 3)]
+
+
+class OlderActivities(PurgeActivities):
+    """As a release before this one reads a pattern's matches: nothing of their size."""
+
+    @activity.defn(name="expand_pattern")
+    async def expand_pattern(self, step: PatternStep) -> PatternPage:
+        page = await super().expand_pattern(step)
+        page.small = []
+        return page
+
+
+async def test_matches_read_by_an_older_worker_sweep_at_max_per_database(
+    pg_url: str, harness: Harness
+) -> None:
+    """The workers next to the database are of an earlier release: their pages say nothing of
+    size, and the matches sweep one at a time at the default limits, as before. The pass
+    completes, every row as it should be."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        cfg = harness.adopt(config(prefix))
+        assert cfg.own_queue is not None
+        registry = build_registry(cfg, harness.pool)
+        older = OlderActivities(registry)
+        workflow_id = f"purge-small-{uuid.uuid4()}"
+        older_worker = Worker(
+            harness.client,
+            task_queue=cfg.own_queue,
+            activities=[older.purge_target, older.expand_pattern],
+        )
+        async with new_worker(harness.client, registry, harness.task_queue), older_worker:
+            result = await run_pass(
+                harness.client, harness.task_queue, cfg.pass_input(), workflow_id
+            )
+        children = await first_task_schedules(harness, workflow_id)
+        left = counts(conn, prefix, harness.now_ms)
+
+    assert result["statuses"] == {"ok": 3}
+    assert children == [(1, 3)]
+    assert set(left.values()) == {(0, 2)}
