@@ -804,8 +804,9 @@ def tenants_lines(result: TenantsResult) -> list[str]:
                 f" measure: {1000 * worker_s / history.activities:.1f} ms each,"
                 f" {worker_s / seconds:.1f} in flight on average)"
             )
-            if form == "defaults":
-                # One target at a time: what is not an activity is Temporal's (and the spread's).
+            if worker_s <= seconds * 1.1:
+                # About one target at a time (the defaults before small matches swept together):
+                # what is not an activity is Temporal's (and the spread's).
                 rest = seconds - worker_s
                 line += (
                     f"; Temporal's share {rest:.1f} s = {100 * rest / seconds:.0f}%"
