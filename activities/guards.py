@@ -7,11 +7,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 
 from activities.clock import iso_ms
 from activities.errors import PurgeGuardRefused
-from activities.pass_records import pass_of, pass_record, purge_query
+from activities.pass_records import current, pass_of, pass_record, purge_query
 from purge_config.settings import Guards
 
 #: How many earlier passes to look through for the last one that recorded an instant.
@@ -89,11 +89,19 @@ async def previous_pass_instant(
     client: Client, task_queue: str, run_id: str
 ) -> tuple[str, int] | None:
     """The id and `now_ms` of the most recent finished pass on `task_queue` other than the run
-    `run_id`, if any recorded one."""
-    query = purge_query(task_queue, status="!Running")
-    async for execution in client.list_workflows(query, limit=PREVIOUS_PASSES_LOOKED_AT):
+    `run_id`, if any recorded one.
+
+    Running passes are listed too, and each asked whether it still runs (`current`): the pass
+    that closed a moment ago may still be listed as running, and passed over it would leave
+    an older pass to compare with (or none)."""
+    async for listed in client.list_workflows(
+        purge_query(task_queue), limit=PREVIOUS_PASSES_LOOKED_AT
+    ):
         # By run, not id: passes started by `sweep` all share one id.
-        if execution.run_id == run_id:
+        if listed.run_id == run_id:
+            continue
+        execution = await current(client, listed)
+        if execution.status == WorkflowExecutionStatus.RUNNING:
             continue
         record = await pass_record(client, execution)
         if record.report is not None and record.report.now_ms:

@@ -75,6 +75,15 @@ class PassRecord:
     error: str = ""
 
 
+async def current(client: Client, execution: WorkflowExecution) -> WorkflowExecution:
+    """`execution` as it stands now. Visibility lags the history (seconds on a loaded
+    cluster): a pass it lists as running may have closed a moment ago, and its own
+    description says so. Any other status is final and taken as listed."""
+    if execution.status != WorkflowExecutionStatus.RUNNING:
+        return execution
+    return await client.get_workflow_handle(execution.id, run_id=execution.run_id).describe()
+
+
 async def pass_record(client: Client, execution: WorkflowExecution) -> PassRecord:
     """The record of `execution`; empty for a pass still running, terminated or timed out."""
     handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)

@@ -26,7 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from activities.errors import failure_of
-from activities.pass_records import pass_record, purge_query
+from activities.pass_records import current, pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
 from purge_config.schedules import ScheduleConfig
 from purge_ops.namespace_check import start_attributes
@@ -203,11 +203,9 @@ async def recent_passes(client: Client, task_queue: str, last: int) -> list[Pass
 
 
 async def summarize(client: Client, execution: WorkflowExecution) -> PassSummary:
-    """`execution` as `report` shows it. Visibility lags the history (most under load): a pass
-    listed as running may have closed a moment ago, and its own description says so."""
-    if execution.status == WorkflowExecutionStatus.RUNNING:
-        handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        execution = await handle.describe()
+    """`execution` as `report` shows it: its status as it stands now (`current`), not as a
+    lagging visibility store may still list it."""
+    execution = await current(client, execution)
     seconds = (
         (execution.close_time - execution.start_time).total_seconds()
         if execution.close_time

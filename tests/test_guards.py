@@ -5,6 +5,7 @@ every queue; a guard with nothing to compare with says so in the report and the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -17,10 +18,12 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
+from temporalio.client import WorkflowExecution, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
 from activities.clock import iso_ms
+from activities.guards import previous_pass_instant
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport
@@ -31,7 +34,7 @@ from purge_ops.runner import activity_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
 
@@ -149,6 +152,39 @@ async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_p
     assert "is 6:00:00.001000 after the previous pass's" in ahead.value.message
     assert "more than its max_clock_jump 6:00:00" in ahead.value.message
     assert within.removed == 3
+
+
+async def test_clock_guard_compares_with_a_pass_visibility_still_lists_as_running(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Visibility lags the history: the pass that closed a moment ago may still be listed as
+    running (and left out of a search for closed passes). The guard asks the pass itself, and
+    compares with it, not with the pass before. The lag is played by the listing alone: every
+    other read is the server's."""
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        older = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
+        newest_id = f"purge-newest-{uuid.uuid4()}"
+        newest = await run_pass(
+            harness.client, harness.task_queue, {"targets": ["x_idempotency"]}, newest_id
+        )
+    closed = f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"'
+    [lagging_run] = [w.run_id for w in await listed(harness.client, closed, 2) if w.id == newest_id]
+    real_list = harness.client.list_workflows
+
+    async def lagging(query: str, limit: int | None = None) -> AsyncIterator[WorkflowExecution]:
+        async for execution in real_list(query, limit=limit):
+            if execution.run_id != lagging_run:
+                yield execution
+            elif 'ExecutionStatus != "Running"' not in query:
+                yield dataclasses.replace(
+                    execution, status=WorkflowExecutionStatus.RUNNING, close_time=None
+                )
+
+    monkeypatch.setattr(harness.client, "list_workflows", lagging)
+    found = await previous_pass_instant(harness.client, harness.task_queue, run_id="another")
+
+    assert found is not None
+    assert found[1] == newest["now_ms"] != older["now_ms"]
 
 
 async def test_clock_guard_passes_the_first_pass_on_a_queue_and_says_it_did_not_check(
