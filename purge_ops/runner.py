@@ -31,6 +31,7 @@ from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
 from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
+from workflows.spread import SMALL_AT_ONCE
 
 log = logging.getLogger("purge.worker")
 
@@ -168,9 +169,9 @@ async def _pools(
 ) -> AsyncIterator[tuple[AsyncConnectionPool[Any] | None, dict[str, LazyPool]]]:
     """The default database's pool (opened now, waiting up to `database_wait`) and the named
     databases' (each opened on first use), all closed on the way out."""
-    # A connection for each sweep `max_per_database` lets run at once on a database (four
-    # at least, for the guards' and probes' reads beside them).
-    size = max(4, config.limits.max_per_database)
+    # A connection for each sweep `max_per_database` lets run at once on a database, and four
+    # at least: a pattern's small matches sweep that many at once (`workflows.spread`).
+    size = max(SMALL_AT_ONCE, config.limits.max_per_database)
     wait = config.database_wait_ms / 1000
     pool = await open_pool(url, wait_seconds=wait, max_size=size) if url else None
     named = lazy_pools(config.databases, max_size=size)

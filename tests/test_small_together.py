@@ -1,7 +1,8 @@
 """A pattern's small tables swept beside each other (issue 37): the catalog read of its matches
 says which are small (one statement sweeps each), and the pass gives those children of their
-own that sweep `max_concurrent` at once, where `max_per_database` (1 by default) kept every
-match one at a time. A large match still sweeps alone. Real Temporal, real PostgreSQL."""
+own that sweep four at once on one database (within `max_concurrent`), where
+`max_per_database` (1 by default) kept every match one at a time. A large match still sweeps
+alone. Real Temporal, real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
@@ -116,27 +118,40 @@ async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple
     return found
 
 
-async def test_small_matches_sweep_max_concurrent_at_once_and_a_large_one_alone(
-    pg_url: str, harness: Harness
+@pytest.mark.parametrize(
+    ("limits", "children"),
+    [
+        # The defaults: the large match one at a time, the small ones four at once.
+        ((4, 1), [(1, 1), (4, SMALL)]),
+        # Four at once on one database where max_per_database is lower: the pool's floor.
+        ((8, 1), [(1, 1), (4, SMALL)]),
+        ((2, 1), [(1, 1), (2, SMALL)]),  # never more than max_concurrent
+        ((8, 8), [(1, 1), (SMALL, SMALL)]),  # max_per_database, when higher
+    ],
+    ids=["defaults", "8-1", "2-1", "8-8"],
+)
+async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_database(
+    pg_url: str, harness: Harness, limits: tuple[int, int], children: list[tuple[int, int]]
 ) -> None:
-    """At the default limits (4 at once, 1 a database): the large match's child schedules one
-    sweep at a time; the small matches' child schedules four before the first completes. Every
+    """The large match's child schedules one sweep at a time (`max_per_database`, 1 in most of
+    these); the small matches' child schedules several before the first completes. Every
     expired row gone, every live one kept."""
     prefix = tenant_prefix()
+    most, per_database = limits
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(SMALL + 1), harness.now_ms)
         make_large(conn, f"{prefix}_0003", harness.now_ms)
-        cfg = harness.adopt(config(prefix))
+        cfg = harness.adopt(config(prefix, max_concurrent=most, max_per_database=per_database))
         workflow_id = f"purge-small-{uuid.uuid4()}"
         async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
             result = await run_pass(
                 harness.client, harness.task_queue, cfg.pass_input(), workflow_id
             )
-        children = await first_task_schedules(harness, workflow_id)
+        scheduled = await first_task_schedules(harness, workflow_id)
 
         assert result["statuses"] == {"ok": SMALL + 1}
         left = counts(conn, prefix, harness.now_ms)
-    assert children == [(1, 1), (4, SMALL)]
+    assert scheduled == children
     assert {expired for expired, _ in left.values()} == {0}
     assert sorted(live for _, live in left.values()) == [2] * SMALL + [2 + LARGE_ROWS]
 

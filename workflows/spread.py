@@ -7,7 +7,8 @@ against the pass's instant and ending by the pass's deadline. At most one child 
 database, so `max_per_database` holds inside each child; children of different databases run
 side by side while their targets at once stay within `max_concurrent`. A pattern's matches the
 catalog showed small (one statement each) go to children of their own, which sweep up to
-`max_concurrent` of them at once even on one database.
+SMALL_AT_ONCE of them at once on one database (within `max_concurrent`) where
+`max_per_database` is lower.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ CHUNK_GRACE = timedelta(minutes=30)
 #: `max_concurrent` of them at once (`_chunks`); histories from before it replay with every
 #: match at `max_per_database`.
 SMALL_TOGETHER = "small-tables-together"
+#: Small matches swept at once on one database where `max_per_database` is lower (within
+#: `max_concurrent`): the connections a worker's pool holds for each database at least
+#: (`purge_ops.runner._pools`), so they never queue for the pool behind one another.
+SMALL_AT_ONCE = 4
 
 
 def spreads(order: PurgeInput) -> bool:
@@ -152,9 +157,10 @@ def _chunks(
 
     A database's `small` matches (the catalog showed each small: one statement of a few
     milliseconds sweeps it) go to children of their own after its other targets' children,
-    sweeping up to `max_concurrent` at once: `max_per_database` bounds the sweeps that hold a
-    database for seconds, and at its default of 1 it left a pattern of small tables one at a
-    time, 50 ms a table (docs/decisions/spread-passes.md)."""
+    sweeping up to SMALL_AT_ONCE at once (or `max_per_database`, when higher; never more than
+    `max_concurrent`): `max_per_database` bounds the sweeps that hold a database for seconds,
+    and at its default of 1 it left a pattern of small tables one at a time, 50 ms a table
+    (docs/decisions/spread-passes.md)."""
     patterns = set(order.patterns)
 
     def database_of(name: str) -> str:
@@ -171,8 +177,9 @@ def _chunks(
     size = order.child_size or DEFAULT_CHILD_SIZE
     chunks: dict[str, list[ChunkInput]] = {}
     first = 0
+    together_at = min(most, max(per_database, SMALL_AT_ONCE))
     for database, (others, smalls) in by_database.items():
-        for targets, concurrency in ((others, min(most, per_database)), (smalls, most)):
+        for targets, concurrency in ((others, min(most, per_database)), (smalls, together_at)):
             for start in range(0, len(targets), size):
                 share = targets[start : start + size]
                 chunks.setdefault(database, []).append(
