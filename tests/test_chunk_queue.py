@@ -9,14 +9,12 @@ from __future__ import annotations
 import uuid
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.worker import Worker
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
-from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import child_runs, events
-from tests.support.passes import run_pass
+from tests.support.passes import run_pass, run_pass_beside_older
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 from tests.test_tenants import pattern_config
 
@@ -83,16 +81,10 @@ async def test_beside_an_older_worker_that_runs_no_children_they_stay_on_the_pas
         registry = build_registry(config, harness.pool)
         older = PurgeActivities(registry)  # as an older release builds them
         workflow_id = f"purge-chunkq-{uuid.uuid4()}"
-        older_worker = Worker(
-            harness.client,
-            task_queue=config.own_queue,
-            activities=[older.purge_target, older.expand_pattern],
+        result = await run_pass_beside_older(
+            harness.client, harness.task_queue, config, registry, older, workflow_id
         )
-        async with new_worker(harness.client, registry, harness.task_queue), older_worker:
-            result = await run_pass(
-                harness.client, harness.task_queue, config.pass_input(), workflow_id
-            )
-            started, scheduled = await queues(harness, workflow_id)
+        started, scheduled = await queues(harness, workflow_id)
 
         assert result["statuses"] == {"ok": TENANTS}
         assert all(expired == 0 for expired, _ in counts(conn, prefix, harness.now_ms).values())

@@ -13,18 +13,16 @@ import psycopg
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
-from temporalio.worker import Worker
 
 from activities.builtin_kinds import build_registry
 from activities.engine.small_tables import SMALL_PAGES
 from activities.spread_steps import PatternPage, PatternStep
 from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, parse_config
-from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import child_runs, events
-from tests.support.passes import run_pass
+from tests.support.passes import run_pass, run_pass_beside_older
 from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
 
 SMALL = 6
@@ -196,19 +194,12 @@ async def test_matches_read_by_an_older_worker_sweep_at_max_per_database(
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(3), harness.now_ms)
         cfg = harness.adopt(config(prefix))
-        assert cfg.own_queue is not None
         registry = build_registry(cfg, harness.pool)
-        older = OlderActivities(registry)
         workflow_id = f"purge-small-{uuid.uuid4()}"
-        older_worker = Worker(
-            harness.client,
-            task_queue=cfg.own_queue,
-            activities=[older.purge_target, older.expand_pattern],
+        older = OlderActivities(registry)
+        result = await run_pass_beside_older(
+            harness.client, harness.task_queue, cfg, registry, older, workflow_id
         )
-        async with new_worker(harness.client, registry, harness.task_queue), older_worker:
-            result = await run_pass(
-                harness.client, harness.task_queue, cfg.pass_input(), workflow_id
-            )
         children = await first_task_schedules(harness, workflow_id)
         left = counts(conn, prefix, harness.now_ms)
 

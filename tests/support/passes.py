@@ -10,6 +10,12 @@ from typing import Any
 import pytest
 from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
+from purge_config.file import PurgeConfig
+from purge_ops.runner import new_worker
 
 
 async def run_pass(
@@ -44,6 +50,25 @@ async def run_pass_beside(
     finally:
         stop.set()
         await running
+
+
+async def run_pass_beside_older(
+    client: Client,
+    task_queue: str,
+    config: PurgeConfig,
+    registry: TargetRegistry,
+    older: PurgeActivities,
+    workflow_id: str,
+) -> dict[str, Any]:
+    """`run_pass` of `config`'s pass, its workflows on a worker of this release and the
+    activities of its own queue on a worker of an older one: `older`'s, with no workflows (as a
+    release before `PurgeChunk` ran on every queue built it)."""
+    assert config.own_queue is not None
+    older_worker = Worker(
+        client, task_queue=config.own_queue, activities=[older.purge_target, older.expand_pattern]
+    )
+    async with new_worker(client, registry, task_queue), older_worker:
+        return await run_pass(client, task_queue, config.pass_input(), workflow_id)
 
 
 async def failed_pass(
