@@ -57,8 +57,8 @@ CHUNK_ON_QUEUE = "chunk-on-database-queue"
 #: sweeps end at the deadline (their budget), then write their counts and report.
 CHUNK_GRACE = timedelta(minutes=30)
 #: The patch under which a pattern's small matches go to children of their own that sweep
-#: `max_concurrent` of them at once (`_chunks`); histories from before it replay with every
-#: match at `max_per_database`.
+#: several of them at once (`_chunks`); histories from before it replay with every match at
+#: `max_per_database`.
 SMALL_TOGETHER = "small-tables-together"
 #: Small matches swept at once on one database where `max_per_database` is lower (within
 #: `max_concurrent`): the connections a worker's pool holds for each database at least
