@@ -21,7 +21,7 @@ from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, parse_config
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.history import child_runs, events
+from tests.support.history import child_runs, events, scheduled_targets
 from tests.support.passes import run_pass, run_pass_beside_older
 from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
 
@@ -124,7 +124,8 @@ async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple
         # Four at once on one database where max_per_database is lower: the pool's floor.
         ((8, 1), [(1, 1), (4, SMALL)]),
         ((2, 1), [(1, 1), (2, SMALL)]),  # never more than max_concurrent
-        ((8, 8), [(1, 1), (SMALL, SMALL)]),  # max_per_database, when higher
+        # max_per_database at four or above: no child of their own, one child as before.
+        ((8, 8), [(SMALL + 1, SMALL + 1)]),
     ],
     ids=["defaults", "8-1", "2-1", "8-8"],
 )
@@ -157,11 +158,13 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
 async def test_a_pass_without_limits_still_sweeps_small_matches_one_at_a_time(
     pg_url: str, harness: Harness
 ) -> None:
-    """An input without limits (as the `temporal` CLI sends one) sweeps one target at a time:
-    small matches too."""
+    """An input without limits (as the `temporal` CLI sends one) sweeps one target at a time,
+    small matches too, in one child and in input order: a large match among them keeps its
+    place."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(3), harness.now_ms)
+        make_large(conn, f"{prefix}_0001", harness.now_ms)
         cfg = harness.adopt(config(prefix))
         workflow_id = f"purge-small-{uuid.uuid4()}"
         async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
@@ -169,9 +172,14 @@ async def test_a_pass_without_limits_still_sweeps_small_matches_one_at_a_time(
             request = {k: v for k, v in cfg.pass_input().items() if k not in limits}
             result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
         children = await first_task_schedules(harness, workflow_id)
+        runs = await child_runs(harness.client, await events(harness.client, workflow_id))
 
     assert result["statuses"] == {"ok": 3}
     assert children == [(1, 3)]
+    [[history]] = runs.values()
+    assert scheduled_targets(harness.client, history) == [
+        f"sessions@{prefix}_{i:04d}" for i in range(3)
+    ]
 
 
 class OlderActivities(PurgeActivities):

@@ -157,29 +157,32 @@ def _chunks(
 
     A database's `small` matches (the catalog showed each small: one statement of a few
     milliseconds sweeps it) go to children of their own after its other targets' children,
-    sweeping up to SMALL_AT_ONCE at once (or `max_per_database`, when higher; never more than
-    `max_concurrent`): `max_per_database` bounds the sweeps that hold a database for seconds,
-    and at its default of 1 it left a pattern of small tables one at a time, 50 ms a table
-    (docs/decisions/spread-passes.md)."""
+    sweeping up to SMALL_AT_ONCE at once (never more than `max_concurrent`) where
+    `max_per_database` is lower: `max_per_database` bounds the sweeps that hold a database for
+    seconds, and at its default of 1 it left a pattern of small tables one at a time, 50 ms a
+    table (docs/decisions/spread-passes.md)."""
     patterns = set(order.patterns)
 
     def database_of(name: str) -> str:
         base = name.rpartition("@")[0]
         return order.database_of(base if base in patterns else name)
 
-    together = bool(small) and workflow.patched(SMALL_TOGETHER)
-    by_database: dict[str, list[list[str]]] = {}
-    for name in names:
-        shares = by_database.setdefault(database_of(name), [[], []])
-        shares[together and name in small].append(name)
     most, per_database = _limits(order)
+    alone_at, together_at = min(most, per_database), min(most, max(per_database, SMALL_AT_ONCE))
+    # Only where the small matches would sweep more at once than the rest: otherwise (a pass
+    # without limits, or max_per_database at SMALL_AT_ONCE or above) the children and their
+    # order stay as they were.
+    together = bool(small) and together_at > alone_at and workflow.patched(SMALL_TOGETHER)
+    by_database: dict[str, tuple[list[str], list[str]]] = {}
+    for name in names:
+        others, smalls = by_database.setdefault(database_of(name), ([], []))
+        (smalls if together and name in small else others).append(name)
     budget_ms = order.budget_ms or MAX_BUDGET_MS
     size = order.child_size or DEFAULT_CHILD_SIZE
     chunks: dict[str, list[ChunkInput]] = {}
     first = 0
-    together_at = min(most, max(per_database, SMALL_AT_ONCE))
     for database, (others, smalls) in by_database.items():
-        for targets, concurrency in ((others, min(most, per_database)), (smalls, together_at)):
+        for targets, concurrency in ((others, alone_at), (smalls, together_at)):
             for start in range(0, len(targets), size):
                 share = targets[start : start + size]
                 chunks.setdefault(database, []).append(
