@@ -13,7 +13,7 @@ from temporalio.api.enums.v1 import EventType
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
 from tests.conftest import Harness
-from tests.support.history import child_runs, events
+from tests.support.history import child_runs, events, scheduled_in
 from tests.support.passes import run_pass, run_pass_beside_older
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 from tests.test_tenants import pattern_config
@@ -31,13 +31,7 @@ async def queues(harness: Harness, workflow_id: str) -> tuple[list[str], list[st
         if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
     ]
     runs = await child_runs(harness.client, parent)
-    scheduled = [
-        e.activity_task_scheduled_event_attributes.task_queue.name
-        for r in runs.values()
-        for history in r
-        for e in history
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    scheduled = [attrs.task_queue.name for attrs in scheduled_in(runs)]
     return started, scheduled
 
 

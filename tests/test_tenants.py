@@ -18,7 +18,7 @@ from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from purge_config.file import PurgeConfig, load_config, parse_config
 from tests.conftest import Harness
-from tests.support.history import child_runs, events
+from tests.support.history import child_runs, events, scheduled_in
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main
 from tests.support.servers import RunningTemporal
@@ -108,13 +108,7 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
             runs = await child_runs(harness.client, parent)
             assert len(runs) == 3 == len(result["children"])
             assert [len(r) for r in runs.values()] == [3, 3, 2]
-            swept = [
-                e.activity_task_scheduled_event_attributes.activity_type.name
-                for r in runs.values()
-                for history in r
-                for e in history
-                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-            ]
+            swept = [attrs.activity_type.name for attrs in scheduled_in(runs)]
             assert swept == ["purge_target"] * tenants
 
             # A tenant created since is matched by the next pass's own expansion.

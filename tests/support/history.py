@@ -91,3 +91,15 @@ async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list
                 attrs = last.workflow_execution_continued_as_new_event_attributes
                 run_id = attrs.new_execution_run_id
     return runs
+
+
+def scheduled_in(runs: dict[str, list[list[Any]]]) -> list[Any]:
+    """The attributes of every ActivityTaskScheduled in `runs` (`child_runs`), child by child,
+    run by run, in order."""
+    return [
+        e.activity_task_scheduled_event_attributes
+        for child in runs.values()
+        for history in child
+        for e in history
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]
