@@ -280,11 +280,11 @@ async def test_keyset_batches_of_every_size_run_prepared_statements_by_their_gen
 
     assert (stats.strategy, stats.removed) == ("index", 6_000)
     assert len(set(sizes)) >= 3, sizes  # the batches did differ in size
-    bounds = [row for row in prepared if "OFFSET" in row[0]]
+    # The boundary reads: not the catalog's reads, also prepared (one has an OFFSET 0).
+    bounds = [row for row in prepared if re.search(r"OFFSET \$\d+ LIMIT 1", row[0])]
     deletes = [row for row in prepared if row[0].startswith("DELETE")]
     # The first batch's (from the least key) and the others' (from where the last stopped).
     assert len(bounds) == 2, prepared
-    assert all(re.search(r"OFFSET \$\d+ LIMIT 1", text) for text, _, _ in bounds), bounds
     assert sum(generic for _, generic, _ in bounds) == stats.batches, bounds
     assert deletes, prepared
     assert all(custom == 0 for _, _, custom in bounds + deletes), prepared

@@ -16,10 +16,10 @@ from activities.engine.batch_sql import local_timeouts
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
-from activities.engine.planning import TablePlan, plan_table
+from activities.engine.planning import TablePlan, planned
 from activities.engine.rules import Predicate, Rule, ident
-from activities.engine.table_facts import unindexed_children
-from activities.engine.units import check_unit
+from activities.engine.table_facts import FactReads, unindexed_children
+from activities.engine.units import UnitCheck, check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
 
 
@@ -62,10 +62,26 @@ class TableAccess:
     ) -> tuple[Predicate, TablePlan]:
         """The rule bound to its table, and the table's plan for this pass (with the advice
         its unindexed child tables call for, or SweepRefused if they are refused)."""
-        async with conn.transaction():
-            await self.set_timeouts(conn, self.settings.statement_timeout_ms)
-            pred = await self.bind(conn, rule, now_ms)
-            plan = await plan_table(conn, pred)
+        # One implicit transaction, up to the pipeline's Sync, its timeouts queued with the
+        # rule's first read: the unit check and the catalog's reads go in one round trip after
+        # the rule's (most rules: three round trips, where a BEGIN and each read were one).
+        # Generic plans: the catalog's reads are prepared, and planning them each time cost
+        # more than running them (pg_stats is a view of many joins). EXPLAIN still plans the
+        # rule with its values.
+        async with conn.pipeline():
+            await conn.execute(
+                local_timeouts(generic=True),
+                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
+            )
+            pred = await rule.bind(conn, now_ms)
+            units = [
+                await UnitCheck.send(conn, pred.epoch_table or pred.table, column, unit)
+                for column, unit in pred.epoch_columns
+            ]
+            reads = await FactReads.send(conn, pred)
+            for check in units:
+                await check.judge(conn)
+            plan = planned(pred, await reads.facts(conn))
             # Only a table a foreign key references has child tables to read (most have none:
             # one catalog read fewer before their first batch).
             children = await unindexed_children(conn, pred) if plan.referenced else ""
@@ -90,7 +106,7 @@ class TableAccess:
             # transaction. The lock is the session's: it outlives that transaction.
             async with conn.pipeline():
                 await conn.execute(
-                    local_timeouts(),
+                    local_timeouts(generic=True),
                     (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),
                 )
                 await conn.execute(lock_table(), rel)

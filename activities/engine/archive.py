@@ -52,14 +52,15 @@ async def bind_archive(
     """The archive of `source`, checked; BadTable (or MissingRights) naming what does not fit."""
     names = {"src": source_rel.as_string(conn), "arc": archive_rel.as_string(conn)}
     try:
+        # The fetch inside too: in a pipeline (`TableAccess.prepare`) the error comes with it.
         cur = await conn.execute(catalog.archive_target(), names)
+        row = await cur.fetchone()
     except errors.InsufficientPrivilege as err:
         # A schema this role may not use: to_regclass() raises rather than saying NULL.
         raise MissingRights(
             f"archive {archive} of {source}: {str(err).strip()}; the worker's role needs "
             f"USAGE on schema {archive.schema} and INSERT on {archive}; nothing was deleted"
         ) from err
-    row = await cur.fetchone()
     assert row is not None
     source_oid, archive_oid, relkind, may_insert, role = row
     if archive_oid is None:

@@ -102,7 +102,12 @@ class TablePlan:
 async def plan_table(conn: AsyncConnection[Any], pred: Predicate) -> TablePlan:
     """Read what the catalog and the planner say of the table, and choose its plan (with the
     advice binding its rule gave, such as the index a related table needs)."""
-    plan = choose_plan(await read_table_facts(conn, pred))
+    return planned(pred, await read_table_facts(conn, pred))
+
+
+def planned(pred: Predicate, facts: TableFacts) -> TablePlan:
+    """The plan `facts` call for, with the advice binding `pred`'s rule gave."""
+    plan = choose_plan(facts)
     if pred.advice:
         plan = replace(plan, advice=" ".join(filter(None, (plan.advice, pred.advice))))
     return plan

@@ -419,7 +419,8 @@ async def _archive(
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
     """Column name to SQL type (domains resolved to their base type); BadTable if no table."""
     qualified = ident(table).as_string(conn)
-    cur = await conn.execute(catalog.column_types(), (qualified,))
+    # Prepared: read for every table of every pass, the same text each time.
+    cur = await conn.execute(catalog.column_types(), (qualified,), prepare=True)
     rows = await cur.fetchall()
     if not rows:
         raise BadTable(f"table {table} does not exist (looked for {qualified})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, AsyncCursor, sql
 
 from activities.engine import catalog
 from activities.engine.filter_binding import BoundFilter
@@ -54,47 +54,77 @@ class TableFacts:
 async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> TableFacts:
     """Read what planning needs of `pred`'s table: one pipelined round trip, and for a filtered
     rule a few more to find the index that serves it."""
-    relation = ident(pred.table)
-    rel = {"rel": relation.as_string(conn)}
     # The catalog reads do not depend on one another: one pipelined round trip, not five.
     async with conn.pipeline():
-        sizes = await conn.execute(catalog.table_size(), rel)
-        estimate = await conn.execute(catalog.estimate(relation, pred.where), pred.params)
-        serving = (
-            await conn.execute(catalog.serving_index(), {**rel, "column": pred.column})
-            if pred.column
-            else None
+        reads = await FactReads.send(conn, pred)
+    return await reads.facts(conn)
+
+
+class FactReads:
+    """`read_table_facts` in two steps, for a caller with a pipeline of its own (one implicit
+    transaction, its timeouts set once): `send` queues the catalog reads, `facts` reads them."""
+
+    def __init__(self, pred: Predicate, curs: dict[str, AsyncCursor[Any] | None]) -> None:
+        self.pred, self._curs = pred, curs
+
+    @classmethod
+    async def send(cls, conn: AsyncConnection[Any], pred: Predicate) -> FactReads:
+        relation = ident(pred.table)
+        rel = {"rel": relation.as_string(conn)}
+        column = {**rel, "column": pred.column}
+        # The catalog's reads prepared: the same text for every table, each planned once a
+        # connection where the transaction asks for generic plans (`TableAccess.prepare`). Not
+        # the estimate: its text names the table, and EXPLAIN plans its query with the values.
+        curs: dict[str, AsyncCursor[Any] | None] = {
+            "sizes": await conn.execute(catalog.table_size(), rel, prepare=True),
+            "estimate": await conn.execute(catalog.estimate(relation, pred.where), pred.params),
+            "serving": (
+                await conn.execute(catalog.serving_index(), column, prepare=True)
+                if pred.column
+                else None
+            ),
+            "referencing": await conn.execute(catalog.is_referenced(), rel, prepare=True),
+            # Wanted only for an index sweep (its first batch's size), not yet chosen: read
+            # anyway, as the same round trip carries it.
+            "correlating": (
+                await conn.execute(catalog.column_correlation(), column, prepare=True)
+                if pred.column and pred.row_filter is None
+                else None
+            ),
+        }
+        return cls(pred, curs)
+
+    async def _row(self, name: str) -> Any:
+        cur = self._curs[name]
+        return await cur.fetchone() if cur is not None else None
+
+    async def facts(self, conn: AsyncConnection[Any]) -> TableFacts:
+        """The facts read (and for a filtered rule, the reads that find its index)."""
+        pred = self.pred
+        size = await self._row("sizes") or (0, 0, True, False, False)
+        pages, reltuples, never_analyzed, partitioned, counts = size
+        found = await self._row("serving")
+        referenced = await self._row("referencing")
+        correlated = await self._row("correlating")
+        facts = TableFacts(
+            table=pred.table,
+            column=pred.column,
+            pages=int(pages),
+            rows=None if never_analyzed else float(reltuples or 0),
+            expired=catalog.estimated_rows(await self._row("estimate")),
+            index=str(found[0]) if found else None,
+            referenced=bool(referenced and referenced[0]),
+            partitioned=bool(partitioned),
+            correlation=(
+                float(correlated[0]) if correlated and correlated[0] is not None else None
+            ),
+            counts_deletes=bool(counts),
+            archived=pred.archive is not None,
+            row_filter=pred.row_filter,
         )
-        referencing = await conn.execute(catalog.is_referenced(), rel)
-        # Wanted only for an index sweep (its first batch's size), not yet chosen: read
-        # anyway, as the same round trip carries it.
-        correlating = (
-            await conn.execute(catalog.column_correlation(), {**rel, "column": pred.column})
-            if pred.column and pred.row_filter is None
-            else None
-        )
-    size = await sizes.fetchone() or (0, 0, True, False, False)
-    pages, reltuples, never_analyzed, partitioned, counts = size
-    found = await serving.fetchone() if serving is not None else None
-    referenced = await referencing.fetchone()
-    correlated = await correlating.fetchone() if correlating is not None else None
-    facts = TableFacts(
-        table=pred.table,
-        column=pred.column,
-        pages=int(pages),
-        rows=None if never_analyzed else float(reltuples or 0),
-        expired=catalog.estimated_rows(await estimate.fetchone()),
-        index=str(found[0]) if found else None,
-        referenced=bool(referenced and referenced[0]),
-        partitioned=bool(partitioned),
-        correlation=float(correlated[0]) if correlated and correlated[0] is not None else None,
-        counts_deletes=bool(counts),
-        archived=pred.archive is not None,
-        row_filter=pred.row_filter,
-    )
-    if pred.row_filter is None or pred.column is None:
-        return facts
-    return await _filter_facts(conn, pred, facts)
+        if pred.row_filter is None or pred.column is None:
+            return facts
+        return await _filter_facts(conn, pred, facts)
 
 
 async def _filter_facts(

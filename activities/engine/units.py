@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 
 from activities.engine.catalog import column_sample, column_statistics
 from activities.engine.errors import BadTable
@@ -40,7 +40,42 @@ async def check_unit(
 ) -> None:
     """BadTable, before anything is deleted, when most of `column`'s values do not read as
     plausible instants in `unit`; an empty column passes."""
-    judge_unit(table, column, unit, await _sample(conn, table, column))
+    await (await UnitCheck.send(conn, table, column, unit)).judge(conn)
+
+
+class UnitCheck:
+    """`check_unit` in two steps, for a caller in a pipeline: `send` queues the statistics'
+    read with whatever else the caller sends, `judge` reads it (flushing the pipeline) and
+    gives the verdict."""
+
+    def __init__(
+        self, table: TableName, column: str, unit: EpochUnit, cur: AsyncCursor[Any]
+    ) -> None:
+        self.table, self.column, self.unit, self._cur = table, column, unit, cur
+
+    @classmethod
+    async def send(
+        cls, conn: AsyncConnection[Any], table: TableName, column: str, unit: EpochUnit
+    ) -> UnitCheck:
+        rel = {"rel": ident(table).as_string(conn), "column": column}
+        # Prepared: the same text for every table, and pg_stats is a view of many joins.
+        read = await conn.execute(column_statistics(), rel, prepare=True)
+        return cls(table, column, unit, read)
+
+    async def judge(self, conn: AsyncConnection[Any]) -> None:
+        """BadTable, as `check_unit`; a table never analyzed has a few rows read first."""
+        judge_unit(self.table, self.column, self.unit, await self._sample(conn))
+
+    async def _sample(self, conn: AsyncConnection[Any]) -> list[tuple[int, float]]:
+        """(value, weight) pairs: the planner's histogram bounds and most common values with
+        their share of the rows, or, without statistics, a few rows read as they come."""
+        row = await self._cur.fetchone()
+        if row is not None:
+            pairs = weighted_statistics(row[0] or [], row[1] or [], row[2] or [])
+            if pairs:
+                return pairs
+        cur = await conn.execute(column_sample(ident(self.table), self.column, SAMPLE_ROWS))
+        return [(int(r[0]), 1.0) for r in await cur.fetchall()]
 
 
 def judge_unit(
@@ -83,24 +118,6 @@ def _reads_as(value: int, unit: EpochUnit) -> str:
     if value < WINDOW[unit][0]:
         return "a time before 1973"
     return "a time after the year 5000"
-
-
-async def _sample(
-    conn: AsyncConnection[Any], table: TableName, column: str
-) -> list[tuple[int, float]]:
-    """(value, weight) pairs: the planner's histogram bounds and most common values with their
-    share of the rows, or, without statistics, a few rows read as they come."""
-    relation = ident(table)
-    cur = await conn.execute(
-        column_statistics(), {"rel": relation.as_string(conn), "column": column}
-    )
-    row = await cur.fetchone()
-    if row is not None:
-        pairs = weighted_statistics(row[0] or [], row[1] or [], row[2] or [])
-        if pairs:
-            return pairs
-    cur = await conn.execute(column_sample(relation, column, SAMPLE_ROWS))
-    return [(int(r[0]), 1.0) for r in await cur.fetchall()]
 
 
 def weighted_statistics(
