@@ -67,10 +67,16 @@ class Progress:
     """Rows of the partitions dropped or detached so far in this pass."""
     partition_names: list[str] = field(default_factory=list)
     """Those partitions, schema-qualified."""
+    final: bool = False
+    """Set with the batch after which the sweep has nothing left to do (a small table's one
+    statement that found less than a batch): the result follows at once, so the activity
+    sends no heartbeat for it. Not a heartbeat detail."""
 
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""
-        return asdict(self)
+        details = asdict(self)
+        del details["final"]
+        return details
 
     @classmethod
     def resume(cls, details: Any) -> Progress:

@@ -227,8 +227,12 @@ class _Beat:
     def after_batch(self, progress: Progress) -> None:
         # Every batch's progress, so a retried attempt resumes after the last one that reached
         # the server (the SDK throttles what it sends, never what it keeps); and its rows into
-        # the counter as they are deleted, so a failed or killed attempt's rows count too.
-        activity.heartbeat(progress.details())
+        # the counter as they are deleted, so a failed or killed attempt's rows count too. Not
+        # after a sweep's last word (`final`): the result follows at once, and an activity's
+        # first heartbeat is a call to the server, half again a small table's own cost (a
+        # retry after a death in between resumes from the ledger, or counts as short).
+        if not progress.final:
+            activity.heartbeat(progress.details())
         if progress.batch_removed:
             _rows_removed().add(progress.batch_removed, {"target": self.name})
         if progress.partition:

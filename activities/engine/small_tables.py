@@ -284,8 +284,9 @@ def _record(ctx: SweepContext, done: _Done) -> SmallSweep:
     progress.removed = int(total) if total is not None else progress.removed + removed
     progress.batch_removed, progress.batches, progress.page = removed, progress.batches + 1, 0
     progress.strategy, progress.batch_ms = "single", done.ms
-    ctx.on_batch(progress)
     more = int(found) >= SMALL_ROWS
+    progress.final = not more
+    ctx.on_batch(progress)
     stats = SweepStats(removed=removed, batches=1, strategies=["single"], batch_ms=[done.ms])
     small = SmallSweep(stats, done.ledger is not None, start if done.ledger else 0, more)
     if more:
