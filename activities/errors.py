@@ -58,11 +58,12 @@ class Failure:
     details: tuple[Any, ...] = ()
 
 
-def failure_of(err: ActivityError | WorkflowFailureError) -> Failure:
+def failure_of(err: FailureError | WorkflowFailureError) -> Failure:
     """Unpack the cause of an activity's failure (in the workflow) or a workflow's (in a
     client): an ApplicationError keeps its type and details; a timeout or a cancellation is
-    named by its class."""
-    cause = err.cause
+    named by its class. A local activity's failure is not wrapped: it is its own cause."""
+    wrapped = isinstance(err, ActivityError | WorkflowFailureError)
+    cause = err.cause if wrapped else err
     if isinstance(cause, ApplicationError) and cause.type:
         return Failure(cause.type, cause.message, tuple(cause.details))
     if isinstance(cause, FailureError):

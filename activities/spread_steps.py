@@ -158,6 +158,10 @@ class ChunkInput:
     """What this child's earlier runs swept."""
     route: Route | None = None
     """The task queue of its database's activities, when workers of their own sweep it."""
+    local: bool = False
+    """Sweep its targets as local activities (workflows.chunk): every one a match the catalog
+    showed small (`PatternPage.small`), and the child on its database's queue, whose workers
+    all run its activities."""
 
     def next_run(self, report: ChunkReport) -> ChunkInput:
         """The input of the run that continues after this one's targets."""

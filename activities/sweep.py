@@ -145,7 +145,7 @@ class PurgeActivities:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
                 # the last heartbeat, so the next attempt knows this one's count is complete.
                 resumed.clean_exit = True
-                activity.heartbeat(resumed.details())
+                _heartbeat(resumed.details())
                 raise
         if stats.ledger and left_cleanly and stats.ledger_start > heartbeat_count:
             # The earlier attempt left cleanly, having added to the counter every batch it saw
@@ -232,7 +232,7 @@ class _Beat:
         # first heartbeat is a call to the server, half again a small table's own cost (a
         # retry after a death in between resumes from the ledger, or counts as short).
         if not progress.final:
-            activity.heartbeat(progress.details())
+            _heartbeat(progress.details())
         if progress.batch_removed:
             _rows_removed().add(progress.batch_removed, {"target": self.name})
         if progress.partition:
@@ -240,11 +240,19 @@ class _Beat:
 
     def between(self) -> None:
         if self.progress is None:
-            activity.heartbeat({"target": self.name})
+            _heartbeat({"target": self.name})
             return
         # Without batch_ms: that belongs to the heartbeat of the batch that took it.
         details = self.progress.details()
         del details["batch_ms"]
+        _heartbeat(details)
+
+
+def _heartbeat(details: object) -> None:
+    """A sweep's progress to the server. Not from a local activity (a small table's, in a child
+    of small tables: workflows.chunk): it has no heartbeat, the workflow task that runs it
+    stands for it, and a retry after a worker's death counts from the ledger."""
+    if not activity.info().is_local:
         activity.heartbeat(details)
 
 
@@ -268,6 +276,9 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
             beat.between()
             await asyncio.sleep(HEARTBEAT_EVERY_S)
 
+    if activity.info().is_local:
+        yield
+        return
     task = asyncio.create_task(every_few_seconds())
     try:
         yield

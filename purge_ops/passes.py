@@ -22,6 +22,7 @@ from temporalio.client import (
     WorkflowHistory,
 )
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
@@ -43,7 +44,7 @@ from purge_ops.render import (
     report_table,
     table,
 )
-from workflows.chunk import PurgeChunkWorkflow
+from workflows.chunk import LOCAL_ACTIVITY_MARKER, PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
 Say = Callable[[str], None]
@@ -394,7 +395,11 @@ def _outcomes(client: Client, events: list[Any], prefix: str) -> list[PurgeSweep
     names: dict[int, str] = {}
     found: list[PurgeSweep | FailedTarget] = []
     for event in events:
-        if event.HasField("activity_task_scheduled_event_attributes"):
+        if event.HasField("marker_recorded_event_attributes"):
+            local = _local_outcome(converter, event, prefix)
+            if local is not None:
+                found.append(local)
+        elif event.HasField("activity_task_scheduled_event_attributes"):
             attrs = event.activity_task_scheduled_event_attributes
             [step] = converter.from_payloads(attrs.input.payloads)
             if isinstance(step, dict) and str(step.get("name", "")).startswith(prefix):
@@ -414,6 +419,27 @@ def _outcomes(client: Client, events: list[Any], prefix: str) -> list[PurgeSweep
                         kind = failure.application_failure_info.type or field_
                         found.append(FailedTarget(name, kind, failure.message))
     return found
+
+
+def _local_outcome(
+    converter: PayloadConverter, event: Any, prefix: str
+) -> PurgeSweep | FailedTarget | None:
+    """A sweep run as a local activity (in a child of small tables, workflows.chunk): the
+    result in its marker, or its failure, named by the summary the workflow gave it."""
+    marker = event.marker_recorded_event_attributes
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER or not event.user_metadata.HasField("summary"):
+        return None
+    name = converter.from_payloads([event.user_metadata.summary])[0]
+    if not isinstance(name, str) or not name.startswith(prefix):
+        return None
+    if marker.HasField("failure"):
+        failure = marker.failure
+        while not failure.application_failure_info.type and failure.HasField("cause"):
+            failure = failure.cause
+        kind = failure.application_failure_info.type or "local_activity_failed"
+        return FailedTarget(name, kind, failure.message)
+    [raw] = converter.from_payloads(marker.details["result"].payloads)
+    return PurgeSweep(**known_fields(PurgeSweep, raw))
 
 
 def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarget]) -> str:

@@ -213,6 +213,8 @@ async def _poll(
     options: dict[str, object] = {}
     if max_sweeps is not None:
         options["max_concurrent_activities"] = max_sweeps
+        # A child of small tables sweeps them as local activities (workflows.chunk).
+        options["max_concurrent_local_activities"] = max_sweeps
         log.info("at most %d sweeps at once on each queue (--max-sweeps)", max_sweeps)
     workers = config_workers(client, config, registry, **options)
     async with contextlib.AsyncExitStack() as running:

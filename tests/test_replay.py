@@ -19,7 +19,7 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-from tests.support.history import kinds
+from tests.support.history import kinds, local_sweeps
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
@@ -60,6 +60,8 @@ class Shape:
     """The task queue each child was started on, in order."""
     child_inputs: list[dict[str, Any]] = field(default_factory=list)
     """The input of each child, in the order they were started."""
+    local_sweeps: list[str] = field(default_factory=list)
+    """The target of each sweep run as a local activity, in the order recorded."""
 
 
 def shape_of(path: Path) -> Shape:
@@ -106,6 +108,7 @@ def shape_of(path: Path) -> Shape:
         workflow_type,
         child_queues,
         child_inputs,
+        local_sweeps(events),
     )
 
 
@@ -228,6 +231,28 @@ def is_chunk(shape: Shape) -> None:
     assert shape.events[-1] == "WORKFLOW_EXECUTION_CONTINUED_AS_NEW"
 
 
+def is_spread_local(shape: Shape) -> None:
+    """A spread pass at the default limits whose pattern's database has a queue of its own:
+    the small matches' child on that queue, its input saying `local`; the listed target's on
+    the pass's own."""
+    is_spread_small(shape)
+    routed = shape.request["queues"][shape.request["databases"]["sessions"]]
+    first, small = shape.child_inputs
+    assert shape.child_queues == ["purge", routed]
+    assert (first["local"], small["local"]) == (False, True)
+
+
+def is_chunk_local(shape: Shape) -> None:
+    """The small matches' child of that pass: the small-tables-local marker, then each match
+    swept once as a local activity (no activity task), and completed."""
+    assert shape.workflow_type == "PurgeChunk"
+    assert shape.request["local"] is True
+    assert shape.events[4] == "MARKER_RECORDED"  # the patch, at the first workflow task
+    assert "ACTIVITY_TASK_SCHEDULED" not in shape.events
+    assert sorted(shape.local_sweeps) == sorted(shape.request["targets"]) != []
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_COMPLETED"
+
+
 def is_spread_duplicate(shape: Shape) -> None:
     """A spread pass refused after its expansion, a match repeating a listed name: nothing
     swept, no child started."""
@@ -265,6 +290,8 @@ SHAPES: dict[str, Callable[[Shape], None]] = {
     "spread-routed": is_spread_routed,
     "spread-small": is_spread_small,
     "chunk": is_chunk,
+    "spread-local": is_spread_local,
+    "chunk-local": is_chunk_local,
     "spread-duplicate": is_spread_duplicate,
     "concurrent": is_concurrent,
     "out-of-budget": is_out_of_budget,

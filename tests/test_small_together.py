@@ -21,9 +21,16 @@ from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, parse_config
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.history import child_runs, events, scheduled_targets
+from tests.support.history import child_runs, events, local_sweeps, scheduled_targets
 from tests.support.passes import run_pass, run_pass_beside_older
-from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
+from tests.support.tenants import (
+    HOUR_MS,
+    counts,
+    create_tenants,
+    expired_of,
+    tenant_prefix,
+    tenant_schemas,
+)
 
 SMALL = 6
 #: Live rows that fill a table past SMALL_PAGES (about 200 bytes a row, 40 rows a page).
@@ -101,8 +108,9 @@ async def test_the_page_of_matches_says_which_tables_are_small(
     }
 
 
-async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple[int, int]]:
-    """For each child run: (activities it scheduled before any completed, activities in all)."""
+async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple[int, int, int]]:
+    """For each child run: (activities it scheduled before any completed, activities in all,
+    sweeps it ran as local activities)."""
     runs = await child_runs(harness.client, await events(harness.client, workflow_id))
     found = []
     for history in (h for r in runs.values() for h in r):
@@ -112,29 +120,48 @@ async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple
             if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                 break
             ahead += kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        found.append((ahead, kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)))
+        scheduled = kinds.count(EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+        found.append((ahead, scheduled, len(local_sweeps(history))))
     return found
 
 
+async def child_concurrency(harness: Harness, workflow_id: str) -> list[int]:
+    """The targets at once each child of the pass was started to sweep, in order."""
+    converter = harness.client.data_converter.payload_converter
+    return [
+        converter.from_payloads(
+            e.start_child_workflow_execution_initiated_event_attributes.input.payloads
+        )[0]["concurrency"]
+        for e in await events(harness.client, workflow_id)
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    ]
+
+
 @pytest.mark.parametrize(
-    ("limits", "children"),
+    ("limits", "children", "at_once"),
     [
-        # The defaults: the large match one at a time, the small ones four at once.
-        ((4, 1), [(1, 1), (4, SMALL)]),
+        # The defaults: the large match one at a time, the small ones four at once, as local
+        # activities (their child is on the pass's own targets' queue: workflows.chunk).
+        ((4, 1), [(1, 1, 0), (0, 0, SMALL)], [1, 4]),
         # Four at once on one database where max_per_database is lower: the pool's floor.
-        ((8, 1), [(1, 1), (4, SMALL)]),
-        ((2, 1), [(1, 1), (2, SMALL)]),  # never more than max_concurrent
-        # max_per_database at four or above: no child of their own, one child as before.
-        ((8, 8), [(SMALL + 1, SMALL + 1)]),
+        ((8, 1), [(1, 1, 0), (0, 0, SMALL)], [1, 4]),
+        ((2, 1), [(1, 1, 0), (0, 0, SMALL)], [1, 2]),  # never more than max_concurrent
+        # max_per_database at four or above: no child of their own, one child as before (a
+        # large match among them: activity tasks).
+        ((8, 8), [(SMALL + 1, SMALL + 1, 0)], [8]),
     ],
     ids=["defaults", "8-1", "2-1", "8-8"],
 )
 async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_database(
-    pg_url: str, harness: Harness, limits: tuple[int, int], children: list[tuple[int, int]]
+    pg_url: str,
+    harness: Harness,
+    limits: tuple[int, int],
+    children: list[tuple[int, int, int]],
+    at_once: list[int],
 ) -> None:
     """The large match's child schedules one sweep at a time (`max_per_database`, 1 in most of
-    these); the small matches' child schedules several before the first completes. Every
-    expired row gone, every live one kept."""
+    these); the small matches' child sweeps several at once, each a local activity. Every
+    expired row gone, every live one kept, the count exact."""
     prefix = tenant_prefix()
     most, per_database = limits
     with tenant_schemas(pg_url, prefix) as conn:
@@ -149,10 +176,35 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
         scheduled = await first_task_schedules(harness, workflow_id)
 
         assert result["statuses"] == {"ok": SMALL + 1}
+        assert result["removed"] == sum(expired_of(i) for i in range(SMALL + 1))
         left = counts(conn, prefix, harness.now_ms)
     assert scheduled == children
+    assert await child_concurrency(harness, workflow_id) == at_once
     assert {expired for expired, _ in left.values()} == {0}
     assert sorted(live for _, live in left.values()) == [2] * SMALL + [2 + LARGE_ROWS]
+
+
+async def test_small_matches_on_the_pass_s_own_queue_sweep_as_activity_tasks(
+    pg_url: str, harness: Harness
+) -> None:
+    """A pass typed by hand (no `queues` in its input) runs its children on the pass's queue,
+    where a worker may run workflows and no activity (`new_worker(sweeps=False)`): the small
+    matches' child schedules activity tasks, four at once, and runs no local activity."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(SMALL + 1), harness.now_ms)
+        make_large(conn, f"{prefix}_0003", harness.now_ms)
+        cfg = harness.adopt(config(prefix))
+        workflow_id = f"purge-small-{uuid.uuid4()}"
+        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            request = {k: v for k, v in cfg.pass_input().items() if k != "queues"}
+            result = await run_pass(harness.client, harness.task_queue, request, workflow_id)
+        scheduled = await first_task_schedules(harness, workflow_id)
+        left = counts(conn, prefix, harness.now_ms)
+
+    assert result["statuses"] == {"ok": SMALL + 1}
+    assert scheduled == [(1, 1, 0), (4, SMALL, 0)]
+    assert {expired for expired, _ in left.values()} == {0}
 
 
 async def test_a_pass_without_limits_still_sweeps_small_matches_one_at_a_time(
@@ -175,7 +227,7 @@ async def test_a_pass_without_limits_still_sweeps_small_matches_one_at_a_time(
         runs = await child_runs(harness.client, await events(harness.client, workflow_id))
 
     assert result["statuses"] == {"ok": 3}
-    assert children == [(1, 3)]
+    assert children == [(1, 3, 0)]
     [[history]] = runs.values()
     assert scheduled_targets(harness.client, history) == [
         f"sessions@{prefix}_{i:04d}" for i in range(3)
@@ -212,5 +264,5 @@ async def test_matches_read_by_an_older_worker_sweep_at_max_per_database(
         left = counts(conn, prefix, harness.now_ms)
 
     assert result["statuses"] == {"ok": 3}
-    assert children == [(1, 3)]
+    assert children == [(1, 3, 0)]
     assert set(left.values()) == {(0, 2)}

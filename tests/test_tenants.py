@@ -16,9 +16,11 @@ from temporalio.api.enums.v1 import EventType
 
 from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
+from activities.results import FailedTarget
 from purge_config.file import PurgeConfig, load_config, parse_config
+from purge_ops.passes import child_records
 from tests.conftest import Harness
-from tests.support.history import child_runs, events, scheduled_in
+from tests.support.history import child_runs, events, local_sweeps, scheduled_in
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main
 from tests.support.servers import RunningTemporal
@@ -108,8 +110,10 @@ async def test_a_pattern_sweeps_each_tenant_exactly_over_children_that_continue_
             runs = await child_runs(harness.client, parent)
             assert len(runs) == 3 == len(result["children"])
             assert [len(r) for r in runs.values()] == [3, 3, 2]
-            swept = [attrs.activity_type.name for attrs in scheduled_in(runs)]
-            assert swept == ["purge_target"] * tenants
+            # Small tables in children on the config's own queue: local activities there.
+            assert scheduled_in(runs) == []
+            swept = [name for r in runs.values() for h in r for name in local_sweeps(h)]
+            assert sorted(swept) == sorted(f"sessions@{prefix}_{i:04d}" for i in range(tenants))
 
             # A tenant created since is matched by the next pass's own expansion.
             create_tenants(conn, prefix, range(tenants, tenants + 1), harness.now_ms + 10)
@@ -152,6 +156,17 @@ async def test_a_matched_table_without_the_column_fails_alone(
         assert report["patterns"][0]["tables"] == 6
         left = counts(conn, prefix, harness.now_ms, range(5))
         assert all(left[f"{prefix}_{i:04d}"] == (0, 2) for i in range(5))
+        # What `report --tables` reads from the children: each match's sweep, and the failed
+        # one's error, from the markers of its local activities.
+        records = [
+            r
+            for child in report["children"]
+            for r in await child_records(harness.client, child, "sessions@")
+        ]
+        assert sorted(r.name for r in records) == [f"sessions@{prefix}_{i:04d}" for i in range(6)]
+        failures = [r for r in records if isinstance(r, FailedTarget)]
+        assert [(f.name, f.type) for f in failures] == [(failed["name"], "BadPurgeTarget")]
+        assert "expires_at" in failures[0].message
 
 
 class Gate:

@@ -14,7 +14,7 @@ SMALL_AT_ONCE of them at once on one database (within `max_concurrent`) where
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -197,6 +197,7 @@ def _chunks(
                         run_size=order.run_size or DEFAULT_RUN_SIZE,
                         first=first,
                         route=order.route_for(database),
+                        local=all(name in small for name in share),
                     )
                 )
                 first += len(share)
@@ -254,9 +255,14 @@ async def _run_children(
             # `pg-purge replay FILE` reads) must replay to the same child ids.
             child_id = f"purge-chunk-{info.run_id}-{len(started):04d}"
             started.append(child_id)
+            placed = _placed(chunk, chunk_queues)
+            if chunk.local and not placed:
+                # On the pass's queue, a worker may run workflows and no activity
+                # (`new_worker(sweeps=False)`): its small matches stay activity tasks.
+                chunk = replace(chunk, local=False)
             task = asyncio.ensure_future(
                 workflow.execute_child_workflow(
-                    PurgeChunkWorkflow.run, chunk, id=child_id, **_placed(chunk, chunk_queues)
+                    PurgeChunkWorkflow.run, chunk, id=child_id, **placed
                 )
             )
             running[task] = (database, chunk)

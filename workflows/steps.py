@@ -11,7 +11,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, FailureError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import Failure, failure_of
@@ -83,21 +83,35 @@ async def sweep_one(
     dry_run: bool,
     budget_ms: int | None = None,
     route: Route | None = None,
+    local: bool = False,
 ) -> Outcome:
-    """One target's activity; its failure (after its retries) as the report names it."""
+    """One target's activity; its failure (after its retries) as the report names it. `local`:
+    as a local activity, run by the worker that runs this workflow (see workflows.chunk)."""
+    step = PurgeStep(name=name, now_ms=now_ms, dry_run=dry_run, budget_ms=budget_ms)
     try:
+        if local:
+            # No heartbeat timeout: the workflow task it runs in stands for it, and a worker
+            # that dies is noticed when that task times out (its retry reads the ledger).
+            return await workflow.execute_local_activity_method(
+                PurgeActivities.purge_target,
+                step,
+                start_to_close_timeout=TARGET_START_TO_CLOSE,
+                retry_policy=TARGET_RETRY,
+                summary=name,
+            )
         return await workflow.execute_activity_method(
             PurgeActivities.purge_target,
-            PurgeStep(name=name, now_ms=now_ms, dry_run=dry_run, budget_ms=budget_ms),
+            step,
             start_to_close_timeout=TARGET_START_TO_CLOSE,
             heartbeat_timeout=TARGET_HEARTBEAT,
             retry_policy=TARGET_RETRY,
             summary=name,
             **routed(route),
         )
-    except ActivityError as err:
-        # One target failing must not keep the others from being swept.
-        failure = unpolled(err, route) or failure_of(err)
+    except FailureError as err:
+        # One target failing must not keep the others from being swept. An activity task's
+        # failure comes wrapped in an ActivityError; a local activity's is its cause itself.
+        failure = (isinstance(err, ActivityError) and unpolled(err, route)) or failure_of(err)
         # Once per pass and target, for an alert on a target failing pass after pass.
         # Metrics issue no command (and are skipped on replay): histories are unchanged.
         TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
@@ -131,10 +145,11 @@ async def sweep_limited(
     per_database: int,
     database_of: Callable[[str], str],
     route_of: Callable[[str], Route | None] = lambda _: None,
+    local: bool = False,
 ) -> list[Outcome]:
     """Up to `most` targets at once, at most `per_database` on one database, started in input
     order; each handed what is left until `deadline`, and those not started by then reported
-    skipped. Outcomes in input order."""
+    skipped; as local activities where `local`. Outcomes in input order."""
     outcomes: dict[str, Outcome] = {}
     waiting = list(names)
     position = {name: i for i, name in enumerate(names)}
@@ -154,7 +169,9 @@ async def sweep_limited(
                 continue  # a later target on another database may start instead
             waiting.remove(name)
             busy[database] += 1
-            task = asyncio.ensure_future(sweep_one(name, now_ms, dry_run, left_ms, route_of(name)))
+            task = asyncio.ensure_future(
+                sweep_one(name, now_ms, dry_run, left_ms, route_of(name), local)
+            )
             running[task] = name
         if not running:
             continue

@@ -121,8 +121,23 @@ SCENARIOS["v7"] = {
         "budget_ms": 600_000,
     },
 }
+# v8: a spread pass at the default limits whose pattern's database has a queue of its own (its
+# worker runs the children): the small matches' child there sweeps them as local activities
+# (the small-tables-local marker), recorded with that child's run.
+SCENARIOS["v8"] = {
+    "spread-local": {
+        "targets": ["x_idempotency", "sessions"],
+        "patterns": ["sessions"],
+        "databases": {"sessions": "eu"},
+        "queues": {"eu": "purge-eu"},
+        "worker_wait_ms": 60_000,
+        "max_concurrent": 4,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+}
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
-PATTERNED = {"v3", "v6", "v7"}
+PATTERNED = {"v3", "v6", "v7", "v8"}
 
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).
@@ -200,20 +215,38 @@ async def record(prefix: str) -> None:
                     print(f"wrote {out.relative_to(HERE.parent.parent)}")
                     if scenario == "spread":
                         await _record_first_child_run(client, handle.id, prefix)
+                    if scenario == "spread-local":
+                        await _record_first_child_run(client, handle.id, prefix, "chunk-local")
         finally:
             await pool.close()
 
 
-async def _record_first_child_run(client: Client, workflow_id: str, prefix: str) -> None:
-    """The first run of the pass's first child: a `PurgeChunk` run that continued as new."""
+async def _record_first_child_run(
+    client: Client, workflow_id: str, prefix: str, shape: str = "chunk"
+) -> None:
+    """The first run of the pass's first child of `shape`: for "chunk", the first child (a
+    `PurgeChunk` run that continued as new); for "chunk-local", the small matches' child."""
     parent = await history(client, workflow_id)
-    [first, *_] = [
+    converter = client.data_converter.payload_converter
+    started = [
+        e.start_child_workflow_execution_initiated_event_attributes
+        for e in parent.events
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    ]
+    [child_id, *_] = [
+        attrs.workflow_id
+        for attrs in started
+        if shape == "chunk" or converter.from_payloads(attrs.input.payloads)[0].get("local")
+    ]
+    [first] = [
         e.child_workflow_execution_started_event_attributes.workflow_execution
         for e in parent.events
         if e.HasField("child_workflow_execution_started_event_attributes")
+        and e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+        == child_id
     ]
     handle = client.get_workflow_handle(first.workflow_id, run_id=first.run_id)
-    out = HERE / f"{prefix}-chunk.json"
+    out = HERE / f"{prefix}-{shape}.json"
     out.write_text((await handle.fetch_history()).to_json(), encoding="utf-8")
     print(f"wrote {out.relative_to(HERE.parent.parent)}")
 

@@ -7,6 +7,9 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
+from temporalio.converter import DataConverter
+
+from workflows.chunk import LOCAL_ACTIVITY_MARKER
 
 
 async def history(client: Client, workflow_id: str) -> WorkflowHistory:
@@ -34,6 +37,22 @@ def scheduled_targets(client: Client, history: list[Any]) -> list[str]:
             attrs = event.activity_task_scheduled_event_attributes
             [step] = converter.from_payloads(attrs.input.payloads)
             names.append(step["name"])
+    return names
+
+
+def local_sweeps(history: list[Any]) -> list[str]:
+    """The target of each local activity that ended with a sweep's report (the name in its
+    marker's result), in the order the history recorded them."""
+    converter = DataConverter.default.payload_converter
+    names = []
+    for event in history:
+        if not event.HasField("marker_recorded_event_attributes"):
+            continue
+        marker = event.marker_recorded_event_attributes
+        if marker.marker_name != LOCAL_ACTIVITY_MARKER or "result" not in marker.details:
+            continue
+        [result] = converter.from_payloads(marker.details["result"].payloads)
+        names.append(result["name"])
     return names
 
 
