@@ -125,6 +125,10 @@ class PurgeActivities:
         # short if any attempt before it died while counting from heartbeats.
         resumed.clean_exit = False
         resumed.short = resumed.short or (info.attempt > 1 and not left_cleanly)
+        # A local activity (a small table's, workflows.chunk) run again after its worker died
+        # starts as a first attempt with nothing heartbeated: only the ledger knows what the
+        # dead one deleted. Without it, its count can only be a lower bound.
+        resumed.short = resumed.short or info.is_local
         beat = _Beat(step.name, resumed)
         ledger = LedgerKey(
             info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms

@@ -247,6 +247,25 @@ async def test_a_first_attempt_without_the_ledger_is_exact_and_not_marked(
     assert (result.removed, result.lower_bound) == (expired, False)
 
 
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+async def test_a_local_sweep_is_exact_with_the_ledger_and_a_marked_lower_bound_without(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], ledger: bool
+) -> None:
+    """A local activity (a small table's, in a child of small tables) run again after its
+    worker died starts as a first attempt with no heartbeat: without the ledger nothing says
+    what the dead one deleted, so even a first attempt's count is reported as a lower bound."""
+    if not ledger:
+        db.execute("DROP TABLE purge_progress")
+    expired = fill(db, 2_000)
+
+    result = await activity_env(is_local=True).run(
+        PurgeActivities(TargetRegistry([kinds.idempotency(pool)])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=NOW),
+    )
+
+    assert (result.removed, result.lower_bound) == (expired, not ledger)
+
+
 async def test_the_sweep_removes_ledger_rows_a_week_older_than_its_pass(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
