@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -60,6 +61,7 @@ from bench.cpu import CpuMeter, postmaster_pid
 from bench.report import render_table
 from bench.services import config_worker, scratch_databases, temporal_dev_server
 from purge_config import PurgeConfig, parse_config
+from workflows.chunk import LOCAL_ACTIVITY_MARKER
 
 log = logging.getLogger("bench")
 
@@ -126,8 +128,12 @@ class RunHistory:
 class PassHistory:
     runs: list[RunHistory] = field(default_factory=list)
     activities: int = 0
+    """Activity tasks and local activities (a child of small tables', workflows.chunk)."""
+    local: int = 0
+    """Of `activities`, the local ones."""
     activity_s: float = 0.0
-    """Sum over every activity of its started-to-completed time (the worker's own measure)."""
+    """Sum over every activity of its started-to-completed time (the worker's own measure; a
+    local one's from its first schedule to its completion, retries included)."""
     schedule_to_start_ms_median: float = 0.0
     expand_s: float = 0.0
     """From the parent's start to its first child's start: the clock, the pattern's pages."""
@@ -373,6 +379,17 @@ async def _run_events(client: Client, workflow_id: str, run_id: str | None) -> l
     return list((await handle.fetch_history()).events)
 
 
+def _local_ms(marker: Any) -> float | None:
+    """A local activity's time from its marker (first schedule to completion), or None for
+    another marker."""
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER:
+        return None
+    data = json.loads(marker.details["data"].payloads[0].data)
+    done, first = data["complete_time"], data["original_schedule_time"]
+    ms = 1000 * (done["seconds"] - first["seconds"]) + (done["nanos"] - first["nanos"]) / 1e6
+    return float(ms)
+
+
 async def _pass_history(client: Client, workflow_id: str) -> PassHistory:
     """The parent's history and every run of every child (continue-as-new followed)."""
     result = PassHistory()
@@ -415,6 +432,11 @@ async def _pass_history(client: Client, workflow_id: str) -> PassHistory:
                 elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
                     done = e.activity_task_completed_event_attributes
                     run_ms.append(_at_ms(e) - started[done.started_event_id])
+                elif kind == EventType.EVENT_TYPE_MARKER_RECORDED:
+                    took = _local_ms(e.marker_recorded_event_attributes)
+                    if took is not None:
+                        run_ms.append(took)
+                        result.local += 1
             result.runs.append(
                 RunHistory(wf_id, n, len(events), largest, where.replace("EVENT_TYPE_", ""))
             )
@@ -742,7 +764,8 @@ def tenants_history_table(result: TenantsResult) -> str:
                 f"{big.events:,} ({_who(big)})",
                 f"{heavy.largest_payload:,} ({_who(heavy)}, {heavy.largest_in})",
                 f"{history.expand_s:.2f}",
-                f"{history.activities:,}",
+                f"{history.activities:,}"
+                + (f" ({history.local:,} local)" if history.local else ""),
                 f"{history.activity_s:.1f}",
                 f"{history.schedule_to_start_ms_median:.1f}",
             ]
