@@ -133,7 +133,7 @@ class PassHistory:
     """Of `activities`, the local ones."""
     activity_s: float = 0.0
     """Sum over every activity of its started-to-completed time (the worker's own measure; a
-    local one's from its first schedule to its completion, retries included)."""
+    local sweep's as its report measured it)."""
     schedule_to_start_ms_median: float = 0.0
     expand_s: float = 0.0
     """From the parent's start to its first child's start: the clock, the pattern's pages."""
@@ -380,14 +380,13 @@ async def _run_events(client: Client, workflow_id: str, run_id: str | None) -> l
 
 
 def _local_ms(marker: Any) -> float | None:
-    """A local activity's time from its marker (first schedule to completion), or None for
-    another marker."""
-    if marker.marker_name != LOCAL_ACTIVITY_MARKER:
+    """A local sweep's time, as its report measured it on the worker (`seconds`); None for
+    another marker or a failed one. (The marker's own times say nothing here: its
+    `original_schedule_time` came after its `complete_time` in the v8 history.)"""
+    if marker.marker_name != LOCAL_ACTIVITY_MARKER or "result" not in marker.details:
         return None
-    data = json.loads(marker.details["data"].payloads[0].data)
-    done, first = data["complete_time"], data["original_schedule_time"]
-    ms = 1000 * (done["seconds"] - first["seconds"]) + (done["nanos"] - first["nanos"]) / 1e6
-    return float(ms)
+    report = json.loads(marker.details["result"].payloads[0].data)
+    return 1000 * float(report.get("seconds", 0.0))
 
 
 async def _pass_history(client: Client, workflow_id: str) -> PassHistory:
