@@ -3,7 +3,8 @@ the worker that runs the child's workflow task runs each sweep, and the child's 
 its result as a marker, with no activity task for Temporal to dispatch. What must hold while a
 fleet changes: a child an earlier release began keeps its activity tasks when a worker of this
 release takes it over; and a worker killed in the middle of a local sweep loses nothing (real
-Temporal, real PostgreSQL; the kill with worker processes, in the slow suite)."""
+Temporal, real PostgreSQL; the kill with worker processes, in the slow suite), and a pass
+cancelled mid local sweep lets its statement finish."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+from temporalio.exceptions import CancelledError
 from temporalio.worker import Replayer, Worker
 from temporalio.workflow import NondeterminismError
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
-from purge_config.file import load_config
+from purge_config.file import load_config, parse_config
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
@@ -202,3 +204,60 @@ lock_timeout = "60s"
             [sweep] = converter.from_payloads(marker.details["result"].payloads)
             if sweep["name"] == f"sessions@{held}":
                 assert sweep["worker"] == identity(second)
+
+
+async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
+    pg_url: str, harness: Harness
+) -> None:
+    """`temporal workflow cancel` while a local sweep's DELETE waits for a row an application
+    holds: the pass ends cancelled, the statement still commits once the row is let go (its
+    rows in the ledger), nothing is half done and no live row is touched."""
+    prefix = tenant_prefix()
+    held = f"{prefix}_0001"
+    with tenant_schemas(pg_url, prefix) as conn, psycopg.connect(pg_url) as holder:
+        create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
+        holder.execute(
+            f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE", (harness.now_ms,)
+        )
+        cfg = harness.adopt(
+            parse_config(
+                {
+                    "targets": [
+                        {
+                            "kind": "expiring",
+                            "name": "sessions",
+                            "table": f"{prefix}_*.sessions",
+                            "column": "expires_at",
+                            "lock_timeout": "30s",
+                        }
+                    ]
+                }
+            )
+        )
+        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            handle = await harness.client.start_workflow(
+                "Purge",
+                cfg.pass_input(),
+                id=f"purge-local-cancel-{uuid.uuid4()}",
+                task_queue=harness.task_queue,
+            )
+            for _ in range(600):
+                if _waiting_sweeps(conn):
+                    break
+                await asyncio.sleep(0.05)
+            assert _waiting_sweeps(conn) == 1, "no local sweep waited for the row"
+            await handle.cancel()
+            await asyncio.sleep(0.2)
+            holder.rollback()
+            with pytest.raises(WorkflowFailureError) as ended:
+                await handle.result()
+        left = counts(conn, prefix, harness.now_ms)
+        done = harness.db.execute(
+            "SELECT removed FROM purge_progress WHERE target = %s", (f"sessions@{held}",)
+        ).fetchall()
+
+    assert isinstance(ended.value.cause, CancelledError)
+    assert left[held] == (0, 2)  # its statement committed after the cancellation
+    assert done == [(expired_of(1),)]
+    assert all(live == 2 and expired in (0, expired_of(int(schema[-4:])))
+               for schema, (expired, live) in left.items())  # fmt: skip
