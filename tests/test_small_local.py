@@ -116,7 +116,8 @@ def _waiting_sweeps(conn: psycopg.Connection[Any]) -> int:
 
 
 @pytest.mark.slow
-async def test_sigkill_mid_local_sweep_loses_nothing(
+@pytest.mark.parametrize("stop_with", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
+async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
     tmp_path: Path,
     client: Client,
     temporal_server: RunningTemporal,
@@ -124,12 +125,15 @@ async def test_sigkill_mid_local_sweep_loses_nothing(
     pg_url: str,
     schema_url: str,
     real_now: int,
+    stop_with: signal.Signals,
 ) -> None:
     """A config's pass of small tables, its child's sweeps local activities. The first worker
-    is SIGKILLed while one sweep waits for a row another session holds; a second worker takes
-    the child over when its workflow task times out and sweeps what is left: every expired row
-    gone, every live one kept, the pass's count exact (the ledger counts what the dead worker's
-    sweeps committed), and the held table's sweep reported by the second worker."""
+    is stopped while one sweep waits for a row another session holds: SIGKILLed, or sent
+    SIGTERM as a rolling deploy does (it lets the sweep finish once the row is let go). A second
+    worker takes the child over and sweeps what is left: every expired row gone, every live one
+    kept, each table's result recorded once, the pass's count exact (the ledger counts what the
+    first worker's sweeps committed). After SIGKILL, the child's workflow task timed out and
+    the held table's sweep is reported by the second worker."""
     prefix = tenant_prefix()
     held = f"{prefix}_0001"  # expired_of(1): one expired row
     with tenant_schemas(pg_url, prefix) as conn:
@@ -167,9 +171,14 @@ lock_timeout = "60s"
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
             )
             wait_for(lambda: _waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(10)
-            holder.execute("COMMIT")
+            os.kill(first.pid, stop_with)
+            if stop_with == signal.SIGKILL:
+                first.wait(10)
+                holder.execute("COMMIT")
+            else:
+                holder.execute("COMMIT")
+                first.wait(60)  # its graceful shutdown: the sweep ends, then the worker
+                assert first.returncode == 0
             parent = await events(client, workflow_id)
             children = [
                 e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
@@ -196,6 +205,8 @@ lock_timeout = "60s"
     assert scheduled_in(runs) == []
     swept = local_sweeps(child)
     assert sorted(swept) == sorted(f"sessions@{prefix}_{i:04d}" for i in range(TENANTS))
+    if stop_with != signal.SIGKILL:
+        return
     assert "WORKFLOW_TASK_TIMED_OUT" in kinds(child) or "WORKFLOW_TASK_FAILED" in kinds(child)
     converter = client.data_converter.payload_converter
     for event in child:
