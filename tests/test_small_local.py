@@ -4,7 +4,8 @@ its result as a marker, with no activity task for Temporal to dispatch. What mus
 fleet changes: a child an earlier release began keeps its activity tasks when a worker of this
 release takes it over; and a worker killed in the middle of a local sweep loses nothing (real
 Temporal, real PostgreSQL; the kill with worker processes, in the slow suite), and a pass
-cancelled mid local sweep lets its statement finish."""
+cancelled mid local sweep lets its statement finish; a local sweep longer than a workflow task
+keeps its child alive (slow suite)."""
 
 from __future__ import annotations
 
@@ -272,3 +273,65 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
     assert done == [(expired_of(1),)]
     assert all(live == 2 and expired in (0, expired_of(int(schema[-4:])))
                for schema, (expired, live) in left.items())  # fmt: skip
+
+
+#: Temporal's default workflow task timeout: a local sweep held longer than this outlasts it.
+WORKFLOW_TASK_TIMEOUT_S = 10
+
+
+@pytest.mark.slow
+async def test_a_local_sweep_longer_than_a_workflow_task_keeps_its_child_alive(
+    pg_url: str, harness: Harness
+) -> None:
+    """A local sweep held past the workflow task's timeout (its DELETE waits for a row another
+    session holds for longer): the SDK keeps extending the child's workflow task while it runs,
+    so no task times out and nothing is swept twice; the pass completes, every count exact."""
+    prefix = tenant_prefix()
+    held = f"{prefix}_0001"
+    with tenant_schemas(pg_url, prefix) as conn, psycopg.connect(pg_url) as holder:
+        create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
+        holder.execute(
+            f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE", (harness.now_ms,)
+        )
+        cfg = harness.adopt(
+            parse_config(
+                {
+                    "targets": [
+                        {
+                            "kind": "expiring",
+                            "name": "sessions",
+                            "table": f"{prefix}_*.sessions",
+                            "column": "expires_at",
+                            "lock_timeout": "60s",
+                        }
+                    ]
+                }
+            )
+        )
+        workflow_id = f"purge-local-long-{uuid.uuid4()}"
+        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            handle = await harness.client.start_workflow(
+                "Purge", cfg.pass_input(), id=workflow_id, task_queue=harness.task_queue
+            )
+            for _ in range(600):
+                if _waiting_sweeps(conn):
+                    break
+                await asyncio.sleep(0.05)
+            assert _waiting_sweeps(conn) == 1, "no local sweep waited for the row"
+            await asyncio.sleep(WORKFLOW_TASK_TIMEOUT_S * 1.5)
+            holder.rollback()
+            result = await handle.result()
+        left = counts(conn, prefix, harness.now_ms)
+
+    assert result["statuses"] == {"ok": TENANTS}
+    assert result["removed"] == sum(expired_of(i) for i in range(TENANTS))
+    assert set(left.values()) == {(0, 2)}
+    runs = await child_runs(harness.client, await events(harness.client, workflow_id))
+    [child] = [h for r in runs.values() for h in r]
+    assert "WORKFLOW_TASK_TIMED_OUT" not in kinds(child)
+    assert "WORKFLOW_TASK_FAILED" not in kinds(child)
+    # The extensions: workflow tasks the worker completed while the sweep still ran.
+    assert kinds(child).count("WORKFLOW_TASK_COMPLETED") >= 2
+    assert sorted(local_sweeps(child)) == sorted(
+        f"sessions@{prefix}_{i:04d}" for i in range(TENANTS)
+    )
