@@ -26,12 +26,13 @@ from temporalio.workflow import NondeterminismError
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
-from purge_config.file import load_config, parse_config
+from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import child_runs, events, kinds, local_sweeps, scheduled_in
 from tests.support.old_workflows import PurgeChunkBeforeLocal
+from tests.support.pace import until_a_sweep_waits
 from tests.support.passes import run_pass
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.servers import RunningTemporal
@@ -105,6 +106,18 @@ async def test_a_worker_of_the_release_before_cannot_replay_a_child_of_local_swe
     history = WorkflowHistory.from_json("child", path.read_text(encoding="utf-8"))
     with pytest.raises(NondeterminismError):
         await Replayer(workflows=[PurgeChunkBeforeLocal]).replay_workflow(history)
+
+
+def waiting_config(prefix: str, lock_timeout: str) -> PurgeConfig:
+    """A pattern over the tenants whose sweeps wait up to `lock_timeout` for a row lock."""
+    target = {
+        "kind": "expiring",
+        "name": "sessions",
+        "table": f"{prefix}_*.sessions",
+        "column": "expires_at",
+        "lock_timeout": lock_timeout,
+    }
+    return parse_config({"targets": [target]})
 
 
 def _waiting_sweeps(conn: psycopg.Connection[Any]) -> int:
@@ -231,21 +244,7 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
         holder.execute(
             f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE", (harness.now_ms,)
         )
-        cfg = harness.adopt(
-            parse_config(
-                {
-                    "targets": [
-                        {
-                            "kind": "expiring",
-                            "name": "sessions",
-                            "table": f"{prefix}_*.sessions",
-                            "column": "expires_at",
-                            "lock_timeout": "30s",
-                        }
-                    ]
-                }
-            )
-        )
+        cfg = harness.adopt(waiting_config(prefix, lock_timeout="30s"))
         async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
             handle = await harness.client.start_workflow(
                 "Purge",
@@ -253,16 +252,14 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
                 id=f"purge-local-cancel-{uuid.uuid4()}",
                 task_queue=harness.task_queue,
             )
-            for _ in range(600):
-                if _waiting_sweeps(conn):
-                    break
-                await asyncio.sleep(0.05)
-            assert _waiting_sweeps(conn) == 1, "no local sweep waited for the row"
+            running = asyncio.ensure_future(handle.result())
+            await until_a_sweep_waits(conn, running)
+            assert _waiting_sweeps(conn) == 1
             await handle.cancel()
             await asyncio.sleep(0.2)
             holder.rollback()
             with pytest.raises(WorkflowFailureError) as ended:
-                await handle.result()
+                await running
         left = counts(conn, prefix, harness.now_ms)
         done = harness.db.execute(
             "SELECT removed FROM purge_progress WHERE target = %s", (f"sessions@{held}",)
@@ -293,34 +290,18 @@ async def test_a_local_sweep_longer_than_a_workflow_task_keeps_its_child_alive(
         holder.execute(
             f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE", (harness.now_ms,)
         )
-        cfg = harness.adopt(
-            parse_config(
-                {
-                    "targets": [
-                        {
-                            "kind": "expiring",
-                            "name": "sessions",
-                            "table": f"{prefix}_*.sessions",
-                            "column": "expires_at",
-                            "lock_timeout": "60s",
-                        }
-                    ]
-                }
-            )
-        )
+        cfg = harness.adopt(waiting_config(prefix, lock_timeout="60s"))
         workflow_id = f"purge-local-long-{uuid.uuid4()}"
         async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
             handle = await harness.client.start_workflow(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=harness.task_queue
             )
-            for _ in range(600):
-                if _waiting_sweeps(conn):
-                    break
-                await asyncio.sleep(0.05)
-            assert _waiting_sweeps(conn) == 1, "no local sweep waited for the row"
+            running = asyncio.ensure_future(handle.result())
+            await until_a_sweep_waits(conn, running)
+            assert _waiting_sweeps(conn) == 1
             await asyncio.sleep(WORKFLOW_TASK_TIMEOUT_S * 1.5)
             holder.rollback()
-            result = await handle.result()
+            result = await running
         left = counts(conn, prefix, harness.now_ms)
 
     assert result["statuses"] == {"ok": TENANTS}
