@@ -5,36 +5,57 @@ fleet changes: a child an earlier release began keeps its activity tasks when a 
 release takes it over; and a worker killed in the middle of a local sweep loses nothing (real
 Temporal, real PostgreSQL; the kill with worker processes, in the slow suite), and a pass
 cancelled mid local sweep lets its statement finish; a local sweep longer than a workflow task
-keeps its child alive (slow suite)."""
+keeps its child alive (slow suite); a worker of the release before, handed a child of local
+sweeps, fails its task until one of this release takes it, and no target fails (slow suite);
+`--max-sweeps` bounds local sweeps."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import json
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import CancelledError
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import (
+    ExecuteWorkflowInput,
+    Interceptor,
+    Replayer,
+    Worker,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
 from temporalio.workflow import NondeterminismError
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, load_config, parse_config
-from purge_ops.runner import new_worker
+from purge_ops.runner import new_worker, run_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import child_runs, events, kinds, local_sweeps, scheduled_in
 from tests.support.old_workflows import PurgeChunkBeforeLocal
 from tests.support.pace import until_a_sweep_waits
-from tests.support.passes import run_pass
-from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
+from tests.support.passes import run_pass, run_pass_beside
+from tests.support.procs import (
+    clean_env,
+    identity,
+    start_worker,
+    stop,
+    use_env,
+    wait_for,
+    worker_config,
+)
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import (
     HOUR_MS,
@@ -45,7 +66,7 @@ from tests.support.tenants import (
     tenant_schemas,
 )
 from tests.test_small_together import config
-from workflows.chunk import PurgeChunkWorkflow
+from workflows.chunk import LOCAL_ACTIVITY_MARKER, PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -97,14 +118,35 @@ async def test_a_child_an_earlier_release_began_keeps_its_activity_tasks(
     assert replayed.replay_failure is None
 
 
-async def test_a_worker_of_the_release_before_cannot_replay_a_child_of_local_sweeps() -> None:
+@pytest.mark.parametrize("cut", ["whole", "before-any-sweep"])
+async def test_a_worker_of_the_release_before_cannot_replay_a_child_of_local_sweeps(
+    cut: str,
+) -> None:
     """The other way round (what docs/fleets.md says of rolling deploys): a worker of the
     release before that takes over a child of local sweeps fails its workflow task with a
     nondeterminism error, and Temporal retries the task until a worker of this release takes
-    it; no target fails for it. The committed history is such a child's."""
+    it (with processes: the slow test below). The committed history is such a child's, whole
+    or cut where a first workflow task completed before any of its sweeps did (one held past
+    the task's timeout): even then the patch marker stops the older code, so no child can go
+    on in the older shape after this release began it (a history of both shapes, which
+    neither release could replay)."""
     path = HISTORIES / "v8-chunk-local.json"
-    history = WorkflowHistory.from_json("child", path.read_text(encoding="utf-8"))
-    with pytest.raises(NondeterminismError):
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    if cut == "before-any-sweep":
+        first_sweep = next(
+            i
+            for i, e in enumerate(raw["events"])
+            if e.get("markerRecordedEventAttributes", {}).get("markerName") == LOCAL_ACTIVITY_MARKER
+        )
+        raw["events"] = raw["events"][:first_sweep]
+        assert "EVENT_TYPE_MARKER_RECORDED" in [e["eventType"] for e in raw["events"]]
+    history = WorkflowHistory.from_json("child", json.dumps(raw))
+    # This release replays the cut history: it is one this release could have written.
+    ours = await Replayer(workflows=[PurgeChunkWorkflow]).replay_workflow(
+        history, raise_on_replay_failure=False
+    )
+    assert ours.replay_failure is None
+    with pytest.raises(NondeterminismError, match="patch marker"):
         await Replayer(workflows=[PurgeChunkBeforeLocal]).replay_workflow(history)
 
 
@@ -127,6 +169,28 @@ def _waiting_sweeps(conn: psycopg.Connection[Any]) -> int:
     ).fetchone()
     assert found is not None
     return int(found[0])
+
+
+def _process_config(tmp_path: Path, database_url: str, task_queue: str, prefix: str) -> Path:
+    """The config file of the tests' worker processes: the tenants' pattern, its sweeps
+    waiting up to 60 s for a row lock."""
+    return worker_config(
+        tmp_path / "purge.toml",
+        database_url,
+        task_queue,
+        f"""
+[pass]
+max_concurrent = 4
+max_per_database = 1
+
+[[targets]]
+kind = "expiring"
+name = "sessions"
+table = "{prefix}_*.sessions"
+column = "expires_at"
+lock_timeout = "60s"
+""",
+    )
 
 
 @pytest.mark.slow
@@ -152,23 +216,7 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
     held = f"{prefix}_0001"  # expired_of(1): one expired row
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(TENANTS), real_now)
-        path = worker_config(
-            tmp_path / "purge.toml",
-            schema_url,
-            task_queue,
-            f"""
-[pass]
-max_concurrent = 4
-max_per_database = 1
-
-[[targets]]
-kind = "expiring"
-name = "sessions"
-table = "{prefix}_*.sessions"
-column = "expires_at"
-lock_timeout = "60s"
-""",
-        )
+        path = _process_config(tmp_path, schema_url, task_queue, prefix)
         cfg = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
         holder = psycopg.connect(pg_url, autocommit=True)
@@ -316,3 +364,203 @@ async def test_a_local_sweep_longer_than_a_workflow_task_keeps_its_child_alive(
     assert sorted(local_sweeps(child)) == sorted(
         f"sessions@{prefix}_{i:04d}" for i in range(TENANTS)
     )
+
+
+class _Entered(Interceptor):
+    """Notes the ID of every workflow whose code a worker began to run (replaying or not)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor] | None:
+        ids = self.ids
+
+        class Inbound(WorkflowInboundInterceptor):
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                ids.append(workflow.info().workflow_id)
+                return await super().execute_workflow(input)
+
+        return Inbound
+
+
+async def _until(condition: Callable[[], Any], seconds: float, what: str) -> None:
+    """Poll `condition` (a bool, or an awaitable of one) without blocking this loop, where
+    the in-process workers run; fail naming `what` after `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                met = condition()
+                if await met if inspect.isawaitable(met) else met:
+                    return
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}") from None
+
+
+@pytest.mark.slow
+async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
+    tmp_path: Path,
+    client: Client,
+    temporal_server: RunningTemporal,
+    task_queue: str,
+    pg_url: str,
+    schema_url: str,
+    real_now: int,
+) -> None:
+    """A rolling deploy, as docs/fleets.md tells it: a worker of this release begins a child of
+    local sweeps, its first workflow task completed (the patch marker recorded) while one sweep
+    waits for a row another session holds; that worker is SIGKILLed, and a worker of the
+    release before, polling the same queue, is handed the child's next workflow task. It fails
+    it (nondeterminism) without completing any task of the child or scheduling an activity;
+    once a worker of this release is up beside it, the pass completes: every target ok, counts
+    exact, each table's sweep recorded once."""
+    prefix = tenant_prefix()
+    held = f"{prefix}_0001"
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(TENANTS), real_now)
+        path = _process_config(tmp_path, schema_url, task_queue, prefix)
+        cfg = load_config(path)
+        assert cfg.own_queue is not None
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+        holder = psycopg.connect(pg_url, autocommit=True)
+        holder.execute("BEGIN")
+        holder.execute(
+            f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE",
+            (real_now - HOUR_MS + 1,),
+        )
+        entered = _Entered()
+        # The release before: it polls the child's queue for workflow tasks and runs `PurgeChunk`
+        # as it did. No activity either: were it to go on in its shape, the pass would wait for
+        # one and the test time out.
+        older = Worker(
+            client,
+            task_queue=cfg.own_queue,
+            workflows=[PurgeChunkBeforeLocal],
+            interceptors=[entered],
+            identity="release-before",
+        )
+        first = start_worker(path, env, tmp_path / "1.log")
+        second = None
+        workflow_id = f"purge-local-mixed-{uuid.uuid4()}"
+        try:
+            handle = await client.start_workflow(
+                "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
+            )
+            wait_for(lambda: _waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
+
+            async def child_id() -> str | None:
+                for e in await events(client, workflow_id):
+                    if e.HasField("child_workflow_execution_started_event_attributes"):
+                        attrs = e.child_workflow_execution_started_event_attributes
+                        return str(attrs.workflow_execution.workflow_id)
+                return None
+
+            await _until(child_id, 30, "the child to start")
+            child = await child_id()
+            assert child is not None
+
+            async def patch_recorded() -> bool:
+                # The SDK completes a task running longer than about 8 s (of its 10 s timeout)
+                # with what the workflow did so far: the patch marker, the sweeps that ended.
+                return "WORKFLOW_TASK_COMPLETED" in kinds(await events(client, child))
+
+            await _until(patch_recorded, 30, "the child's first workflow task to complete")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+            await notice_the_dead_worker_sooner(client, child)
+            async with older:
+                # The dead worker's task times out (10 s), and the next goes to the only poller.
+                await _until(lambda: child in entered.ids, 30, "the older worker's turn")
+                holder.execute("COMMIT")
+                second = start_worker(path, env, tmp_path / "2.log")
+                result = await asyncio.wait_for(handle.result(), 120)
+        finally:
+            holder.close()
+            stop(first)
+            if second is not None:
+                stop(second)
+
+        assert result["statuses"] == {"ok": TENANTS}
+        assert result["removed"] == sum(expired_of(i) for i in range(TENANTS))
+        assert set(counts(conn, prefix, real_now).values()) == {(0, 2)}
+
+    runs = await child_runs(client, await events(client, workflow_id))
+    [history] = [h for r in runs.values() for h in r]
+    assert scheduled_in(runs) == []
+    assert sorted(local_sweeps(history)) == sorted(
+        f"sessions@{prefix}_{i:04d}" for i in range(TENANTS)
+    )
+    completed_by = {
+        e.workflow_task_completed_event_attributes.identity
+        for e in history
+        if e.HasField("workflow_task_completed_event_attributes")
+    }
+    assert "release-before" not in completed_by
+    assert identity(second) in completed_by
+
+
+def _log_each_delete(conn: psycopg.Connection[Any], prefix: str, schemas: list[str]) -> str:
+    """Every DELETE statement on these tenants' tables writes when it began and ended to the
+    table returned (`public.PREFIX_log`), in its own transaction (so only committed sweeps
+    show), and takes 150 ms: two sweeps run at once overlap there."""
+    log = f"public.{prefix}_log"
+    conn.execute(
+        f"CREATE TABLE {log} (pid int NOT NULL, at timestamptz NOT NULL, edge text NOT NULL);"
+        f"CREATE FUNCTION public.{prefix}_logged() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN"
+        f" INSERT INTO {log} VALUES (pg_backend_pid(), clock_timestamp(), TG_WHEN);"
+        " IF TG_WHEN = 'BEFORE' THEN PERFORM pg_sleep(0.15); END IF; RETURN NULL; END$$"
+    )
+    for schema in schemas:
+        for edge in ("BEFORE", "AFTER"):
+            conn.execute(
+                f"CREATE TRIGGER log_{edge.lower()} {edge} DELETE ON {schema}.sessions"
+                f" FOR EACH STATEMENT EXECUTE FUNCTION public.{prefix}_logged()"
+            )
+    return log
+
+
+async def test_max_sweeps_bounds_local_sweeps(
+    pg_url: str, harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --max-sweeps 1` (docs/tenants.md): a child of small tables that may sweep four at
+    once (`max_per_database = 4`) runs its local sweeps one after another on that worker;
+    every DELETE, as the database logged it, ends before the next begins."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
+        log_table = _log_each_delete(conn, prefix, [f"{prefix}_{i:04d}" for i in range(TENANTS)])
+        try:
+            cfg = parse_config(
+                {"database_url": harness.url, "task_queue": harness.task_queue,
+                 "pass": {"max_concurrent": 4, "max_per_database": 4},
+                 "targets": [{"kind": "expiring", "name": "sessions",
+                              "table": f"{prefix}_*.sessions", "column": "expires_at"}]},
+                env={},
+            )  # fmt: skip
+            use_env(monkeypatch, clean_env())
+            workflow_id = f"purge-local-one-at-a-time-{uuid.uuid4()}"
+            result = await run_pass_beside(
+                lambda stop: run_worker(
+                    cfg, stop=stop, temporal_address=temporal_server.address, max_sweeps=1
+                ),
+                harness.client,
+                harness.task_queue,
+                cfg.pass_input(),
+                workflow_id,
+            )
+            log = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
+        finally:
+            conn.execute(f"DROP TABLE {log_table}; DROP FUNCTION public.{prefix}_logged CASCADE")
+        left = counts(conn, prefix, harness.now_ms)
+
+    assert result["statuses"] == {"ok": TENANTS}
+    assert set(left.values()) == {(0, 2)}
+    runs = await child_runs(harness.client, await events(harness.client, workflow_id))
+    [child] = [h for r in runs.values() for h in r]
+    assert len(local_sweeps(child)) == TENANTS
+    assert len(log) >= 2 * TENANTS
+    # One at a time: each statement's BEFORE is followed by its own AFTER, never another's.
+    for begin, end in zip(log[::2], log[1::2], strict=True):
+        assert (begin[1], end) == ("BEFORE", (begin[0], "AFTER")), log
