@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from psycopg import AsyncConnection, errors, sql
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from bench import data as tables
@@ -48,7 +49,8 @@ def build_cases(rows: int) -> dict[str, Case]:
             "idempotency, 1% expired, in expiry order, expiry index",
             (Dataset("idempotency", rows, small, "ordered"),),
             # Cold too: the first batch must keep to the batch target with nothing cached.
-            ("delete", "ours", "key_in", "delete_cold", "ours_cold"),
+            # And in a new session: what an hourly pass meets (forms.ours_fresh).
+            ("delete", "ours", "key_in", "delete_cold", "ours_cold", "delete_fresh", "ours_fresh"),
         ),
         "rate_limit": Case(
             "rate_limit",
@@ -100,6 +102,11 @@ class Bench:
     all_runs: list[FormResult] = field(default_factory=list)
     """Every run of every form, repeats included, for the JSON."""
 
+    @property
+    def ledger_url(self) -> str:
+        """`url` with the bench schema on its search_path, as `pool` opens its sessions."""
+        return make_conninfo(self.url, options=f"-c search_path={self.schema}")
+
 
 class Measure(Protocol):
     """How one form is run and measured on a fresh copy of `template`."""
@@ -133,9 +140,10 @@ async def run_case(bench: Bench, case: Case, measure: Measure | None = None) -> 
             await tables.drop_table(bench.conn, bench.schema, template)
         bench.all_runs.extend(r for form in case.forms for r in runs[form])
         measured = [median_of(runs[form]) for form in case.forms]
-        bases = {r.form: r for r in measured if r.form in ("delete", "delete_cold")}
+        bases = {r.form: r for r in measured if r.form.startswith("delete")}
         for result in measured:
-            base = bases.get("delete_cold" if result.form.endswith("_cold") else "delete")
+            kind = result.form.rpartition("_")[2]
+            base = bases.get(f"delete_{kind}" if kind in ("cold", "fresh") else "delete")
             if base is not None and base.seconds > 0:
                 result.ratio = result.seconds / base.seconds
         results.extend(measured)
@@ -191,7 +199,13 @@ async def measure_form(
             await writer.go()
             try:
                 run = await run_form(
-                    FormContext(bench.conn, bench.pool, bench.pool_no_ledger, bench.temporal),
+                    FormContext(
+                        bench.conn,
+                        bench.pool,
+                        bench.pool_no_ledger,
+                        bench.temporal,
+                        url=bench.ledger_url,
+                    ),
                     Table(bench.schema, copy, data, bench.now_ms),
                 )
             finally:

@@ -21,6 +21,7 @@ from activities.sweep import PurgeActivities
 from bench.data import Dataset
 from bench.stats import FormRun
 from purge_config.names import TableName
+from purge_ops.connect import open_pool
 
 #: The peers' batch: `key IN (SELECT key ... LIMIT n)`, as the issue measured it.
 KEY_IN_LIMIT = 10_000
@@ -51,6 +52,9 @@ class FormContext:
     """Its search_path finds no `purge_progress`: sweeps count from heartbeats."""
     temporal: TemporalPass | None = None
     """Where a pass through Temporal goes (the `ours_temporal` form)."""
+    url: str | None = None
+    """The server's URL, its search_path finding the ledger like `pool`'s: the `_fresh` forms
+    open a session of their own on it."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,37 @@ async def ours_temporal(ctx: FormContext, table: Table) -> FormRun:
     )
 
 
+async def single_delete_fresh(ctx: FormContext, table: Table) -> FormRun:
+    """(a) as a DBA types it in a new session (`psql`, then the DELETE): the connection's
+    setup is timed with the statement, as a sweep on a new pool's connection pays it."""
+    assert ctx.url is not None, "the _fresh forms need FormContext.url"
+    started = time.perf_counter()
+    async with await AsyncConnection.connect(ctx.url, autocommit=True) as conn:
+        connected = time.perf_counter() - started
+        run = await single_delete(dataclasses.replace(ctx, conn=conn), table)
+    run.seconds += connected
+    run.notes["connect_ms"] = connected * 1000
+    return run
+
+
+async def ours_fresh(ctx: FormContext, table: Table) -> FormRun:
+    """(b) on a pool just opened, as an hourly pass often meets it: psycopg_pool closes a
+    connection idle for 10 minutes and replaces every one after an hour (`max_lifetime`), so
+    its sweeps plan their prepared reads, and load the catalog's caches, in a new session.
+    Opening the pool is timed with the sweep."""
+    assert ctx.url is not None, "the _fresh forms need FormContext.url"
+    started = time.perf_counter()
+    pool = await open_pool(ctx.url)
+    try:
+        connected = time.perf_counter() - started
+        run = await ours(dataclasses.replace(ctx, pool=pool), table)
+    finally:
+        await pool.close()
+    run.seconds += connected
+    run.notes["connect_ms"] = connected * 1000
+    return run
+
+
 async def ours_no_ledger(ctx: FormContext, table: Table) -> FormRun:
     """(b) without a `purge_progress` table: what the ledger's upsert costs each batch."""
     return await ours(ctx, table, ledger=False)
@@ -221,7 +256,8 @@ async def ours_no_ledger(ctx: FormContext, table: Table) -> FormRun:
 
 #: Report order, and the names `--forms`-like options and the JSON use. A form ending in
 #: `_cold` runs on a copy dropped from shared_buffers and from the OS page cache first (see
-#: `data.make_cold`), and its ratio is taken against `delete_cold`.
+#: `data.make_cold`), and its ratio is taken against `delete_cold`; one ending in `_fresh` opens
+#: its session (or pool) first, timed, and its ratio is taken against `delete_fresh`.
 FORMS: dict[str, tuple[str, FormFn]] = {
     "delete": ("(a) single DELETE", single_delete),
     "ours": ("(b) this package", ours),
@@ -230,6 +266,8 @@ FORMS: dict[str, tuple[str, FormFn]] = {
     "key_in": ("(c) key IN loop", key_in_loop),
     "delete_cold": ("(a) single DELETE, cold", single_delete),
     "ours_cold": ("(b) this package, cold", ours),
+    "delete_fresh": ("(a) single DELETE, in a new session", single_delete_fresh),
+    "ours_fresh": ("(b) this package, on a new pool", ours_fresh),
 }
 
 #: Every form's label in the report: the ones above, and the partitioned case's own.
