@@ -193,6 +193,18 @@ lock_timeout = "60s"
     )
 
 
+def _hold_an_expired_row(pg_url: str, schema: str, now_ms: int) -> psycopg.Connection[Any]:
+    """A session holding `schema`'s expired row locked, in a transaction its caller commits
+    (`holder.execute("COMMIT")`) to let the sweep waiting for it go on."""
+    holder = psycopg.connect(pg_url, autocommit=True)
+    holder.execute("BEGIN")
+    holder.execute(
+        f"SELECT 1 FROM {schema}.sessions WHERE expires_at < %s FOR UPDATE",
+        (now_ms - HOUR_MS + 1,),
+    )
+    return holder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_with", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
 async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
@@ -219,12 +231,7 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
         path = _process_config(tmp_path, schema_url, task_queue, prefix)
         cfg = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        holder = psycopg.connect(pg_url, autocommit=True)
-        holder.execute("BEGIN")
-        holder.execute(
-            f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE",
-            (real_now - HOUR_MS + 1,),
-        )
+        holder = _hold_an_expired_row(pg_url, held, real_now)
         first = start_worker(path, env, tmp_path / "1.log")
         second = None
         workflow_id = f"purge-local-kill-{uuid.uuid4()}"
@@ -424,12 +431,7 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
         cfg = load_config(path)
         assert cfg.own_queue is not None
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        holder = psycopg.connect(pg_url, autocommit=True)
-        holder.execute("BEGIN")
-        holder.execute(
-            f"SELECT 1 FROM {held}.sessions WHERE expires_at < %s FOR UPDATE",
-            (real_now - HOUR_MS + 1,),
-        )
+        holder = _hold_an_expired_row(pg_url, held, real_now)
         entered = _Entered()
         # The release before: it polls the child's queue for workflow tasks and runs `PurgeChunk`
         # as it did. No activity either: were it to go on in its shape, the pass would wait for
