@@ -128,28 +128,36 @@ class TableAccess:
     @asynccontextmanager
     async def connection(self, rule: Rule) -> AsyncIterator[AsyncConnection[Any]]:
         """A pooled connection for one table, with its configuration faults made non-retryable."""
-        async with self.pool.connection() as conn:
-            try:
-                yield conn
-            except (errors.UndefinedTable, errors.UndefinedColumn) as err:
-                # The table changed between the catalog check and a statement.
-                raise BadTable(f"table {rule.table}: {first_line(err)}") from err
-            except errors.UniqueViolation as err:
-                if rule.archive is None:
-                    raise
-                # Only the archive's INSERT can raise it; every retry would meet the same row.
-                # Not the server's DETAIL: it shows the key's value (a session token, say),
-                # which must stay out of the history and the logs.
-                raise BadTable(
-                    f"table {rule.table}: archive {rule.archive} already holds a row with the "
-                    f"key of one being archived ({first_line(err)}); a key archived before and "
-                    "written again since? nothing moved"
-                ) from err
-            except errors.InsufficientPrivilege as err:
-                raise MissingRights(
-                    f"table {rule.table}: {first_line(err)}; the worker's role needs "
-                    "SELECT and DELETE on it"
-                ) from err
+        async with self.pool.connection() as conn, self.faults(rule):
+            yield conn
+
+    @staticmethod
+    @asynccontextmanager
+    async def faults(rule: Rule) -> AsyncIterator[None]:
+        """The table's configuration faults, raised inside, made non-retryable: what
+        `connection` does, for statements on a connection taken from the pool before (one
+        that opened the pass's ledger first, whose own faults stay as they are)."""
+        try:
+            yield
+        except (errors.UndefinedTable, errors.UndefinedColumn) as err:
+            # The table changed between the catalog check and a statement.
+            raise BadTable(f"table {rule.table}: {first_line(err)}") from err
+        except errors.UniqueViolation as err:
+            if rule.archive is None:
+                raise
+            # Only the archive's INSERT can raise it; every retry would meet the same row.
+            # Not the server's DETAIL: it shows the key's value (a session token, say),
+            # which must stay out of the history and the logs.
+            raise BadTable(
+                f"table {rule.table}: archive {rule.archive} already holds a row with the "
+                f"key of one being archived ({first_line(err)}); a key archived before and "
+                "written again since? nothing moved"
+            ) from err
+        except errors.InsufficientPrivilege as err:
+            raise MissingRights(
+                f"table {rule.table}: {first_line(err)}; the worker's role needs "
+                "SELECT and DELETE on it"
+            ) from err
 
 
 # The advisory lock every sweep of a table takes.

@@ -42,17 +42,19 @@ class TargetSweeper:
             stats.ledger, stats.ledger_start = small.ledger, small.ledger_start
             await self._totals(ctx, stats)
             return stats
-        ctx, stats = await self._open_ledger(ctx)
-        if small is not None:
-            # A batch's worth found: the batched sweep goes on; the ledger's count before this
-            # attempt is what it was before the one statement.
-            stats.ledger_start = small.ledger_start if stats.ledger else 0
-            stats.merge(small.stats)
         progress = ctx.progress
+        # A target of one table opens the ledger on that table's own connection, before its
+        # first statement: one pool checkout (and its check, a round trip) fewer. Several
+        # tables open it on a connection of its own, before the first table's.
+        several = len(self.rules) > 1
+        alone = not several and not progress.table
+        stats = SweepStats()
+        if not alone:
+            ctx, stats = await self._open_ledger(ctx)
+            self._resumed(small, stats)
         # One table checks itself once locked; several are all checked before the first delete:
         # a target refused for its second table (a column in the wrong unit, rights its
         # partitions need) must not have swept its first.
-        several = len(self.rules) > 1
         if several:
             stats.advice += await self.access.check(self.rules[progress.table :], ctx.now_ms)
         for index, rule in enumerate(self.rules):
@@ -60,12 +62,25 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
-            table = await self._table(ctx, rule, check=not several)
+            async with self.access.pool.connection() as conn:
+                if alone:
+                    ctx, stats = await self._open_ledger(ctx, conn)
+                    self._resumed(small, stats)
+                table = await self._table(ctx, rule, not several, conn)
             stats.merge(table)
             if table.busy or not table.complete:
                 break  # held by another sweep, or out of time: the rest wait for the next pass
         await self._totals(ctx, stats)
         return stats
+
+    @staticmethod
+    def _resumed(small: SmallSweep | None, stats: SweepStats) -> None:
+        """After the ledger is open: what the one statement of `_small` did, when it found a
+        batch's worth and the batched sweep goes on (the ledger's count before this attempt
+        is what it was before that statement)."""
+        if small is not None:
+            stats.ledger_start = small.ledger_start if stats.ledger else 0
+            stats.merge(small.stats)
 
     async def _small(self, ctx: SweepContext) -> SmallSweep | None:
         """A target of one table, small, swept in one statement (`small_tables`); None when the
@@ -84,10 +99,12 @@ class TargetSweeper:
             return None
         return await sweep_small(self.access, self.rules[0], ctx, self.small)
 
-    async def _table(self, ctx: SweepContext, rule: Rule, check: bool) -> SweepStats:
-        """One table swept under its advisory lock, with what it left (`busy` set, and nothing
-        swept, when another sweep held the lock for longer than busy_wait)."""
-        async with self.access.connection(rule) as conn:
+    async def _table(
+        self, ctx: SweepContext, rule: Rule, check: bool, conn: AsyncConnection[Any]
+    ) -> SweepStats:
+        """One table swept on `conn` under its advisory lock, with what it left (`busy` set,
+        and nothing swept, when another sweep held the lock for longer than busy_wait)."""
+        async with self.access.faults(rule):
             pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
             if self.small is not None:
                 small = plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
@@ -103,14 +120,20 @@ class TargetSweeper:
                 await self.access.unlock(conn)
         return after.merge(table)
 
-    async def _open_ledger(self, ctx: SweepContext) -> tuple[SweepContext, SweepStats]:
+    async def _open_ledger(
+        self, ctx: SweepContext, conn: AsyncConnection[Any] | None = None
+    ) -> tuple[SweepContext, SweepStats]:
         """With a ledger key, the count so far from `purge_progress` (exact, whatever an earlier
-        attempt's worker did before it died); without the table, the context without the key
-        (counts come from the progress resumed)."""
+        attempt's worker did before it died), read on `conn` or else on a connection of its
+        own; without the table, the context without the key (counts come from the progress
+        resumed)."""
         if ctx.ledger is None:
             return ctx, SweepStats()
-        async with self.access.pool.connection() as conn:
+        if conn is not None:
             opened = await ctx.ledger.open(conn, self.settings)
+        else:
+            async with self.access.pool.connection() as own:
+                opened = await ctx.ledger.open(own, self.settings)
         ctx = replace(ctx, remember=opened.shares)
         if opened.counted is None:
             return replace(ctx, ledger=None), SweepStats()
