@@ -24,10 +24,13 @@ from psycopg import sql
 from activities.engine.rules import Predicate, ident
 
 
-def local_timeouts(walk: bool = False, generic: bool = False, mark: bool = False) -> sql.Composed:
+def local_timeouts(
+    walk: bool = False, generic: bool = False, mark: bool = False, lazy: bool = False
+) -> sql.Composed:
     """The statement that sets the current transaction's lock and statement timeouts: its
     parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
-    starts with it; `walk` and `generic` add the planner settings those batches want."""
+    starts with it; `walk` and `generic` add the planner settings those batches want, and
+    `lazy` a commit that does not wait for its WAL (for a write only a report needs)."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [
@@ -64,6 +67,8 @@ def local_timeouts(walk: bool = False, generic: bool = False, mark: bool = False
                 " pg_stat_get_xact_tuples_deleted(%s::regclass)::text, true)"
             )
         )
+    if lazy:
+        parts.append(sql.SQL(", set_config('synchronous_commit', 'off', true)"))
     return sql.Composed(parts)
 
 
