@@ -26,6 +26,7 @@ from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
+from purge_config.kinds import BUILTIN_KINDS
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
@@ -478,3 +479,31 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
                 assert expired - expired_left(db) >= reported
             else:
                 assert expired - expired_left(db) == reported
+
+
+async def test_a_target_of_one_table_opens_the_ledger_on_that_tables_connection(
+    db: psycopg.Connection[Any], schema_url: str, pools: Pools
+) -> None:
+    """One pool checkout (and the pool's check of it, a round trip) a table: the ledger's count
+    is read on the connection that then sweeps the table, still before its first statement,
+    and counts every row. (A target of several tables, `auth` here, opens it on a connection of
+    its own first: it checks all its tables before the first delete.)"""
+    pool = await pools(schema_url)
+    expired = fill(db, 4_000)
+    activities = PurgeActivities(
+        TargetRegistry([kinds.idempotency(pool, settings=TINY), kinds.auth(pool, settings=TINY)])
+    )
+    checkouts, counted = [], []
+    for name in ("x_idempotency", BUILTIN_KINDS["auth"].default_name):
+        before = pool.get_stats().get("requests_num", 0)
+        env = activity_env()
+        result = await env.run(activities.purge_target, PurgeStep(name=name, now_ms=NOW))
+        checkouts.append(pool.get_stats()["requests_num"] - before)
+        ledger = db.execute(
+            "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+        ).fetchone()
+        counted.append((result.removed, ledger))
+
+    assert counted == [(expired, (expired,)), (0, None)]
+    assert checkouts[0] == 1
+    assert checkouts[1] > 2  # the ledger's, then one a table at least
