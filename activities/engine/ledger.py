@@ -157,8 +157,9 @@ class Ledger:
         await conn.execute(durable_point(), self.params)
 
     async def mark(self, conn: AsyncConnection[Any], keys: list[str]) -> None:
-        """Mark every partition of `keys` as being taken out by this pass, in one commit."""
-        async with conn.transaction():
+        """Mark every partition of `keys` as being taken out by this pass, in one commit and
+        one round trip (pipelined: the BEGIN, every mark and the COMMIT up to one Sync)."""
+        async with conn.pipeline(), conn.transaction():
             for key in keys:
                 await conn.execute(partition_mark(), {**self.params, "mark": key})
 

@@ -111,24 +111,26 @@ class Layout:
 async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | None:
     """The table's partitions as of now, judged against `pred`; None for a plain table."""
     rel = {"rel": ident(pred.table).as_string(conn)}
-    cur = await conn.execute(partition_key(), rel)
-    row = await cur.fetchone()
+    # The key, the children and the tree in one round trip: none needs another's answer.
+    async with conn.pipeline():
+        keyed = await conn.execute(partition_key(), rel)
+        listed = await conn.execute(partition_children(), rel)
+        grown = await conn.execute(partition_tree(), rel)
+    row = await keyed.fetchone()
     if row is None:
         return None
     strategy, columns, column, key, owner, owned, role = row
     key_ = pred.range_key
     judged = key_ is not None and strategy == "r" and columns == 1 and column == key_.column
-    cur = await conn.execute(partition_children(), rel)
     children = [
         Child(int(oid), TableName(name, schema), bound or "", pending, owner_, owned_)
-        for oid, schema, name, bound, pending, owner_, owned_ in await cur.fetchall()
+        for oid, schema, name, bound, pending, owner_, owned_ in await listed.fetchall()
     ]
+    tree = await grown.fetchall()
     next_bound = ""
     if judged and key_ is not None and children:
         children = await _judge(conn, key_, children)
         next_bound = await _next_bound(conn, key_, children)
-    cur = await conn.execute(partition_tree(), rel)
-    tree = await cur.fetchall()
     parents = {int(oid): int(parent) for oid, parent, *_ in tree}
     tops = {c.oid for c in children}
     leaves = []
