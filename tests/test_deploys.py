@@ -19,7 +19,7 @@ from temporalio.client import Client
 
 from purge_config.file import load_config
 from tests.conftest import Harness
-from tests.support.history import events
+from tests.support.history import child_ids, events
 from tests.support.passes import run_pass
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
 from tests.support.rows import HOUR
@@ -220,11 +220,7 @@ async def test_a_pattern_only_the_new_config_has_is_expanded_and_swept_by_the_ne
     [line] = result["patterns"]
     assert line["tables"] == 3
     # The expansion in the parent, the matches in a child workflow: every activity of both.
-    children = [
-        e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
-        for e in await events(harness.client, workflow_id)
-        if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
-    ]
+    children = child_ids(await events(harness.client, workflow_id))
     assert children
     histories = [workflow_id, *children]
     who = {w for h in histories for tries in (await attempts(harness.client, h)).values()

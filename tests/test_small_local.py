@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio import workflow
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import CancelledError
 from temporalio.worker import (
@@ -43,7 +42,14 @@ from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.runner import new_worker, run_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
-from tests.support.history import child_runs, events, kinds, local_sweeps, scheduled_in
+from tests.support.history import (
+    child_ids,
+    child_runs,
+    events,
+    kinds,
+    local_sweeps,
+    scheduled_in,
+)
 from tests.support.old_workflows import PurgeChunkBeforeLocal
 from tests.support.pace import until_a_sweep_waits
 from tests.support.passes import run_pass, run_pass_beside
@@ -248,13 +254,7 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
                 holder.execute("COMMIT")
                 first.wait(60)  # its graceful shutdown: the sweep ends, then the worker
                 assert first.returncode == 0
-            parent = await events(client, workflow_id)
-            children = [
-                e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
-                for e in parent
-                if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
-            ]
-            for child in children:
+            for child in child_ids(await events(client, workflow_id)):
                 await notice_the_dead_worker_sooner(client, child)
             second = start_worker(path, env, tmp_path / "2.log")
             result = await asyncio.wait_for(handle.result(), 120)
@@ -452,16 +452,11 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
             )
             wait_for(lambda: _waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
 
-            async def child_id() -> str | None:
-                for e in await events(client, workflow_id):
-                    if e.HasField("child_workflow_execution_started_event_attributes"):
-                        attrs = e.child_workflow_execution_started_event_attributes
-                        return str(attrs.workflow_execution.workflow_id)
-                return None
+            async def child_started() -> bool:
+                return bool(child_ids(await events(client, workflow_id)))
 
-            await _until(child_id, 30, "the child to start")
-            child = await child_id()
-            assert child is not None
+            await _until(child_started, 30, "the child to start")
+            [child] = child_ids(await events(client, workflow_id))
 
             async def patch_recorded() -> bool:
                 # The SDK completes a task running longer than about 8 s (of its 10 s timeout)

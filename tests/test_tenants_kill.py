@@ -10,11 +10,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from tests.support.dead_worker import notice_the_dead_worker_sooner
-from tests.support.history import child_runs, events, target_runs
+from tests.support.history import child_ids, child_runs, events, target_runs
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import counts, create_tenants, expired_of, tenant_prefix, tenant_schemas
@@ -82,11 +81,7 @@ column = "expires_at"
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             parent = await events(client, workflow_id)
-            [child] = [
-                e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
-                for e in parent
-                if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
-            ]
+            [child] = child_ids(parent)
             await notice_the_dead_worker_sooner(client, child)
             second = start_worker(config, env, tmp_path / "2.log")
             result = await handle.result()

@@ -26,7 +26,7 @@ from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
-from tests.support.history import history
+from tests.support.history import history, started_children
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
@@ -238,13 +238,7 @@ async def _record_first_child_run(
         for attrs in started
         if shape == "chunk" or converter.from_payloads(attrs.input.payloads)[0].get("local")
     ]
-    [first] = [
-        e.child_workflow_execution_started_event_attributes.workflow_execution
-        for e in parent.events
-        if e.HasField("child_workflow_execution_started_event_attributes")
-        and e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
-        == child_id
-    ]
+    [first] = [e for e in started_children(list(parent.events)) if e.workflow_id == child_id]
     handle = client.get_workflow_handle(first.workflow_id, run_id=first.run_id)
     out = HERE / f"{prefix}-{shape}.json"
     out.write_text((await handle.fetch_history()).to_json(), encoding="utf-8")

@@ -89,15 +89,25 @@ def target_runs(client: Client, history: list[Any]) -> dict[str, TargetRun]:
     return runs
 
 
-async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list[list[Any]]]:
-    """Per child started by a pass, the events of each of its runs, first run first."""
-    started = [
+def started_children(parent_events: list[Any]) -> list[Any]:
+    """The execution (`workflow_id`, `run_id` of its first run) of each child the parent
+    started, in order."""
+    return [
         e.child_workflow_execution_started_event_attributes.workflow_execution
         for e in parent_events
         if e.event_type == EventType.EVENT_TYPE_CHILD_WORKFLOW_EXECUTION_STARTED
     ]
+
+
+def child_ids(parent_events: list[Any]) -> list[str]:
+    """The workflow id of each child the parent started, in order."""
+    return [execution.workflow_id for execution in started_children(parent_events)]
+
+
+async def child_runs(client: Client, parent_events: list[Any]) -> dict[str, list[list[Any]]]:
+    """Per child started by a pass, the events of each of its runs, first run first."""
     runs: dict[str, list[list[Any]]] = {}
-    for execution in started:
+    for execution in started_children(parent_events):
         child, run_id = execution.workflow_id, execution.run_id
         runs[child] = []
         while run_id:
