@@ -105,7 +105,13 @@ class Bench:
     @property
     def ledger_url(self) -> str:
         """`url` with the bench schema on its search_path, as `pool` opens its sessions."""
-        return make_conninfo(self.url, options=f"-c search_path={self.schema}")
+        return schema_first(self.url, self.schema)
+
+
+def schema_first(url: str, schema: str) -> str:
+    """`url` (a URL or a conninfo) whose sessions find `schema` first: a sweep on it counts in
+    the bench schema's `purge_progress`, as a user's worker finds theirs."""
+    return make_conninfo(url, options=f"-c search_path={schema}")
 
 
 class Measure(Protocol):

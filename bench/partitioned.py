@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection, sql
-from psycopg.conninfo import make_conninfo
 
 from activities import builtin_kinds as kinds
 from bench import noise
@@ -177,7 +176,7 @@ async def run_partitioned(bench: Bench, rows: int, scratch: Path) -> list[FormRe
     data = Events(rows=rows, now_ms=bench.now_ms)
     # The package's pool with the bench schema first on the path: the sweep then keeps its
     # ledger (purge_progress, in the reference DDL), as a deployment would.
-    pool = await open_pool(make_conninfo(bench.url, options=f"-c search_path={bench.schema}"))
+    pool = await open_pool(bench.ledger_url)
     runs: dict[str, list[FormResult]] = {form: [] for form in FORMS}
     try:
         async with (

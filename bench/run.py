@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from psycopg import AsyncConnection, sql
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 import activities
@@ -28,7 +27,7 @@ from bench import noise, report, server
 from bench.archive import CASES as ARCHIVE_CASES
 from bench.archive import archive_targets, run_archive_case
 from bench.backlog import run_backlog
-from bench.cases import Bench, build_cases, can_checkpoint, run_case
+from bench.cases import Bench, build_cases, can_checkpoint, run_case, schema_first
 from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import partitioned_lines, run_partitioned
@@ -198,7 +197,7 @@ async def run_bench(
         )
         # The bench schema on the pool's search_path, so the sweep finds the purge_progress
         # table made there (as a user's worker finds theirs); and a pool that finds none.
-        pool = await open_pool(make_conninfo(url, options=f"-c search_path={schema}"))
+        pool = await open_pool(schema_first(url, schema))
         pool_no_ledger = await open_pool(url)
         try:
             if not await _ledger_absent(pool_no_ledger):
