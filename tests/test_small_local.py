@@ -51,7 +51,7 @@ from tests.support.history import (
     scheduled_in,
 )
 from tests.support.old_workflows import PurgeChunkBeforeLocal
-from tests.support.pace import until_a_sweep_waits
+from tests.support.pace import until_a_sweep_waits, waiting_sweeps
 from tests.support.passes import run_pass, run_pass_beside
 from tests.support.procs import (
     clean_env,
@@ -168,15 +168,6 @@ def waiting_config(prefix: str, lock_timeout: str) -> PurgeConfig:
     return parse_config({"targets": [target]})
 
 
-def _waiting_sweeps(conn: psycopg.Connection[Any]) -> int:
-    found = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
-        " AND wait_event_type = 'Lock'"
-    ).fetchone()
-    assert found is not None
-    return int(found[0])
-
-
 def _process_config(tmp_path: Path, database_url: str, task_queue: str, prefix: str) -> Path:
     """The config file of the tests' worker processes: the tenants' pattern, its sweeps
     waiting up to 60 s for a row lock."""
@@ -245,7 +236,7 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
             handle = await client.start_workflow(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
             )
-            wait_for(lambda: _waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
+            wait_for(lambda: waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
             os.kill(first.pid, stop_with)
             if stop_with == signal.SIGKILL:
                 first.wait(10)
@@ -309,7 +300,7 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
             )
             running = asyncio.ensure_future(handle.result())
             await until_a_sweep_waits(conn, running)
-            assert _waiting_sweeps(conn) == 1
+            assert waiting_sweeps(conn) == 1
             await handle.cancel()
             await asyncio.sleep(0.2)
             holder.rollback()
@@ -353,7 +344,7 @@ async def test_a_local_sweep_longer_than_a_workflow_task_keeps_its_child_alive(
             )
             running = asyncio.ensure_future(handle.result())
             await until_a_sweep_waits(conn, running)
-            assert _waiting_sweeps(conn) == 1
+            assert waiting_sweeps(conn) == 1
             await asyncio.sleep(WORKFLOW_TASK_TIMEOUT_S * 1.5)
             holder.rollback()
             result = await running
@@ -450,7 +441,7 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
             handle = await client.start_workflow(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
             )
-            wait_for(lambda: _waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
+            wait_for(lambda: waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
 
             async def child_started() -> bool:
                 return bool(child_ids(await events(client, workflow_id)))

@@ -83,12 +83,19 @@ def row_locked(url: str, table: str, key: str) -> Iterator[psycopg.Connection[An
             holder.execute("COMMIT")
 
 
+def waiting_sweeps(db: psycopg.Connection[Any]) -> int:
+    """How many of the sweeps' sessions (named temporal-pg-purge) wait for a lock now."""
+    found = db.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
+        " AND wait_event_type = 'Lock'"
+    ).fetchone()
+    assert found is not None
+    return int(found[0])
+
+
 async def until_a_sweep_waits(db: psycopg.Connection[Any], running: asyncio.Future[Any]) -> None:
     """Returns once a sweep's batch (its connection named temporal-pg-purge) waits for a lock:
     every batch before it has committed, and it commits only when the lock is let go."""
-    while not db.execute(
-        "SELECT 1 FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
-        " AND wait_event_type = 'Lock'"
-    ).fetchone():
+    while not waiting_sweeps(db):
         assert not running.done(), "the sweep never waited for the lock"
         await asyncio.sleep(0.01)
