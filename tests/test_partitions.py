@@ -30,7 +30,7 @@ from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
-from purge_config.settings import Guards, PartitionPolicy
+from purge_config.settings import Guards, PartitionPolicy, SweepSettings
 from purge_ops.connect import open_pool
 from purge_ops.render import report_table
 from tests.conftest import Harness
@@ -147,6 +147,107 @@ async def test_drop_takes_wholly_expired_partitions_out_and_deletes_only_at_the_
     assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
     assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)  # dropped, not kept
     assert pending(db) == 0
+
+
+def log_sessions(db: psycopg.Connection[Any], schema: str, hold: int | None = None) -> None:
+    """Log the session of each DELETE of the edge partition (p_m3) into `deletes`, and of the
+    DROP of p_m6 into `drops`; with `hold`, that DROP then waits, inside its transaction, for
+    advisory lock `hold` (an event trigger: database-wide, so `unlog_sessions` after)."""
+    db.execute("CREATE TABLE deletes (pid int)")
+    db.execute("CREATE TABLE drops (pid int)")
+    db.execute(
+        "CREATE FUNCTION log_delete() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN INSERT INTO deletes VALUES (pg_backend_pid()); RETURN NULL; END$$"
+    )
+    db.execute(
+        "CREATE TRIGGER log_delete AFTER DELETE ON p_m3"
+        " FOR EACH STATEMENT EXECUTE FUNCTION log_delete()"
+    )
+    wait = f"PERFORM pg_advisory_xact_lock({hold});" if hold is not None else ""
+    db.execute(
+        "CREATE FUNCTION log_drop() RETURNS event_trigger LANGUAGE plpgsql AS $$BEGIN"
+        " IF EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() o"
+        f" WHERE o.object_type = 'table' AND o.schema_name = '{schema}'"
+        " AND o.object_name = 'p_m6') THEN"
+        f' INSERT INTO "{schema}".drops VALUES (pg_backend_pid()); {wait}'
+        " END IF; END$$"
+    )
+    db.execute(f'CREATE EVENT TRIGGER "{schema}_drop" ON sql_drop EXECUTE FUNCTION log_drop()')
+
+
+def unlog_sessions(db: psycopg.Connection[Any], schema: str) -> None:
+    db.execute(f'DROP EVENT TRIGGER IF EXISTS "{schema}_drop"')
+
+
+def sessions(db: psycopg.Connection[Any], table: str) -> set[int]:
+    return {int(r[0]) for r in db.execute(f"SELECT pid FROM {table}").fetchall()}
+
+
+async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_dropped_beside(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    """With a second connection in the pool, the detached partitions are counted and dropped
+    on it while the table's connection sweeps the edge: here that drop is held, inside its
+    transaction, until the edge's DELETE has committed, which it could not if they ran one
+    after the other. Once it goes on, every count is exact."""
+    total = make_events(db)
+    hold = abs(hash(schema)) % 2**31
+    log_sessions(db, schema, hold)
+    # Two connections idle in the pool, so a second one is there at once.
+    async with pool.connection(), pool.connection():
+        pass
+    db.execute("SELECT pg_advisory_lock(%s)", (hold,))
+    try:
+        # The held drop waits under lock_timeout: long enough for any machine's edge.
+        patient = SweepSettings(lock_timeout_ms=120_000)
+        swept = asyncio.ensure_future(sweep(events(pool, settings=patient)))
+        for _ in range(1500):
+            if sessions(db, "deletes"):
+                break
+            assert not swept.done(), swept.result()
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the edge was not swept while the drop waited")
+        [waiting] = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
+        ).fetchall()
+    finally:
+        db.execute("SELECT pg_advisory_unlock(%s)", (hold,))
+        unlog_sessions(db, schema)
+    result = await swept
+
+    assert sessions(db, "drops") == {waiting[0]}
+    assert waiting[0] not in sessions(db, "deletes")
+    assert result.removed == EXPIRED_ROWS
+    assert (result.partitions_dropped, result.partition_rows, result.edge_removed) == (3, 30, 1)
+    assert not result.lower_bound
+    assert count(db) == total - EXPIRED_ROWS
+    assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
+    ledger = db.execute("SELECT sum(removed) FROM purge_progress WHERE target = 'events'")
+    assert ledger.fetchone() == (EXPIRED_ROWS,)
+
+
+async def test_with_no_second_connection_the_table_s_own_counts_and_drops(
+    db: psycopg.Connection[Any], schema_url: str, schema: str
+) -> None:
+    """A pool of one connection (all in use, as on a busy worker) gives no second one: the
+    table's own connection counts and drops the partitions, at once and exactly; the sweep
+    never waits for the pool."""
+    total = make_events(db)
+    log_sessions(db, schema)
+    small = await open_pool(schema_url, max_size=1, wait_seconds=5)
+    try:
+        result = await sweep(events(small))
+    finally:
+        unlog_sessions(db, schema)
+        await small.close()
+
+    assert sessions(db, "drops") == sessions(db, "deletes")
+    assert len(sessions(db, "drops")) == 1
+    assert result.removed == EXPIRED_ROWS
+    assert (result.partitions_dropped, result.partition_rows, result.edge_removed) == (3, 30, 1)
+    assert count(db) == total - EXPIRED_ROWS
 
 
 async def test_detach_keeps_each_partition_with_its_rows_in_detached_schema(

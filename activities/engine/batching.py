@@ -236,8 +236,12 @@ class BatchSweeper:
         """Batches a durable point covers, into the progress and its heartbeats, in order."""
         progress = self.progress
         for removed, total, ms, page in batches:
-            # The ledger's total counts every committed batch of every attempt of this pass.
-            progress.removed = total if total is not None else progress.removed + removed
+            # The ledger's total counts every committed batch of every attempt of this pass
+            # (and partitions dropped beside: the larger total is the later one).
+            if total is not None:
+                progress.removed = max(progress.removed, total)
+            else:
+                progress.removed += removed
             progress.batch_removed = removed
             progress.archived += removed if self.archiving else 0
             progress.batches += 1

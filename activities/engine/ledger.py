@@ -10,7 +10,7 @@ is here, and everything else reaches it through `Ledger`:
 - lazy commits, and the durable points before which nothing of theirs is reported
   (`LazyCommits`);
 - partition marks: a partition this pass is taking out whole, and its rows once counted
-  (`Ledger.mark`, `Ledger.marks`, `count_partition`).
+  (`Ledger.mark`, `Ledger.marks`, `count_partition`, `add_partitions`).
 
 Lazy commits. A batch whose ledger row is in its own transaction may commit without waiting for
 its WAL (`lazy_commit`): a crash of the server that loses that commit loses the batch's deletes
@@ -215,12 +215,20 @@ def count_partition(
     table: TableName, ledger: Ledger | None, key: str
 ) -> tuple[sql.Composed, dict[str, object]]:
     """The count of a detached partition `table` about to be dropped or moved, in that
-    transaction, and its parameters: one row, its rows and (with the ledger) the pass's total
-    for the target once they are added, the partition's mark `key` set done with them (batches
-    1). Without the ledger the total is NULL."""
+    transaction, and its parameters: one row, its rows, written (with the ledger) into the
+    partition's mark `key`, set done (batches 1). The pass's total takes them with
+    `add_partitions`, last in the same transaction."""
     if ledger is None:
-        return sql.SQL("SELECT count(*), NULL::bigint FROM {}").format(ident(table)), {}
+        return sql.SQL("SELECT count(*) FROM {}").format(ident(table)), {}
     return _COUNT_PARTITION.format(table=ident(table)), {**ledger.params, "mark": key}
+
+
+def add_partitions(ledger: Ledger, keys: list[str]) -> tuple[sql.SQL, dict[str, object]]:
+    """The rows the partitions of marks `keys` were counted with (`count_partition`, earlier in
+    the same transaction), added to the pass's total for the target: one row, that total. Last
+    in the transaction, so the total's row stays locked only for its commit, not for the counts
+    and drops before it (the edge's batches, beside, add to that row too)."""
+    return _ADD_PARTITIONS, {**ledger.params, "marks": keys}
 
 
 @dataclass(frozen=True)
@@ -368,7 +376,7 @@ class LazyCommits:
 #: The ledger's upsert, in two pieces around the row it adds: each batch's count accumulates in
 #: its pass's row, which returns the pass's total. Shared by the upsert inside a batch's own
 #: statement (`_LEDGER`), the one after a plain DELETE (`ledger_add`, `ledger_add_deleted`)
-#: and, its first piece, a partition's count (`_COUNT_PARTITION`).
+#: and, its first piece, a partition's mark and count (`_COUNT_PARTITION`, `_ADD_PARTITIONS`).
 _LEDGER_INTO = (
     "INSERT INTO purge_progress AS p (workflow_id, run_id, target, now_ms, removed, batches)"
 )
@@ -390,20 +398,23 @@ _LEDGER = sql.SQL(
 )
 _NO_LEDGER = sql.SQL(" SELECT {found}, (SELECT n FROM counted), NULL::bigint")
 
-#: `count_partition` with the ledger: the partition's rows added to the pass's total (not a
-#: batch: batches 0) and written into its mark, set done.
+#: `count_partition` with the ledger: the partition's rows written into its mark, set done.
 _COUNT_PARTITION = sql.SQL(
-    "WITH n AS (SELECT count(*) AS rows FROM {table}), total AS ("
-    + _LEDGER_INTO
-    + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
-    " n.rows, 0 FROM n"
-    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
-    " + EXCLUDED.removed RETURNING removed), mark AS ("
+    "WITH n AS (SELECT count(*) AS rows FROM {table}), mark AS ("
     + _LEDGER_INTO
     + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(mark)s, %(ledger_now)s, n.rows, 1 FROM n"
     " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = EXCLUDED.removed,"
     " batches = 1)"
-    " SELECT n.rows, (SELECT removed FROM total) FROM n"
+    " SELECT n.rows FROM n"
+)
+#: `add_partitions`: the marks' rows added to the pass's total (not a batch: batches 0).
+_ADD_PARTITIONS = sql.SQL(
+    _LEDGER_INTO + " SELECT %(ledger_workflow)s, %(ledger_run)s, %(ledger_target)s, %(ledger_now)s,"
+    " coalesce(sum(m.removed), 0), 0 FROM purge_progress m"
+    " WHERE m.workflow_id = %(ledger_workflow)s AND m.run_id = %(ledger_run)s"
+    " AND m.target = ANY(%(marks)s::text[])"
+    " ON CONFLICT (workflow_id, run_id, target) DO UPDATE SET removed = p.removed"
+    " + EXCLUDED.removed RETURNING removed"
 )
 
 

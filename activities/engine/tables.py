@@ -11,10 +11,11 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors
 
+from activities.engine.access import ConnectionSource
 from activities.engine.batch_sql import local_timeouts
 from activities.engine.batching import BatchSweeper, count_left
 from activities.engine.context import SweepContext
-from activities.engine.detaching import PartitionRemover
+from activities.engine.detaching import PartitionRemover, Removal
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import Layout, Leaf, read_layout
 from activities.engine.planning import TablePlan, plan_table
@@ -28,13 +29,21 @@ class TableSweeper:
     that left whole, and their rows, beside them; `strategies` starting with `partitions`
     when any did, then each batched strategy used)."""
 
-    def __init__(self, ctx: SweepContext, conn: AsyncConnection[Any]) -> None:
+    def __init__(
+        self,
+        ctx: SweepContext,
+        conn: AsyncConnection[Any],
+        beside: ConnectionSource | None = None,
+    ) -> None:
+        """`beside`: where a second connection may come from, to count and drop detached
+        partitions while this one sweeps the rest (`detaching.Beside`); None: all on `conn`."""
         self.ctx = ctx
         self.conn = conn
         self.settings = ctx.settings
         self.policy = ctx.partitions
         self.progress = ctx.progress
         self.remover = PartitionRemover(ctx, conn)
+        self.beside = beside
 
     async def sweep(self, pred: Predicate, plan: TablePlan, check: bool) -> SweepStats:
         """With `check`, first what `check_partitions` says of this table (a target of one
@@ -46,15 +55,34 @@ class TableSweeper:
             inert = await check_partitions(self.conn, pred, layout, self.policy)
             if inert:
                 stats.advice.append(inert)
-        gone: frozenset[int] = frozenset()
-        if layout is not None and layout.judged and self.policy.removes:
-            layout, gone = await self._remove(pred, layout, stats)
+        if layout is None or not layout.judged or not self.policy.removes:
+            return await self._rest(pred, plan, layout, frozenset(), stats)
+        layout, removal = await self._remove(pred, layout, stats)
+        try:
             if not stats.complete:
                 # Out of time with expired partitions still in: they wait for the next pass.
                 stats.backlog, stats.backlog_estimated = await count_left(
                     self.conn, self.settings, pred, plan, 0
                 )
                 return stats
+            # The detached partitions leave the layout now, while they are counted and dropped.
+            names = {str(t) for t in removal.tables}
+            gone = frozenset(c.oid for c in layout.children if str(c.table) in names)
+            return await self._rest(pred, plan, layout, gone, stats)
+        finally:
+            # Their count and drop, if beside, finished before the sweep reports: what went
+            # wrong there fails the sweep like anything on this connection.
+            stats.merge(await removal.dropped())
+
+    async def _rest(
+        self,
+        pred: Predicate,
+        plan: TablePlan,
+        layout: Layout | None,
+        gone: frozenset[int],
+        stats: SweepStats,
+    ) -> SweepStats:
+        """The batched delete of what partitions leaving whole did not take."""
         if layout is not None and layout.next_bound:
             stats.advice.append(_ahead_warning(pred, layout))
         leaves = layout.to_sweep(gone) if layout is not None else []
@@ -73,19 +101,17 @@ class TableSweeper:
 
     async def _remove(
         self, pred: Predicate, layout: Layout, stats: SweepStats
-    ) -> tuple[Layout, frozenset[int]]:
+    ) -> tuple[Layout, Removal]:
         """Finish what an earlier attempt left, then take out every wholly expired partition:
-        the layout, and the OIDs of the children now gone from it."""
-        removal = await self.remover.recover(layout)
-        if removal.partitions or removal.advice or layout.pending:
+        the layout, and the removal (its count and drop perhaps still under way beside)."""
+        recovered = await self.remover.recover(layout)
+        if recovered.partitions or recovered.advice or layout.pending:
             layout = await read_layout(self.conn, pred) or layout
-        removal.merge(await self.remover.remove(layout))
-        stats.merge(removal)
-        if removal.partitions:
+        removal = await self.remover.remove(layout, self.beside)
+        stats.merge(recovered.merge(removal.done))
+        if recovered.partitions or removal.tables:
             stats.strategies.append("partitions")
-        names = set(removal.partitions)
-        gone = frozenset(c.oid for c in layout.children if str(c.table) in names)
-        return layout, gone
+        return layout, removal
 
     async def _leaves(
         self, pred: Predicate, plan: TablePlan, leaves: list[Leaf], stats: SweepStats

@@ -114,7 +114,8 @@ class TargetSweeper:
             if not await self.access.lock(conn, pred):
                 return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
             try:
-                table = await TableSweeper(ctx, conn).sweep(pred, plan, check=check)
+                sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
+                table = await sweeper.sweep(pred, plan, check=check)
                 after = await self._after(conn, pred, plan, table, ctx)
             finally:
                 await self.access.unlock(conn)
