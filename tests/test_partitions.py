@@ -228,6 +228,58 @@ async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_d
     assert ledger.fetchone() == (EXPIRED_ROWS,)
 
 
+async def test_a_drop_beside_lost_after_the_edge_committed_is_counted_once_by_the_retry(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+) -> None:
+    """The second connection dies inside the count-and-drop transaction, after the edge's
+    batch committed on the table's connection: the attempt fails, the three partitions stay
+    detached and marked, the edge's row stays counted. The retry of the same pass drops and
+    counts the partitions once: the pass's count is exact."""
+    total = make_events(db)
+    hold = abs(hash(schema)) % 2**31
+    log_sessions(db, schema, hold)
+    async with pool.connection(), pool.connection():
+        pass
+    run_id = "run-lost-beside"
+    target = events(pool, settings=SweepSettings(lock_timeout_ms=120_000))
+    db.execute("SELECT pg_advisory_lock(%s)", (hold,))
+    try:
+        first = asyncio.ensure_future(sweep(target, workflow_run_id=run_id))
+        for _ in range(1500):
+            if sessions(db, "deletes"):
+                break
+            assert not first.done(), first.result()
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the edge was not swept while the drop waited")
+        waiting = db.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
+        ).fetchone()
+        assert waiting is not None
+        db.execute("SELECT pg_terminate_backend(%s)", waiting)
+        with pytest.raises(psycopg.OperationalError):
+            await first
+    finally:
+        db.execute("SELECT pg_advisory_unlock(%s)", (hold,))
+        unlog_sessions(db, schema)
+    assert expired_left(db) == 0  # the edge's row went, and every expired partition is out
+    assert {name for name in EXPIRED_PARTS if name in children(db)} == set()
+    assert count(db, "p_m6") == ROWS_PER_DAY  # detached, not dropped
+
+    result = await sweep(target, workflow_run_id=run_id, attempt=2)
+
+    assert result.removed == EXPIRED_ROWS
+    assert (result.partitions_dropped, result.partition_rows) == (3, 30)
+    assert not result.lower_bound
+    assert db.execute("SELECT to_regclass('p_m6')").fetchone() == (None,)
+    assert count(db) == total - EXPIRED_ROWS
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s AND target = 'events'", (run_id,)
+    )
+    assert ledger.fetchone() == (EXPIRED_ROWS,)
+
+
 async def test_with_no_second_connection_the_table_s_own_counts_and_drops(
     db: psycopg.Connection[Any], schema_url: str, schema: str
 ) -> None:
