@@ -1,7 +1,9 @@
 """One table's sweep, once its advisory lock is held: for a partitioned table, first its wholly
 expired partitions out whole (`partitions = "drop"` or `"detach"`), then the batched delete of
 what is left, partition by partition (a ctid range means something only within one partition),
-skipping partitions whose bounds hold no expired row.
+skipping partitions whose bounds hold no expired row. The partitions taken out are counted and
+dropped on a second connection, when the pool has one, while that delete runs; the sweep ends
+when both have.
 """
 
 from __future__ import annotations
