@@ -172,6 +172,36 @@ async def test_an_unindexed_child_table_is_named_with_the_index_that_fixes_it(
     assert advice.endswith('CREATE INDEX CONCURRENTLY ON child ("parent_id")')
 
 
+async def test_an_unindexed_child_of_a_partitioned_table_is_named_when_swept_leaf_by_leaf(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """A partitioned table is swept partition by partition, each with a plan of its own; the
+    child table that references the whole table is still named, with the index it needs."""
+    db.execute(
+        "CREATE TABLE parent (id bigint, expires_ms bigint NOT NULL, PRIMARY KEY (id, expires_ms))"
+        " PARTITION BY RANGE (expires_ms)"
+    )
+    for name, bounds in (
+        ("parent_old", f"(0) TO ({now_ms})"),
+        ("parent_new", f"({now_ms}) TO (MAXVALUE)"),
+    ):
+        db.execute(f"CREATE TABLE {name} PARTITION OF parent FOR VALUES FROM {bounds}")
+    db.execute(
+        "CREATE TABLE child (id bigint PRIMARY KEY, parent_id bigint, parent_ms bigint,"
+        " FOREIGN KEY (parent_id, parent_ms) REFERENCES parent ON DELETE CASCADE)"
+    )
+    db.execute(
+        "INSERT INTO parent SELECT i, %s + (i - 5) * 1000 FROM generate_series(1, 10) i", (now_ms,)
+    )
+    db.execute("INSERT INTO child SELECT id, id, expires_ms FROM parent")
+
+    stats = await parent(pool).sweep(now_ms)
+
+    assert stats.removed == 5
+    [advice] = [a for a in stats.advice if "child" in a]
+    assert "child (parent_id, parent_ms) references it ON DELETE CASCADE with no index" in advice
+
+
 async def test_refuse_unindexed_children_fails_before_deleting(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:

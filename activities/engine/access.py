@@ -88,7 +88,8 @@ class TableAccess:
         if children and self.settings.refuse_unindexed_children:
             raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
         if children:
-            plan = replace(plan, advice=" ".join(filter(None, (plan.advice, children))))
+            advice = " ".join(filter(None, (plan.advice, children)))
+            plan = replace(plan, advice=advice, children=children)
         return pred, plan
 
     async def bind(self, conn: AsyncConnection[Any], rule: Rule, now_ms: int) -> Predicate:

@@ -77,6 +77,10 @@ class TablePlan:
     correlation: float | None = None
     """For an index sweep: ANALYZE's correlation between the expiry column's order and the
     heap's (+-1: rows in expiry order, as a fixed TTL leaves them), None when not known."""
+    children: str = ""
+    """The warning naming each child table whose foreign key into this one has no index
+    (`TableAccess.prepare`), also in `advice`: kept apart for a partitioned table swept
+    partition by partition, whose partitions' plans do not carry it."""
     counts_deletes: bool = False
     """Whether the rows a DELETE of this table removes are counted on the server as its own,
     and only those: `track_counts` on; no partitions, inheritance children, rules or DELETE

@@ -98,6 +98,8 @@ class TableSweeper:
                 self.progress.leaf, self.progress.page = 0, 0  # a position in one partition
             await self._batches(pred, replace(plan, partitioned=True), stats)
         else:
+            if plan.children:
+                stats.advice.append(plan.children)  # the whole table's, which no leaf's plan has
             await self._leaves(pred, plan, leaves, stats)
         return stats
 
