@@ -183,6 +183,25 @@ def sessions(db: psycopg.Connection[Any], table: str) -> set[int]:
     return {int(r[0]) for r in db.execute(f"SELECT pid FROM {table}").fetchall()}
 
 
+async def edge_swept_while_the_drop_waits(
+    db: psycopg.Connection[Any], swept: asyncio.Future[PurgeSweep]
+) -> int:
+    """Once the edge's DELETE is logged (`log_sessions`), with `swept` still under way: the
+    backend whose DROP of p_m6 waits on the held advisory lock."""
+    for _ in range(1500):
+        if sessions(db, "deletes"):
+            break
+        assert not swept.done(), swept.result()
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("the edge was not swept while the drop waited")
+    [(waiting,)] = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+        " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
+    ).fetchall()
+    return int(waiting)
+
+
 async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_dropped_beside(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
 ) -> None:
@@ -201,24 +220,14 @@ async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_d
         # The held drop waits under lock_timeout: long enough for any machine's edge.
         patient = SweepSettings(lock_timeout_ms=120_000)
         swept = asyncio.ensure_future(sweep(events(pool, settings=patient)))
-        for _ in range(1500):
-            if sessions(db, "deletes"):
-                break
-            assert not swept.done(), swept.result()
-            await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("the edge was not swept while the drop waited")
-        [waiting] = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
-        ).fetchall()
+        waiting = await edge_swept_while_the_drop_waits(db, swept)
     finally:
         db.execute("SELECT pg_advisory_unlock(%s)", (hold,))
         unlog_sessions(db, schema)
     result = await swept
 
-    assert sessions(db, "drops") == {waiting[0]}
-    assert waiting[0] not in sessions(db, "deletes")
+    assert sessions(db, "drops") == {waiting}
+    assert waiting not in sessions(db, "deletes")
     assert result.removed == EXPIRED_ROWS
     assert (result.partitions_dropped, result.partition_rows, result.edge_removed) == (3, 30, 1)
     assert not result.lower_bound
@@ -245,19 +254,8 @@ async def test_a_drop_beside_lost_after_the_edge_committed_is_counted_once_by_th
     db.execute("SELECT pg_advisory_lock(%s)", (hold,))
     try:
         first = asyncio.ensure_future(sweep(target, workflow_run_id=run_id))
-        for _ in range(1500):
-            if sessions(db, "deletes"):
-                break
-            assert not first.done(), first.result()
-            await asyncio.sleep(0.02)
-        else:
-            raise AssertionError("the edge was not swept while the drop waited")
-        waiting = db.execute(
-            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
-        ).fetchone()
-        assert waiting is not None
-        db.execute("SELECT pg_terminate_backend(%s)", waiting)
+        waiting = await edge_swept_while_the_drop_waits(db, first)
+        db.execute("SELECT pg_terminate_backend(%s)", (waiting,))
         with pytest.raises(psycopg.OperationalError):
             await first
     finally:
