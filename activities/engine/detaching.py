@@ -24,7 +24,6 @@ as the count, the drop and the ledger, under the same short lock_timeout, tried 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -288,11 +287,13 @@ class Beside:
         # and not raise the cancellation (seen: the task then waited here for ever).
         self._handed.set_result([])
         self._task.cancel()
-        # Its connection back to the pool (or its request withdrawn) before going on. A
-        # request that failed (the pool could not connect) changes nothing: the table's own
-        # connection finishes.
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
+        # Its connection back to the pool (or its request withdrawn) before going on; waited
+        # for, not awaited, so that a cancellation of this sweep is never taken for the
+        # request's. A request that failed (the pool could not connect) changes nothing: the
+        # table's own connection finishes.
+        await asyncio.wait([self._task])
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved, so that asyncio does not log it as lost
         return None
 
 
