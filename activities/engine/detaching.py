@@ -141,17 +141,23 @@ class PartitionRemover:
                     detached.append((table, key))
         except BaseException:
             # Whatever stopped the detaches, those already out are dropped and counted now.
-            handed = await spare.hand(detached) if spare is not None else None
+            handed = await self._hand_or_finish(spare, detached, done)
             if handed is not None:
                 await handed
-            elif detached and not self.conn.broken:
-                await self.finish(detached, done)
             raise
         out.tables = [table for table, _ in detached]
-        out.dropping = await spare.hand(detached) if spare is not None else None
-        if out.dropping is None and detached:
-            await self.finish(detached, done)
+        out.dropping = await self._hand_or_finish(spare, detached, done)
         return out
+
+    async def _hand_or_finish(
+        self, spare: Beside | None, detached: list[tuple[TableName, str]], done: SweepStats
+    ) -> asyncio.Task[SweepStats] | None:
+        """`detached` handed to `spare` (the task counting and dropping them there), or, when
+        it has no connection, counted and dropped on this one (None)."""
+        handed = await spare.hand(detached) if spare is not None else None
+        if handed is None and detached and not self.conn.broken:
+            await self.finish(detached, done)
+        return handed
 
     async def _plain(self, parent: TableName, table: TableName, key: str, done: SweepStats) -> None:
         for attempt in range(1, PLAIN_TRIES + 1):
