@@ -4,17 +4,18 @@ Case 12's table (`bench.steady`): `--rows` rows created over 100 hours in id ord
 with PostgreSQL's defaults for what the bench tunes (shared_buffers 128MB). Each round deletes
 the next hour's rows, alternately by one DELETE and by the activity, the table's buffers and
 page cache dropped and a checkpoint taken before each form, as case 12 does. For each activity
-round: the time before its first batch; the batches that read their boundary (the first, the
-last, a run of one key) and the key spans (`activities.engine.keyset`), each summed with its
-median; the gaps between batches; and the time after the last.
+round: the time before its first batch; the batches that read their boundary (the first, a run
+of one key, a last batch that met one), the key spans and the last batch with no read (`rest`)
+(`activities.engine.keyset`), each summed with its median; the gaps between batches; and the
+time after the last.
 
     python -m bench.steady_phases --rows 10000000 --rounds 8   # 100,000 rows an hour
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
 
-The phases are timed by wrapping `run_key_batch` and `run_key_span` in this process: the
-activity runs as it ships, only observed. A batch is its whole round trip: its timeouts, its
-statement (the boundary read and the DELETE in one for a boundary batch), the ledger's row
-and the commit, pipelined to one Sync.
+The phases are timed by wrapping `run_key_batch`, `run_key_span` and `run_key_rest` in this
+process: the activity runs as it ships, only observed. A batch is its whole round trip: its
+timeouts, its statement (the boundary read and the DELETE in one for a boundary batch), the
+ledger's row and the commit, pipelined to one Sync.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def observe(marks: Marks) -> None:
 
     engine["run_key_batch"] = timed("boundary", engine["run_key_batch"])
     engine["run_key_span"] = timed("span", engine["run_key_span"])
+    engine["run_key_rest"] = timed("rest", engine["run_key_rest"])
 
 
 def phases(marks: Marks, began: float, ended: float) -> str:
@@ -77,7 +79,8 @@ def phases(marks: Marks, began: float, ended: float) -> str:
     gaps = sum((b[1] - a[2]) * 1000 for a, b in itertools.pairwise(marks))
     return (
         f"before the first {(marks[0][1] - began) * 1000:5.1f}; {total('boundary')}; "
-        f"{total('span')}; gaps {gaps:5.1f}; after the last {(ended - marks[-1][2]) * 1000:5.1f} ms"
+        f"{total('span')}; {total('rest')}; gaps {gaps:5.1f}; "
+        f"after the last {(ended - marks[-1][2]) * 1000:5.1f} ms"
     )
 
 

@@ -73,8 +73,10 @@ async def test_after_the_first_batch_spans_hold_a_batch_each_with_no_boundary_re
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """4,000 expired keys a second apart: the first batch reads its boundary, every batch after
-    it deletes a span of about ROWS keys without one, and only the last reads one again (to find
-    where the rows end). Without spans every one of the 20 batches would read its boundary."""
+    it deletes a span of about ROWS keys without one, and the last takes the rest up to the
+    cutoff, also without one (the remainder narrower than half a span rides with it). Without
+    spans every one of the 20 batches would read its boundary; without the rest, the last would
+    read one again (to find where the rows end)."""
     fixed_batches(monkeypatch, rows=ROWS)
     reads = boundary_reads(monkeypatch)
     fill(db, 4_000, 40_000, spacing_ms=1_000)
@@ -84,10 +86,12 @@ async def test_after_the_first_batch_spans_hold_a_batch_each_with_no_boundary_re
 
     assert (stats.strategy, stats.removed) == ("index", 4_000)
     assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
-    assert len(reads) <= 3 < stats.batches
-    assert stats.batches == len(removed) <= 4_000 // ROWS + 2
+    assert len(reads) == 1 < stats.batches
+    assert stats.batches == len(removed) <= 4_000 // ROWS + 1
     # A span holds about a batch: the density of an even table is what the last span met.
-    assert max(removed) <= ROWS + 1
+    assert max(removed[:-1]) <= ROWS + 1
+    # The rest: at most a span and a half.
+    assert 0 < removed[-1] <= ROWS * 3 // 2
 
 
 async def test_a_few_old_keys_far_below_the_rest_do_not_make_the_spans_wide(
@@ -198,6 +202,82 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
         "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
     ).fetchone()
     assert ledger == (4_000,)
+    assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
+
+
+def rest_batches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A list that gets, for each last batch tried with no boundary read (`run_key_rest`), how
+    it ended: "deleted", "nothing" or the error's class name."""
+    seen: list[str] = []
+    run = batching.run_key_rest
+
+    async def observed(*args: Any) -> Any:
+        try:
+            ran = await run(*args)
+        except Exception as err:
+            seen.append(type(err).__name__)
+            raise
+        seen.append("deleted" if ran[1] else "nothing")
+        return ran
+
+    monkeypatch.setattr(batching, "run_key_rest", observed)
+    return seen
+
+
+async def test_a_run_of_one_key_under_a_batch_at_the_cutoff_goes_with_the_rest(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """150 more rows share the greatest expired key (fewer than a batch of ROWS): the last
+    batch takes them with the rest of the keys, with no boundary read. A batch's worth or more
+    would be walked instead (`test_batching`'s run of 6,000 at the cutoff)."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    rests = rest_batches(monkeypatch)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'tie' || i, '{}', %s FROM generate_series(1, 150) i",
+        (NOW,),
+    )
+    db.execute("ANALYZE x_idempotency")
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert stats.removed == 4_150
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    assert (len(reads), rests) == (1, ["deleted"])
+    assert removed[-1] > 150
+
+
+@pytest.mark.usefixtures("slow_rows")
+async def test_a_last_batch_that_runs_into_statement_timeout_is_taken_in_narrower_spans(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three slow rows among the last 81 keys: the last batch, which takes at least half a
+    span's keys (ROWS), holds all three and runs past statement_timeout. It is rolled back
+    whole and its keys taken again in spans of a quarter of the width (none holds three), and
+    the rest after them: every expired row gone, counted once."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    rests = rest_batches(monkeypatch)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    db.execute("UPDATE x_idempotency SET key = 'slow' || key WHERE key IN ('k0', 'k40', 'k80')")
+    settings = SweepSettings(statement_timeout_ms=500)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=settings)]))
+    env = activity_env()
+
+    result: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+
+    assert result.removed == 4_000
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+    ).fetchone()
+    assert ledger == (4_000,)
+    assert rests[0] == "QueryCanceled"
+    assert rests[-1] == "deleted"
     assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
 
 

@@ -4,7 +4,8 @@
   statement timeouts; for a batch, the planner settings its strategy wants, and the mark the
   ledger counts a plain DELETE's rows from);
 - each strategy's batch: `index_batch` (index order, counted in SQL), `key_boundary` and
-  `key_delete` (a keyset batch; `tie_delete` and `tie_walk` for a run of one key),
+  `key_delete` (a keyset batch; `key_rest` its last; `tie_delete` and `tie_walk` for a run of
+  one key),
   `range_batch` and `range_delete` (a walk of a page range), each composed with `psycopg.sql`
   from a bound `Predicate` (the rule's WHERE clause and its parameters: the caller's instant,
   never the server's clock), names as `sql.Identifier`s;
@@ -182,6 +183,25 @@ def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:
     return sql.SQL("DELETE FROM {table} WHERE {where}{after}{upto}").format(
         table=ident(pred.table), where=pred.where, after=_from_key(column, after), upto=upto
     )
+
+
+def key_rest(pred: Predicate) -> sql.Composed:
+    """A keyset sweep's last batch, with no boundary read: every expired row from
+    `%(key_after)s` on, unless the greatest expired key left is shared by at least
+    `%(key_rows)s` rows (a batch's worth, which a range cannot split): then it deletes nothing,
+    and the boundary read that follows walks that run (`tie_delete`). The check is two probes
+    of the index (the greatest key, then its rows up to a batch's count), evaluated once
+    before the scan; `tie_walk` keeps the second an index scan. Counted by its command tag."""
+    assert pred.column is not None
+    column = sql.Identifier(pred.column)
+    rest = sql.SQL("{table} WHERE {where} AND {column}").format(
+        table=ident(pred.table), where=pred.where, column=column
+    )
+    return sql.SQL(
+        "DELETE FROM {rest} >= %(key_after)s AND (SELECT count(*) FROM (SELECT 1 FROM {rest} ="
+        " (SELECT max({column}) FROM {rest} >= %(key_after)s) LIMIT %(key_rows)s) top)"
+        " < %(key_rows)s"
+    ).format(rest=rest, column=column)
 
 
 def tie_delete(pred: Predicate) -> sql.Composed:

@@ -30,6 +30,7 @@ from activities.engine.keyset import (
     KeySpans,
     Ran,
     run_key_batch,
+    run_key_rest,
     run_key_span,
 )
 from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
@@ -165,15 +166,33 @@ class BatchSweeper:
         spans = KeySpans.of(pred.column_cutoff)
         width: int | None = None
         tied = False  # the last boundary batch walked a run of one key
+        rest = True  # the last batch may go without a boundary read (none has deleted nothing)
         while True:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
+            if rest and spans and width and after is not None and spans.reaches_rest(after, width):
+                # The next span would reach past the last expired key, or leave less than half
+                # a span after it: the rest is the last batch, with no boundary read before it.
+                last = functools.partial(
+                    run_key_rest, self.conn, self.settings, self.commits, self.tally, pred
+                )
+                try:
+                    found, _ = await self._batch(result, functools.partial(last, after, rows), 0)
+                except errors.QueryCanceled:
+                    width = self._narrower(pred, result, width)
+                    continue
+                if found:
+                    return  # every expired key from `after` on is gone
+                # Nothing deleted: nothing was left, or a batch's worth of rows or more share
+                # the greatest key. The boundary read says which (and walks that run).
+                rest = False
+                continue
             end = spans.end(after, width) if spans and width and after is not None else None
             if end is None:
-                # The first batch, a run of one key, or a span that would reach past the last
-                # expired key: the boundary read finds where the rows end (the rest is the
+                # The first batch, a run of one key, or a last batch that found a run of one
+                # key at the top: the boundary read finds where the rows end (the rest is the
                 # sweep's last batch) and whether one key holds more than a batch (walked).
                 # The half-way probe sizes the span after the batch; inside a run of one key
                 # (most likely after a batch of it) no span follows, so it is not read.
@@ -207,22 +226,26 @@ class BatchSweeper:
             try:
                 found, ms = await self._batch(result, span, page=0)
             except errors.QueryCanceled:
-                # Ran into statement_timeout, rolled back whole: the same start, a quarter of
-                # the width (a run of one key narrower than that reads its boundary instead).
-                retried = (
-                    f"{pred.table}: a batch's span of {pred.column} ran into statement_timeout "
-                    f"({self.settings.statement_timeout_ms} ms), was rolled back and taken "
-                    "again in narrower spans: its expired rows are unevenly spread"
-                )
-                if retried not in result.advice:
-                    result.advice.append(retried)
-                width = width // SPAN_RETRY_SHARE or None
+                width = self._narrower(pred, result, width)
                 continue
             after = end
             if found:
                 rows = _resize(found, ms, self.settings.batch_target_ms, ROWS_RANGE)
             # The density met says what width holds the next span's rows; an empty span grows.
             width = KeySpans.next_width(width, found, rows)
+
+    def _narrower(self, pred: Predicate, result: SweepStats, width: int | None) -> int | None:
+        """After a span (or the rest) ran into statement_timeout and was rolled back whole: the
+        width to take from the same start, a quarter of it (None: a run of one key narrower
+        than that, which reads its boundary instead), and the advice, said once."""
+        retried = (
+            f"{pred.table}: a batch's span of {pred.column} ran into statement_timeout "
+            f"({self.settings.statement_timeout_ms} ms), was rolled back and taken "
+            "again in narrower spans: its expired rows are unevenly spread"
+        )
+        if retried not in result.advice:
+            result.advice.append(retried)
+        return (width or 0) // SPAN_RETRY_SHARE or None
 
     def _advance(
         self, result: SweepStats, removed: int, total: int | None, ms: float, page: int

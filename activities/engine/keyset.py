@@ -2,16 +2,18 @@
 counted by its command tag.
 
 A sweep's first batch reads its boundary: where the next n expired rows end in the index (the
-least key, the n-th and the one half-way), then deletes that key range; so does the last (a span
-would reach past the cutoff). Every other batch deletes a key span sized from the
-rows the last one found in its span (`KeySpans`), with no read before it: the bound a user
-feels is how long a batch holds its locks, not how many rows it holds, so a span's rows may
-exceed the plan, and the next span follows the density met. A span that runs into
-`statement_timeout` is rolled back and tried again at a quarter of its width. The next batch
-starts at the key this one stopped below, so no batch steps over the index entries of rows
-earlier batches deleted. Where a boundary read finds more rows than a batch sharing one key,
-that run is taken by ctid, a batch at a time (the tie walk), every batch of it reading its
-boundary; a run inside a span goes with the span. Used where
+least key, the n-th and the one half-way), then deletes that key range. Every other batch
+deletes a key span sized from the rows the last one found in its span (`KeySpans`), with no
+read before it: the bound a user feels is how long a batch holds its locks, not how many rows
+it holds, so a span's rows may exceed the plan, and the next span follows the density met. The
+last takes the rest up to the cutoff, also with no read, once the next span would reach past
+it or leave less than half a span (`run_key_rest`); if a batch's worth of rows or more share
+the greatest expired key, it deletes nothing and the boundary read takes over. A span (or the
+rest) that runs into `statement_timeout` is rolled back and tried again at a quarter of its
+width. The next batch starts at the key this one stopped below, so no batch steps over the
+index entries of rows earlier batches deleted. Where a boundary read finds more rows than a
+batch sharing one key, that run is taken by ctid, a batch at a time (the tie walk), every batch
+of it reading its boundary; a run inside a span goes with the span. Used where
 `planning.keyset_batches` holds; see `batching.BatchSweeper` (why:
 docs/decisions/keyset-batches.md).
 """
@@ -28,6 +30,7 @@ from psycopg import AsyncConnection, sql
 from activities.engine.batch_sql import (
     key_boundary,
     key_delete,
+    key_rest,
     tie_delete,
     tie_walk,
 )
@@ -126,6 +129,10 @@ async def run_key_batch(
 SPAN_GROWTH = 4
 #: A span that ran into statement_timeout is tried again at this share of its width.
 SPAN_RETRY_SHARE = 4
+#: The last batch takes the rest when it is at most this many halves of the next span's width:
+#: a remainder narrower than half a span rides with it (at most 1.5x the batch's planned rows,
+#: under the 2x at which a long batch halves the next) instead of being a batch of its own.
+REST_HALVES = 3
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -175,6 +182,11 @@ class KeySpans:
         end_key = start + width
         return end_key if end_key <= self.stop else None
 
+    def reaches_rest(self, start: object, width: int) -> bool:
+        """Whether the keys from `start` to the last expired one are at most REST_HALVES
+        halves of `width`: the next batch is then the sweep's last, the rest (`key_rest`)."""
+        return self.end(start, width * REST_HALVES // 2) is None
+
     @staticmethod
     def next_width(width: int, found: int, rows: int) -> int | None:
         """The next span's width: the width that held `rows` at the density this one met
@@ -212,5 +224,35 @@ async def run_key_span(
     ms = (time.perf_counter() - started) * 1000
     removed = max(cur.rowcount, 0)
     commits.committed(lazy, wrote=removed > 0)
+    row = await added.fetchone() if added is not None else None
+    return removed, removed, int(row[0]) if row else None, ms
+
+
+async def run_key_rest(
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    commits: LazyCommits,
+    tally: BatchTally,
+    pred: Predicate,
+    start: object,
+    rows: int,
+) -> Ran:
+    """A sweep's last batch, where the next span would reach past the cutoff: the plain DELETE
+    of every expired row with a key from `start` on, and the ledger's row, in one implicit
+    transaction with no read before it (at the density the last span met, the rest holds
+    fewer rows than a span), committed as the session does: it is the table's last. It
+    deletes nothing when `rows` rows or more share the greatest expired key (`key_rest`):
+    the caller then reads the boundary, which walks that run. Prepared once, as the spans."""
+    started = time.perf_counter()
+    params = {**pred.params, **tally.params, "key_after": start, "key_rows": rows}
+    async with conn.pipeline():
+        await conn.execute(*tally.begin(settings, generic=True))
+        # The check's count of one key's rows goes by the index, as a tie walk's does.
+        await conn.execute(tie_walk(), prepare=True)
+        cur = await conn.execute(key_rest(pred), params, prepare=True)
+        added = await tally.add(conn, cur)
+    ms = (time.perf_counter() - started) * 1000
+    removed = max(cur.rowcount, 0)
+    commits.committed(False, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
     return removed, removed, int(row[0]) if row else None, ms
