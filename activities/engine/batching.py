@@ -33,7 +33,7 @@ from activities.engine.keyset import (
     run_key_rest,
     run_key_span,
 )
-from activities.engine.ledger import BatchTally, Done, LazyCommits, lazy_commit
+from activities.engine.ledger import BatchTally, Done, LazyCommits
 from activities.engine.pacing import Pacer
 from activities.engine.planning import TablePlan, keyset_batches
 from activities.engine.rules import Predicate
@@ -305,9 +305,7 @@ class BatchSweeper:
         `_counting`); committed lazily when `lazy` (`ledger.LazyCommits`)."""
         started = time.perf_counter()
         async with self.conn.pipeline():
-            await self.conn.execute(*self.tally.begin(self.settings, walk))
-            if lazy:
-                await self.conn.execute(lazy_commit())
+            await self.conn.execute(*self.tally.begin(self.settings, walk, lazy=lazy))
             cur = await self.conn.execute(statement, params)
             added = await self.tally.add(self.conn, cur)
         ms = (time.perf_counter() - started) * 1000
@@ -329,11 +327,9 @@ class BatchSweeper:
         # trips a batch (why: docs/decisions/server-count.md).
         async with self.conn.pipeline():
             await self.conn.execute(
-                local_timeouts(walk),
+                local_timeouts(walk, lazy=lazy),
                 (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
             )
-            if lazy:
-                await self.conn.execute(lazy_commit())
             cur = await self.conn.execute(statement, params)
         ms = (time.perf_counter() - started) * 1000
         row = await cur.fetchone()

@@ -216,9 +216,7 @@ async def run_key_span(
     params = {**pred.params, **tally.params, "key_after": start, "key_below": end}
     lazy = commits.lazy(more_may_follow=True)
     async with conn.pipeline():
-        await conn.execute(*tally.begin(settings, generic=True))
-        if lazy:
-            await conn.execute(lazy_commit(), prepare=True)
+        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy))
         cur = await conn.execute(key_delete(pred, after=True, below=True), params, prepare=True)
         added = await tally.add(conn, cur)
     ms = (time.perf_counter() - started) * 1000
