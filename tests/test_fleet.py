@@ -22,6 +22,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from activities import builtin_kinds as kinds
+from activities.engine import partition_advice
 from activities.engine.access import LOCK_SPACE
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
@@ -248,24 +249,63 @@ def table_lock_holders(db: psycopg.Connection[Any], table: str) -> list[int]:
     return [pid for (pid,) in rows]
 
 
+@pytest.mark.parametrize("shares", ["recorded", "no table", "record held up"])
 async def test_a_sweep_releases_its_table_lock_when_it_ends(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    shares: str,
 ) -> None:
     """Expired rows, so the sweep takes the table's lock (an empty table's never does); its
-    pooled connection outlives the sweep, so only an unlock frees the table for the next."""
-    idempotency_rows(db, {f"old-{i}": NOW - HOUR for i in range(1_000)} | {"new": NOW + HOUR})
+    pooled connection outlives the sweep, so only an unlock frees the table for the next. The
+    unlock rides with the day's record of the table's share, the sweep's last statement,
+    when that record is made (`recorded`); else it is a statement of its own: with no
+    `purge_shares` table, or when the record runs out of time behind a lock on that table
+    (held from the sweep's first batch on)."""
+    idempotency_rows(db, {f"old-{i}": NOW - HOUR for i in range(1_000)})
+    # Live rows enough that the pass removes a small share: a large one is advice of its own,
+    # and then not recorded.
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'new' || i, '{}', %s FROM generate_series(1, 20000) i",
+        (NOW + HOUR,),
+    )
+    db.execute(
+        "ANALYZE x_idempotency"
+    )  # the rows left are known (a share no one knows is not kept)
+    if shares == "no table":
+        db.execute("DROP TABLE purge_shares")
+    monkeypatch.setattr(partition_advice, "RECORD_TIMEOUT_MS", 200)
     held_during: list[list[int]] = []
+    blocker = psycopg.connect(schema_url)  # its LOCK TABLE stays until it is closed
+
+    def beat(*_: Any) -> None:
+        held_during.append(table_lock_holders(db, "x_idempotency"))
+        if shares == "record held up" and len(held_during) == 1:
+            blocker.execute("LOCK TABLE purge_shares IN ACCESS EXCLUSIVE MODE")
+
     env = activity_env()
-    env.on_heartbeat = lambda *_: held_during.append(table_lock_holders(db, "x_idempotency"))
+    env.on_heartbeat = beat
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
-    done: PurgeSweep = await env.run(
-        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    try:
+        done: PurgeSweep = await env.run(
+            activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+        )
+        free = table_lock_holders(db, "x_idempotency") == []
+    finally:
+        blocker.close()
+    recorded = (
+        db.execute("SELECT count(*) FROM purge_shares WHERE now_ms = %s", (NOW,)).fetchone()
+        if shares != "no table"
+        else (0,)
     )
 
     assert (done.status, done.removed) == ("ok", 1_000)
     assert held_during, "no batch heartbeat was seen"
     assert all(len(holders) == 1 for holders in held_during), held_during  # the sweep held it
-    assert table_lock_holders(db, "x_idempotency") == []
+    assert recorded == ((1,) if shares == "recorded" else (0,))
+    assert free
     with psycopg.connect(schema_url, autocommit=True) as other:
         taken = other.execute(
             "SELECT pg_try_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",

@@ -119,9 +119,12 @@ async def record_share(
     now_ms: int,
     removed: int,
     live: int,
-) -> list[SharePass]:
+    then: sql.SQL | None = None,
+) -> tuple[list[SharePass], bool]:
     """Record this pass over `table` and return the table's passes of the window, oldest
-    first, this one last; empty if the record could not be made (then no advice)."""
+    first, this one last; empty if the record could not be made (then no advice). With
+    `then`, a statement that takes no parameters sent after the record in its round trip (the
+    table's unlock, the sweep's last statement); the flag says whether it ran."""
     params = {**share_params(target, table, now_ms), "removed": removed, "live": live}
     try:
         # One round trip: pipelined up to one Sync, the timeouts and the record are one
@@ -131,12 +134,21 @@ async def record_share(
         async with conn.pipeline():
             await conn.execute(local_timeouts(lazy=True), (RECORD_TIMEOUT_MS, RECORD_TIMEOUT_MS))
             cur = await conn.execute(share_record(), params)
+            if then is not None:
+                await conn.execute(then)
         rows = await cur.fetchall()
-    except (errors.InsufficientPrivilege, errors.UndefinedTable, errors.QueryCanceled):
+    except (
+        errors.InsufficientPrivilege,
+        errors.UndefinedTable,
+        errors.QueryCanceled,
+        errors.LockNotAvailable,
+    ):
         # Rights revoked or the table dropped since the pass looked, or a lock held on the
-        # record: the advice waits; the sweep it is about has already succeeded.
-        return []
-    return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows]
+        # record (its lock_timeout and statement_timeout are the same: either may fire first):
+        # the advice waits; the sweep it is about has already succeeded. What was to follow
+        # the record did not run (the transaction was aborted before it).
+        return [], False
+    return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows], then is not None
 
 
 def remembered_advice(target: str, table: str, column: str, passes: list[SharePass]) -> str:

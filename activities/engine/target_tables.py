@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from activities.engine.access import TableAccess
+from activities.engine.access import TableAccess, unlock_tables
 from activities.engine.context import SweepContext, partition_action
 from activities.engine.leftover import analyze_after, leftover, vacuum_advice
 from activities.engine.partition_advice import pass_advice, record_share, remembered_advice
@@ -113,12 +113,14 @@ class TargetSweeper:
                 return _nothing_to_sweep(plan)
             if not await self.access.lock(conn, pred):
                 return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
+            unlocked = False
             try:
                 sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
                 table = await sweeper.sweep(pred, plan, check=check)
-                after = await self._after(conn, pred, plan, table, ctx)
+                after, unlocked = await self._after(conn, pred, plan, table, ctx)
             finally:
-                await self.access.unlock(conn)
+                if not unlocked:
+                    await self.access.unlock(conn)
         return after.merge(table)
 
     async def _open_ledger(
@@ -158,8 +160,10 @@ class TargetSweeper:
         plan: TablePlan,
         table: SweepStats,
         ctx: SweepContext,
-    ) -> SweepStats:
-        """What the table's sweep left, the advice it calls for and, if set, its ANALYZE."""
+    ) -> tuple[SweepStats, bool]:
+        """What the table's sweep left, the advice it calls for and, if set, its ANALYZE; and
+        whether the table's lock was released with the day's record of its share, the last
+        statement (one round trip fewer than an unlock of its own)."""
         left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed)
         after = SweepStats(
             oldest_expired_age_ms=left.oldest_age_ms,
@@ -176,17 +180,24 @@ class TargetSweeper:
         partition = await pass_advice(conn, pred, plan, table.removed, left)
         # A day's passes remember what each removed of the table: never a share no one knows.
         remember = ctx.remember and left.live_from != "unknown"
+        unlocked = False
         if not partition and remember and pred.range_key and not plan.partitioned:
             # One pass's evidence said nothing: the day's passes may.
-            passes = await record_share(
-                conn, ctx.target, str(pred.table), ctx.now_ms, table.removed, left.live
+            passes, unlocked = await record_share(
+                conn,
+                ctx.target,
+                str(pred.table),
+                ctx.now_ms,
+                table.removed,
+                left.live,
+                then=unlock_tables(),
             )
             column = pred.range_key.column
             partition = remembered_advice(ctx.target, str(pred.table), column, passes)
         for advice in (vacuum_advice(pred, table.removed, left), partition):
             if advice:
                 after.advice.append(advice)
-        return after
+        return after, unlocked
 
     async def _partitions_gone(self, ctx: SweepContext, stats: SweepStats) -> None:
         """The partitions this pass took out, by every attempt: from the ledger's marks when
