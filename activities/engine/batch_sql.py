@@ -150,10 +150,12 @@ def index_batch(
 def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Composed:
     """A keyset batch's boundary: the least key of the expired rows left (from `%(key_after)s`
     on, when `after`: where the last batch stopped), and the one `%(key_skip)s` entries past it
-    (a batch's rows less one), NULL when fewer are left; with `mid`, a third: the key
+    (a batch's rows less one), NULL when fewer are left; with `mid`, two more: the key
     `%(key_mid)s` entries past the least, from which the span after the batch is sized (the
     density of the batch's upper half: a few old keys far below the rest, at its start, do not
-    make it wide). They read only index entries (an
+    make it wide), and the key `%(key_tail)s` entries past the first entry of the batch's last
+    key, NULL when fewer are left there (then the rest, at most half a batch more, rides with
+    the batch). They read only index entries (an
     index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
     work once; skipping entries to the last costs less than aggregating them (no count, min and
     max per row). The batch's size is a parameter, not part of the text, so the text is the
@@ -161,14 +163,26 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     docs/decisions/keyset-batches.md)."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
+    table = ident(pred.table)
     next_key = sql.SQL(
         "SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column}"
+    ).format(column=column, table=table, where=pred.where, after=_from_key(column, after))
+    probes = sql.SQL("({next} LIMIT 1) AS least, ({next} OFFSET %(key_skip)s LIMIT 1) AS last")
+    if not mid:
+        return sql.SQL("SELECT ") + probes.format(next=next_key)
+    # The tail is read from the last key's first entry (ties included), not from the start
+    # again: half a batch more entries, not one and a half. OFFSET 0 keeps the probes in a
+    # subquery of their own, each run once, rather than copied into the tail's.
+    return sql.SQL(
+        "SELECT s.least, s.last, s.mid, (SELECT {column} FROM {table} WHERE {where}"
+        " AND {column} >= s.last ORDER BY {column} OFFSET %(key_tail)s LIMIT 1)"
+        " FROM (SELECT {probes}, ({next} OFFSET %(key_mid)s LIMIT 1) AS mid OFFSET 0) s"
     ).format(
-        column=column, table=ident(pred.table), where=pred.where, after=_from_key(column, after)
-    )
-    middle = sql.SQL(", ({next} OFFSET %(key_mid)s LIMIT 1)") if mid else sql.SQL("")
-    return sql.SQL("SELECT ({next} LIMIT 1), ({next} OFFSET %(key_skip)s LIMIT 1){middle}").format(
-        next=next_key, middle=middle.format(next=next_key)
+        column=column,
+        table=table,
+        where=pred.where,
+        probes=probes.format(next=next_key),
+        next=next_key,
     )
 
 
