@@ -261,8 +261,8 @@ async def test_a_sweep_releases_its_table_lock_when_it_ends(
     pooled connection outlives the sweep, so only an unlock frees the table for the next. The
     unlock rides with the day's record of the table's share, the sweep's last statement,
     when that record is made (`recorded`); else it is a statement of its own: with no
-    `purge_shares` table, or when the record runs out of time behind a lock on that table
-    (held from the sweep's first batch on)."""
+    `purge_shares` table, or when the record gives up waiting for a lock on that table (held
+    from the sweep's first batch on): its lock_timeout, and the sweep still ends ok."""
     idempotency_rows(db, {f"old-{i}": NOW - HOUR for i in range(1_000)})
     # Live rows enough that the pass removes a small share: a large one is advice of its own,
     # and then not recorded.

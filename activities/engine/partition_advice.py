@@ -132,7 +132,9 @@ async def record_share(
         # of a table's sweep here, fsync on): a server crash that lost the row would only leave
         # the day's advice one pass short; nothing reported or counted depends on it.
         async with conn.pipeline():
-            await conn.execute(local_timeouts(lazy=True), (RECORD_TIMEOUT_MS, RECORD_TIMEOUT_MS))
+            # A wait for a lock ends in LockNotAvailable, before the statement's own limit.
+            timeouts = (RECORD_TIMEOUT_MS // 2, RECORD_TIMEOUT_MS)
+            await conn.execute(local_timeouts(lazy=True), timeouts)
             cur = await conn.execute(share_record(), params)
             if then is not None:
                 await conn.execute(then)
@@ -143,10 +145,9 @@ async def record_share(
         errors.QueryCanceled,
         errors.LockNotAvailable,
     ):
-        # Rights revoked or the table dropped since the pass looked, or a lock held on the
-        # record (its lock_timeout and statement_timeout are the same: either may fire first):
-        # the advice waits; the sweep it is about has already succeeded. What was to follow
-        # the record did not run (the transaction was aborted before it).
+        # Rights revoked or the table dropped since the pass looked, a lock held on the record,
+        # or a record too slow: the advice waits; the sweep it is about has already succeeded.
+        # What was to follow the record did not run (the transaction was aborted before it).
         return [], False
     return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows], then is not None
 
