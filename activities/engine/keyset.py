@@ -2,7 +2,8 @@
 counted by its command tag.
 
 A sweep's first batch reads its boundary: where the next n expired rows end in the index (the
-least key, the n-th and the one half-way), then deletes that key range. Every other batch
+least key, the n-th and the one half-way), then deletes that key range (and the rest, when
+less than half a batch lies past it: one more probe). Every other batch
 deletes a key span sized from the rows the last one found in its span (`KeySpans`), with no
 read before it: the bound a user feels is how long a batch holds its locks, not how many rows
 it holds, so a span's rows may exceed the plan, and the next span follows the density met. The
