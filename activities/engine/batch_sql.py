@@ -155,7 +155,8 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     density of the batch's upper half: a few old keys far below the rest, at its start, do not
     make it wide), and the key `%(key_tail)s` entries past the first entry of the batch's last
     key, NULL when fewer are left there (then the rest, at most half a batch more, rides with
-    the batch). They read only index entries (an
+    the batch). Each probe after the first starts from the key it counts from. They read only
+    index entries (an
     index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
     work once; skipping entries to the last costs less than aggregating them (no count, min and
     max per row). The batch's size is a parameter, not part of the text, so the text is the
@@ -164,25 +165,35 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     assert pred.column is not None
     column = sql.Identifier(pred.column)
     table = ident(pred.table)
-    next_key = sql.SQL(
-        "SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column}"
+
+    def from_key(key: str, offset: str) -> sql.Composed:
+        # A probe from a key the query found, not from where the expired rows' entries begin:
+        # the index's descent steps over the entries of rows deleted since it was last vacuumed
+        # (an hour's, after a VACUUM that skipped the index), instead of each probe walking them.
+        return sql.SQL(
+            "(SELECT {column} FROM {table} WHERE {where} AND {column} >= {key}"
+            " ORDER BY {column} OFFSET {offset} LIMIT 1)"
+        ).format(
+            column=column, table=table, where=pred.where, key=sql.SQL(key), offset=sql.SQL(offset)
+        )
+
+    least = sql.SQL(
+        "(SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column} LIMIT 1)"
     ).format(column=column, table=table, where=pred.where, after=_from_key(column, after))
-    probes = sql.SQL("({next} LIMIT 1) AS least, ({next} OFFSET %(key_skip)s LIMIT 1) AS last")
-    if not mid:
-        return sql.SQL("SELECT ") + probes.format(next=next_key)
-    # The tail is read from the last key's first entry (ties included), not from the start
-    # again: half a batch more entries, not one and a half. OFFSET 0 keeps the probes in a
-    # subquery of their own, each run once, rather than copied into the tail's.
-    return sql.SQL(
-        "SELECT s.least, s.last, s.mid, (SELECT {column} FROM {table} WHERE {where}"
-        " AND {column} >= s.last ORDER BY {column} OFFSET %(key_tail)s LIMIT 1)"
-        " FROM (SELECT {probes}, ({next} OFFSET %(key_mid)s LIMIT 1) AS mid OFFSET 0) s"
+    mid_probe = sql.SQL(", {} AS mid").format(from_key("s.least", "%(key_mid)s"))
+    # OFFSET 0 keeps each level a subquery of its own: each probe runs once, after the one it
+    # starts from.
+    probes = sql.SQL(
+        "SELECT s.least, {last} AS last{mid} FROM (SELECT {least} AS least OFFSET 0) s"
     ).format(
-        column=column,
-        table=table,
-        where=pred.where,
-        probes=probes.format(next=next_key),
-        next=next_key,
+        last=from_key("s.least", "%(key_skip)s"),
+        mid=mid_probe if mid else sql.SQL(""),
+        least=least,
+    )
+    if not mid:
+        return probes
+    return sql.SQL("SELECT b.least, b.last, b.mid, {tail} FROM ({probes} OFFSET 0) b").format(
+        tail=from_key("b.last", "%(key_tail)s"), probes=probes
     )
 
 
