@@ -94,29 +94,6 @@ async def test_after_the_first_batch_spans_hold_a_batch_each_with_no_boundary_re
     assert 0 < removed[-1] <= ROWS * 3 // 2
 
 
-@pytest.mark.parametrize(("expired", "batches"), [(290, 1), (320, 2)])
-async def test_less_than_half_a_batch_past_the_first_rides_with_it(
-    db: psycopg.Connection[Any],
-    pool: AsyncConnectionPool[Any],
-    monkeypatch: pytest.MonkeyPatch,
-    expired: int,
-    batches: int,
-) -> None:
-    """Batches of ROWS (200): 290 expired keys are one batch (what is left past the first
-    200, 90, is less than half a batch, and is not a batch of its own); 320 are two, the first
-    of 199 (up to the 200th key, not including it). Every expired row goes, no live one."""
-    fixed_batches(monkeypatch, rows=ROWS)
-    fill(db, expired, 40_000, spacing_ms=1_000)
-    removed: list[int] = []
-
-    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
-
-    assert stats.removed == expired
-    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
-    assert len(removed) == stats.batches == batches
-    assert removed[0] == (expired if batches == 1 else ROWS - 1)
-
-
 async def test_a_few_old_keys_far_below_the_rest_do_not_make_the_spans_wide(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

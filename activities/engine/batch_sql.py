@@ -150,51 +150,36 @@ def index_batch(
 def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Composed:
     """A keyset batch's boundary: the least key of the expired rows left (from `%(key_after)s`
     on, when `after`: where the last batch stopped), and the one `%(key_skip)s` entries past it
-    (a batch's rows less one), NULL when fewer are left; with `mid`, two more: the key
+    (a batch's rows less one), NULL when fewer are left; with `mid`, a third: the key
     `%(key_mid)s` entries past the least, from which the span after the batch is sized (the
     density of the batch's upper half: a few old keys far below the rest, at its start, do not
-    make it wide), and the key `%(key_tail)s` entries past the first entry of the batch's last
-    key, NULL when fewer are left there (then the rest, at most half a batch more, rides with
-    the batch). Each probe after the first starts from the key it counts from. They read only
-    index entries (an
-    index-only scan where the heap is all-visible), so the DELETE that follows does the heap's
-    work once; skipping entries to the last costs less than aggregating them (no count, min and
-    max per row). The batch's size is a parameter, not part of the text, so the text is the
-    same for every batch of a sweep and is prepared, not planned anew for each batch (why:
-    docs/decisions/keyset-batches.md)."""
+    make it wide). The second and third probes start from the least key found. They read only
+    index entries (an index-only scan where the heap is all-visible), so the DELETE that
+    follows does the heap's work once; skipping entries to the last costs less than
+    aggregating them (no count, min and max per row). The batch's size is a parameter, not part
+    of the text, so the text is the same for every batch of a sweep and is prepared, not
+    planned anew for each batch (why: docs/decisions/keyset-batches.md)."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
     table = ident(pred.table)
 
-    def from_key(key: str, offset: str) -> sql.Composed:
-        # A probe from a key the query found, not from where the expired rows' entries begin:
-        # the index's descent steps over the entries of rows deleted since it was last vacuumed
-        # (an hour's, after a VACUUM that skipped the index), instead of each probe walking them.
+    def from_least(offset: str) -> sql.Composed:
+        # From the least key found, by the index's descent, not from where the expired rows'
+        # entries begin: a probe would otherwise walk again the entries of rows deleted since
+        # the index was last vacuumed (an hour's, after a VACUUM that skipped the index).
         return sql.SQL(
-            "(SELECT {column} FROM {table} WHERE {where} AND {column} >= {key}"
+            "(SELECT {column} FROM {table} WHERE {where} AND {column} >= s.least"
             " ORDER BY {column} OFFSET {offset} LIMIT 1)"
-        ).format(
-            column=column, table=table, where=pred.where, key=sql.SQL(key), offset=sql.SQL(offset)
-        )
+        ).format(column=column, table=table, where=pred.where, offset=sql.SQL(offset))
 
     least = sql.SQL(
         "(SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column} LIMIT 1)"
     ).format(column=column, table=table, where=pred.where, after=_from_key(column, after))
-    mid_probe = sql.SQL(", {} AS mid").format(from_key("s.least", "%(key_mid)s"))
-    # OFFSET 0 keeps each level a subquery of its own: each probe runs once, after the one it
-    # starts from.
-    probes = sql.SQL(
-        "SELECT s.least, {last} AS last{mid} FROM (SELECT {least} AS least OFFSET 0) s"
-    ).format(
-        last=from_key("s.least", "%(key_skip)s"),
-        mid=mid_probe if mid else sql.SQL(""),
-        least=least,
-    )
-    if not mid:
-        return probes
-    return sql.SQL("SELECT b.least, b.last, b.mid, {tail} FROM ({probes} OFFSET 0) b").format(
-        tail=from_key("b.last", "%(key_tail)s"), probes=probes
-    )
+    middle = sql.SQL(", {}").format(from_least("%(key_mid)s")) if mid else sql.SQL("")
+    # OFFSET 0 keeps the least key's probe a subquery of its own: run once, before the others.
+    return sql.SQL(
+        "SELECT s.least, {last}{middle} FROM (SELECT {least} AS least OFFSET 0) s"
+    ).format(last=from_least("%(key_skip)s"), middle=middle, least=least)
 
 
 def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:

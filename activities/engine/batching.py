@@ -201,8 +201,8 @@ class BatchSweeper:
                     run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
                 )
                 found, ms = await self._batch(result, run, page=0)
-                if keyed.whole or found < rows:
-                    return  # the batch took every expired row left (or found none)
+                if found < rows:
+                    return  # fewer expired rows than asked for were left: that was all of them
                 planned, after, tied = rows, keyed.next_after, keyed.tie
                 rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
                 # Sized from the batch's upper half: its rows from the middle key up to the

@@ -2,8 +2,7 @@
 counted by its command tag.
 
 A sweep's first batch reads its boundary: where the next n expired rows end in the index (the
-least key, the n-th and the one half-way), then deletes that key range (and the rest, when
-less than half a batch lies past it: one more probe). Every other batch
+least key, the n-th and the one half-way), then deletes that key range. Every other batch
 deletes a key span sized from the rows the last one found in its span (`KeySpans`), with no
 read before it: the bound a user feels is how long a batch holds its locks, not how many rows
 it holds, so a span's rows may exceed the plan, and the next span follows the density met. The
@@ -53,32 +52,23 @@ class KeyBatch:
         """With `mid`: the key half a batch past the least found (None: fewer were left)."""
         self.tie = False
         """Whether the last `delete` was a `tie_delete`: it wants `tie_walk` before it."""
-        self.whole = False
-        """Whether the last `delete` took every expired row left: fewer than a batch, or at
-        most half a batch past it (`mid`'s tail probe)."""
 
-    def delete(
-        self, least: object, last: object | None, tail: object | None = True
-    ) -> tuple[sql.Composed, dict[str, object]]:
-        """The DELETE for a boundary read: the least expired key left, the `rows`-th (None
-        when fewer are left), and the key half a batch past the first entry of the `rows`-th
-        (None when fewer are left there; not None when it was not read)."""
+    def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
+        """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
+        when fewer are left)."""
         # From the least key found, not the last batch's bound: the first batch's DELETE then
         # starts where the live index entries do, not over every entry of rows deleted before
         # (by earlier passes, not yet vacuumed), which its boundary read already stepped over.
         params = {**self.pred.params, "key_after": least}
-        self.tie = self.whole = False
+        self.tie = False
+        if last is None:
+            # The rest: fewer than a batch were left.
+            return key_delete(self.pred, after=True, below=False), params
         if least == last:
             # A whole batch shares one key: take `rows` of them by ctid; the next batch reads
             # from that key again, until fewer than a batch of it are left.
             self.next_after, self.tie = least, True
             return tie_delete(self.pred), {**params, "key_at": least, "key_rows": self.rows}
-        if last is None or tail is None:
-            # The rest: fewer than a batch were left, or at most half a batch more (no run of
-            # one key longer than that among them), which rides with this one instead of
-            # being a batch of its own.
-            self.whole = True
-            return key_delete(self.pred, after=True, below=False), params
         # Up to the last key found, not including it: its rows (and ties) open the next batch.
         self.next_after = last
         return key_delete(self.pred, after=True, below=True), {**params, "key_below": last}
@@ -108,18 +98,17 @@ async def run_key_batch(
                 "key_after": keyed.after,
                 "key_skip": keyed.rows - 1,
                 "key_mid": keyed.rows // 2,
-                "key_tail": keyed.rows // 2,
             },
             prepare=True,
         )
-        least, last, *probed = await boundary.fetchone() or (None, None)
-        keyed.middle, tail = probed if probed else (None, True)
+        least, last, *middle = await boundary.fetchone() or (None, None)
+        keyed.middle = middle[0] if middle else None
         added, lazy = None, False
         if least is not None:
-            delete = keyed.delete(least, last, tail)
-            lazy = commits.lazy(more_may_follow=not keyed.whole)
+            lazy = commits.lazy(more_may_follow=last is not None)
             if lazy:
                 await conn.execute(lazy_commit(), prepare=True)
+            delete = keyed.delete(least, last)
             if keyed.tie:
                 await conn.execute(tie_walk(), prepare=True)
             cur = await conn.execute(*delete, prepare=True)
@@ -131,7 +120,7 @@ async def run_key_batch(
     commits.committed(lazy, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
     # A whole batch was there (its last key was found); else what was left, all deleted.
-    found = removed if keyed.whole else keyed.rows
+    found = keyed.rows if last is not None else removed
     return found, removed, int(row[0]) if row else None, ms
 
 
