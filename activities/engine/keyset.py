@@ -207,23 +207,14 @@ async def run_key_span(
     start: object,
     end: object,
 ) -> Ran:
-    """One key span in one implicit transaction: the plain DELETE of the expired rows with keys
-    from `start` up to, not including, `end`, and the ledger's row, with no read before it;
-    committed lazily when `commits` allows it (a span is never a sweep's last: the boundary
-    read finds the last), else as the session does. Its statements are those of a boundary
-    batch's DELETE, prepared once."""
-    started = time.perf_counter()
-    params = {**pred.params, **tally.params, "key_after": start, "key_below": end}
+    """One key span: the plain DELETE of the expired rows with keys from `start` up to, not
+    including, `end` (`_plain_batch`), committed lazily when `commits` allows it (a span is
+    never a sweep's last: the rest, or a boundary read, is). Its statements are those of a
+    boundary batch's DELETE, prepared once."""
+    params = {**pred.params, "key_after": start, "key_below": end}
+    delete = key_delete(pred, after=True, below=True)
     lazy = commits.lazy(more_may_follow=True)
-    async with conn.pipeline():
-        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy))
-        cur = await conn.execute(key_delete(pred, after=True, below=True), params, prepare=True)
-        added = await tally.add(conn, cur)
-    ms = (time.perf_counter() - started) * 1000
-    removed = max(cur.rowcount, 0)
-    commits.committed(lazy, wrote=removed > 0)
-    row = await added.fetchone() if added is not None else None
-    return removed, removed, int(row[0]) if row else None, ms
+    return await _plain_batch(conn, settings, commits, tally, delete, params, lazy)
 
 
 async def run_key_rest(
@@ -235,22 +226,41 @@ async def run_key_rest(
     start: object,
     rows: int,
 ) -> Ran:
-    """A sweep's last batch, where the next span would reach past the cutoff: the plain DELETE
-    of every expired row with a key from `start` on, and the ledger's row, in one implicit
-    transaction with no read before it (at the density the last span met, the rest holds
-    fewer rows than a span), committed as the session does: it is the table's last. It
-    deletes nothing when `rows` rows or more share the greatest expired key (`key_rest`):
-    the caller then reads the boundary, which walks that run. Prepared once, as the spans."""
+    """A sweep's last batch, once the next span would reach past the cutoff or leave less than
+    half a span after it: the plain DELETE of every expired row with a key from `start` on
+    (`_plain_batch`; at the density the last span met, at most a span and a half), committed
+    as the session does: it is the table's last. It deletes nothing when `rows` rows or more
+    share the greatest expired key (`key_rest`): the caller then reads the boundary, which
+    walks that run. Prepared once, as the spans."""
+    params = {**pred.params, "key_after": start, "key_rows": rows}
+    return await _plain_batch(
+        conn, settings, commits, tally, key_rest(pred), params, lazy=False, by_index=True
+    )
+
+
+async def _plain_batch(
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    commits: LazyCommits,
+    tally: BatchTally,
+    delete: sql.Composed,
+    params: dict[str, object],
+    lazy: bool,
+    by_index: bool = False,
+) -> Ran:
+    """One plain, prepared DELETE and the ledger's row in one implicit transaction with no read
+    before it, committed lazily when `lazy`; with `by_index`, the tie walk's planner settings
+    for its transaction (`key_rest`'s count of one key's rows goes by the index, as a tie
+    walk's does)."""
     started = time.perf_counter()
-    params = {**pred.params, **tally.params, "key_after": start, "key_rows": rows}
     async with conn.pipeline():
-        await conn.execute(*tally.begin(settings, generic=True))
-        # The check's count of one key's rows goes by the index, as a tie walk's does.
-        await conn.execute(tie_walk(), prepare=True)
-        cur = await conn.execute(key_rest(pred), params, prepare=True)
+        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy))
+        if by_index:
+            await conn.execute(tie_walk(), prepare=True)
+        cur = await conn.execute(delete, {**params, **tally.params}, prepare=True)
         added = await tally.add(conn, cur)
     ms = (time.perf_counter() - started) * 1000
     removed = max(cur.rowcount, 0)
-    commits.committed(False, wrote=removed > 0)
+    commits.committed(lazy, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
     return removed, removed, int(row[0]) if row else None, ms
