@@ -192,8 +192,9 @@ class BatchSweeper:
             end = spans.end(after, width) if spans and width and after is not None else None
             if end is None:
                 # The first batch, a run of one key, or a last batch that found a run of one
-                # key at the top: the boundary read finds where the rows end (the rest is the
-                # sweep's last batch) and whether one key holds more than a batch (walked).
+                # key at the top: the boundary read finds where the rows end (fewer than a
+                # batch left: this batch is the sweep's last) and whether one key holds more
+                # than a batch (walked).
                 # The half-way probe sizes the span after the batch; inside a run of one key
                 # (most likely after a batch of it) no span follows, so it is not read.
                 keyed = KeyBatch(pred, rows, after, mid=spans is not None and not tied)
