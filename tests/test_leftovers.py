@@ -286,3 +286,20 @@ async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them
     assert after_sweep[gauges[0]] == cut_short["backlog"]
     assert after_sweep[gauges[1]] >= 3_600  # rows expired an hour before the pass's instant
     assert [after_busy[g] for g in gauges] == [after_sweep[g] for g in gauges]
+
+
+async def test_analyze_after_behind_a_held_lock_warns_and_sweeps(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """A session holds SHARE UPDATE EXCLUSIVE on the table for the whole sweep (as a manual
+    VACUUM or an anti-wraparound autovacuum would): the batches do not conflict with it, the
+    ANALYZE after them does. The sweep ends ok with its rows counted, not analyzed, and says
+    why, once; it does not fail after its rows are gone."""
+    fill(db, "x_idempotency", 10_000, 2, NOW)
+    with psycopg.connect(schema_url) as holder:
+        holder.execute("LOCK TABLE x_idempotency IN SHARE UPDATE EXCLUSIVE MODE")
+        result: PurgeSweep = await sweep_of(pool, analyze_after=True)
+
+    assert (result.status, result.removed) == ("ok", 5_000)
+    assert not result.analyzed
+    assert result.advice.count("not analyzed") == 1

@@ -134,7 +134,8 @@ async def analyze_after(
     conn: AsyncConnection[Any], pred: Predicate, removed: int, left: Leftover, budget_ms: int
 ) -> tuple[bool, str]:
     """ANALYZE the table when the sweep removed more than a tenth of it: (analyzed, a warning
-    when the role may not)."""
+    when the role may not, or when it could not within its time: a lock held on the table for
+    READ_TIMEOUT_MS, or `budget_ms` of ANALYZE). The sweep's result stands either way."""
     share = left.share(removed)
     if share is None or share <= LARGE_SHARE:
         return False, ""
@@ -147,9 +148,23 @@ async def analyze_after(
             f"MAINTAIN privilege, PostgreSQL 17+: GRANT MAINTAIN ON {pred.table} TO <role>; or "
             "ownership); statistics left as they were"
         )
-    async with conn.transaction():
-        await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, budget_ms))
-        await conn.execute(analyze(pred))
+    try:
+        async with conn.transaction():
+            await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, budget_ms))
+            await conn.execute(analyze(pred))
+    except errors.LockNotAvailable:
+        # The sweep it is about has succeeded: the statistics wait for the next pass, or for
+        # whatever holds the table (a VACUUM, an ANALYZE, DDL), which may refresh them itself.
+        return False, (
+            f"{pred.table}: not analyzed after the sweep: another session held a lock ANALYZE "
+            f"waits for (a VACUUM, an ANALYZE or DDL) for {READ_TIMEOUT_MS} ms; statistics "
+            "left as they were"
+        )
+    except errors.QueryCanceled:
+        return False, (
+            f"{pred.table}: not analyzed after the sweep: ANALYZE ran past statement_timeout "
+            f"({budget_ms} ms); statistics left as they were"
+        )
     return True, ""
 
 
