@@ -176,10 +176,17 @@ class BatchSweeper:
                 # The next span would reach past the last expired key, or leave less than half
                 # a span after it: the rest is the last batch, with no boundary read before it.
                 last = functools.partial(
-                    run_key_rest, self.conn, self.settings, self.commits, self.tally, pred
+                    run_key_rest,
+                    self.conn,
+                    self.settings,
+                    self.commits,
+                    self.tally,
+                    pred,
+                    after,
+                    rows,
                 )
                 try:
-                    found, _ = await self._batch(result, functools.partial(last, after, rows), 0)
+                    found, _ = await self._batch(result, last, page=0)
                 except errors.QueryCanceled:
                     width = self._narrower(pred, result, width)
                     continue
