@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,6 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 import worker
 from activities import builtin_kinds as kinds
+from activities.engine import leftover as leftover_module
+from activities.engine import partition_advice
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep
@@ -32,6 +35,7 @@ from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
+from tests.support.pace import fixed_batches
 from tests.support.passes import listed, run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
@@ -303,3 +307,60 @@ async def test_analyze_after_behind_a_held_lock_warns_and_sweeps(
     assert (result.status, result.removed) == ("ok", 5_000)
     assert not result.analyzed
     assert result.advice.count("not analyzed") == 1
+
+
+@pytest.mark.parametrize("ends", ["cut short", "emptied", "large share"])
+async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_sweep_stands(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    ends: str,
+) -> None:
+    """Another session takes ACCESS EXCLUSIVE on the table (DDL, a VACUUM FULL) right after the
+    sweep's last batch commits. Each read the sweep's end makes of the table waits for it and
+    gives up at its lock timeout: the sweep ends with its rows counted exactly, and each read
+    falls back (it never fails a sweep whose rows are gone, whose retry would remove nothing):
+    - `cut short`, out of time with expired rows left, under a lock_timeout shorter than the
+      count's own limit: the backlog is the plan's estimate, the oldest row's age unknown;
+    - `emptied`: the views say no row is left, and the read of one row that would confirm it
+      gives up: the live rows are not taken as 0;
+    - `large share`: the partition advice comes without the rows-a-day its read would add."""
+    monkeypatch.setattr(leftover_module, "READ_TIMEOUT_MS", 400)
+    monkeypatch.setattr(partition_advice, "PARTITION_ADVICE_ROWS", 100)
+    expired = {"cut short": (2_000, 10), "emptied": (300, 1), "large share": (600, 2)}
+    rows, every = expired[ends]
+    removable = fill(db, "x_idempotency", rows, every, NOW)
+    fixed_batches(monkeypatch, rows=200 if ends == "cut short" else 1_000)
+    settings = SweepSettings(time_budget_ms=300, lock_timeout_ms=100)
+    holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
+    holder.execute("SET lock_timeout = '5s'")  # a hook inside a batch would fail, not hang
+
+    def hold_after_the_first_batch(progress: Any) -> None:
+        if progress.batches == 1:  # committed; for all but `cut short`, the last
+            holder.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
+            if ends == "cut short":
+                time.sleep(settings.time_budget_ms / 1000)
+
+    try:
+        stats = await kinds.idempotency(pool, settings=settings).sweep(
+            NOW, on_batch=hold_after_the_first_batch
+        )
+    finally:
+        holder.close()
+
+    left = db.execute(
+        "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
+    ).fetchone()
+    if ends == "cut short":
+        assert (stats.removed, stats.complete) == (200, False)
+        assert left == (removable - 200,)
+        assert stats.backlog_estimated is True
+        assert stats.oldest_expired_age_ms is None
+    else:
+        assert (stats.removed, stats.complete, left) == (removable, True, (0,))
+    if ends == "emptied":
+        assert stats.live_from != "stats"  # a read that gave up is not an empty table
+    if ends == "large share":
+        [advice] = [line for line in stats.advice if "partition it by RANGE" in line]
+        assert "rows a day" not in advice

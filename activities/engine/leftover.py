@@ -18,6 +18,17 @@ LARGE_SHARE = 0.10
 ADVICE_MIN_ROWS = 1_000
 #: How long the after-sweep reads may take: they are reports, never worth holding up a pass.
 READ_TIMEOUT_MS = 2_000
+#: How a report's read gives up: past its statement_timeout, or waiting for a lock (a table held
+#: by DDL or a VACUUM FULL at the sweep's end). Either way the sweep it reports on has already
+#: removed its rows: the read falls back, and never fails the sweep.
+GAVE_UP = (errors.QueryCanceled, errors.LockNotAvailable)
+
+
+def read_limits() -> tuple[int, int]:
+    """The lock and statement timeouts of an after-sweep read: the lock wait ends first, at
+    half of READ_TIMEOUT_MS, so a table held at the sweep's end always ends the read the same
+    way (LockNotAvailable), whichever of two equal timers PostgreSQL would report."""
+    return READ_TIMEOUT_MS // 2, READ_TIMEOUT_MS
 
 
 #: Where a table's live rows after its sweep come from: PostgreSQL's statistics views; the
@@ -57,12 +68,12 @@ async def leftover(
     if not complete:
         try:
             async with conn.transaction():
-                await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+                await conn.execute(local_timeouts(), read_limits())
                 cur = await conn.execute(oldest_expired(pred), pred.params)
                 row = await cur.fetchone()
             instant = row[0] if row else None
             age = max(0, now_ms - int(instant)) if instant is not None else 0
-        except errors.QueryCanceled:
+        except GAVE_UP:
             age = None
     live, dead, estimated = await _tuples(conn, pred)
     if live or not removed:
@@ -93,14 +104,15 @@ async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int
 
 
 async def _any_row(conn: AsyncConnection[Any], pred: Predicate) -> bool:
-    """Whether the table holds a row; True when the read runs out of time (rows behind the
-    pages the sweep emptied: assume some, and give no share rather than a wrong one)."""
+    """Whether the table holds a row; True when the read gives up (rows behind the pages the
+    sweep emptied, or a lock held on the table: assume some, and give no share rather than a
+    wrong one)."""
     try:
         async with conn.transaction():
-            await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+            await conn.execute(local_timeouts(), read_limits())
             cur = await conn.execute(any_row(pred))
             row = await cur.fetchone()
-    except errors.QueryCanceled:
+    except GAVE_UP:
         return True
     return bool(row and row[0])
 

@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import local_timeouts
-from activities.engine.leftover import LARGE_SHARE, READ_TIMEOUT_MS, Leftover
+from activities.engine.leftover import GAVE_UP, LARGE_SHARE, Leftover, read_limits
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
 
@@ -84,12 +84,12 @@ async def _rows_per_day(conn: AsyncConnection[Any], pred: Predicate, live: int) 
     assert pred.range_key is not None
     try:
         async with conn.transaction():
-            await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, READ_TIMEOUT_MS))
+            await conn.execute(local_timeouts(), read_limits())
             cur = await conn.execute(
                 value_span_days(pred, pred.range_key.sql_type), {"cutoff": pred.range_key.cutoff}
             )
             row = await cur.fetchone()
-    except (errors.QueryCanceled, errors.DataError):
+    except (*GAVE_UP, errors.DataError):
         return None
     days = float(row[0]) if row and row[0] is not None else 0.0
     return live / days if days > 0 else None
