@@ -396,6 +396,48 @@ async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbe
     assert db.execute("SELECT count(*) FROM purge_progress").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("since", ["unchanged", "dropped", "insert revoked"])
+async def test_a_workers_next_pass_opens_the_ledger_as_the_tables_are_then(
+    db: psycopg.Connection[Any], schema_url: str, role: str, since: str
+) -> None:
+    """A worker opens the ledger in one round trip once it has seen it through the same
+    connection settings, sending its reads with the check of the tables (`Ledger.open`). Two
+    passes of one worker, the ledger changed between them: the second counts in the ledger as
+    it then is: in it when `unchanged`; from its heartbeats, and exactly, when it was
+    `dropped` or this role may no longer add to it (`insert revoked`: its reads and its
+    expiry still succeed, so only the check can tell)."""
+    db.execute(f'GRANT SELECT, DELETE ON x_idempotency TO "{role}"')
+    db.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON purge_progress, purge_shares TO "{role}"')
+    url = make_conninfo(schema_url, user=role)
+    counted = []
+    async with AsyncConnectionPool(url, kwargs={"autocommit": True}, open=False) as pool:
+        activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+        for attempt in range(2):
+            if attempt == 1 and since == "dropped":
+                db.execute("DROP TABLE purge_progress")
+            if attempt == 1 and since == "insert revoked":
+                db.execute(f'REVOKE INSERT ON purge_progress FROM "{role}"')
+            expired = fill(db, 1_000)
+            env = activity_env()
+            result: PurgeSweep = await env.run(
+                activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+            )
+            ledger = (
+                db.execute(
+                    "SELECT removed FROM purge_progress WHERE run_id = %s",
+                    (env.info.workflow_run_id,),
+                ).fetchone()
+                if attempt == 0 or since != "dropped"
+                else None
+            )
+            counted.append((result.status, result.removed, result.lower_bound, ledger))
+            db.execute("TRUNCATE x_idempotency")
+
+    assert counted[0] == ("ok", expired, False, (expired,))
+    in_ledger = (expired,) if since == "unchanged" else None
+    assert counted[1] == ("ok", expired, False, in_ledger)
+
+
 ENDS = ["out of time", "cancelled", "a crash at its first report"]
 
 

@@ -69,6 +69,9 @@ NOTHING = sql.SQL("")
 #: (host, port, database, the tables' OIDs, pass instant) whose ledger this worker has cleared
 #: of old passes.
 _EXPIRED: set[tuple[object, ...]] = set()
+#: What `ledger_writable` last returned through each connection setting (`_where`): what `open`
+#: assumes the next time, to send its reads with the check in one round trip.
+_WRITABLE: dict[str, tuple[object, ...] | None] = {}
 
 
 @dataclass(frozen=True)
@@ -97,9 +100,56 @@ class Ledger:
 
     async def open(self, conn: AsyncConnection[Any], settings: SweepSettings) -> Opened:
         """The pass's count so far, after removing ledger rows (and `purge_shares` rows) of old
-        passes, and whether the shares may be recorded."""
+        passes, and whether the shares may be recorded.
+
+        One round trip where this worker has opened a ledger through the same connection
+        settings before (every pass but a worker's first): what the tables were then is
+        assumed, their reads and deletes sent with the read that checks it (`_open_as_before`).
+        Otherwise, and when the tables changed since, the check first and the rest after it."""
+        where = _where(conn)
+        before = _WRITABLE.get(where)
+        if before is not None and any(usable(before)):
+            opened = await self._open_as_before(conn, settings, before)
+            if opened is not None:
+                return opened
         cur = await conn.execute(ledger_writable())
         row = await cur.fetchone()
+        _WRITABLE[where] = tuple(row) if row else None
+        return await self._open_found(conn, settings, row)
+
+    async def _open_as_before(
+        self, conn: AsyncConnection[Any], settings: SweepSettings, before: tuple[object, ...]
+    ) -> Opened | None:
+        """`open` in one round trip, `before` assumed to be what `ledger_writable` returns: the
+        check, then what `_open_found` would send, pipelined up to one Sync. None (nothing
+        counted, and no old row's removal noted as done) when the check says otherwise or the
+        tables are gone or out of reach since: the caller opens it step by step."""
+        ledger, shares = usable(before)
+        try:
+            async with conn.pipeline():
+                checked = await conn.execute(ledger_writable())
+                expiry = await self._expire(conn, settings, before)
+                cur = await conn.execute(
+                    ledger_entry() if ledger else pipeline_flush(), self.params
+                )
+            row = await checked.fetchone()
+            entry = await cur.fetchone() if ledger else None
+        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            # Dropped or revoked since: its expiry and read failed with the transaction.
+            _WRITABLE.pop(_where(conn), None)
+            return None
+        if row is None or tuple(row) != before:
+            _WRITABLE.pop(_where(conn), None)
+            return None
+        _expired(expiry)
+        if not ledger:
+            return Opened(None, shares)
+        return Opened(int(entry[0]) if entry else 0, shares)
+
+    async def _open_found(
+        self, conn: AsyncConnection[Any], settings: SweepSettings, row: Any
+    ) -> Opened:
+        """`open` once `ledger_writable` has said what there is (`row`)."""
         ledger, shares = usable(row)
         if not ledger and not shares:
             return Opened(None, False)
@@ -191,6 +241,12 @@ def _expiry_key(conn: AsyncConnection[Any], writable: Any, key: LedgerKey) -> tu
     """(host, port, database, the tables' OIDs, pass instant): a pass's old rows, once gone."""
     info = conn.info
     return (info.host, info.port, info.dbname, writable[1], writable[3], key.now_ms)
+
+
+def _where(conn: AsyncConnection[Any]) -> str:
+    """The connection's settings without a password (host, port, database, user, options such
+    as a search_path): connections alike in these find the same ledger, with the same rights."""
+    return conn.info.dsn
 
 
 def _expired(expiry: tuple[object, ...]) -> None:
