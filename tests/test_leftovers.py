@@ -20,8 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 import worker
 from activities import builtin_kinds as kinds
+from activities.engine import batching, partition_advice
 from activities.engine import leftover as leftover_module
-from activities.engine import partition_advice
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep
@@ -364,3 +364,38 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
     if ends == "large share":
         [advice] = [line for line in stats.advice if "partition it by RANGE" in line]
         assert "rows a day" not in advice
+
+
+async def test_the_views_count_every_row_a_sweep_that_ends_with_the_rest_removed(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keyset sweep's last batch (the rest) asks for the session's statistics to be flushed
+    as it commits, and the read of what the sweep left then sends no flush of its own: the
+    live and dead tuples it reports still count every row the sweep removed, the last batch's
+    too (read in the same second as the batches, before PostgreSQL would flush them itself)."""
+    db.execute(
+        "INSERT INTO x_idempotency (key, expires_at_ms)"
+        " SELECT 'k' || i, %s + i FROM generate_series(0, 9999) i",
+        (NOW - 2_999,),
+    )  # in expiry order: 3,000 expired (up to NOW), the first in the heap
+    db.execute("VACUUM ANALYZE x_idempotency")
+    fixed_batches(monkeypatch, rows=500)
+    kinds_run: list[str] = []
+    for name in ("run_key_batch", "run_key_span", "run_key_rest"):
+        monkeypatch.setattr(batching, name, counted(kinds_run, name, getattr(batching, name)))
+
+    stats = await kinds.idempotency(pool).sweep(NOW)
+
+    assert stats.removed == 3_000
+    assert (kinds_run[0], kinds_run[-1]) == ("run_key_batch", "run_key_rest"), kinds_run
+    assert (stats.live_rows, stats.dead_rows, stats.live_from) == (7_000, 3_000, "stats")
+
+
+def counted(ran: list[str], name: str, run: Any) -> Any:
+    """`run`, noting `name` in `ran` each time it is called."""
+
+    async def noted(*args: Any, **kwargs: Any) -> Any:
+        ran.append(name)
+        return await run(*args, **kwargs)
+
+    return noted

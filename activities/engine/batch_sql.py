@@ -26,12 +26,17 @@ from activities.engine.rules import Predicate, ident
 
 
 def local_timeouts(
-    walk: bool = False, generic: bool = False, mark: bool = False, lazy: bool = False
+    walk: bool = False,
+    generic: bool = False,
+    mark: bool = False,
+    lazy: bool = False,
+    flush: bool = False,
 ) -> sql.Composed:
     """The statement that sets the current transaction's lock and statement timeouts: its
     parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
-    starts with it; `walk` and `generic` add the planner settings those batches want, and
-    `lazy` a commit that does not wait for its WAL (for a write only a report needs)."""
+    starts with it; `walk` and `generic` add the planner settings those batches want, `lazy`
+    a commit that does not wait for its WAL (for a write only a report needs), and `flush`
+    the session's statistics made visible to the views once it commits (PostgreSQL 15+)."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [
@@ -70,6 +75,11 @@ def local_timeouts(
         )
     if lazy:
         parts.append(sql.SQL(", set_config('synchronous_commit', 'off', true)"))
+    if flush:
+        # For the table's last batch: the session's statistics are flushed as it goes idle,
+        # before the batch's result reaches us, so the read of what the sweep left needs no
+        # round trip of its own to flush them (`leftover.leftover`).
+        parts.append(sql.SQL(", pg_stat_force_next_flush()"))
     return sql.Composed(parts)
 
 

@@ -29,6 +29,7 @@ from activities.engine.keyset import (
     KeyBatch,
     KeySpans,
     Ran,
+    flushes_statistics,
     run_key_batch,
     run_key_rest,
     run_key_span,
@@ -76,6 +77,9 @@ class BatchSweeper:
         # With the ledger, each batch adds its count to purge_progress in its own transaction,
         # and the progress takes the ledger's total.
         self.commits = LazyCommits(conn, ctx.ledger)
+        self.flushed = False
+        """Whether the sweep's last batch flushed the session's statistics as it committed
+        (`local_timeouts(flush=True)`): the views then count every row it removed."""
 
     async def sweep(self, pred: Predicate) -> SweepStats:
         """Delete the table's expired rows by the plan's strategy, until done or out of time:
@@ -192,6 +196,7 @@ class BatchSweeper:
                     width = self._narrower(pred, result, width)
                     continue
                 if found:
+                    self.flushed = flushes_statistics(self.conn)
                     return  # every expired key from `after` on is gone
                 # Nothing deleted: nothing was left, or a batch's worth of rows or more share
                 # the greatest key. The boundary read says which (and walks that run).

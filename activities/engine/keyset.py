@@ -234,8 +234,22 @@ async def run_key_rest(
     walks that run. Prepared once, as the spans."""
     params = {**pred.params, "key_after": start, "key_rows": rows}
     return await _plain_batch(
-        conn, settings, commits, tally, key_rest(pred), params, lazy=False, by_index=True
+        conn,
+        settings,
+        commits,
+        tally,
+        key_rest(pred),
+        params,
+        lazy=False,
+        by_index=True,
+        flush=flushes_statistics(conn),
     )
+
+
+def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
+    """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
+    it ends (`local_timeouts(flush=True)`): PostgreSQL 15 on."""
+    return conn.info.server_version >= 150000
 
 
 async def _plain_batch(
@@ -247,14 +261,15 @@ async def _plain_batch(
     params: dict[str, object],
     lazy: bool,
     by_index: bool = False,
+    flush: bool = False,
 ) -> Ran:
     """One plain, prepared DELETE and the ledger's row in one implicit transaction with no read
     before it, committed lazily when `lazy`; with `by_index`, the tie walk's planner settings
     for its transaction (`key_rest`'s count of one key's rows goes by the index, as a tie
-    walk's does)."""
+    walk's does); with `flush`, the session's statistics flushed as it ends."""
     started = time.perf_counter()
     async with conn.pipeline():
-        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy))
+        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy, flush=flush))
         if by_index:
             await conn.execute(tie_walk(), prepare=True)
         cur = await conn.execute(delete, {**params, **tally.params}, prepare=True)

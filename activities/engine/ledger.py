@@ -319,14 +319,20 @@ class BatchTally:
         return closing.format(found=found) + more
 
     def begin(
-        self, settings: SweepSettings, walk: bool = False, generic: bool = False, lazy: bool = False
+        self,
+        settings: SweepSettings,
+        walk: bool = False,
+        generic: bool = False,
+        lazy: bool = False,
+        flush: bool = False,
     ) -> tuple[sql.Composed, tuple[object, ...]]:
         """A plain batch's first statement (`local_timeouts`) and its parameters: its timeouts,
-        the table when its deletes are counted on the server (see `add`), and with `lazy` what
-        `lazy_commit` sets (in the same statement: one fewer a batch)."""
+        the table when its deletes are counted on the server (see `add`), with `lazy` what
+        `lazy_commit` sets (in the same statement: one fewer a batch), and with `flush` the
+        statistics flush a table's last batch asks for."""
         marked = (self.rel,) if self.rel is not None else ()
         return (
-            local_timeouts(walk, generic, mark=self.rel is not None, lazy=lazy),
+            local_timeouts(walk, generic, mark=self.rel is not None, lazy=lazy, flush=flush),
             (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked),
         )
 

@@ -56,7 +56,12 @@ class Leftover:
 
 
 async def leftover(
-    conn: AsyncConnection[Any], pred: Predicate, now_ms: int, complete: bool, removed: int
+    conn: AsyncConnection[Any],
+    pred: Predicate,
+    now_ms: int,
+    complete: bool,
+    removed: int,
+    flushed: bool = False,
 ) -> Leftover:
     """What the sweep left in the table. The oldest expired row is looked for only when the
     sweep ran out of time: a finished sweep left none as of `now_ms` (a walk read every page;
@@ -75,7 +80,7 @@ async def leftover(
             age = max(0, now_ms - int(instant)) if instant is not None else 0
         except GAVE_UP:
             age = None
-    live, dead, estimated = await _tuples(conn, pred)
+    live, dead, estimated = await _tuples(conn, pred, flushed)
     if live or not removed:
         return Leftover(age, live, dead)
     # The views say no row is left. True after a sweep that emptied the table; but the views
@@ -89,10 +94,13 @@ async def leftover(
     return Leftover(age, 0, dead, "unknown")
 
 
-async def _tuples(conn: AsyncConnection[Any], pred: Predicate) -> tuple[int, int, int | None]:
-    """Live and dead tuples per the views, and the planner's row estimate (None: never made)."""
+async def _tuples(
+    conn: AsyncConnection[Any], pred: Predicate, flushed: bool
+) -> tuple[int, int, int | None]:
+    """Live and dead tuples per the views, and the planner's row estimate (None: never made).
+    `flushed`: the sweep's last batch flushed the session's statistics already."""
     rel = {"rel": ident(pred.table).as_string(conn)}
-    if conn.info.server_version >= 150000:
+    if conn.info.server_version >= 150000 and not flushed:
         # Our own batches' dead tuples reach the views when this session goes idle: after
         # this round trip, not in a pipeline with the read.
         await conn.execute(flush_statistics())

@@ -46,6 +46,8 @@ class TableSweeper:
         self.progress = ctx.progress
         self.remover = PartitionRemover(ctx, conn)
         self.beside = beside
+        self.flushed = False
+        """Whether the last batch run flushed the session's statistics (`BatchSweeper`)."""
 
     async def sweep(self, pred: Predicate, plan: TablePlan, check: bool) -> SweepStats:
         """With `check`, first what `check_partitions` says of this table (a target of one
@@ -154,6 +156,7 @@ class TableSweeper:
             self.progress.page = 0
         sweeper = BatchSweeper(self.ctx, self.conn, plan)
         batches = await sweeper.sweep(pred)
+        self.flushed = sweeper.flushed
         stats.strategies.append(plan.strategy)
         if plan.advice:
             stats.advice.append(plan.advice)

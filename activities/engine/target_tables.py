@@ -117,7 +117,7 @@ class TargetSweeper:
             try:
                 sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
                 table = await sweeper.sweep(pred, plan, check=check)
-                after, unlocked = await self._after(conn, pred, plan, table, ctx)
+                after, unlocked = await self._after(conn, pred, plan, table, ctx, sweeper.flushed)
             finally:
                 if not unlocked:
                     await self.access.unlock(conn)
@@ -160,11 +160,13 @@ class TargetSweeper:
         plan: TablePlan,
         table: SweepStats,
         ctx: SweepContext,
+        flushed: bool,
     ) -> tuple[SweepStats, bool]:
         """What the table's sweep left, the advice it calls for and, if set, its ANALYZE; and
         whether the table's lock was released with the day's record of its share, the last
-        statement (one round trip fewer than an unlock of its own)."""
-        left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed)
+        statement (one round trip fewer than an unlock of its own). `flushed`: the sweep's
+        last batch flushed the session's statistics."""
+        left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed, flushed)
         after = SweepStats(
             oldest_expired_age_ms=left.oldest_age_ms,
             live_rows=left.live,
