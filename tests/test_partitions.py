@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
+from activities.engine import detaching
 from activities.engine.ledger import mark_key
 from activities.engine.sql_target import SqlTarget
 from activities.inputs import PurgeStep
@@ -183,6 +184,25 @@ def sessions(db: psycopg.Connection[Any], table: str) -> set[int]:
     return {int(r[0]) for r in db.execute(f"SELECT pid FROM {table}").fetchall()}
 
 
+def spare_before_the_detaches_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spare connection (`detaching.Beside`) is in hand before the detaches are handed to
+    it, on any machine. The sweep asks the pool for it when the detaches start and counts and
+    drops on its own connection if none came by the time they end: on a busy machine three
+    quick detaches can end before the pool's check of an idle connection (seen: the drop then
+    held the table's own connection, and the edge waited behind it). A test of what happens
+    beside makes the spare come first; a spare that never comes is `Beside`'s own case."""
+    hand = detaching.Beside.hand
+
+    async def hand_once_ready(
+        self: detaching.Beside, tables: list[tuple[TableName, str]]
+    ) -> asyncio.Task[Any] | None:
+        if tables:
+            await asyncio.wait_for(self._ready.wait(), timeout=30)
+        return await hand(self, tables)
+
+    monkeypatch.setattr(detaching.Beside, "hand", hand_once_ready)
+
+
 async def edge_swept_while_the_drop_waits(
     db: psycopg.Connection[Any], swept: asyncio.Future[PurgeSweep]
 ) -> int:
@@ -203,13 +223,17 @@ async def edge_swept_while_the_drop_waits(
 
 
 async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_dropped_beside(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With a second connection in the pool, the detached partitions are counted and dropped
     on it while the table's connection sweeps the edge: here that drop is held, inside its
     transaction, until the edge's DELETE has committed, which it could not if they ran one
     after the other. Once it goes on, every count is exact."""
     total = make_events(db)
+    spare_before_the_detaches_end(monkeypatch)
     hold = abs(hash(schema)) % 2**31
     log_sessions(db, schema, hold)
     # Two connections idle in the pool, so a second one is there at once.
@@ -238,13 +262,17 @@ async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_d
 
 
 async def test_a_drop_beside_lost_after_the_edge_committed_is_counted_once_by_the_retry(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The second connection dies inside the count-and-drop transaction, after the edge's
     batch committed on the table's connection: the attempt fails, the three partitions stay
     detached and marked, the edge's row stays counted. The retry of the same pass drops and
     counts the partitions once: the pass's count is exact."""
     total = make_events(db)
+    spare_before_the_detaches_end(monkeypatch)
     hold = abs(hash(schema)) % 2**31
     log_sessions(db, schema, hold)
     async with pool.connection(), pool.connection():
