@@ -24,12 +24,14 @@ from temporalio.testing import WorkflowEnvironment
 from activities import builtin_kinds as kinds
 from activities.engine import partition_advice
 from activities.engine.access import LOCK_SPACE
+from activities.engine.errors import BadTable, SweepRefused
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
 from activities.schema import reference_ddl
 from activities.sweep import PurgeActivities
 from purge_config import ConfigError, parse_config
+from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_dev.servers import venv_executable
 from purge_ops import runner
@@ -312,6 +314,48 @@ async def test_a_sweep_releases_its_table_lock_when_it_ends(
             (LOCK_SPACE, "x_idempotency"),
         ).fetchone()
     assert taken == (True,)
+
+
+@pytest.mark.parametrize("refused", ["a column in the wrong unit", "an unindexed child table"])
+async def test_a_sweep_refused_after_its_plan_took_the_table_lock_releases_it(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], refused: str
+) -> None:
+    """The table's lock is taken, when free, in the plan's own round trip, before the plan's
+    checks are judged: a check that refuses the table (its epoch column read in the wrong
+    unit; a child table with no index under `refuse_unindexed_children`) deletes nothing and
+    leaves the lock free for the next sweep, though the refusing connection goes back to the
+    pool with its session. (The batched path: a pacing setting keeps the one-statement sweep
+    of a small table, which has a lock of its own, out of it.)"""
+    batched = SweepSettings(max_wal_rate=10**12, refuse_unindexed_children=True)
+    if refused == "a column in the wrong unit":
+        table = "events"
+        db.execute("CREATE TABLE events (key text PRIMARY KEY, at bigint NOT NULL)")
+        db.execute(
+            "INSERT INTO events SELECT 'r' || i, %s + (i - 50) * 3600"
+            " FROM generate_series(0, 99) i",
+            (NOW // 1000,),
+        )  # seconds, read as milliseconds: all in January 1970, all expired
+        target = kinds.expiring(pool, table, TableName(table), "at", settings=batched)
+    else:
+        table = "parent"
+        db.execute("CREATE TABLE parent (id bigint PRIMARY KEY, expires_ms bigint NOT NULL)")
+        db.execute(
+            "CREATE TABLE child (id bigint PRIMARY KEY,"
+            " parent_id bigint REFERENCES parent ON DELETE CASCADE)"
+        )
+        db.execute(
+            "INSERT INTO parent SELECT i, %s + (i - 5) * 1000 FROM generate_series(1, 10) i",
+            (NOW,),
+        )
+        db.execute("INSERT INTO child SELECT i, i FROM generate_series(1, 10) i")
+        target = kinds.expiring(pool, table, TableName(table), "expires_ms", settings=batched)
+    before = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+
+    with pytest.raises((BadTable, SweepRefused), match=r"[Nn]othing (was )?deleted"):
+        await target.purge_expired(NOW)
+
+    assert db.execute(f"SELECT count(*) FROM {table}").fetchone() == before
+    assert table_lock_holders(db, table) == []
 
 
 @pytest.fixture

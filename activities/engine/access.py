@@ -59,38 +59,52 @@ class TableAccess:
 
     async def prepare(
         self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
-    ) -> tuple[Predicate, TablePlan]:
-        """The rule bound to its table, and the table's plan for this pass (with the advice
-        its unindexed child tables call for, or SweepRefused if they are refused)."""
+    ) -> tuple[Predicate, TablePlan, bool]:
+        """The rule bound to its table, the table's plan for this pass (with the advice its
+        unindexed child tables call for, or SweepRefused if they are refused), and whether the
+        table's advisory lock was taken with the plan's reads: when no one held it and the
+        table has a page (an empty one is not locked: nothing to sweep). Whoever gets True
+        must `unlock`; on any exception here the lock is released before it propagates."""
         # One implicit transaction, up to the pipeline's Sync, its timeouts queued with the
         # rule's first read: the unit check and the catalog's reads go in one round trip after
         # the rule's (most rules: three round trips, where a BEGIN and each read were one).
         # Generic plans: the catalog's reads are prepared, and planning them each time cost
         # more than running them (pg_stats is a view of many joins). EXPLAIN still plans the
-        # rule with its values.
-        async with conn.pipeline():
-            await conn.execute(
-                local_timeouts(generic=True),
-                (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
-            )
-            pred = await rule.bind(conn, now_ms)
-            units = [
-                await UnitCheck.send(conn, pred.epoch_table or pred.table, column, unit)
-                for column, unit in pred.epoch_columns
-            ]
-            reads = await FactReads.send(conn, pred)
-            for check in units:
-                await check.judge(conn)
-            plan = planned(pred, await reads.facts(conn))
-            # Only a table a foreign key references has child tables to read (most have none:
-            # one catalog read fewer before their first batch).
-            children = await unindexed_children(conn, pred) if plan.referenced else ""
-        if children and self.settings.refuse_unindexed_children:
-            raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
+        # rule with its values. The lock, if free, is tried last in the catalog's round trip:
+        # it never waits, and a session's advisory lock outlives the transaction (also when a
+        # statement after it fails), so any exit but a return with True releases it.
+        tried = False
+        try:
+            async with conn.pipeline():
+                await conn.execute(
+                    local_timeouts(generic=True),
+                    (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
+                )
+                pred = await rule.bind(conn, now_ms)
+                units = [
+                    await UnitCheck.send(conn, pred.epoch_table or pred.table, column, unit)
+                    for column, unit in pred.epoch_columns
+                ]
+                reads = await FactReads.send(conn, pred)
+                tried = True
+                taken = await conn.execute(try_lock(), {"rel": ident(pred.table).as_string(conn)})
+                for check in units:
+                    await check.judge(conn)
+                plan = planned(pred, await reads.facts(conn))
+                # Only a table a foreign key references has child tables to read (most have
+                # none: one catalog read fewer before their first batch).
+                children = await unindexed_children(conn, pred) if plan.referenced else ""
+            row = await taken.fetchone()
+            if children and self.settings.refuse_unindexed_children:
+                raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
+        except BaseException:
+            if tried:
+                await self.unlock(conn)
+            raise
         if children:
             advice = " ".join(filter(None, (plan.advice, children)))
             plan = replace(plan, advice=advice, children=children)
-        return pred, plan
+        return pred, plan, bool(row and row[0])
 
     async def bind(self, conn: AsyncConnection[Any], rule: Rule, now_ms: int) -> Predicate:
         """The rule bound to its table, its epoch columns checked for a wrong unit."""
@@ -173,6 +187,18 @@ def lock_table() -> sql.Composed:
     """Take the session's advisory lock on `%(rel)s`, waiting at most the lock_timeout."""
     return sql.SQL(
         "SELECT pg_advisory_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4)"
+    ).format(sql.Literal(LOCK_SPACE))
+
+
+def try_lock() -> sql.Composed:
+    """Take the session's advisory lock on `%(rel)s` (the same as `lock_table`'s) if no one
+    holds it and the table has a page (as the plan's `pages` counts them from the file size) or
+    partitions: one row, true when taken; no row when the table is empty. It never waits."""
+    return sql.SQL(
+        "SELECT pg_try_advisory_lock({}, (c.oid::bigint - 2147483648)::int4)"
+        " FROM pg_class c WHERE c.oid = %(rel)s::regclass"
+        " AND (c.relkind = 'p'"
+        " OR pg_relation_size(c.oid) >= current_setting('block_size')::int)"
     ).format(sql.Literal(LOCK_SPACE))
 
 

@@ -105,21 +105,28 @@ class TargetSweeper:
         """One table swept on `conn` under its advisory lock, with what it left (`busy` set,
         and nothing swept, when another sweep held the lock for longer than busy_wait)."""
         async with self.access.faults(rule):
-            pred, plan = await self.access.prepare(conn, rule, ctx.now_ms)
-            if self.small is not None:
-                small = plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
-                self.small.saw(rule.table, small)
-            if plan.pages == 0 and not plan.partitioned:
-                return _nothing_to_sweep(plan)
-            if not await self.access.lock(conn, pred):
-                return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
+            # The lock comes with the plan when it is free (`TableAccess.prepare`): held from
+            # here, released on every way out but the share record's that releases it itself.
+            pred, plan, locked = await self.access.prepare(conn, rule, ctx.now_ms)
             unlocked = False
             try:
+                if self.small is not None:
+                    small = (
+                        plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
+                    )
+                    self.small.saw(rule.table, small)
+                if plan.pages == 0 and not plan.partitioned:
+                    return _nothing_to_sweep(plan)
+                if not locked:
+                    # Held by another sweep (or grown from empty since): wait up to busy_wait.
+                    if not await self.access.lock(conn, pred):
+                        return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
+                    locked = True
                 sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
                 table = await sweeper.sweep(pred, plan, check=check)
                 after, unlocked = await self._after(conn, pred, plan, table, ctx, sweeper.flushed)
             finally:
-                if not unlocked:
+                if locked and not unlocked:
                     await self.access.unlock(conn)
         return after.merge(table)
 
