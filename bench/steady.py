@@ -76,6 +76,7 @@ from bench.services import (
 )
 from bench.stats import FormResult, FormRun, WriterRun, median_of, summarize
 from purge_config.names import TableName
+from purge_ops.connect import check_unless_quiet
 
 log = logging.getLogger("bench")
 
@@ -459,7 +460,7 @@ async def _recording_pool(url: str, logged: bool) -> AsyncIterator[AsyncConnecti
         max_size=4,
         connection_class=RecordingConnection,
         kwargs={"autocommit": True, "application_name": "purge-bench-profile"},
-        check=AsyncConnectionPool.check_connection,
+        check=check_unless_quiet,
     )
     await pool.open()
     await pool.wait()

@@ -61,6 +61,7 @@ from bench.cpu import CpuMeter, postmaster_pid
 from bench.report import render_table
 from bench.services import config_worker, scratch_databases, temporal_dev_server
 from purge_config import PurgeConfig, parse_config
+from purge_ops.connect import check_unless_quiet
 from workflows.chunk import LOCAL_ACTIVITY_MARKER
 
 log = logging.getLogger("bench")
@@ -483,7 +484,7 @@ def _direct_pool(url: str, logged: bool) -> AsyncConnectionPool[Any]:
         min_size=1,
         max_size=4,
         kwargs={"autocommit": True, "application_name": "purge-bench-direct"},
-        check=AsyncConnectionPool.check_connection,
+        check=check_unless_quiet,
     )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import re
+import select
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -154,6 +155,24 @@ def why_unreachable(settings: ClientConnectConfig, error: str) -> str:
     return f"{where}: {' '.join(error.split())}"
 
 
+async def check_unless_quiet(conn: AsyncConnection[Any]) -> None:
+    """The pool's check of a connection before it lends it: a round trip only when the server
+    has said something since the connection went idle. A server that restarted, or that ended
+    the session (pg_terminate_backend, idle_session_timeout), sent its last message and closed
+    the socket: the socket is then readable, the check's empty query fails, and the pool opens
+    another connection. A quiet socket is lent as it is: the check's round trip was one of the
+    sweep's own (docs/decisions/round-trips.md). A peer gone without a word (a cable cut) is
+    found by neither: the empty query would wait as long as the sweep's first statement."""
+    if conn.closed or _readable(conn.fileno()):
+        await AsyncConnectionPool.check_connection(conn)
+
+
+def _readable(fd: int) -> bool:
+    """Whether the socket `fd` holds something to read (data, or the peer's close), now."""
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready)
+
+
 async def open_pool(
     url: str, *, max_size: int = 4, wait_seconds: float = 30.0
 ) -> AsyncConnectionPool[Any]:
@@ -169,7 +188,7 @@ async def open_pool(
         name="purge",
         kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
         # A server restarted under us leaves dead sockets in the pool: test before lending.
-        check=AsyncConnectionPool.check_connection,
+        check=check_unless_quiet,
     )
     await pool.open()
     try:
@@ -194,7 +213,7 @@ class LazyPool:
             max_size=max_size,
             name=f"purge-{name}",
             kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
-            check=AsyncConnectionPool.check_connection,
+            check=check_unless_quiet,
             timeout=wait_seconds,
         )
         self._opening = asyncio.Lock()
