@@ -142,9 +142,7 @@ class Ledger:
             _WRITABLE.pop(_where(conn), None)
             return None
         _expired(expiry)
-        if not ledger:
-            return Opened(None, shares)
-        return Opened(int(entry[0]) if entry else 0, shares)
+        return _opened(ledger, shares, entry)
 
     async def _open_found(
         self, conn: AsyncConnection[Any], settings: SweepSettings, row: Any
@@ -158,10 +156,7 @@ class Ledger:
             expiry = await self._expire(conn, settings, row)
             cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), self.params)
         _expired(expiry)
-        entry = await cur.fetchone()
-        if not ledger:
-            return Opened(None, shares)
-        return Opened(int(entry[0]) if entry else 0, shares)
+        return _opened(ledger, shares, await cur.fetchone())
 
     async def expire_old(
         self, conn: AsyncConnection[Any], settings: SweepSettings, writable: Any
@@ -241,6 +236,12 @@ def _expiry_key(conn: AsyncConnection[Any], writable: Any, key: LedgerKey) -> tu
     """(host, port, database, the tables' OIDs, pass instant): a pass's old rows, once gone."""
     info = conn.info
     return (info.host, info.port, info.dbname, writable[1], writable[3], key.now_ms)
+
+
+def _opened(ledger: bool, shares: bool, entry: Any) -> Opened:
+    """What `open` found: the pass's count from its row `entry` (0 before its first batch; None
+    without a ledger this role may use) and whether the shares may be recorded."""
+    return Opened(int(entry[0]) if entry else 0, shares) if ledger else Opened(None, shares)
 
 
 def _where(conn: AsyncConnection[Any]) -> tuple[object, ...]:
