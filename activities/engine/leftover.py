@@ -24,11 +24,17 @@ READ_TIMEOUT_MS = 2_000
 GAVE_UP = (errors.QueryCanceled, errors.LockNotAvailable)
 
 
+def report_limits(limit_ms: int) -> tuple[int, int]:
+    """The lock and statement timeouts of a statement a report needs, to end by `limit_ms`:
+    the lock wait ends first, at half of it, so a table held at the sweep's end always ends
+    the statement the same way (LockNotAvailable), whichever of two equal timers PostgreSQL
+    would report."""
+    return limit_ms // 2, limit_ms
+
+
 def read_limits() -> tuple[int, int]:
-    """The lock and statement timeouts of an after-sweep read: the lock wait ends first, at
-    half of READ_TIMEOUT_MS, so a table held at the sweep's end always ends the read the same
-    way (LockNotAvailable), whichever of two equal timers PostgreSQL would report."""
-    return READ_TIMEOUT_MS // 2, READ_TIMEOUT_MS
+    """`report_limits` of an after-sweep read of the table: READ_TIMEOUT_MS."""
+    return report_limits(READ_TIMEOUT_MS)
 
 
 #: Where a table's live rows after its sweep come from: PostgreSQL's statistics views; the

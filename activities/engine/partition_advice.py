@@ -18,7 +18,7 @@ from typing import Any
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import local_timeouts
-from activities.engine.leftover import GAVE_UP, LARGE_SHARE, Leftover, read_limits
+from activities.engine.leftover import GAVE_UP, LARGE_SHARE, Leftover, read_limits, report_limits
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
 
@@ -133,18 +133,12 @@ async def record_share(
         # the day's advice one pass short; nothing reported or counted depends on it.
         async with conn.pipeline():
             # A wait for a lock ends in LockNotAvailable, before the statement's own limit.
-            timeouts = (RECORD_TIMEOUT_MS // 2, RECORD_TIMEOUT_MS)
-            await conn.execute(local_timeouts(lazy=True), timeouts)
+            await conn.execute(local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS))
             cur = await conn.execute(share_record(), params)
             if then is not None:
                 await conn.execute(then)
         rows = await cur.fetchall()
-    except (
-        errors.InsufficientPrivilege,
-        errors.UndefinedTable,
-        errors.QueryCanceled,
-        errors.LockNotAvailable,
-    ):
+    except (errors.InsufficientPrivilege, errors.UndefinedTable, *GAVE_UP):
         # Rights revoked or the table dropped since the pass looked, a lock held on the record,
         # or a record too slow: the advice waits; the sweep it is about has already succeeded.
         # What was to follow the record did not run (the transaction was aborted before it).
