@@ -168,9 +168,11 @@ async def check_unless_quiet(conn: AsyncConnection[Any]) -> None:
 
 
 def _readable(fd: int) -> bool:
-    """Whether the socket `fd` holds something to read (data, or the peer's close), now."""
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
+    """Whether the socket `fd` holds something to read (data, the peer's close, an error), now.
+    poll, not select: a worker with many pools may hold descriptors past select's 1024."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 async def open_pool(
