@@ -180,16 +180,7 @@ class BatchSweeper:
             if rest and spans and width and after is not None and spans.reaches_rest(after, width):
                 # The next span would reach past the last expired key, or leave less than half
                 # a span after it: the rest is the last batch, with no boundary read before it.
-                last = functools.partial(
-                    run_key_rest,
-                    self.conn,
-                    self.settings,
-                    self.commits,
-                    self.tally,
-                    pred,
-                    after,
-                    rows,
-                )
+                last = self._keyed(run_key_rest, pred, after, rows)
                 try:
                     found, _ = await self._batch(result, last, page=0)
                 except errors.QueryCanceled:
@@ -211,10 +202,7 @@ class BatchSweeper:
                 # The half-way probe sizes the span after the batch; inside a run of one key
                 # (most likely after a batch of it) no span follows, so it is not read.
                 keyed = KeyBatch(pred, rows, after, mid=spans is not None and not tied)
-                run = functools.partial(
-                    run_key_batch, self.conn, self.settings, self.commits, self.tally, keyed
-                )
-                found, ms = await self._batch(result, run, page=0)
+                found, ms = await self._batch(result, self._keyed(run_key_batch, keyed), page=0)
                 if found < rows:
                     return  # fewer expired rows than asked for were left: that was all of them
                 planned, after, tied = rows, keyed.next_after, keyed.tie
@@ -227,16 +215,7 @@ class BatchSweeper:
                 width = KeySpans.next_width(held, planned - planned // 2, rows) if held else None
                 continue
             assert width is not None
-            span = functools.partial(
-                run_key_span,
-                self.conn,
-                self.settings,
-                self.commits,
-                self.tally,
-                pred,
-                after,
-                end,
-            )
+            span = self._keyed(run_key_span, pred, after, end)
             try:
                 found, ms = await self._batch(result, span, page=0)
             except errors.QueryCanceled:
@@ -247,6 +226,14 @@ class BatchSweeper:
                 rows = _resize(found, ms, self.settings.batch_target_ms, ROWS_RANGE)
             # The density met says what width holds the next span's rows; an empty span grows.
             width = KeySpans.next_width(width, found, rows)
+
+    def _keyed(
+        self, run: Callable[..., Awaitable[Ran]], *args: object
+    ) -> Callable[[], Awaitable[Ran]]:
+        """A keyset batch (`run_key_batch`, `run_key_span` or `run_key_rest`, named at each use
+        from this module's namespace, where `bench.steady_phases` wraps them) bound to this
+        sweep's connection, settings, commits and tally, and to its own `args`."""
+        return functools.partial(run, self.conn, self.settings, self.commits, self.tally, *args)
 
     def _narrower(self, pred: Predicate, result: SweepStats, width: int | None) -> int | None:
         """After a span (or the rest) ran into statement_timeout and was rolled back whole: the
