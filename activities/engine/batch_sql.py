@@ -9,6 +9,7 @@
   `range_batch` and `range_delete` (a walk of a page range), each composed with `psycopg.sql`
   from a bound `Predicate` (the rule's WHERE clause and its parameters: the caller's instant,
   never the server's clock), names as `sql.Identifier`s;
+- `flushes_statistics`: whether the server can flush the session's statistics on request;
 - `pipeline_flush`, and `count_expired`: the expired rows a batch's sweep left (or a dry run
   would remove).
 
@@ -19,10 +20,17 @@ waited for its lock is kept. The ledger's part of a batch is `activities.engine.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from psycopg import sql
+from psycopg import AsyncConnection, sql
 
 from activities.engine.rules import Predicate, ident
+
+
+def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
+    """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
+    it ends (`local_timeouts(flush=True)`, or a statement of its own): PostgreSQL 15 on."""
+    return conn.info.server_version >= 150000
 
 
 def local_timeouts(

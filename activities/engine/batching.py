@@ -18,6 +18,7 @@ from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import (
     count_expired,
+    flushes_statistics,
     index_batch,
     local_timeouts,
     range_batch,
@@ -29,7 +30,6 @@ from activities.engine.keyset import (
     KeyBatch,
     KeySpans,
     Ran,
-    flushes_statistics,
     run_key_batch,
     run_key_rest,
     run_key_span,

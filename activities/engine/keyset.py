@@ -28,6 +28,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine.batch_sql import (
+    flushes_statistics,
     key_boundary,
     key_delete,
     key_rest,
@@ -244,12 +245,6 @@ async def run_key_rest(
         by_index=True,
         flush=flushes_statistics(conn),
     )
-
-
-def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
-    """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
-    it ends (`local_timeouts(flush=True)`): PostgreSQL 15 on."""
-    return conn.info.server_version >= 150000
 
 
 async def _plain_batch(

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.batch_sql import local_timeouts
+from activities.engine.batch_sql import flushes_statistics, local_timeouts
 from activities.engine.rules import Predicate, ident
 
 #: A sweep that removed more than this share of a table calls for fresh statistics (and, when
@@ -106,7 +106,7 @@ async def _tuples(
     """Live and dead tuples per the views, and the planner's row estimate (None: never made).
     `flushed`: the sweep's last batch flushed the session's statistics already."""
     rel = {"rel": ident(pred.table).as_string(conn)}
-    if conn.info.server_version >= 150000 and not flushed:
+    if flushes_statistics(conn) and not flushed:
         # Our own batches' dead tuples reach the views when this session goes idle: after
         # this round trip, not in a pipeline with the read.
         await conn.execute(flush_statistics())
