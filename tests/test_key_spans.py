@@ -19,7 +19,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.engine import batching
+from activities.engine import batching, keyset
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
@@ -115,6 +115,60 @@ async def test_a_few_old_keys_far_below_the_rest_do_not_make_the_spans_wide(
     assert stats.removed == 4_003
     assert len(reads) <= 3 < stats.batches
     assert max(removed) <= 2 * ROWS
+
+
+@pytest.mark.parametrize(("below", "run", "first"), [(20, 150, 199), (60, 80, 159)])
+async def test_a_run_of_one_key_at_the_half_way_probe_keeps_the_first_batch_within_a_batch(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    below: int,
+    run: int,
+    first: int,
+) -> None:
+    """`below` distinct keys, then `run` rows sharing one key across the half-way probe (its
+    position ROWS/2), then 4,000 keys a second apart. The first batch's n-th key is read from the
+    half-way key, whose rows below it move that read down: the batch holds more than half a
+    batch and at most a batch, and no run shorter than a batch is walked by ctid. 150 rows from
+    the 20th: the read from the half-way key lands on the run itself, and the n-th is read again
+    from the least key (without that, a first batch of 20 rows, and a walk of the run). 80 rows
+    from the 60th: it lands past the run, a batch of 159."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    walked = tie_walks(monkeypatch)
+    fill(db, 4_000, 40_000, spacing_ms=1_000)
+    oldest = NOW - 4_000 * 1_000 - 600 * 1_000
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'old' || i, '{}', %s - i * 1000 FROM generate_series(1, %s) i",
+        (oldest, below),
+    )
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'run' || i, '{}', %s FROM generate_series(1, %s) i",
+        (oldest + 1_000, run),
+    )
+    db.execute("ANALYZE x_idempotency")
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert stats.removed == 4_000 + below + run
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    assert removed[0] == first
+    assert walked == []
+
+
+def tie_walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that gets one entry per batch of a run of one key taken by ctid (`tie_delete`)."""
+    seen: list[int] = []
+    tie = keyset.tie_delete
+
+    def counted(*args: Any) -> Any:
+        seen.append(1)
+        return tie(*args)
+
+    monkeypatch.setattr(keyset, "tie_delete", counted)
+    return seen
 
 
 @pytest.mark.parametrize("column_type", ["timestamptz", "timestamp"])

@@ -171,7 +171,12 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     (a batch's rows less one), NULL when fewer are left; with `mid`, a third: the key
     `%(key_mid)s` entries past the least, from which the span after the batch is sized (the
     density of the batch's upper half: a few old keys far below the rest, at its start, do not
-    make it wide). The second and third probes start from the least key found. They read only
+    make it wide). The half-way probe starts from the least key found, and the n-th from the
+    half-way key, so the batch's entries are walked once, not one and a half times. Rows with
+    the half-way key below it move that start down by as many: the batch then ends below the
+    n-th key, with more than half a batch of rows. Where the probe lands on the half-way key
+    itself (one key runs on from there), the n-th is read again from the least key, as
+    without `mid`, so a run of one key is walked only when a batch's worth share it. They read only
     index entries (an index-only scan where the heap is all-visible), so the DELETE that
     follows does the heap's work once; skipping entries to the last costs less than
     aggregating them (no count, min and max per row). The batch's size is a parameter, not part
@@ -181,23 +186,42 @@ def key_boundary(pred: Predicate, after: bool, mid: bool = False) -> sql.Compose
     column = sql.Identifier(pred.column)
     table = ident(pred.table)
 
-    def from_least(offset: str) -> sql.Composed:
-        # From the least key found, by the index's descent, not from where the expired rows'
-        # entries begin: a probe would otherwise walk again the entries of rows deleted since
-        # the index was last vacuumed (an hour's, after a VACUUM that skipped the index).
+    def probe(start: str, offset: str) -> sql.Composed:
+        # From a key found, by the index's descent, not from where the expired rows' entries
+        # begin: a probe would otherwise walk again the entries of rows deleted since the
+        # index was last vacuumed (an hour's, after a VACUUM that skipped the index).
         return sql.SQL(
-            "(SELECT {column} FROM {table} WHERE {where} AND {column} >= s.least"
+            "(SELECT {column} FROM {table} WHERE {where} AND {column} >= {start}"
             " ORDER BY {column} OFFSET {offset} LIMIT 1)"
-        ).format(column=column, table=table, where=pred.where, offset=sql.SQL(offset))
+        ).format(
+            column=column,
+            table=table,
+            where=pred.where,
+            start=sql.SQL(start),
+            offset=sql.SQL(offset),
+        )
 
     least = sql.SQL(
         "(SELECT {column} FROM {table} WHERE {where}{after} ORDER BY {column} LIMIT 1)"
     ).format(column=column, table=table, where=pred.where, after=_from_key(column, after))
-    middle = sql.SQL(", {}").format(from_least("%(key_mid)s")) if mid else sql.SQL("")
-    # OFFSET 0 keeps the least key's probe a subquery of its own: run once, before the others.
+    # OFFSET 0 keeps each probe a subquery of its own: run once, before the ones that start
+    # from its key.
+    start = sql.SQL("(SELECT {least} AS least OFFSET 0) s").format(least=least)
+    if not mid:
+        return sql.SQL("SELECT s.least, {last} FROM {start}").format(
+            last=probe("s.least", "%(key_skip)s"), start=start
+        )
+    # The read from the least key is a subplan of the CASE: it runs only where it is chosen.
     return sql.SQL(
-        "SELECT s.least, {last}{middle} FROM (SELECT {least} AS least OFFSET 0) s"
-    ).format(last=from_least("%(key_skip)s"), middle=middle, least=least)
+        "SELECT h.least, CASE WHEN h.last = h.mid THEN {from_least} ELSE h.last END, h.mid"
+        " FROM (SELECT m.least, m.mid, {from_mid} AS last"
+        " FROM (SELECT s.least, {mid} AS mid FROM {start} OFFSET 0) m OFFSET 0) h"
+    ).format(
+        from_least=probe("h.least", "%(key_skip)s"),
+        from_mid=probe("m.mid", "%(key_skip)s - %(key_mid)s"),
+        mid=probe("s.least", "%(key_mid)s"),
+        start=start,
+    )
 
 
 def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:
