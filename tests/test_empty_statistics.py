@@ -62,12 +62,14 @@ async def _sweep(url: str) -> PurgeSweep:
         await pool.close()
 
 
-def _prepare(url: str, rows: int, expired_every: int, analyze: bool) -> int:
-    """The idempotency table and its ledger, `rows` rows of which every `expired_every`th is
-    expired; analyzed, or with its statistics reset and never analyzed."""
+def _prepare(url: str, rows: int, expired_every: int, analyze: bool, shares: bool = False) -> int:
+    """The idempotency table and its ledger (and, with `shares`, the day's share record),
+    `rows` rows of which every `expired_every`th is expired; analyzed, or with its statistics
+    reset and never analyzed."""
     with psycopg.connect(url, autocommit=True) as conn:
         parts = table_ddl()
-        conn.execute("".join(parts[t] for t in ("x_idempotency", "purge_progress")))
+        tables = ("x_idempotency", "purge_progress") + (("purge_shares",) if shares else ())
+        conn.execute("".join(parts[t] for t in tables))
         conn.execute(
             "INSERT INTO x_idempotency (key, expires_at_ms)"
             " SELECT 'k' || i, CASE WHEN i %% %s = 0 THEN %s ELSE %s END"
@@ -137,3 +139,37 @@ async def test_a_table_the_pass_emptied_is_still_all_of_it(
     assert result.removed == expired == 2_000
     assert result.live_rows_from == "stats"
     assert "removed 2,000 rows (100% of the table)" in result.advice
+
+
+@pytest.mark.parametrize(
+    ("case", "recorded"),
+    [("from a template", [(5_000, 5_000)]), ("reset", []), ("emptied", [(2_000, 0)])],
+)
+async def test_the_days_record_keeps_a_share_only_where_the_live_rows_are_known(
+    databases: Databases, url_of: Callable[[str], str], case: str, recorded: list[Any]
+) -> None:
+    """With `purge_shares`, the record of the pass takes its live rows from where the report
+    does: the planner's estimate in a copy made from a template (5,000, never the views' 0),
+    none at all when neither knows them, and the views' 0 when the pass emptied the table. The
+    views' read and the record share one statement where the views can be taken at their
+    word, so a record made on their 0 would say the pass removed all of a table it halved."""
+    if case == "from a template":
+        template = databases(None)
+        _prepare(url_of(template), 10_000, 2, analyze=True, shares=True)
+        name = databases(template)
+    else:
+        name = databases(None)
+        _prepare(
+            url_of(name),
+            2_000 if case == "emptied" else 10_000,
+            1 if case == "emptied" else 2,
+            analyze=False,
+            shares=True,
+        )
+
+    result = await _sweep(url_of(name))
+
+    with psycopg.connect(url_of(name)) as conn:
+        rows = conn.execute("SELECT removed, live FROM purge_shares").fetchall()
+    assert result.status == "ok"
+    assert rows == recorded

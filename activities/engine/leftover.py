@@ -86,7 +86,21 @@ async def leftover(
             age = max(0, now_ms - int(instant)) if instant is not None else 0
         except GAVE_UP:
             age = None
-    live, dead, estimated = await _tuples(conn, pred, flushed)
+    return await judged(conn, pred, age, removed, await _tuples(conn, pred, flushed))
+
+
+async def judged(
+    conn: AsyncConnection[Any],
+    pred: Predicate,
+    age: int | None,
+    removed: int,
+    tuples: tuple[int, int, int | None],
+) -> Leftover:
+    """What the sweep left, once the views were read (`tuples`: live, dead and the planner's
+    estimate, as `table_tuples` returns them) and the oldest expired row's `age` is known. The
+    views are taken as they are when they count live rows or the sweep removed none
+    (`partition_advice.share_record_with_tuples` records a share on the same test)."""
+    live, dead, estimated = tuples
     if live or not removed:
         return Leftover(age, live, dead)
     # The views say no row is left. True after a sweep that emptied the table; but the views
@@ -106,15 +120,21 @@ async def _tuples(
     """Live and dead tuples per the views, and the planner's row estimate (None: never made).
     `flushed`: the sweep's last batch flushed the session's statistics already."""
     rel = {"rel": ident(pred.table).as_string(conn)}
-    if flushes_statistics(conn) and not flushed:
-        # Our own batches' dead tuples reach the views when this session goes idle: after
-        # this round trip, not in a pipeline with the read.
-        await conn.execute(flush_statistics())
+    await flush_views(conn, flushed)
     cur = await conn.execute(table_tuples(), rel)
     row = await cur.fetchone()
     if not row:
         return 0, 0, None
     return int(row[0]), int(row[1]), None if row[2] is None else int(row[2])
+
+
+async def flush_views(conn: AsyncConnection[Any], flushed: bool) -> None:
+    """Before a read of the views after a sweep: the session's statistics flushed, unless the
+    sweep's last batch did (`flushed`) or the server cannot be asked (before PostgreSQL 15)."""
+    if flushes_statistics(conn) and not flushed:
+        # Our own batches' dead tuples reach the views when this session goes idle: after
+        # this round trip, not in a pipeline with the read.
+        await conn.execute(flush_statistics())
 
 
 async def _any_row(conn: AsyncConnection[Any], pred: Predicate) -> bool:

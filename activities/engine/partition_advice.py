@@ -18,7 +18,14 @@ from typing import Any
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import local_timeouts
-from activities.engine.leftover import GAVE_UP, LARGE_SHARE, Leftover, read_limits, report_limits
+from activities.engine.leftover import (
+    GAVE_UP,
+    LARGE_SHARE,
+    Leftover,
+    read_limits,
+    report_limits,
+    table_tuples,
+)
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
 
@@ -144,6 +151,49 @@ async def record_share(
         # What was to follow the record did not run (the transaction was aborted before it).
         return [], False
     return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows], then is not None
+
+
+@dataclass(frozen=True)
+class TuplesRecorded:
+    """`record_share_with_tuples`'s answer: the views' count and what became of the record."""
+
+    tuples: tuple[int, int, int | None]
+    """Live and dead tuples per the views, and the planner's estimate (`table_tuples`)."""
+    passes: list[SharePass] | None
+    """The table's passes of the window, this one last, as `record_share` returns them; None
+    when the views' count was not certain enough to record (`leftover.judged`)."""
+
+
+async def record_share_with_tuples(
+    conn: AsyncConnection[Any],
+    target: str,
+    pred: Predicate,
+    now_ms: int,
+    removed: int,
+    then: sql.SQL,
+) -> TuplesRecorded | None:
+    """The views' count of the table's tuples and, with the live rows they count, the record
+    of this pass (`record_share`), in one statement, then `then` (the table's unlock), all in
+    one round trip: for a finished sweep whose session's statistics are already in the views.
+    None, with nothing recorded and `then` not run, when the record could not be made (rights,
+    a dropped table, a lock or a slow record): the caller reads and records step by step.
+    Otherwise `then` ran."""
+    rel = ident(pred.table).as_string(conn)
+    params = {**share_params(target, str(pred.table), now_ms), "removed": removed, "rel": rel}
+    try:
+        async with conn.pipeline():
+            await conn.execute(local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS))
+            cur = await conn.execute(share_record_with_tuples(), params)
+            await conn.execute(then)
+        row = await cur.fetchone()
+    except (errors.InsufficientPrivilege, errors.UndefinedTable, *GAVE_UP):
+        return None
+    assert row is not None  # one row: the views' read is an aggregate
+    live, dead, estimated, recorded, day = row
+    tuples = (int(live), int(dead), None if estimated is None else int(estimated))
+    if not recorded:
+        return TuplesRecorded(tuples, None)
+    return TuplesRecorded(tuples, [SharePass(int(p[0]), int(p[1]), int(p[2])) for p in day])
 
 
 def remembered_advice(target: str, table: str, column: str, passes: list[SharePass]) -> str:
@@ -272,6 +322,24 @@ def shared(values: sql.Composable) -> tuple[sql.Composed, sql.SQL]:
         + " UNION ALL SELECT now_ms, removed, live FROM shared) p)"
     )
     return cte, passes
+
+
+def share_record_with_tuples() -> sql.Composed:
+    """`table_tuples` of `%(rel)s` and, when they count live rows or this pass removed none
+    (`%(removed)s`: the test `leftover.judged` takes the views at their word on), the record of
+    this pass with the live rows they count (`share_record`, with `share_params`). One row:
+    live, dead, the planner's estimate, whether the record was made, and the table's passes as
+    `shared` returns them."""
+    values = sql.SQL(
+        "(SELECT %(removed)s::bigint, t.live FROM tuples t"
+        " WHERE t.live > 0 OR %(removed)s::bigint = 0) v(removed, live)"
+    )
+    record, passes = shared(values)
+    return sql.SQL(
+        "WITH tuples(live, dead, estimated) AS ({tuples}){record}"
+        " SELECT t.live, t.dead, t.estimated, EXISTS (SELECT FROM shared), {passes}"
+        " FROM tuples t"
+    ).format(tuples=table_tuples(), record=record, passes=passes)
 
 
 def shares_expire() -> sql.SQL:

@@ -11,8 +11,22 @@ from psycopg import AsyncConnection
 
 from activities.engine.access import TableAccess, unlock_tables
 from activities.engine.context import SweepContext, partition_action
-from activities.engine.leftover import analyze_after, leftover, vacuum_advice
-from activities.engine.partition_advice import pass_advice, record_share, remembered_advice
+from activities.engine.leftover import (
+    Leftover,
+    analyze_after,
+    flush_views,
+    judged,
+    leftover,
+    vacuum_advice,
+)
+from activities.engine.partition_advice import (
+    PARTITION_ADVICE_ROWS,
+    SharePass,
+    pass_advice,
+    record_share,
+    record_share_with_tuples,
+    remembered_advice,
+)
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, Rule
 from activities.engine.small_tables import SMALL_PAGES, SmallSweep, SmallTables, sweep_small
@@ -173,7 +187,24 @@ class TargetSweeper:
         whether the table's lock was released with the day's record of its share, the last
         statement (one round trip fewer than an unlock of its own). `flushed`: the sweep's
         last batch flushed the session's statistics."""
-        left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed, flushed)
+        left: Leftover | None = None
+        passes: list[SharePass] | None = None  # the day's, once recorded
+        unlocked = False
+        if self._records_with_tuples(pred, plan, table, ctx):
+            await flush_views(conn, flushed)
+            flushed = True
+            quick = await record_share_with_tuples(
+                conn, ctx.target, pred, ctx.now_ms, table.removed, then=unlock_tables()
+            )
+            if quick is None:
+                # Not made (as `record_share` gives up): the advice waits, the views are read
+                # on their own, and the unlock follows the sweep.
+                passes = []
+            else:
+                unlocked, passes = True, quick.passes
+                left = await judged(conn, pred, 0, table.removed, quick.tuples)
+        if left is None:
+            left = await leftover(conn, pred, ctx.now_ms, table.complete, table.removed, flushed)
         after = SweepStats(
             oldest_expired_age_ms=left.oldest_age_ms,
             live_rows=left.live,
@@ -189,24 +220,42 @@ class TargetSweeper:
         partition = await pass_advice(conn, pred, plan, table.removed, left)
         # A day's passes remember what each removed of the table: never a share no one knows.
         remember = ctx.remember and left.live_from != "unknown"
-        unlocked = False
         if not partition and remember and pred.range_key and not plan.partitioned:
             # One pass's evidence said nothing: the day's passes may.
-            passes, unlocked = await record_share(
-                conn,
-                ctx.target,
-                str(pred.table),
-                ctx.now_ms,
-                table.removed,
-                left.live,
-                then=unlock_tables(),
-            )
+            if passes is None:
+                passes, ran = await record_share(
+                    conn,
+                    ctx.target,
+                    str(pred.table),
+                    ctx.now_ms,
+                    table.removed,
+                    left.live,
+                    then=None if unlocked else unlock_tables(),
+                )
+                unlocked = unlocked or ran
             column = pred.range_key.column
             partition = remembered_advice(ctx.target, str(pred.table), column, passes)
         for advice in (vacuum_advice(pred, table.removed, left), partition):
             if advice:
                 after.advice.append(advice)
         return after, unlocked
+
+    def _records_with_tuples(
+        self, pred: Predicate, plan: TablePlan, table: SweepStats, ctx: SweepContext
+    ) -> bool:
+        """Whether the views' read of what the sweep left, the day's share record and the unlock
+        go in one round trip (`record_share_with_tuples`): the sweep finished (no oldest expired
+        row to look for), nothing runs between the read and the record (no ANALYZE), the
+        record is kept for the table, and the pass removed too few rows for one pass's advice
+        (which reads the table before any record)."""
+        return (
+            table.complete
+            and not self.settings.analyze_after
+            and ctx.remember
+            and pred.range_key is not None
+            and not plan.partitioned
+            and table.removed < PARTITION_ADVICE_ROWS
+        )
 
     async def _partitions_gone(self, ctx: SweepContext, stats: SweepStats) -> None:
         """The partitions this pass took out, by every attempt: from the ledger's marks when
