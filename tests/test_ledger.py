@@ -400,12 +400,13 @@ async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbe
 async def test_a_workers_next_pass_opens_the_ledger_as_the_tables_are_then(
     db: psycopg.Connection[Any], schema_url: str, role: str, since: str
 ) -> None:
-    """A worker opens the ledger in one round trip once it has seen it through the same
-    connection settings, sending its reads with the check of the tables (`Ledger.open`). Two
-    passes of one worker, the ledger changed between them: the second counts in the ledger as
-    it then is: in it when `unchanged`; from its heartbeats, and exactly, when it was
-    `dropped` or this role may no longer add to it (`insert revoked`: its reads and its
-    expiry still succeed, so only the check can tell)."""
+    """A worker opens the ledger with no round trip of its own once it has seen it through the
+    same connection settings: its reads and the check of the tables go in the table's plan's
+    first round trip (`Ledger.ahead`, `TargetSweeper._prepare`). Two passes of one worker, the
+    ledger changed between them: the second counts in the ledger as it then is: in it when
+    `unchanged`; from its heartbeats, and exactly, when it was `dropped` (the plan's round
+    trip fails with it, and both go again step by step) or this role may no longer add to it
+    (`insert revoked`: its reads and its expiry still succeed, so only the check can tell)."""
     db.execute(f'GRANT SELECT, DELETE ON x_idempotency TO "{role}"')
     db.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON purge_progress, purge_shares TO "{role}"')
     url = make_conninfo(schema_url, user=role)

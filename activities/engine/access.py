@@ -29,6 +29,14 @@ class ConnectionSource(Protocol):
     def connection(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
 
 
+class SentAhead(Protocol):
+    """Statements another concern sends first in a round trip of the plan's, and in its
+    transaction (a ledger's open: `ledger.OpenAhead`); it reads their results itself, after
+    the plan."""
+
+    async def send(self, conn: AsyncConnection[Any]) -> None: ...
+
+
 class TableAccess:
     """The connections and checks every use of a target's tables goes through."""
 
@@ -58,13 +66,19 @@ class TableAccess:
         return advice
 
     async def prepare(
-        self, conn: AsyncConnection[Any], rule: Rule, now_ms: int
+        self,
+        conn: AsyncConnection[Any],
+        rule: Rule,
+        now_ms: int,
+        ahead: SentAhead | None = None,
     ) -> tuple[Predicate, TablePlan, bool]:
         """The rule bound to its table, the table's plan for this pass (with the advice its
         unindexed child tables call for, or SweepRefused if they are refused), and whether the
         table's advisory lock was taken with the plan's reads: when no one held it and the
         table has a page (an empty one is not locked: nothing to sweep). Whoever gets True
-        must `unlock`; on any exception here the lock is released before it propagates."""
+        must `unlock`; on any exception here the lock is released before it propagates.
+        `ahead`: statements sent first, in the rule's round trip and the plan's transaction
+        (an error of theirs raised here, as the plan's own would be)."""
         # One implicit transaction, up to the pipeline's Sync, its timeouts queued with the
         # rule's first read: the unit check and the catalog's reads go in one round trip after
         # the rule's (most rules: three round trips, where a BEGIN and each read were one).
@@ -76,6 +90,8 @@ class TableAccess:
         tried = False
         try:
             async with conn.pipeline():
+                if ahead is not None:
+                    await ahead.send(conn)
                 await conn.execute(
                     local_timeouts(generic=True),
                     (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),

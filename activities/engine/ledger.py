@@ -104,45 +104,34 @@ class Ledger:
 
         One round trip where this worker has opened a ledger through the same connection
         settings before (every pass but a worker's first): what the tables were then is
-        assumed, their reads and deletes sent with the read that checks it (`_open_as_before`).
+        assumed, their reads and deletes sent with the read that checks it (`OpenAhead`).
         Otherwise, and when the tables changed since, the check first and the rest after it."""
-        where = _where(conn)
-        before = _WRITABLE.get(where)
-        if before is not None and any(usable(before)):
-            opened = await self._open_as_before(conn, settings, before)
+        ahead = self.ahead(conn, settings)
+        if ahead is not None:
+            try:
+                async with conn.pipeline():
+                    await ahead.send(conn)
+                opened = await ahead.opened()
+            except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+                # Dropped or revoked since: its expiry and read failed with the transaction.
+                ahead.forget()
+                opened = None
             if opened is not None:
                 return opened
         cur = await conn.execute(ledger_writable())
         row = await cur.fetchone()
-        _WRITABLE[where] = tuple(row) if row else None
+        _WRITABLE[_where(conn)] = tuple(row) if row else None
         return await self._open_found(conn, settings, row)
 
-    async def _open_as_before(
-        self, conn: AsyncConnection[Any], settings: SweepSettings, before: tuple[object, ...]
-    ) -> Opened | None:
-        """`open` in one round trip, `before` assumed to be what `ledger_writable` returns: the
-        check, then what `_open_found` would send, pipelined up to one Sync. None (nothing
-        counted, and no old row's removal noted as done) when the check says otherwise or the
-        tables are gone or out of reach since: the caller opens it step by step."""
-        ledger, shares = usable(before)
-        try:
-            async with conn.pipeline():
-                checked = await conn.execute(ledger_writable())
-                expiry = await self._expire(conn, settings, before)
-                cur = await conn.execute(
-                    ledger_entry() if ledger else pipeline_flush(), self.params
-                )
-            row = await checked.fetchone()
-            entry = await cur.fetchone() if ledger else None
-        except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
-            # Dropped or revoked since: its expiry and read failed with the transaction.
-            _WRITABLE.pop(_where(conn), None)
+    def ahead(self, conn: AsyncConnection[Any], settings: SweepSettings) -> OpenAhead | None:
+        """The open as this worker last found the ledger through `conn`'s settings, to send
+        in a round trip (`OpenAhead`); None when it has not opened one through them, or found
+        neither table usable then (`open` then checks first)."""
+        where = _where(conn)
+        before = _WRITABLE.get(where)
+        if before is None or not any(usable(before)):
             return None
-        if row is None or tuple(row) != before:
-            _WRITABLE.pop(_where(conn), None)
-            return None
-        _expired(expiry)
-        return _opened(ledger, shares, entry)
+        return OpenAhead(self, settings, before, where)
 
     async def _open_found(
         self, conn: AsyncConnection[Any], settings: SweepSettings, row: Any
@@ -225,6 +214,53 @@ class Ledger:
                 names.append(marked(key)[1])
                 rows += removed
         return names, rows
+
+
+class OpenAhead:
+    """A ledger's open sent as this worker last found the tables (`before`, what
+    `ledger_writable` returned): the check, then what `_open_found` would send, in a pipeline
+    (`send`), up to whatever Sync comes next: `Ledger.open`'s own, or that of the statements
+    after it in the round trip (`TableAccess.prepare`'s). Their transaction is one: a failure
+    of either rolls back both. After the Sync, `opened`."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        settings: SweepSettings,
+        before: tuple[object, ...],
+        where: tuple[object, ...],
+    ) -> None:
+        self.ledger, self.settings, self.before, self.where = ledger, settings, before, where
+        self._sent: tuple[AsyncCursor[Any], tuple[object, ...], AsyncCursor[Any]] | None = None
+
+    async def send(self, conn: AsyncConnection[Any]) -> None:
+        """In a pipeline: the check, the old passes' rows removed, the pass's count read."""
+        checked = await conn.execute(ledger_writable())
+        expiry = await self.ledger._expire(conn, self.settings, self.before)
+        ledger, _ = usable(self.before)
+        entry = await conn.execute(
+            ledger_entry() if ledger else pipeline_flush(), self.ledger.params
+        )
+        self._sent = (checked, expiry, entry)
+
+    async def opened(self) -> Opened | None:
+        """After the Sync: what the open found; None when the check says the tables are not
+        what they were (nothing of it is used, and the memory is dropped: open step by
+        step)."""
+        assert self._sent is not None, "OpenAhead.opened before send"
+        checked, expiry, entry = self._sent
+        row = await checked.fetchone()
+        if row is None or tuple(row) != self.before:
+            self.forget()
+            return None
+        ledger, shares = usable(self.before)
+        _expired(expiry)
+        return _opened(ledger, shares, await entry.fetchone() if ledger else None)
+
+    def forget(self) -> None:
+        """The tables are not as remembered (dropped, out of reach or changed since): the next
+        open through these settings checks first."""
+        _WRITABLE.pop(self.where, None)
 
 
 def usable(writable: Any) -> tuple[bool, bool]:

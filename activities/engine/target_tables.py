@@ -7,10 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, errors
 
 from activities.engine.access import TableAccess, unlock_tables
 from activities.engine.context import SweepContext, partition_action
+from activities.engine.ledger import Opened
 from activities.engine.leftover import (
     Leftover,
     analyze_after,
@@ -77,10 +78,10 @@ class TargetSweeper:
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
             async with self.access.pool.connection() as conn:
-                if alone:
-                    ctx, stats = await self._open_ledger(ctx, conn)
-                    self._resumed(small, stats)
-                table = await self._table(ctx, rule, not several, conn)
+                ctx, opened, table = await self._table(ctx, rule, not several, conn, alone)
+            if opened is not None:
+                stats = opened
+                self._resumed(small, stats)
             stats.merge(table)
             if table.busy or not table.complete:
                 break  # held by another sweep, or out of time: the rest wait for the next pass
@@ -114,48 +115,102 @@ class TargetSweeper:
         return await sweep_small(self.access, self.rules[0], ctx, self.small)
 
     async def _table(
-        self, ctx: SweepContext, rule: Rule, check: bool, conn: AsyncConnection[Any]
-    ) -> SweepStats:
+        self,
+        ctx: SweepContext,
+        rule: Rule,
+        check: bool,
+        conn: AsyncConnection[Any],
+        open_ledger: bool = False,
+    ) -> tuple[SweepContext, SweepStats | None, SweepStats]:
         """One table swept on `conn` under its advisory lock, with what it left (`busy` set,
-        and nothing swept, when another sweep held the lock for longer than busy_wait)."""
+        and nothing swept, when another sweep held the lock for longer than busy_wait). With
+        `open_ledger`, the pass's ledger is opened on `conn` first (`_prepare`): the context
+        and the ledger's figures (`_open_ledger`'s) come back beside the table's."""
+        ctx, opened, prepared = await self._prepare(ctx, rule, conn, open_ledger)
         async with self.access.faults(rule):
-            # The lock comes with the plan when it is free (`TableAccess.prepare`): held from
-            # here, released on every way out but the share record's that releases it itself.
-            pred, plan, locked = await self.access.prepare(conn, rule, ctx.now_ms)
-            unlocked = False
-            try:
-                if self.small is not None:
-                    small = (
-                        plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
-                    )
-                    self.small.saw(rule.table, small)
-                if plan.pages == 0 and not plan.partitioned:
-                    return _nothing_to_sweep(plan)
-                if not locked:
-                    # Held by another sweep (or grown from empty since): wait up to busy_wait.
-                    if not await self.access.lock(conn, pred):
-                        return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
-                    locked = True
-                sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
-                table = await sweeper.sweep(pred, plan, check=check)
-                after, unlocked = await self._after(conn, pred, plan, table, ctx, sweeper.flushed)
-            finally:
-                if locked and not unlocked:
-                    await self.access.unlock(conn)
+            return ctx, opened, await self._swept(ctx, rule, check, conn, *prepared)
+
+    async def _prepare(
+        self, ctx: SweepContext, rule: Rule, conn: AsyncConnection[Any], open_ledger: bool
+    ) -> tuple[SweepContext, SweepStats | None, tuple[Predicate, TablePlan, bool]]:
+        """The table's plan (`TableAccess.prepare`, its faults the table's: `faults`), after
+        the pass's ledger opened on `conn` when `open_ledger` (its faults its own). Where this
+        worker has opened the ledger through these settings before, its open rides in the
+        plan's first round trip (`Ledger.ahead`); if it fails there (the ledger, or the table,
+        dropped or out of reach since), both go again step by step, each with its own faults."""
+        ledger = ctx.ledger if open_ledger else None
+        ahead = ledger.ahead(conn, self.settings) if ledger is not None else None
+        if ahead is not None:
+            async with self.access.faults(rule):
+                try:
+                    prepared = await self.access.prepare(conn, rule, ctx.now_ms, ahead)
+                except (errors.UndefinedTable, errors.InsufficientPrivilege):
+                    ahead.forget()
+                    prepared = None
+            if prepared is not None:
+                try:
+                    # None when the tables changed since (the check said so): opened step by
+                    # step then, the plan and the lock kept.
+                    found = await ahead.opened()
+                    ctx, opened = await self._open_ledger(ctx, conn, found)
+                except BaseException:
+                    if prepared[2]:
+                        await self.access.unlock(conn)
+                    raise
+                return ctx, opened, prepared
+        stats = None
+        if open_ledger:
+            ctx, stats = await self._open_ledger(ctx, conn)
+        async with self.access.faults(rule):
+            return ctx, stats, await self.access.prepare(conn, rule, ctx.now_ms)
+
+    async def _swept(
+        self,
+        ctx: SweepContext,
+        rule: Rule,
+        check: bool,
+        conn: AsyncConnection[Any],
+        pred: Predicate,
+        plan: TablePlan,
+        locked: bool,
+    ) -> SweepStats:
+        """`_table` once the table is planned (and, if `locked`, its lock held: released here
+        on every way out but the share record's, which releases it itself)."""
+        unlocked = False
+        try:
+            if self.small is not None:
+                small = plan.pages <= SMALL_PAGES and not plan.partitioned and not plan.referenced
+                self.small.saw(rule.table, small)
+            if plan.pages == 0 and not plan.partitioned:
+                return _nothing_to_sweep(plan)
+            if not locked:
+                # Held by another sweep (or grown from empty since): wait up to busy_wait.
+                if not await self.access.lock(conn, pred):
+                    return SweepStats(busy=_held(rule, self.settings.busy_wait_ms))
+                locked = True
+            sweeper = TableSweeper(ctx, conn, beside=self.access.pool)
+            table = await sweeper.sweep(pred, plan, check=check)
+            after, unlocked = await self._after(conn, pred, plan, table, ctx, sweeper.flushed)
+        finally:
+            if locked and not unlocked:
+                await self.access.unlock(conn)
         return after.merge(table)
 
     async def _open_ledger(
-        self, ctx: SweepContext, conn: AsyncConnection[Any] | None = None
+        self,
+        ctx: SweepContext,
+        conn: AsyncConnection[Any] | None = None,
+        opened: Opened | None = None,
     ) -> tuple[SweepContext, SweepStats]:
         """With a ledger key, the count so far from `purge_progress` (exact, whatever an earlier
         attempt's worker did before it died), read on `conn` or else on a connection of its
-        own; without the table, the context without the key (counts come from the progress
-        resumed)."""
+        own (or, `opened`, read already); without the table, the context without the key
+        (counts come from the progress resumed)."""
         if ctx.ledger is None:
             return ctx, SweepStats()
-        if conn is not None:
+        if opened is None and conn is not None:
             opened = await ctx.ledger.open(conn, self.settings)
-        else:
+        elif opened is None:
             async with self.access.pool.connection() as own:
                 opened = await ctx.ledger.open(own, self.settings)
         ctx = replace(ctx, remember=opened.shares)
