@@ -39,12 +39,14 @@ def local_timeouts(
     mark: bool = False,
     lazy: bool = False,
     flush: bool = False,
+    by_index: bool = False,
 ) -> sql.Composed:
     """The statement that sets the current transaction's lock and statement timeouts: its
     parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
     starts with it; `walk` and `generic` add the planner settings those batches want, `lazy`
-    a commit that does not wait for its WAL (for a write only a report needs), and `flush`
-    the session's statistics made visible to the views once it commits (PostgreSQL 15+)."""
+    a commit that does not wait for its WAL (for a write only a report needs), `flush` the
+    session's statistics made visible to the views once it commits (PostgreSQL 15+), and
+    `by_index` what `tie_walk` sets (one statement fewer where it is known from the start)."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one
     # statement, which the pipeline (one statement per execute) needs.
     parts = [
@@ -88,6 +90,8 @@ def local_timeouts(
         # before the batch's result reaches us, so the read of what the sweep left needs no
         # round trip of its own to flush them (`leftover.leftover`).
         parts.append(sql.SQL(", pg_stat_force_next_flush()"))
+    if by_index:
+        parts.append(sql.SQL(", " + _BY_INDEX))
     return sql.Composed(parts)
 
 
@@ -281,10 +285,12 @@ def tie_walk() -> sql.SQL:
     each batch, every page earlier batches emptied (why: docs/decisions/tie-walk.md). Local
     to the batch's transaction; the cascades of a foreign key planned in it keep their indexes
     (only other scans are turned off), and a child without one is still read."""
-    return sql.SQL(
-        "SELECT set_config('enable_seqscan', 'off', true),"
-        " set_config('enable_bitmapscan', 'off', true)"
-    )
+    return sql.SQL("SELECT " + _BY_INDEX)
+
+
+_BY_INDEX = (
+    "set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)"
+)
 
 
 def _from_key(column: sql.Identifier, after: bool) -> sql.Composable:

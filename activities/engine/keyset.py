@@ -264,9 +264,9 @@ async def _plain_batch(
     walk's does); with `flush`, the session's statistics flushed as it ends."""
     started = time.perf_counter()
     async with conn.pipeline():
-        await conn.execute(*tally.begin(settings, generic=True, lazy=lazy, flush=flush))
-        if by_index:
-            await conn.execute(tie_walk(), prepare=True)
+        await conn.execute(
+            *tally.begin(settings, generic=True, lazy=lazy, flush=flush, by_index=by_index)
+        )
         cur = await conn.execute(delete, {**params, **tally.params}, prepare=True)
         added = await tally.add(conn, cur)
     ms = (time.perf_counter() - started) * 1000

@@ -364,14 +364,18 @@ class BatchTally:
         generic: bool = False,
         lazy: bool = False,
         flush: bool = False,
+        by_index: bool = False,
     ) -> tuple[sql.Composed, tuple[object, ...]]:
         """A plain batch's first statement (`local_timeouts`) and its parameters: its timeouts,
         the table when its deletes are counted on the server (see `add`), with `lazy` what
-        `lazy_commit` sets (in the same statement: one fewer a batch), and with `flush` the
-        statistics flush a table's last batch asks for."""
+        `lazy_commit` sets (in the same statement: one fewer a batch), with `flush` the
+        statistics flush a table's last batch asks for, and with `by_index` the tie walk's
+        planner settings."""
         marked = (self.rel,) if self.rel is not None else ()
         return (
-            local_timeouts(walk, generic, mark=self.rel is not None, lazy=lazy, flush=flush),
+            local_timeouts(
+                walk, generic, mark=self.rel is not None, lazy=lazy, flush=flush, by_index=by_index
+            ),
             (settings.lock_timeout_ms, settings.statement_timeout_ms, *marked),
         )
 
