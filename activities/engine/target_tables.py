@@ -58,9 +58,10 @@ class TargetSweeper:
             await self._totals(ctx, stats)
             return stats
         progress = ctx.progress
-        # A target of one table opens the ledger on that table's own connection, before its
-        # first statement: one pool checkout (and its check, a round trip) fewer. Several
-        # tables open it on a connection of its own, before the first table's.
+        # A target of one table opens the ledger on that table's own connection, with its plan
+        # (`_prepare`): one pool checkout fewer, and, on a worker that has opened it before, no
+        # round trip of its own. Several tables open it on a connection of its own, before the
+        # first table's.
         several = len(self.rules) > 1
         alone = not several and not progress.table
         stats = SweepStats()
