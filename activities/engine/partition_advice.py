@@ -133,6 +133,21 @@ async def record_share(
     `then`, a statement that takes no parameters sent after the record in its round trip (the
     table's unlock, the sweep's last statement); the flag says whether it ran."""
     params = {**share_params(target, table, now_ms), "removed": removed, "live": live}
+    rows = await _recorded(conn, share_record(), params, then)
+    if rows is None:
+        return [], False
+    return share_passes(rows), then is not None
+
+
+async def _recorded(
+    conn: AsyncConnection[Any],
+    statement: sql.Composed,
+    params: dict[str, object],
+    then: sql.SQL | None,
+) -> list[Any] | None:
+    """The rows of a statement that records a pass (`statement`, with `params`), then `then`
+    (a statement without parameters, or None); None when the record could not be made, and
+    `then` did not run."""
     try:
         # One round trip: pipelined up to one Sync, the timeouts and the record are one
         # implicit transaction. Its commit does not wait for its WAL to reach disk (0.5-1 ms
@@ -141,16 +156,20 @@ async def record_share(
         async with conn.pipeline():
             # A wait for a lock ends in LockNotAvailable, before the statement's own limit.
             await conn.execute(local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS))
-            cur = await conn.execute(share_record(), params)
+            cur = await conn.execute(statement, params)
             if then is not None:
                 await conn.execute(then)
-        rows = await cur.fetchall()
+        return await cur.fetchall()
     except (errors.InsufficientPrivilege, errors.UndefinedTable, *GAVE_UP):
         # Rights revoked or the table dropped since the pass looked, a lock held on the record,
         # or a record too slow: the advice waits; the sweep it is about has already succeeded.
         # What was to follow the record did not run (the transaction was aborted before it).
-        return [], False
-    return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows], then is not None
+        return None
+
+
+def share_passes(rows: list[Any]) -> list[SharePass]:
+    """The passes a record returns, (now_ms, removed, live) rows or arrays, as `SharePass`es."""
+    return [SharePass(int(r[0]), int(r[1]), int(r[2])) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -180,20 +199,13 @@ async def record_share_with_tuples(
     Otherwise `then` ran."""
     rel = ident(pred.table).as_string(conn)
     params = {**share_params(target, str(pred.table), now_ms), "removed": removed, "rel": rel}
-    try:
-        async with conn.pipeline():
-            await conn.execute(local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS))
-            cur = await conn.execute(share_record_with_tuples(), params)
-            await conn.execute(then)
-        row = await cur.fetchone()
-    except (errors.InsufficientPrivilege, errors.UndefinedTable, *GAVE_UP):
+    rows = await _recorded(conn, share_record_with_tuples(), params, then)
+    if rows is None:
         return None
-    assert row is not None  # one row: the views' read is an aggregate
-    live, dead, estimated, recorded, day = row
+    # One row: the views' read is an aggregate.
+    [(live, dead, estimated, recorded, day)] = rows
     tuples = (int(live), int(dead), None if estimated is None else int(estimated))
-    if not recorded:
-        return TuplesRecorded(tuples, None)
-    return TuplesRecorded(tuples, [SharePass(int(p[0]), int(p[1]), int(p[2])) for p in day])
+    return TuplesRecorded(tuples, share_passes(day) if recorded else None)
 
 
 def remembered_advice(target: str, table: str, column: str, passes: list[SharePass]) -> str:

@@ -48,9 +48,9 @@ from activities.engine.context import SweepContext
 from activities.engine.ledger import BatchTally, Ledger, ledger_writable, usable
 from activities.engine.leftover import Leftover, analyze_after, vacuum_advice
 from activities.engine.partition_advice import (
-    SharePass,
     remembered_advice,
     share_params,
+    share_passes,
     shared,
 )
 from activities.engine.rules import ExpiryRule, FullBucketRule, Predicate, Rule, ident
@@ -298,7 +298,7 @@ def _record(ctx: SweepContext, done: _Done) -> SmallSweep:
     advice = [vacuum_advice(done.pred, removed, left)]
     key = done.pred.range_key
     if done.shares and passes and key is not None:
-        day = [SharePass(int(p[0]), int(p[1]), int(p[2])) for p in passes]
+        day = share_passes(passes)
         advice.append(remembered_advice(ctx.target, str(done.pred.table), key.column, day))
     stats.advice += [a for a in advice if a]
     return small
