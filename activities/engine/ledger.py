@@ -69,6 +69,10 @@ NOTHING = sql.SQL("")
 #: (host, port, database, the tables' OIDs, pass instant) whose ledger this worker has cleared
 #: of old passes.
 _EXPIRED: set[tuple[object, ...]] = set()
+#: How a statement on the ledger's tables fails when they were dropped or put out of this role's
+#: reach since the worker last looked: an open sent as before (`OpenAhead`) then goes again
+#: step by step.
+LEDGER_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
 #: What `ledger_writable` last returned through each connection setting (`_where`): what `open`
 #: assumes the next time, to send its reads with the check in one round trip.
 _WRITABLE: dict[tuple[object, ...], tuple[object, ...] | None] = {}
@@ -112,7 +116,7 @@ class Ledger:
                 async with conn.pipeline():
                     await ahead.send(conn)
                 opened = await ahead.opened()
-            except (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege):
+            except LEDGER_GONE:
                 # Dropped or revoked since: its expiry and read failed with the transaction.
                 ahead.forget()
                 opened = None

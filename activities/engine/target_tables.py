@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from psycopg import AsyncConnection, errors
+from psycopg import AsyncConnection
 
 from activities.engine.access import TableAccess, unlock_tables
 from activities.engine.context import SweepContext, partition_action
-from activities.engine.ledger import Opened
+from activities.engine.ledger import LEDGER_GONE, Opened
 from activities.engine.leftover import (
     Leftover,
     analyze_after,
@@ -145,7 +145,8 @@ class TargetSweeper:
             async with self.access.faults(rule):
                 try:
                     prepared = await self.access.prepare(conn, rule, ctx.now_ms, ahead)
-                except (errors.UndefinedTable, errors.InsufficientPrivilege):
+                except LEDGER_GONE:
+                    # The ledger's, or the table's own (it is raised again below, as its own).
                     ahead.forget()
                     prepared = None
             if prepared is not None:
