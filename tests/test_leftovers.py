@@ -366,36 +366,63 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
         assert "rows a day" not in advice
 
 
-async def test_the_views_count_every_row_a_sweep_that_ends_with_the_rest_removed(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("expired", "last"),
+    [(3_000, "run_key_rest"), (300, "run_key_batch")],
+    ids=["the rest", "a batch that read its boundary"],
+)
+async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its_last_batch(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    expired: int,
+    last: str,
 ) -> None:
-    """A keyset sweep's last batch (the rest) asks for the session's statistics to be flushed
-    as it commits, and the read of what the sweep left then sends no flush of its own: the
-    live and dead tuples it reports still count every row the sweep removed, the last batch's
-    too (read in the same second as the batches, before PostgreSQL would flush them itself)."""
+    """A keyset sweep's last batch asks for the session's statistics to be flushed as it
+    commits: the rest (3,000 expired rows, batches of 500), or a batch whose boundary read
+    found fewer than a batch left (300). The read of what the sweep left then sends no flush of
+    its own, and the live and dead tuples it reports still count every row the sweep removed,
+    the last batch's too (read in the same second as the batches, before PostgreSQL would
+    flush them itself)."""
     db.execute(
         "INSERT INTO x_idempotency (key, expires_at_ms)"
         " SELECT 'k' || i, %s + i FROM generate_series(0, 9999) i",
-        (NOW - 2_999,),
-    )  # in expiry order: 3,000 expired (up to NOW), the first in the heap
+        (NOW - expired + 1,),
+    )  # in expiry order: `expired` of them (up to NOW), the first in the heap
     db.execute("VACUUM ANALYZE x_idempotency")
     fixed_batches(monkeypatch, rows=500)
     kinds_run: list[str] = []
     for name in ("run_key_batch", "run_key_span", "run_key_rest"):
         monkeypatch.setattr(batching, name, counted(kinds_run, name, getattr(batching, name)))
+    flushes: list[str] = []
+    monkeypatch.setattr(
+        leftover_module,
+        "flush_statistics",
+        counted(flushes, "flush", leftover_module.flush_statistics, wait=False),
+    )
 
     stats = await kinds.idempotency(pool).sweep(NOW)
 
-    assert stats.removed == 3_000
-    assert (kinds_run[0], kinds_run[-1]) == ("run_key_batch", "run_key_rest"), kinds_run
-    assert (stats.live_rows, stats.dead_rows, stats.live_from) == (7_000, 3_000, "stats")
+    assert stats.removed == expired
+    assert (kinds_run[0], kinds_run[-1]) == ("run_key_batch", last), kinds_run
+    assert flushes == []  # the read after the sweep sent no flush of its own
+    assert (stats.live_rows, stats.dead_rows, stats.live_from) == (
+        10_000 - expired,
+        expired,
+        "stats",
+    )
 
 
-def counted(ran: list[str], name: str, run: Any) -> Any:
-    """`run`, noting `name` in `ran` each time it is called."""
+def counted(ran: list[str], name: str, run: Any, wait: bool = True) -> Any:
+    """`run` (a coroutine function, or a plain one without `wait`), noting `name` in `ran`
+    each time it is called."""
 
     async def noted(*args: Any, **kwargs: Any) -> Any:
         ran.append(name)
         return await run(*args, **kwargs)
 
-    return noted
+    def noted_now(*args: Any, **kwargs: Any) -> Any:
+        ran.append(name)
+        return run(*args, **kwargs)
+
+    return noted if wait else noted_now

@@ -9,7 +9,8 @@
   `range_batch` and `range_delete` (a walk of a page range), each composed with `psycopg.sql`
   from a bound `Predicate` (the rule's WHERE clause and its parameters: the caller's instant,
   never the server's clock), names as `sql.Identifier`s;
-- `flushes_statistics`: whether the server can flush the session's statistics on request;
+- `flushes_statistics`: whether the server can flush the session's statistics on request, and
+  `flush_statistics` the statement that asks;
 - `pipeline_flush`, and `count_expired`: the expired rows a batch's sweep left (or a dry run
   would remove).
 
@@ -31,6 +32,12 @@ def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
     """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
     it ends (`local_timeouts(flush=True)`, or a statement of its own): PostgreSQL 15 on."""
     return conn.info.server_version >= 150000
+
+
+def flush_statistics() -> sql.SQL:
+    """Make this session's table statistics (the dead tuples its batches left) visible to the
+    views once it goes idle (PostgreSQL 15+)."""
+    return sql.SQL("SELECT pg_stat_force_next_flush()")
 
 
 def local_timeouts(

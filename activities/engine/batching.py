@@ -79,7 +79,8 @@ class BatchSweeper:
         self.commits = LazyCommits(conn, ctx.ledger)
         self.flushed = False
         """Whether the sweep's last batch flushed the session's statistics as it committed
-        (`local_timeouts(flush=True)`): the views then count every row it removed."""
+        (the rest's `local_timeouts(flush=True)`, or a last batch's own statement after its
+        boundary read): the views then count every row it removed."""
 
     async def sweep(self, pred: Predicate) -> SweepStats:
         """Delete the table's expired rows by the plan's strategy, until done or out of time:
@@ -204,7 +205,9 @@ class BatchSweeper:
                 keyed = KeyBatch(pred, rows, after, mid=spans is not None and not tied)
                 found, ms = await self._batch(result, self._keyed(run_key_batch, keyed), page=0)
                 if found < rows:
-                    return  # fewer expired rows than asked for were left: that was all of them
+                    # Fewer expired rows than asked for were left: that was all of them.
+                    self.flushed = keyed.flushed
+                    return
                 planned, after, tied = rows, keyed.next_after, keyed.tie
                 rows = _resize(rows, ms, self.settings.batch_target_ms, ROWS_RANGE)
                 # Sized from the batch's upper half: its rows from the middle key up to the

@@ -28,6 +28,7 @@ from typing import Any
 from psycopg import AsyncConnection, sql
 
 from activities.engine.batch_sql import (
+    flush_statistics,
     flushes_statistics,
     key_boundary,
     key_delete,
@@ -53,6 +54,9 @@ class KeyBatch:
         """With `mid`: the key half a batch past the least found (None: fewer were left)."""
         self.tie = False
         """Whether the last `delete` was a `tie_delete`: it wants `tie_walk` before it."""
+        self.flushed = False
+        """Whether the batch asked for the session's statistics to be flushed as it commits:
+        its read found fewer than a batch left, so it is the sweep's last (`run_key_batch`)."""
 
     def delete(self, least: object, last: object | None) -> tuple[sql.Composed, dict[str, object]]:
         """The DELETE for a boundary read: the least expired key left, and the `rows`-th (None
@@ -86,7 +90,10 @@ async def run_key_batch(
     pipeline flushed without a Sync), then the DELETE of that key range and the ledger's row
     (its count taken on the server where the plan allows: no round trip between them),
     committed at the Sync: lazily when a whole batch was found (more may follow) and
-    `commits` allows it, else as the session does."""
+    `commits` allows it, else as the session does. When fewer than a batch were found, the
+    batch is the sweep's last: it asks, in the same round trip, for the session's statistics
+    to be flushed as it commits (`keyed.flushed`), as the rest does, so the read of what the
+    sweep left sends no flush of its own."""
     started = time.perf_counter()
     params = {**keyed.pred.params, **tally.params}
     async with conn.pipeline():
@@ -104,6 +111,11 @@ async def run_key_batch(
         )
         least, last, *middle = await boundary.fetchone() or (None, None)
         keyed.middle = middle[0] if middle else None
+        if last is None and flushes_statistics(conn):
+            # The sweep's last batch (none found, or fewer than a batch): the views count its
+            # deletes once the session goes idle after this transaction.
+            await conn.execute(flush_statistics())
+            keyed.flushed = True
         added, lazy = None, False
         if least is not None:
             lazy = commits.lazy(more_may_follow=last is not None)

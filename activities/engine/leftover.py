@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from psycopg import AsyncConnection, errors, sql
 
-from activities.engine.batch_sql import flushes_statistics, local_timeouts
+from activities.engine.batch_sql import flush_statistics, flushes_statistics, local_timeouts
 from activities.engine.rules import Predicate, ident
 
 #: A sweep that removed more than this share of a table calls for fresh statistics (and, when
@@ -248,12 +248,6 @@ def table_tuples() -> sql.SQL:
 def any_row(pred: Predicate) -> sql.Composed:
     """One row: whether the table holds any row at all."""
     return sql.SQL("SELECT EXISTS (SELECT FROM {})").format(ident(pred.table))
-
-
-def flush_statistics() -> sql.SQL:
-    """Make this session's table statistics (the dead tuples its batches left) visible to the
-    views once it goes idle (PostgreSQL 15+)."""
-    return sql.SQL("SELECT pg_stat_force_next_flush()")
 
 
 def may_analyze(server_version: int) -> sql.SQL:
