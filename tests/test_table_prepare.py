@@ -8,9 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
 
 from activities import builtin_kinds as kinds
+from activities.engine import rules
 from activities.engine.access import TableAccess
+from activities.engine.column_memory import assume
+from activities.engine.errors import BadTable
+from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy, SweepSettings
 from purge_ops.connect import open_pool
 from tests.support.rows import HOUR
@@ -67,3 +73,63 @@ async def test_a_tables_catalog_reads_are_planned_once_a_connection_and_its_esti
     assert {plan.strategy for plan in plans} == {"index"}
     # The transaction's settings ended with it: the pool lends the connection as it was.
     assert settings == ("auto", "0")
+
+
+@pytest.mark.parametrize("since", ["unchanged", "retyped", "dropped"])
+async def test_a_workers_next_pass_binds_the_rule_as_the_table_then_is(
+    db: psycopg.Connection[Any],
+    pg_url: str,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    since: str,
+) -> None:
+    """A worker binds a rule from the column types it read on its last pass through the same
+    connection settings, and sends the plan's reads in the round trip that reads them again
+    (`column_memory`). Two passes of one worker, the table changed between them: the second
+    sweeps as the table then is. `retyped`: the timestamptz column made a timestamp (in UTC),
+    in sessions whose TimeZone is New York's: bound from the old type, the cutoff would be
+    compared in New York's time, five hours off, and the row expired three hours ago kept.
+    `dropped`: the column gone, the pass fails with the step by step bind's error, and deletes
+    nothing."""
+    db.execute("CREATE TABLE stamped (key text PRIMARY KEY, at timestamptz NOT NULL)")
+    db.execute("CREATE INDEX ON stamped (at)")
+    add = "INSERT INTO stamped VALUES (%s, to_timestamp(%s / 1000.0))"
+    db.execute(add, ("first expired", NOW - 3 * HOUR))
+    db.execute(add, ("live", NOW + HOUR))
+    url = make_conninfo(pg_url, options=f"-c search_path={schema} -c TimeZone=America/New_York")
+    assumed: list[bool] = []
+
+    def noted(*args: Any) -> Any:
+        columns = assume(*args)
+        assumed.append(columns is not None)
+        return columns
+
+    monkeypatch.setattr(rules, "assume", noted)
+    pool = await open_pool(url)
+    try:
+        target = kinds.expiring(pool, "stamped", TableName("stamped", ""), "at", HOUR)
+        first = await target.sweep(NOW)
+        if since == "retyped":
+            db.execute(
+                "ALTER TABLE stamped ALTER COLUMN at TYPE timestamp USING at AT TIME ZONE 'UTC'"
+            )
+            add = "INSERT INTO stamped VALUES (%s, to_timestamp(%s / 1000.0) AT TIME ZONE 'UTC')"
+        if since == "dropped":
+            db.execute("ALTER TABLE stamped DROP COLUMN at")
+        else:
+            for key, at in [("expired", NOW - 3 * HOUR), ("young", NOW - HOUR // 2)]:
+                db.execute(add, (key, at))
+        first_assumed, assumed[:] = list(assumed), []
+        if since == "dropped":
+            with pytest.raises(BadTable, match="has no column 'at'"):
+                await target.sweep(NOW)
+        else:
+            second = await target.sweep(NOW)
+            assert second.removed == 1
+    finally:
+        await pool.close()
+
+    assert (first.removed, first_assumed) == (1, [False])
+    assert assumed[0]  # the second pass bound the rule from what the first read
+    kept = {row[0] for row in db.execute("SELECT key FROM stamped")}
+    assert kept == ({"live"} if since == "dropped" else {"live", "young"})

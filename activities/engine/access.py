@@ -13,6 +13,7 @@ import psycopg
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import local_timeouts
+from activities.engine.column_memory import TypesAhead, TypesChanged, assumed_types
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
@@ -77,11 +78,44 @@ class TableAccess:
         table's advisory lock was taken with the plan's reads: when no one held it and the
         table has a page (an empty one is not locked: nothing to sweep). Whoever gets True
         must `unlock`; on any exception here the lock is released before it propagates.
-        `ahead`: statements sent first, in the rule's round trip and the plan's transaction
-        (an error of theirs raised here, as the plan's own would be)."""
+        `ahead`: statements sent first, in the plan's first round trip and its transaction
+        (an error of theirs raised here, as the plan's own would be).
+
+        Where this worker has read the table's column types through these connection settings
+        before, the rule is bound from them at once, and the plan's reads go in the same round
+        trip as the types' read (`column_memory`). Where the types then differ, or that round
+        trip fails, it all goes again step by step, the types read first: a table changed since
+        the last pass is planned, refused or failed as it now is."""
+        with assumed_types() as assumed:
+            try:
+                return await self._prepare(conn, rule, now_ms, ahead, assumed)
+            except psycopg.OperationalError:
+                # A lock waited for too long, a statement too slow, a connection lost (no column
+                # type assumed causes these): the same again step by step would only wait as
+                # long again.
+                raise
+            except (psycopg.Error, BadTable, TypesChanged):
+                if not assumed.sent:
+                    raise
+                # Whatever the error, it may be of the types assumed (a statement built for a
+                # column since retyped or dropped): the step by step bind says what it is.
+                assumed.forget()
+        return await self._prepare(conn, rule, now_ms, ahead, None)
+
+    async def _prepare(
+        self,
+        conn: AsyncConnection[Any],
+        rule: Rule,
+        now_ms: int,
+        ahead: SentAhead | None,
+        assumed: TypesAhead | None,
+    ) -> tuple[Predicate, TablePlan, bool]:
+        """`prepare` once: with `assumed`, the column types the rule was bound from checked
+        once every statement of the round trip is sent, before any answer is used."""
         # One implicit transaction, up to the pipeline's Sync, its timeouts queued with the
-        # rule's first read: the unit check and the catalog's reads go in one round trip after
-        # the rule's (most rules: three round trips, where a BEGIN and each read were one).
+        # rule's first read: the unit check and the catalog's reads go in the round trip after
+        # the rule's, or in the rule's own where its column types are assumed (most rules:
+        # three round trips, where a BEGIN and each read were one).
         # Generic plans: the catalog's reads are prepared, and planning them each time cost
         # more than running them (pg_stats is a view of many joins). EXPLAIN still plans the
         # rule with its values. The lock, if free, is tried last in the catalog's round trip:
@@ -104,6 +138,8 @@ class TableAccess:
                 reads = await FactReads.send(conn, pred)
                 tried = True
                 taken = await conn.execute(try_lock(), {"rel": ident(pred.table).as_string(conn)})
+                if assumed is not None:
+                    await assumed.check()
                 for check in units:
                     await check.judge(conn)
                 plan = planned(pred, await reads.facts(conn))

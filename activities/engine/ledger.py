@@ -47,6 +47,7 @@ from activities.engine.batch_sql import local_timeouts, pipeline_flush
 from activities.engine.partition_advice import WINDOW_MS as SHARES_WINDOW_MS
 from activities.engine.partition_advice import shares_expire
 from activities.engine.rules import ident
+from activities.engine.sessions import session_key
 from activities.progress import LedgerKey
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
@@ -73,8 +74,8 @@ _EXPIRED: set[tuple[object, ...]] = set()
 #: reach since the worker last looked: an open sent as before (`OpenAhead`) then goes again
 #: step by step.
 LEDGER_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.InsufficientPrivilege)
-#: What `ledger_writable` last returned through each connection setting (`_where`): what `open`
-#: assumes the next time, to send its reads with the check in one round trip.
+#: What `ledger_writable` last returned through each connection setting (`session_key`): what
+#: `open` assumes the next time, to send its reads with the check in one round trip.
 _WRITABLE: dict[tuple[object, ...], tuple[object, ...] | None] = {}
 
 
@@ -124,14 +125,14 @@ class Ledger:
                 return opened
         cur = await conn.execute(ledger_writable())
         row = await cur.fetchone()
-        _WRITABLE[_where(conn)] = tuple(row) if row else None
+        _WRITABLE[session_key(conn)] = tuple(row) if row else None
         return await self._open_found(conn, settings, row)
 
     def ahead(self, conn: AsyncConnection[Any], settings: SweepSettings) -> OpenAhead | None:
         """The open as this worker last found the ledger through `conn`'s settings, to send
         in a round trip (`OpenAhead`); None when it has not opened one through them, or found
         neither table usable then (`open` then checks first)."""
-        where = _where(conn)
+        where = session_key(conn)
         before = _WRITABLE.get(where)
         if before is None or not any(usable(before)):
             return None
@@ -282,14 +283,6 @@ def _opened(ledger: bool, shares: bool, entry: Any) -> Opened:
     """What `open` found: the pass's count from its row `entry` (0 before its first batch; None
     without a ledger this role may use) and whether the shares may be recorded."""
     return Opened(int(entry[0]) if entry else 0, shares) if ledger else Opened(None, shares)
-
-
-def _where(conn: AsyncConnection[Any]) -> tuple[object, ...]:
-    """The connection's host, port, database, user and options (such as a search_path):
-    connections alike in these find the same ledger, with the same rights. (Not `info.dsn`,
-    which is built anew at each call: a tenth of a millisecond.)"""
-    info = conn.info
-    return (info.host, info.port, info.dbname, info.user, info.options)
 
 
 def _expired(expiry: tuple[object, ...]) -> None:

@@ -14,6 +14,7 @@ from psycopg import AsyncConnection, sql
 
 from activities.engine import catalog
 from activities.engine.archive import Archive, bind_archive
+from activities.engine.column_memory import assume, remember
 from activities.engine.errors import BadTable
 from activities.engine.filter_binding import BoundFilter, bind_filter
 from purge_config.filters import RowFilter
@@ -417,16 +418,21 @@ async def _archive(
 
 
 async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str, str]:
-    """Column name to SQL type (domains resolved to their base type); BadTable if no table."""
+    """Column name to SQL type (domains resolved to their base type); BadTable if no table.
+    Inside `column_memory.assumed_types()`, what this worker read last time, where it has read
+    them before: the read is then checked later in the round trip (`TypesAhead.check`)."""
     qualified = ident(table).as_string(conn)
     # Prepared: read for every table of every pass, the same text each time.
     cur = await conn.execute(catalog.column_types(), (qualified,), prepare=True)
-    rows = await cur.fetchall()
-    if not rows:
-        raise BadTable(f"table {table} does not exist (looked for {qualified})")
-    if rows[0][2] not in ("r", "p"):
-        raise BadTable(f"{table} is not a table (relkind {rows[0][2]!r})")
-    return {str(name): str(kind) for name, kind, _ in rows}
+    columns = assume(conn, qualified, cur)
+    if columns is None:
+        rows = await cur.fetchall()
+        if not rows:
+            raise BadTable(f"table {table} does not exist (looked for {qualified})")
+        if rows[0][2] not in ("r", "p"):
+            raise BadTable(f"{table} is not a table (relkind {rows[0][2]!r})")
+        columns = remember(conn, qualified, rows)
+    return {name: kind for name, kind, _ in columns}
 
 
 def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
