@@ -101,7 +101,7 @@ class TableAccess:
                 # Whatever the error, it may be of the types assumed (a statement built for a
                 # column since retyped or dropped): the step by step bind says what it is.
                 assumed.forget()
-        return await self._prepare(conn, rule, now_ms, ahead, None)
+            return await self._prepare(conn, rule, now_ms, ahead, None)
 
     async def _prepare(
         self,

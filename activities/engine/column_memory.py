@@ -7,7 +7,10 @@ from what they were then, at once: the read is sent all the same, and `TypesAhea
 compares it with them once the round trip's statements are sent, before anything bound from
 them is used. Where they differ, or that round trip fails (but for a lock waited for too long,
 a statement too slow or a connection lost: `psycopg.OperationalError`), the caller binds again
-step by step (the read first), and the memory takes what it then reads.
+step by step (the read first), and the memory takes what it then reads. Only reads inside
+`assumed_types()` are kept: a bind elsewhere (a small table's one statement, a dry run) would
+fill the memory with tables it never assumes, and, past KEPT of them, empty it of the ones it
+does.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class TypesAhead:
 
     def __init__(self) -> None:
         self.sent: list[tuple[AsyncCursor[Any], tuple[object, ...]]] = []
+        self.assuming = True
+        """False once `forget` ran: the binds after it read first (and are kept)."""
 
     async def check(self) -> None:
         """TypesChanged (the memory of those tables dropped) unless every read found what was
@@ -53,15 +58,17 @@ class TypesAhead:
                 raise TypesChanged(f"columns of {key[-1]} changed since the last pass")
 
     def forget(self) -> None:
-        """Drop the memory of the tables assumed: the next bind reads them first."""
+        """Drop the memory of the tables assumed, and assume nothing more here: the next bind
+        reads them first."""
+        self.assuming = False
         for _, key in self.sent:
             _READ.pop(key, None)
 
 
 @contextmanager
 def assumed_types() -> Iterator[TypesAhead]:
-    """Inside: a table's remembered columns are assumed (`assume`); the reads to check, in the
-    `TypesAhead` yielded."""
+    """Inside: a table's remembered columns are assumed (`assume`) until the `TypesAhead`
+    yielded forgets them, and every read is kept (`remember`); the reads to check, in it."""
     ahead = TypesAhead()
     token = _AHEAD.set(ahead)
     try:
@@ -74,7 +81,7 @@ def assume(conn: AsyncConnection[Any], qualified: str, cur: AsyncCursor[Any]) ->
     """Inside `assumed_types()`, the columns remembered for the table `qualified` through
     `conn`'s settings, its read (`cur`, sent) noted to be checked; otherwise None: fetch it."""
     ahead = _AHEAD.get()
-    if ahead is None:
+    if ahead is None or not ahead.assuming:
         return None
     key = (*session_key(conn), qualified)
     columns = _READ.get(key)
@@ -85,10 +92,13 @@ def assume(conn: AsyncConnection[Any], qualified: str, cur: AsyncCursor[Any]) ->
 
 def remember(conn: AsyncConnection[Any], qualified: str, rows: list[Any]) -> Columns:
     """The columns read (`rows`), kept for the next bind of `qualified` through `conn`'s
-    settings."""
+    settings when read inside `assumed_types()`."""
+    columns = _columns(rows)
+    if _AHEAD.get() is None:
+        return columns
     if len(_READ) >= KEPT:
         _READ.clear()
-    columns = _READ[(*session_key(conn), qualified)] = _columns(rows)
+    _READ[(*session_key(conn), qualified)] = columns
     return columns
 
 
