@@ -259,11 +259,12 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
     assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
 
 
-def rest_batches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A list that gets, for each last batch tried with no boundary read (`run_key_rest`), how
-    it ended: "deleted", "nothing" or the error's class name."""
+def rest_batches(monkeypatch: pytest.MonkeyPatch, name: str = "run_key_rest") -> list[str]:
+    """A list that gets, for each last batch tried with no boundary read (`run_key_rest`, or
+    with `name="run_key_whole"` a first batch that takes every expired row), how it ended:
+    "deleted", "nothing" or the error's class name."""
     seen: list[str] = []
-    run = batching.run_key_rest
+    run = getattr(batching, name)
 
     async def observed(*args: Any) -> Any:
         try:
@@ -274,7 +275,7 @@ def rest_batches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         seen.append("deleted" if ran[1] else "nothing")
         return ran
 
-    monkeypatch.setattr(batching, "run_key_rest", observed)
+    monkeypatch.setattr(batching, name, observed)
     return seen
 
 
@@ -391,3 +392,95 @@ async def test_where_a_batch_takes_less_than_one_key_step_the_batches_read_their
     assert db.execute("SELECT count(*) FROM coarse").fetchone() == (60_000,)
     # The one span that met the crowd held more than a batch; no batch after it did.
     assert sum(1 for n in removed if n > 50) <= 1
+
+
+@pytest.mark.parametrize(
+    ("expired", "spacing_ms", "first"),
+    [(250, 1, "deleted"), (0, 1, "nothing"), (2_000, 1, None)],
+    ids=["within a batch and a half", "none expired", "more than a batch and a half"],
+)
+async def test_a_sweep_the_planner_expects_to_fit_its_first_batch_reads_no_boundary(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    expired: int,
+    spacing_ms: int,
+    first: str | None,
+) -> None:
+    """Where ANALYZE's statistics put the expired rows at most a batch and a half (ROWS of
+    them, as the rest may take), the first batch deletes them all with no boundary read, in
+    one round trip, and is the sweep's last (the views then count its rows with no flush after
+    it); where none is expired, it finds none and the sweep ends there. Where the planner
+    expects more, the first batch reads its boundary as before."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    wholes = rest_batches(monkeypatch, "run_key_whole")
+    fill(db, expired, 40_000, spacing_ms=spacing_ms)
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert (stats.strategy, stats.removed) == ("index", expired)
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    if first is None:
+        assert (wholes, len(reads)) == ([], 1)
+        return
+    assert (wholes, reads, stats.batches) == ([first], [], 1)
+    assert (stats.live_rows, stats.dead_rows, stats.live_from) == (40_000, expired, "stats")
+
+
+async def test_a_run_of_one_key_at_the_top_of_a_sweep_expected_in_one_batch_is_walked(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner expects at most a batch and a half (ANALYZE samples three rows in four
+    here: 240 expired read as 240 +- 30, under 300), and all 240 expired rows share one key
+    (more than a batch of ROWS, which a key range cannot split): the first batch deletes
+    nothing, and the boundary read after it walks the run a batch at a time, as it would
+    have."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    wholes = rest_batches(monkeypatch, "run_key_whole")
+    fill(db, 240, 40_000, spacing_ms=0)
+    removed: list[int] = []
+
+    stats = await kinds.idempotency(pool).sweep(NOW, on_batch=on_batch(removed))
+
+    assert stats.removed == 240
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    assert wholes == ["nothing"]
+    assert len(reads) >= 2
+    assert max(removed) <= ROWS
+
+
+@pytest.mark.usefixtures("slow_rows")
+async def test_a_first_batch_by_the_estimate_that_runs_past_ten_targets_is_rolled_back(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first batch that takes every expired row by the planner's estimate runs under a
+    statement_timeout of ten batch targets (here 100 ms), not the setting's 10 s: one of its
+    250 rows takes 0.2 s to delete, as a stale estimate's many rows would take long. It is
+    rolled back whole, the sweep goes on by boundary reads under the setting's timeout and
+    removes every expired row, counted once, and it says why."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    reads = boundary_reads(monkeypatch)
+    wholes = rest_batches(monkeypatch, "run_key_whole")
+    fill(db, 250, 40_000, spacing_ms=1)
+    db.execute("UPDATE x_idempotency SET key = 'slow' || key WHERE key = 'k100'")
+    settings = SweepSettings(batch_target_ms=10)
+    assert settings.statement_timeout_ms >= 1_000  # the slow row alone would not reach it
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=settings)]))
+    env = activity_env()
+
+    result: PurgeSweep = await env.run(
+        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+    )
+
+    assert result.removed == 250
+    assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+    ).fetchone()
+    assert ledger == (250,)
+    assert wholes == ["QueryCanceled"]
+    assert len(reads) >= 1
+    assert "ran past 100 ms (10 times the batch target)" in result.advice

@@ -331,7 +331,10 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
     expired = {"cut short": (2_000, 10), "emptied": (300, 1), "large share": (600, 2)}
     rows, every = expired[ends]
     removable = fill(db, "x_idempotency", rows, every, NOW)
-    fixed_batches(monkeypatch, rows=200 if ends == "cut short" else 1_000)
+    # Cut short: 200 rows share one key, more than a batch (the planner expects more than the
+    # first batch may take at once): walked, 100 a batch.
+    batch = 100 if ends == "cut short" else 1_000
+    fixed_batches(monkeypatch, rows=batch)
     settings = SweepSettings(time_budget_ms=300, lock_timeout_ms=100)
     holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
     holder.execute("SET lock_timeout = '5s'")  # a hook inside a batch would fail, not hang
@@ -353,8 +356,8 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
         "SELECT count(*) FROM x_idempotency WHERE expires_at_ms <= %s", (NOW,)
     ).fetchone()
     if ends == "cut short":
-        assert (stats.removed, stats.complete) == (200, False)
-        assert left == (removable - 200,)
+        assert (stats.removed, stats.complete) == (batch, False)
+        assert left == (removable - batch,)
         assert stats.backlog_estimated is True
         assert stats.oldest_expired_age_ms is None
     else:
@@ -367,23 +370,29 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
 
 
 @pytest.mark.parametrize(
-    ("expired", "last"),
-    [(3_000, "run_key_rest"), (300, "run_key_batch")],
-    ids=["the rest", "a batch that read its boundary"],
+    ("expired", "first", "last"),
+    [
+        (3_000, "run_key_batch", "run_key_rest"),
+        (300, "run_key_whole", "run_key_whole"),
+        (300, "run_key_batch", "run_key_batch"),
+    ],
+    ids=["the rest", "a first batch that took every row", "a batch that read its boundary"],
 )
 async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its_last_batch(
     db: psycopg.Connection[Any],
     pool: AsyncConnectionPool[Any],
     monkeypatch: pytest.MonkeyPatch,
     expired: int,
+    first: str,
     last: str,
 ) -> None:
     """A keyset sweep's last batch asks for the session's statistics to be flushed as it
-    commits: the rest (3,000 expired rows, batches of 500), or a batch whose boundary read
-    found fewer than a batch left (300). The read of what the sweep left then sends no flush of
-    its own, and the live and dead tuples it reports still count every row the sweep removed,
-    the last batch's too (read in the same second as the batches, before PostgreSQL would
-    flush them itself)."""
+    commits: the rest (3,000 expired rows, batches of 500), a first batch that takes every
+    expired row (300, as the planner expects), or a batch whose boundary read found fewer than
+    a batch left (300, where the planner expected more than a batch and a half). The read of
+    what the sweep left then sends no flush of its own, and the live and dead tuples it reports
+    still count every row the sweep removed, the last batch's too (read in the same second as
+    the batches, before PostgreSQL would flush them itself)."""
     db.execute(
         "INSERT INTO x_idempotency (key, expires_at_ms)"
         " SELECT 'k' || i, %s + i FROM generate_series(0, 9999) i",
@@ -391,8 +400,10 @@ async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its
     )  # in expiry order: `expired` of them (up to NOW), the first in the heap
     db.execute("VACUUM ANALYZE x_idempotency")
     fixed_batches(monkeypatch, rows=500)
+    if first == "run_key_batch" and last == "run_key_batch":
+        monkeypatch.setattr(batching, "fits_first_batch", lambda plan, rows: False)
     kinds_run: list[str] = []
-    for name in ("run_key_batch", "run_key_span", "run_key_rest"):
+    for name in ("run_key_batch", "run_key_span", "run_key_rest", "run_key_whole"):
         monkeypatch.setattr(batching, name, counted(kinds_run, name, getattr(batching, name)))
     flushes: list[str] = []
     monkeypatch.setattr(
@@ -404,7 +415,7 @@ async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its
     stats = await kinds.idempotency(pool).sweep(NOW)
 
     assert stats.removed == expired
-    assert (kinds_run[0], kinds_run[-1]) == ("run_key_batch", last), kinds_run
+    assert (kinds_run[0], kinds_run[-1]) == (first, last), kinds_run
     assert flushes == []  # the read after the sweep sent no flush of its own
     assert (stats.live_rows, stats.dead_rows, stats.live_from) == (
         10_000 - expired,

@@ -24,6 +24,7 @@ from activities import builtin_kinds as kinds
 from tests.conftest import Harness
 from tests.support.dead_worker import QUICK_RETRY_NOTICED_AFTER, notice_the_dead_worker_sooner
 from tests.support.history import events, target_runs
+from tests.support.pace import fixed_batches
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -142,14 +143,14 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
 
 @pytest.mark.waits
 async def test_worker_sends_sweep_progress_at_least_once_a_second(
-    harness: Harness,
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A retry resumes from the last progress the server got: with the SDK's default throttle
     (12 s here) a killed worker's last 12 s of deleted rows would be missing from the report's
     count. Observed on the server: while a pass's sweep runs its batches for seconds, the running
     activity's last heartbeat, as the server stamped it, moves on at least every second or so."""
-    # 2,000 expired rows among 20,000, in no order (index batches, small), each taking a
-    # millisecond to delete.
+    # 2,000 expired rows among 20,000, in no order (index batches), each taking 2 ms to delete,
+    # in batches of 200: ten batches of 0.4 s, whatever the first batch's size would be.
     harness.db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s ELSE %s END"
@@ -157,7 +158,8 @@ async def test_worker_sends_sweep_progress_at_least_once_a_second(
         (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
     harness.db.execute("ANALYZE x_idempotency")
-    slow_deletes(harness.db, "x_idempotency")
+    slow_deletes(harness.db, "x_idempotency", ms=2.0)
+    fixed_batches(monkeypatch, rows=200)
     received: set[datetime] = set()
     async with harness.run_worker([kinds.idempotency(harness.pool)]):
         handle = await harness.client.start_workflow(

@@ -248,23 +248,32 @@ def key_delete(pred: Predicate, after: bool, below: bool) -> sql.Composed:
     )
 
 
-def key_rest(pred: Predicate) -> sql.Composed:
+def key_rest(pred: Predicate, after: bool = True) -> sql.Composed:
     """A keyset sweep's last batch, with no boundary read: every expired row from
-    `%(key_after)s` on, unless the greatest expired key left is shared by at least
-    `%(key_rows)s` rows (a batch's worth, which a range cannot split): then it deletes nothing,
-    and the boundary read that follows walks that run (`tie_delete`). The check is two probes
-    of the index (the greatest key, then its rows up to a batch's count), evaluated once
+    `%(key_after)s` on (when `after`; without it, every expired row: a sweep whose first batch
+    takes them all, `keyset.run_key_whole`), unless the greatest expired key left is shared by
+    at least `%(key_rows)s` rows (a batch's worth, which a range cannot split): then it deletes
+    nothing, and the boundary read that follows walks that run (`tie_delete`). The check is two
+    probes of the index (the greatest key, then its rows up to a batch's count), evaluated once
     before the scan; `tie_walk` keeps the second an index scan. Counted by its command tag."""
     assert pred.column is not None
     column = sql.Identifier(pred.column)
-    rest = sql.SQL("{table} WHERE {where} AND {column}").format(
-        table=ident(pred.table), where=pred.where, column=column
-    )
+    expired = sql.SQL("{table} WHERE {where}").format(table=ident(pred.table), where=pred.where)
+    rest = sql.SQL("{expired}{after}").format(expired=expired, after=_from_key(column, after))
     return sql.SQL(
-        "DELETE FROM {rest} >= %(key_after)s AND (SELECT count(*) FROM (SELECT 1 FROM {rest} ="
-        " (SELECT max({column}) FROM {rest} >= %(key_after)s) LIMIT %(key_rows)s) top)"
-        " < %(key_rows)s"
-    ).format(rest=rest, column=column)
+        "DELETE FROM {rest} AND (SELECT count(*) FROM (SELECT 1 FROM {expired} AND {column} ="
+        " (SELECT max({column}) FROM {rest}) LIMIT %(key_rows)s) top) < %(key_rows)s"
+    ).format(rest=rest, expired=expired, column=column)
+
+
+def key_top(pred: Predicate) -> sql.Composed:
+    """The greatest expired key (NULL when no row is expired): sent before a `key_rest` that
+    takes every expired row, it says whether one that deleted nothing found none, or found a
+    run of one key at the top to walk. One probe of the index, from the cutoff down."""
+    assert pred.column is not None
+    return sql.SQL("SELECT max({column}) FROM {table} WHERE {where}").format(
+        column=sql.Identifier(pred.column), table=ident(pred.table), where=pred.where
+    )
 
 
 def tie_delete(pred: Predicate) -> sql.Composed:

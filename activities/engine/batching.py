@@ -26,13 +26,17 @@ from activities.engine.batch_sql import (
 )
 from activities.engine.context import SweepContext
 from activities.engine.keyset import (
+    REST_HALVES,
     SPAN_RETRY_SHARE,
     KeyBatch,
     KeySpans,
     Ran,
+    WholeSweep,
     run_key_batch,
     run_key_rest,
     run_key_span,
+    run_key_whole,
+    whole_limit_ms,
 )
 from activities.engine.ledger import BatchTally, Done, LazyCommits
 from activities.engine.leftover import GAVE_UP
@@ -47,10 +51,12 @@ from purge_config.settings import SweepSettings
 #: within a few batches (why: docs/decisions/short-batches.md).
 FIRST_PAGES = 64
 FIRST_ROWS = 500
-#: An index sweep's first batch takes the rows that lie on about this many heap pages (the same
-#: bound on a cold first batch's page reads as FIRST_PAGES gives a walk, twice over: an index
-#: batch reads only expired rows' pages), by the planner's model of an index scan.
-FIRST_INDEX_PAGES = 128
+#: An index sweep's first batch takes the rows that lie on about this many heap pages (2 MB), by
+#: the planner's model of an index scan: on a cold cache, about the batch target's worth of
+#: page reads on this machine (bench case 2, 65 rows a page: 16,700 rows, and one DELETE of
+#: 20,000 of them in 9-10 ms warm, 13-15 ms cold). Half of it, 1 MB, kept first batches to a
+#: third of the target, and made a table's 20,000 expired rows two batches.
+FIRST_INDEX_PAGES = 256
 PAGES_RANGE = (8, 1 << 17)
 ROWS_RANGE = (50, 100_000)
 #: A backlog is counted exactly up to this many rows (then reported as this many).
@@ -167,17 +173,36 @@ class BatchSweeper:
 
     async def _by_key(self, pred: Predicate, result: SweepStats) -> None:
         # See activities.engine.keyset: the first batch (and every batch of a run of one key)
-        # reads its boundary; the others delete a key span sized from the last one's density.
+        # reads its boundary, unless the planner expects it to take every expired row; the
+        # others delete a key span sized from the last one's density.
         rows, after = first_index_rows(self.plan), None
         spans = KeySpans.of(pred.column_cutoff)
         width: int | None = None
         tied = False  # the last boundary batch walked a run of one key
         rest = True  # the last batch may go without a boundary read (none has deleted nothing)
+        whole = fits_first_batch(self.plan, rows)
         while True:
             if await self._out_of_time():
                 result.complete = False
                 result.backlog, result.backlog_estimated = await self._count_left(pred, result)
                 return
+            if whole:
+                # The planner expects no more expired rows than the first batch may take: it
+                # takes them all, with no boundary read before it (run_key_whole).
+                whole = False
+                first = WholeSweep(pred, rows)
+                try:
+                    found, _ = await self._batch(result, self._keyed(run_key_whole, first), page=0)
+                except errors.QueryCanceled:
+                    result.advice.append(self._estimate_missed(pred))
+                    continue  # rolled back whole: the boundary read finds where the rows end
+                if found or first.top is None:
+                    self.flushed = first.flushed
+                    return  # every expired row is gone, or none was there
+                # A batch's worth of rows or more share the greatest key: the boundary read
+                # walks that run.
+                rest = False
+                continue
             if rest and spans and width and after is not None and spans.reaches_rest(after, width):
                 # The next span would reach past the last expired key, or leave less than half
                 # a span after it: the rest is the last batch, with no boundary read before it.
@@ -237,6 +262,15 @@ class BatchSweeper:
         from this module's namespace, where `bench.steady_phases` wraps them) bound to this
         sweep's connection, settings, commits and tally, and to its own `args`."""
         return functools.partial(run, self.conn, self.settings, self.commits, self.tally, *args)
+
+    def _estimate_missed(self, pred: Predicate) -> str:
+        """The advice when a first batch sized by the planner's estimate ran past its limit."""
+        return (
+            f"{pred.table}: the planner expected about {self.plan.expired:,.0f} expired rows, "
+            f"one batch, but deleting them ran past {whole_limit_ms(self.settings)} ms (10 "
+            "times the batch target); that batch was rolled back and the rows taken in "
+            f"batches that read their boundary: if its statistics are stale, ANALYZE {pred.table}"
+        )
 
     def _narrower(self, pred: Predicate, result: SweepStats, width: int | None) -> int | None:
         """After a span (or the rest) ran into statement_timeout and was rolled back whole: the
@@ -379,8 +413,9 @@ def first_index_rows(plan: TablePlan) -> int:
     The pages n rows lie on follow the planner's own model of an index scan: n / rows_per_page
     when the heap is in the column's order (correlation +-1: a fixed TTL's table, its expired
     rows together at its front), n when in no order, between the two by the correlation's
-    square. 20,000 expired rows of 2M in expiry order are then 3 batches instead of the 4-5 a
-    first batch of 500 grows through at 4x a batch (bench case 2), with a bounded first read.
+    square. 20,000 expired rows of 2M in expiry order (bench case 2, 65 rows a page: 16,700
+    rows) are then one batch (`fits_first_batch`) instead of the 4-5 a first batch of 500
+    grows through at 4x a batch, with a bounded first read.
     """
     per_page = plan.rows_per_page
     if plan.correlation is None or not per_page:
@@ -388,6 +423,14 @@ def first_index_rows(plan: TablePlan) -> int:
     packed = plan.correlation**2
     pages_per_row = packed / max(per_page, 1.0) + (1.0 - packed)
     return min(ROWS_RANGE[1], max(FIRST_ROWS, int(FIRST_INDEX_PAGES / pages_per_row)))
+
+
+def fits_first_batch(plan: TablePlan, rows: int) -> bool:
+    """Whether a keyset sweep's first batch takes every expired row, with no boundary read:
+    the table was analyzed, and the planner expects at most REST_HALVES halves of the first
+    batch's `rows` expired (what a sweep's last batch, the rest, may take by the density a
+    span met; under the 2x at which a long batch halves the next)."""
+    return plan.rows is not None and plan.expired * 2 <= rows * REST_HALVES
 
 
 def _walk_backlog(plan: TablePlan, removed: int, walked: int, page: int) -> int:

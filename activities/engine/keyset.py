@@ -2,7 +2,11 @@
 counted by its command tag.
 
 A sweep's first batch reads its boundary: where the next n expired rows end in the index (the
-least key, the n-th and the one half-way), then deletes that key range. Every other batch
+least key, the n-th and the one half-way), then deletes that key range; where the planner
+expects no more expired rows than the rest may take (a batch and a half), it takes them all
+with no read (`run_key_whole`), in one round trip, under a statement_timeout of ten batch
+targets, and the boundary read takes over if it runs past that or finds a run of one key at
+the top. Every other batch
 deletes a key span sized from the rows the last one found in its span (`KeySpans`), with no
 read before it: the bound a user feels is how long a batch holds its locks, not how many rows
 it holds, so a span's rows may exceed the plan, and the next span follows the density met. The
@@ -21,7 +25,7 @@ docs/decisions/keyset-batches.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +37,7 @@ from activities.engine.batch_sql import (
     key_boundary,
     key_delete,
     key_rest,
+    key_top,
     tie_delete,
     tie_walk,
 )
@@ -257,6 +262,63 @@ async def run_key_rest(
         by_index=True,
         flush=flushes_statistics(conn),
     )
+
+
+#: A first batch that takes every expired row by the planner's estimate (`run_key_whole`) is
+#: rolled back past this many times the batch target: the estimate was wrong (statistics gone
+#: stale), and the sweep goes on in batches that read their boundary. Ten is the least that
+#: `statement_timeout` may be (`purge_config.specs`), so the setting itself bounds the others.
+WHOLE_LIMIT_TARGETS = 10
+
+
+def whole_limit_ms(settings: SweepSettings) -> int:
+    """The statement_timeout of a `run_key_whole` batch."""
+    return min(settings.statement_timeout_ms, WHOLE_LIMIT_TARGETS * settings.batch_target_ms)
+
+
+class WholeSweep:
+    """A keyset sweep whose expired rows, by the planner's estimate, fit in its first batch:
+    its inputs, and what its one statement found."""
+
+    def __init__(self, pred: Predicate, rows: int) -> None:
+        self.pred, self.rows = pred, rows
+        self.top: object | None = None
+        """The greatest expired key as the batch began; None when no row was expired."""
+        self.flushed = False
+        """Whether the batch asked for the session's statistics to be flushed as it commits."""
+
+
+async def run_key_whole(
+    conn: AsyncConnection[Any],
+    settings: SweepSettings,
+    commits: LazyCommits,
+    tally: BatchTally,
+    whole: WholeSweep,
+) -> Ran:
+    """A sweep's first batch when the planner expects no more expired rows than it may take:
+    the rest (`key_rest`) from the first expired key, with no boundary read before it, the
+    greatest expired key read in the same round trip (`key_top`), committed as the session
+    does, the statistics flushed: it is the table's last, unless it deleted nothing while an
+    expired key was there (a batch's worth of rows or more share the greatest key: the caller
+    then reads the boundary, which walks that run). Its statement_timeout is
+    `whole_limit_ms`: a batch that runs past it is rolled back whole, and the caller goes on
+    by boundary reads."""
+    started = time.perf_counter()
+    limited = replace(settings, statement_timeout_ms=whole_limit_ms(settings))
+    whole.flushed = flushes_statistics(conn)
+    params = {**whole.pred.params, **tally.params, "key_rows": whole.rows}
+    async with conn.pipeline():
+        await conn.execute(*tally.begin(limited, generic=True, flush=whole.flushed, by_index=True))
+        top = await conn.execute(key_top(whole.pred), params, prepare=True)
+        cur = await conn.execute(key_rest(whole.pred, after=False), params, prepare=True)
+        added = await tally.add(conn, cur)
+    ms = (time.perf_counter() - started) * 1000
+    row = await top.fetchone()
+    whole.top = row[0] if row else None
+    removed = max(cur.rowcount, 0)
+    commits.committed(False, wrote=removed > 0)
+    total = await added.fetchone() if added is not None else None
+    return removed, removed, int(total[0]) if total else None, ms
 
 
 async def _plain_batch(
