@@ -130,6 +130,7 @@ class TableAccess:
                 await conn.execute(
                     local_timeouts(generic=True),
                     (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),
+                    prepare=True,
                 )
                 pred = await rule.bind(conn, now_ms)
                 units = [
@@ -138,7 +139,8 @@ class TableAccess:
                 ]
                 reads = await FactReads.send(conn, pred)
                 tried = True
-                taken = await conn.execute(try_lock(), {"rel": ident(pred.table).as_string(conn)})
+                rel = {"rel": ident(pred.table).as_string(conn)}
+                taken = await conn.execute(try_lock(), rel, prepare=True)
                 if assumed is not None:
                     await assumed.check()
                 for check in units:

@@ -103,7 +103,7 @@ async def run_key_batch(
     params = {**keyed.pred.params, **tally.params}
     async with conn.pipeline():
         # Its statements prepared at once, planned once for all batches (local_timeouts).
-        await conn.execute(*tally.begin(settings, generic=True))
+        await conn.execute(*tally.begin(settings, generic=True), prepare=True)
         boundary = await conn.execute(
             key_boundary(keyed.pred, keyed.after is not None, keyed.mid),
             {
@@ -308,7 +308,9 @@ async def run_key_whole(
     whole.flushed = flushes_statistics(conn)
     params = {**whole.pred.params, **tally.params, "key_rows": whole.rows}
     async with conn.pipeline():
-        await conn.execute(*tally.begin(limited, generic=True, flush=whole.flushed, by_index=True))
+        await conn.execute(
+            *tally.begin(limited, generic=True, flush=whole.flushed, by_index=True), prepare=True
+        )
         top = await conn.execute(key_top(whole.pred), params, prepare=True)
         cur = await conn.execute(key_rest(whole.pred, after=False), params, prepare=True)
         added = await tally.add(conn, cur)
@@ -339,7 +341,8 @@ async def _plain_batch(
     started = time.perf_counter()
     async with conn.pipeline():
         await conn.execute(
-            *tally.begin(settings, generic=True, lazy=lazy, flush=flush, by_index=by_index)
+            *tally.begin(settings, generic=True, lazy=lazy, flush=flush, by_index=by_index),
+            prepare=True,
         )
         cur = await conn.execute(delete, {**params, **tally.params}, prepare=True)
         added = await tally.add(conn, cur)

@@ -123,7 +123,7 @@ class Ledger:
                 opened = None
             if opened is not None:
                 return opened
-        cur = await conn.execute(ledger_writable())
+        cur = await conn.execute(ledger_writable(), prepare=True)
         row = await cur.fetchone()
         _WRITABLE[session_key(conn)] = tuple(row) if row else None
         return await self._open_found(conn, settings, row)
@@ -148,7 +148,9 @@ class Ledger:
         # One round trip: pipelined up to one Sync, these are one implicit transaction.
         async with conn.pipeline():
             expiry = await self._expire(conn, settings, row)
-            cur = await conn.execute(ledger_entry() if ledger else pipeline_flush(), self.params)
+            cur = await conn.execute(
+                ledger_entry() if ledger else pipeline_flush(), self.params, prepare=True
+            )
         _expired(expiry)
         return _opened(ledger, shares, await cur.fetchone())
 
@@ -174,7 +176,9 @@ class Ledger:
         # target: the delete reads the whole ledger, up to 7 days of passes (why:
         # docs/decisions/catalog-reads-by-oid.md).
         expiry = _expiry_key(conn, writable, self.key)
-        await conn.execute(local_timeouts(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS))
+        await conn.execute(
+            local_timeouts(), (settings.lock_timeout_ms, OPEN_TIMEOUT_MS), prepare=True
+        )
         if expiry not in _EXPIRED:
             if ledger:
                 await conn.execute(ledger_expire(), params)
@@ -240,11 +244,11 @@ class OpenAhead:
 
     async def send(self, conn: AsyncConnection[Any]) -> None:
         """In a pipeline: the check, the old passes' rows removed, the pass's count read."""
-        checked = await conn.execute(ledger_writable())
+        checked = await conn.execute(ledger_writable(), prepare=True)
         expiry = await self.ledger._expire(conn, self.settings, self.before)
         ledger, _ = usable(self.before)
         entry = await conn.execute(
-            ledger_entry() if ledger else pipeline_flush(), self.ledger.params
+            ledger_entry() if ledger else pipeline_flush(), self.ledger.params, prepare=True
         )
         self._sent = (checked, expiry, entry)
 
@@ -388,7 +392,9 @@ class BatchTally:
         if self.ledger is None:
             return None
         if self.rel is not None:
-            return await conn.execute(ledger_add_deleted(), {**self.ledger.params, "rel": self.rel})
+            return await conn.execute(
+                ledger_add_deleted(), {**self.ledger.params, "rel": self.rel}, prepare=True
+            )
         await (await conn.execute(pipeline_flush())).fetchone()
         if deleted.rowcount <= 0:
             return None

@@ -155,10 +155,12 @@ async def _recorded(
         # the day's advice one pass short; nothing reported or counted depends on it.
         async with conn.pipeline():
             # A wait for a lock ends in LockNotAvailable, before the statement's own limit.
-            await conn.execute(local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS))
-            cur = await conn.execute(statement, params)
+            await conn.execute(
+                local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS), prepare=True
+            )
+            cur = await conn.execute(statement, params, prepare=True)
             if then is not None:
-                await conn.execute(then)
+                await conn.execute(then, prepare=True)
         return await cur.fetchall()
     except (errors.InsufficientPrivilege, errors.UndefinedTable, *GAVE_UP):
         # Rights revoked or the table dropped since the pass looked, a lock held on the record,
