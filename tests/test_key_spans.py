@@ -397,7 +397,7 @@ async def test_where_a_batch_takes_less_than_one_key_step_the_batches_read_their
 @pytest.mark.parametrize(
     ("expired", "spacing_ms", "first"),
     [(250, 1, "deleted"), (0, 1, "nothing"), (2_000, 1, None)],
-    ids=["within a batch and a half", "none expired", "more than a batch and a half"],
+    ids=["within three first batches", "none expired", "more than three first batches"],
 )
 async def test_a_sweep_the_planner_expects_to_fit_its_first_batch_reads_no_boundary(
     db: psycopg.Connection[Any],
@@ -407,8 +407,8 @@ async def test_a_sweep_the_planner_expects_to_fit_its_first_batch_reads_no_bound
     spacing_ms: int,
     first: str | None,
 ) -> None:
-    """Where ANALYZE's statistics put the expired rows at most a batch and a half (ROWS of
-    them, as the rest may take), the first batch deletes them all with no boundary read, in
+    """Where ANALYZE's statistics put the expired rows at most three first batches (of ROWS),
+    about one batch at the target, the first batch deletes them all with no boundary read, in
     one round trip, and is the sweep's last (the views then count its rows with no flush after
     it); where none is expired, it finds none and the sweep ends there. Where the planner
     expects more, the first batch reads its boundary as before."""
@@ -432,11 +432,10 @@ async def test_a_sweep_the_planner_expects_to_fit_its_first_batch_reads_no_bound
 async def test_a_run_of_one_key_at_the_top_of_a_sweep_expected_in_one_batch_is_walked(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The planner expects at most a batch and a half (ANALYZE samples three rows in four
-    here: 240 expired read as 240 +- 30, under 300), and all 240 expired rows share one key
-    (more than a batch of ROWS, which a key range cannot split): the first batch deletes
-    nothing, and the boundary read after it walks the run a batch at a time, as it would
-    have."""
+    """The planner expects at most three first batches (600 here), and all 240 expired rows
+    share one key (more than a batch of ROWS, which a key range cannot split): the first batch
+    deletes nothing, and the boundary read after it walks the run a batch at a time, as it
+    would have."""
     fixed_batches(monkeypatch, rows=ROWS)
     reads = boundary_reads(monkeypatch)
     wholes = rest_batches(monkeypatch, "run_key_whole")

@@ -331,9 +331,9 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
     expired = {"cut short": (2_000, 10), "emptied": (300, 1), "large share": (600, 2)}
     rows, every = expired[ends]
     removable = fill(db, "x_idempotency", rows, every, NOW)
-    # Cut short: 200 rows share one key, more than a batch (the planner expects more than the
-    # first batch may take at once): walked, 100 a batch.
-    batch = 100 if ends == "cut short" else 1_000
+    # Cut short: 200 rows share one key, more than a batch (and than three first batches, which
+    # the first batch would take at once): walked, 50 a batch.
+    batch = 50 if ends == "cut short" else 1_000
     fixed_batches(monkeypatch, rows=batch)
     settings = SweepSettings(time_budget_ms=300, lock_timeout_ms=100)
     holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
@@ -389,7 +389,7 @@ async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its
     """A keyset sweep's last batch asks for the session's statistics to be flushed as it
     commits: the rest (3,000 expired rows, batches of 500), a first batch that takes every
     expired row (300, as the planner expects), or a batch whose boundary read found fewer than
-    a batch left (300, where the planner expected more than a batch and a half). The read of
+    a batch left (300, where the planner expected more than three first batches). The read of
     what the sweep left then sends no flush of its own, and the live and dead tuples it reports
     still count every row the sweep removed, the last batch's too (read in the same second as
     the batches, before PostgreSQL would flush them itself)."""

@@ -26,7 +26,6 @@ from activities.engine.batch_sql import (
 )
 from activities.engine.context import SweepContext
 from activities.engine.keyset import (
-    REST_HALVES,
     SPAN_RETRY_SHARE,
     KeyBatch,
     KeySpans,
@@ -51,12 +50,15 @@ from purge_config.settings import SweepSettings
 #: within a few batches (why: docs/decisions/short-batches.md).
 FIRST_PAGES = 64
 FIRST_ROWS = 500
-#: An index sweep's first batch takes the rows that lie on about this many heap pages (2 MB), by
-#: the planner's model of an index scan: on a cold cache, about the batch target's worth of
-#: page reads on this machine (bench case 2, 65 rows a page: 16,700 rows, and one DELETE of
-#: 20,000 of them in 9-10 ms warm, 13-15 ms cold). Half of it, 1 MB, kept first batches to a
-#: third of the target, and made a table's 20,000 expired rows two batches.
-FIRST_INDEX_PAGES = 256
+#: An index sweep's first batch takes the rows that lie on about this many heap pages (the same
+#: bound on a cold first batch's page reads as FIRST_PAGES gives a walk, twice over: an index
+#: batch reads only expired rows' pages), by the planner's model of an index scan.
+FIRST_INDEX_PAGES = 128
+#: A keyset sweep whose expired rows the planner puts at most this many first batches' worth is
+#: one batch, with no boundary read (`fits_first_batch`): a first batch takes about a third of
+#: the batch target (bench case 2, 65 rows a page: 8,300 rows in 4.9 ms warm, 6.6 ms cold),
+#: so three are about one batch at the target, with nothing read twice.
+WHOLE_FIRST_BATCHES = 3
 PAGES_RANGE = (8, 1 << 17)
 ROWS_RANGE = (50, 100_000)
 #: A backlog is counted exactly up to this many rows (then reported as this many).
@@ -413,9 +415,9 @@ def first_index_rows(plan: TablePlan) -> int:
     The pages n rows lie on follow the planner's own model of an index scan: n / rows_per_page
     when the heap is in the column's order (correlation +-1: a fixed TTL's table, its expired
     rows together at its front), n when in no order, between the two by the correlation's
-    square. 20,000 expired rows of 2M in expiry order (bench case 2, 65 rows a page: 16,700
-    rows) are then one batch (`fits_first_batch`) instead of the 4-5 a first batch of 500
-    grows through at 4x a batch, with a bounded first read.
+    square. 20,000 expired rows of 2M in expiry order (bench case 2, 65 rows a page: 8,300
+    a first batch) are then one batch (`fits_first_batch`) instead of the 4-5 a first batch
+    of 500 grows through at 4x a batch, with a bounded first read.
     """
     per_page = plan.rows_per_page
     if plan.correlation is None or not per_page:
@@ -427,10 +429,11 @@ def first_index_rows(plan: TablePlan) -> int:
 
 def fits_first_batch(plan: TablePlan, rows: int) -> bool:
     """Whether a keyset sweep's first batch takes every expired row, with no boundary read:
-    the table was analyzed, and the planner expects at most REST_HALVES halves of the first
-    batch's `rows` expired (what a sweep's last batch, the rest, may take by the density a
-    span met; under the 2x at which a long batch halves the next)."""
-    return plan.rows is not None and plan.expired * 2 <= rows * REST_HALVES
+    the table was analyzed, and the planner expects at most WHOLE_FIRST_BATCHES times the first
+    batch's `rows` expired (about one batch at the target). Its time is bounded all the same
+    (`keyset.whole_limit_ms`): an estimate can be wrong where a span's measured density is
+    not."""
+    return plan.rows is not None and plan.expired <= rows * WHOLE_FIRST_BATCHES
 
 
 def _walk_backlog(plan: TablePlan, removed: int, walked: int, page: int) -> int:

@@ -71,13 +71,13 @@ class TestFirstIndexRows:
         assert rows == FIRST_INDEX_PAGES * 100
 
     def test_rows_in_no_order_get_the_small_first_batch(self) -> None:
-        """Each row may be on a page of its own: 256 rows would do, FIRST_ROWS is the floor."""
+        """Each row may be on a page of its own: 128 rows would do, FIRST_ROWS is the floor."""
         assert first_index_rows(plan(correlation=0.0)) == FIRST_ROWS
 
     def test_between_the_two_by_the_correlations_square(self) -> None:
         rows = first_index_rows(plan(pages=100, rows=100_000, correlation=0.99))
 
-        # 0.98 of a row's page read is shared with 999 others, 0.02 is its own: about 12,000.
+        # 0.98 of a row's page read is shared with 999 others, 0.02 is its own: about 6,000.
         assert FIRST_ROWS < rows < FIRST_INDEX_PAGES * 1_000
         assert rows == int(FIRST_INDEX_PAGES / (0.99**2 / 1_000 + (1 - 0.99**2)))
 
@@ -86,10 +86,10 @@ class TestFirstIndexRows:
 
 
 class TestFitsFirstBatch:
-    def test_up_to_a_batch_and_a_half_by_the_estimate(self) -> None:
-        """What the rest may take after a span (REST_HALVES), the first batch may take whole."""
-        assert fits_first_batch(plan(expired=1_500), 1_000)
-        assert not fits_first_batch(plan(expired=1_501), 1_000)
+    def test_up_to_three_first_batches_by_the_estimate(self) -> None:
+        """About one batch at the target: the first batch may take it whole."""
+        assert fits_first_batch(plan(expired=3_000), 1_000)
+        assert not fits_first_batch(plan(expired=3_001), 1_000)
 
     def test_a_table_never_analyzed_reads_its_boundary(self) -> None:
         """No statistics, no estimate worth a batch's bound: however few rows it guesses."""
