@@ -12,7 +12,8 @@ time after the last.
     python -m bench.steady_phases --rows 10000000 --rounds 8   # 100,000 rows an hour
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
 
-The phases are timed by wrapping `run_key_batch`, `run_key_span` and `run_key_rest` in this
+The phases are timed by wrapping `run_key_batch`, `run_key_span`, `run_key_rest` and
+`run_key_whole` (a sweep the planner expects in one batch, with `--rows` small enough) in this
 process: the activity runs as it ships, only observed. A batch is its whole round trip: its
 timeouts, its statement (the boundary read and the DELETE in one for a boundary batch), the
 ledger's row and the commit, pipelined to one Sync.
@@ -48,7 +49,8 @@ Marks = list[tuple[str, float, float]]
 
 
 def observe(marks: Marks) -> None:
-    """Record, in `marks`, each batch's kind ("boundary" or "span"), start and end."""
+    """Record, in `marks`, each batch's kind ("boundary", "span", "rest" or "whole"), start and
+    end."""
     # Through the module's namespace: what `_by_key` looks up when it runs a batch.
     engine = vars(batching)
 
@@ -64,6 +66,7 @@ def observe(marks: Marks) -> None:
     engine["run_key_batch"] = timed("boundary", engine["run_key_batch"])
     engine["run_key_span"] = timed("span", engine["run_key_span"])
     engine["run_key_rest"] = timed("rest", engine["run_key_rest"])
+    engine["run_key_whole"] = timed("whole", engine["run_key_whole"])
 
 
 def phases(marks: Marks, began: float, ended: float) -> str:
@@ -79,7 +82,7 @@ def phases(marks: Marks, began: float, ended: float) -> str:
     gaps = sum((b[1] - a[2]) * 1000 for a, b in itertools.pairwise(marks))
     return (
         f"before the first {(marks[0][1] - began) * 1000:5.1f}; {total('boundary')}; "
-        f"{total('span')}; {total('rest')}; gaps {gaps:5.1f}; "
+        f"{total('span')}; {total('rest')}; {total('whole')}; gaps {gaps:5.1f}; "
         f"after the last {(ended - marks[-1][2]) * 1000:5.1f} ms"
     )
 

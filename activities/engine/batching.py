@@ -199,7 +199,7 @@ class BatchSweeper:
                     result.advice.append(self._estimate_missed(pred))
                     continue  # rolled back whole: the boundary read finds where the rows end
                 if found or first.top is None:
-                    self.flushed = first.flushed
+                    self.flushed = flushes_statistics(self.conn)
                     return  # every expired row is gone, or none was there
                 # A batch's worth of rows or more share the greatest key: the boundary read
                 # walks that run.

@@ -232,7 +232,8 @@ async def run_key_span(
     params = {**pred.params, "key_after": start, "key_below": end}
     delete = key_delete(pred, after=True, below=True)
     lazy = commits.lazy(more_may_follow=True)
-    return await _plain_batch(conn, settings, commits, tally, delete, params, lazy)
+    ran, _ = await _plain_batch(conn, settings, commits, tally, delete, params, lazy)
+    return ran
 
 
 async def run_key_rest(
@@ -251,7 +252,7 @@ async def run_key_rest(
     share the greatest expired key (`key_rest`): the caller then reads the boundary, which
     walks that run. Prepared once, as the spans."""
     params = {**pred.params, "key_after": start, "key_rows": rows}
-    return await _plain_batch(
+    ran, _ = await _plain_batch(
         conn,
         settings,
         commits,
@@ -262,6 +263,7 @@ async def run_key_rest(
         by_index=True,
         flush=flushes_statistics(conn),
     )
+    return ran
 
 
 #: A first batch that takes every expired row by the planner's estimate (`run_key_whole`) is
@@ -284,8 +286,6 @@ class WholeSweep:
         self.pred, self.rows = pred, rows
         self.top: object | None = None
         """The greatest expired key as the batch began; None when no row was expired."""
-        self.flushed = False
-        """Whether the batch asked for the session's statistics to be flushed as it commits."""
 
 
 async def run_key_whole(
@@ -303,24 +303,22 @@ async def run_key_whole(
     then reads the boundary, which walks that run). Its statement_timeout is
     `whole_limit_ms`: a batch that runs past it is rolled back whole, and the caller goes on
     by boundary reads."""
-    started = time.perf_counter()
     limited = replace(settings, statement_timeout_ms=whole_limit_ms(settings))
-    whole.flushed = flushes_statistics(conn)
-    params = {**whole.pred.params, **tally.params, "key_rows": whole.rows}
-    async with conn.pipeline():
-        await conn.execute(
-            *tally.begin(limited, generic=True, flush=whole.flushed, by_index=True), prepare=True
-        )
-        top = await conn.execute(key_top(whole.pred), params, prepare=True)
-        cur = await conn.execute(key_rest(whole.pred, after=False), params, prepare=True)
-        added = await tally.add(conn, cur)
-    ms = (time.perf_counter() - started) * 1000
-    row = await top.fetchone()
-    whole.top = row[0] if row else None
-    removed = max(cur.rowcount, 0)
-    commits.committed(False, wrote=removed > 0)
-    total = await added.fetchone() if added is not None else None
-    return removed, removed, int(total[0]) if total else None, ms
+    params = {**whole.pred.params, "key_rows": whole.rows}
+    ran, top = await _plain_batch(
+        conn,
+        limited,
+        commits,
+        tally,
+        key_rest(whole.pred, after=False),
+        params,
+        lazy=False,
+        by_index=True,
+        flush=flushes_statistics(conn),
+        read=key_top(whole.pred),
+    )
+    whole.top = top[0] if top else None
+    return ran
 
 
 async def _plain_batch(
@@ -333,21 +331,27 @@ async def _plain_batch(
     lazy: bool,
     by_index: bool = False,
     flush: bool = False,
-) -> Ran:
-    """One plain, prepared DELETE and the ledger's row in one implicit transaction with no read
-    before it, committed lazily when `lazy`; with `by_index`, the tie walk's planner settings
-    for its transaction (`key_rest`'s count of one key's rows goes by the index, as a tie
-    walk's does); with `flush`, the session's statistics flushed as it ends."""
+    read: sql.Composed | None = None,
+) -> tuple[Ran, Any]:
+    """One plain, prepared DELETE and the ledger's row in one implicit transaction, committed
+    lazily when `lazy`; with `by_index`, the tie walk's planner settings for its transaction
+    (`key_rest`'s count of one key's rows goes by the index, as a tie walk's does); with
+    `flush`, the session's statistics flushed as it ends. With `read` (a statement of
+    `params`), that read is sent first, in the same round trip: its first row comes back
+    beside the batch's figures (None without one)."""
     started = time.perf_counter()
+    params = {**params, **tally.params}
     async with conn.pipeline():
         await conn.execute(
             *tally.begin(settings, generic=True, lazy=lazy, flush=flush, by_index=by_index),
             prepare=True,
         )
-        cur = await conn.execute(delete, {**params, **tally.params}, prepare=True)
+        before = await conn.execute(read, params, prepare=True) if read is not None else None
+        cur = await conn.execute(delete, params, prepare=True)
         added = await tally.add(conn, cur)
     ms = (time.perf_counter() - started) * 1000
     removed = max(cur.rowcount, 0)
     commits.committed(lazy, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
-    return removed, removed, int(row[0]) if row else None, ms
+    found = await before.fetchone() if before is not None else None
+    return (removed, removed, int(row[0]) if row else None, ms), found
