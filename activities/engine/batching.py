@@ -27,6 +27,7 @@ from activities.engine.batch_sql import (
 from activities.engine.context import SweepContext
 from activities.engine.keyset import (
     SPAN_RETRY_SHARE,
+    WHOLE_LIMIT_TARGETS,
     KeyBatch,
     KeySpans,
     Ran,
@@ -269,8 +270,9 @@ class BatchSweeper:
         """The advice when a first batch sized by the planner's estimate ran past its limit."""
         return (
             f"{pred.table}: the planner expected about {self.plan.expired:,.0f} expired rows, "
-            f"one batch, but deleting them ran past {whole_limit_ms(self.settings)} ms (10 "
-            "times the batch target); that batch was rolled back and the rows taken in "
+            f"one batch, but deleting them ran past {whole_limit_ms(self.settings)} ms "
+            f"({WHOLE_LIMIT_TARGETS} times the batch target); that batch was rolled back and "
+            "the rows taken in "
             f"batches that read their boundary: if its statistics are stale, ANALYZE {pred.table}"
         )
 
