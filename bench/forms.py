@@ -46,6 +46,10 @@ class FormContext:
     """What a form may use: an autocommit connection, and the pool a worker would have."""
 
     conn: AsyncConnection[Any]
+    """Autocommit, where the hand-typed forms run. In the bench's cases a session of its own,
+    open from the start like the pool's, that made none of the copies: the session that makes
+    a copy has the new table's catalog entries already cached, and its DELETE paid about
+    0.9 ms less than one in another session (bench/README.md, "The hand DELETE's session")."""
     pool: AsyncConnectionPool[Any]
     """Its search_path finds the bench schema's `purge_progress`: sweeps count in the ledger."""
     pool_no_ledger: AsyncConnectionPool[Any] | None = None
@@ -55,6 +59,9 @@ class FormContext:
     url: str | None = None
     """The server's URL, its search_path finding the ledger like `pool`'s: the `_fresh` forms
     open a session of their own on it."""
+    maker: AsyncConnection[Any] | None = None
+    """The session that made the copy, for the form that runs the hand DELETE there
+    (`delete_maker`): the floor as the bench measured it before 2026-12-05, printed beside."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +238,13 @@ async def single_delete_fresh(ctx: FormContext, table: Table) -> FormRun:
     return run
 
 
+async def single_delete_maker(ctx: FormContext, table: Table) -> FormRun:
+    """(a) in the session that has just made the copy: its catalog entries already cached
+    there. The hand DELETE's time as the bench measured it before 2026-12-05, for comparison."""
+    assert ctx.maker is not None, "delete_maker needs FormContext.maker"
+    return await single_delete(dataclasses.replace(ctx, conn=ctx.maker), table)
+
+
 async def ours_fresh(ctx: FormContext, table: Table) -> FormRun:
     """(b) on a pool just opened, as an hourly pass often meets it: psycopg_pool closes a
     connection idle for 10 minutes and replaces every one after an hour (`max_lifetime`), so
@@ -260,6 +274,7 @@ async def ours_no_ledger(ctx: FormContext, table: Table) -> FormRun:
 #: its session (or pool) first, timed, and its ratio is taken against `delete_fresh`.
 FORMS: dict[str, tuple[str, FormFn]] = {
     "delete": ("(a) single DELETE", single_delete),
+    "delete_maker": ("(a) single DELETE, in the session that made the copy", single_delete_maker),
     "ours": ("(b) this package", ours),
     "ours_no_ledger": ("(b) this package, no ledger", ours_no_ledger),
     "ours_temporal": ("(b) this package, through Temporal", ours_temporal),

@@ -279,6 +279,12 @@ def issue_targets(results: Sequence[FormResult]) -> list[str]:
         if ours is not None:
             check(f"{case}: ours vs single DELETE", ours.ratio, ratio_limit, "x")
             check(f"{case}: ours p99 statement", ours.p99_ms, 25, " ms")
+        maker = _find(results, case, "delete_maker")
+        if ours is not None and maker is not None and maker.seconds > 0:
+            lines.append(
+                f"info    {case}: ours vs the DELETE in the session that made the copy:"
+                f" {ours.seconds / maker.seconds:.2f}x"
+            )
     through = _find(results, "backlog", "ours_temporal")
     if through is not None:
         check("backlog: ours through Temporal vs single DELETE", through.ratio, 1.15, "x")

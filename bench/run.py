@@ -199,6 +199,10 @@ async def run_bench(
         # table made there (as a user's worker finds theirs); and a pool that finds none.
         pool = await open_pool(schema_first(url, schema))
         pool_no_ledger = await open_pool(url)
+        # The hand forms' session: open as long as the pool's, making no copy (cases.Bench.hand).
+        hand = await AsyncConnection.connect(
+            url, autocommit=True, application_name="purge-bench-hand"
+        )
         try:
             if not await _ledger_absent(pool_no_ledger):
                 log.warning(
@@ -217,6 +221,7 @@ async def run_bench(
                 repeat=args.repeat,
                 data_dir=data_dir,
                 pool_no_ledger=pool_no_ledger,
+                hand=hand,
             )
             cases = build_cases(args.rows)
             for name in args.cases:
@@ -244,6 +249,7 @@ async def run_bench(
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
         finally:
+            await hand.close()
             await pool.close()
             await pool_no_ledger.close()
         return outcome
