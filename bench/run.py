@@ -27,7 +27,14 @@ from bench import noise, report, server
 from bench.archive import CASES as ARCHIVE_CASES
 from bench.archive import archive_targets, run_archive_case
 from bench.backlog import run_backlog
-from bench.cases import Bench, build_cases, can_checkpoint, run_case, schema_first
+from bench.cases import (
+    Bench,
+    build_cases,
+    can_checkpoint,
+    run_case,
+    schema_first,
+    warm_sessions,
+)
 from bench.fleet import FleetResult, fleet_table, fleet_targets, run_fleet
 from bench.orchestration import OrchestrationResult, run_orchestration
 from bench.partitioned import partitioned_lines, run_partitioned
@@ -223,6 +230,7 @@ async def run_bench(
                 pool_no_ledger=pool_no_ledger,
                 hand=hand,
             )
+            await warm_sessions(bench)
             cases = build_cases(args.rows)
             for name in args.cases:
                 if name == "orchestration":
