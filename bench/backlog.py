@@ -86,6 +86,8 @@ async def database_bench(
         await AsyncConnection.connect(admin_url, autocommit=True) as admin,
         scratch_databases(admin, admin_url, 1, tag) as [url],
         await AsyncConnection.connect(url, autocommit=True) as conn,
+        # The hand forms' session on this database: bench.hand is the first server's.
+        await AsyncConnection.connect(url, autocommit=True) as hand,
     ):
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_prewarm")
         pool = await open_pool(url)
@@ -95,6 +97,7 @@ async def database_bench(
                 url=url,
                 schema="public",
                 conn=conn,
+                hand=hand,
                 pool=pool,
                 pool_no_ledger=None,
                 prewarm=False,

@@ -179,8 +179,8 @@ async def _shards(
                 await AsyncConnection.connect(url, autocommit=True)
             )
             here = replace(
-                bench, url=url, schema="public", conn=conn, prewarm=False, evict=True,
-                data_dir=data_dir, all_runs=[],
+                bench, url=url, schema="public", conn=conn, hand=None, prewarm=False,
+                evict=True, data_dir=data_dir, all_runs=[],
             )  # fmt: skip
             shards.append(_Shard(n, here, f"fleet@db{n}"))
         yield shards
