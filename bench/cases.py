@@ -138,10 +138,11 @@ def schema_first(url: str, schema: str) -> str:
 
 async def warm_sessions(bench: Bench) -> None:
     """One unmeasured DELETE in the hand session and one sweep on each pool, each on a copy of
-    a small table of case 2's shape made for it. Every form then runs in a session that has
-    run one before (the catalog's caches loaded, the sweep's statements prepared), as a
-    worker's connection has: without it the first repeat of the warm forms timed a session's
-    first statement, which the `_fresh` forms measure where it is the point."""
+    a small table made for it (1,000 idempotency rows in expiry order, half expired). Every
+    form then runs in a session that has run one before (the catalog's caches loaded, the
+    sweep's statements prepared), as a worker's connection has: without it the first repeat
+    of the warm forms timed a session's first statement, which the `_fresh` forms measure
+    where it is the point."""
     data = Dataset("idempotency", 1_000, 500, "ordered")
     template, copy = "warm_up_template", "warm_up"
     started = time.perf_counter()

@@ -49,7 +49,7 @@ class FormContext:
     """Autocommit, where the hand-typed forms run. In the bench's cases a session of its own,
     open from the start like the pool's, that made none of the copies: the session that makes
     a copy has the new table's catalog entries already cached, and its DELETE paid about
-    0.9 ms less than one in another session (bench/README.md, "The hand DELETE's session")."""
+    0.9 ms less than one in another session (bench/README.md, "How each figure is measured")."""
     pool: AsyncConnectionPool[Any]
     """Its search_path finds the bench schema's `purge_progress`: sweeps count in the ledger."""
     pool_no_ledger: AsyncConnectionPool[Any] | None = None

@@ -206,11 +206,12 @@ async def run_bench(
         # table made there (as a user's worker finds theirs); and a pool that finds none.
         pool = await open_pool(schema_first(url, schema))
         pool_no_ledger = await open_pool(url)
-        # The hand forms' session: open as long as the pool's, making no copy (cases.Bench.hand).
-        hand = await AsyncConnection.connect(
-            url, autocommit=True, application_name="purge-bench-hand"
-        )
+        hand: AsyncConnection[Any] | None = None
         try:
+            # The hand forms' session: open as long as the pool's, making no copy (Bench.hand).
+            hand = await AsyncConnection.connect(
+                url, autocommit=True, application_name="purge-bench-hand"
+            )
             if not await _ledger_absent(pool_no_ledger):
                 log.warning(
                     "a purge_progress table is on the default search_path: the no-ledger"
@@ -257,7 +258,8 @@ async def run_bench(
                     outcome.results.extend(await run_case(bench, cases[name]))
             outcome.runs = bench.all_runs
         finally:
-            await hand.close()
+            if hand is not None:
+                await hand.close()
             await pool.close()
             await pool_no_ledger.close()
         return outcome
