@@ -54,6 +54,7 @@ CONFIG_KEYS = _TOP_KEYS.union(*SECTION_KEYS.values())
 NOT_CONFIG = {
     "synchronous_commit": "a PostgreSQL setting the sweep's transactions use (docs/sweeping.md)",
     "strategy": "a field of a sweep's report (PurgeSweep.strategy), not something to configure",
+    "pool_mode": "PgBouncer's own setting (docs/operating.md, Through a connection pooler)",
 }
 #: `[name]` in the docs that is a pip extra of the package, not a config table.
 EXTRAS = frozenset(
