@@ -16,6 +16,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.leftover import leftover
 from activities.engine.sql_target import SqlTarget
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
@@ -118,6 +119,47 @@ async def test_a_table_losing_a_small_share_every_pass_is_not_told(
 
     assert [r.removed for r in results] == [1_000] * 5
     assert not any(ADVICE in r.advice for r in results)
+
+
+@pytest.mark.parametrize(
+    ("slots", "told", "recorded"),
+    [(40, False, 1), (5, True, 0)],
+    ids=["a small share: recorded", "a large share: told by the pass, not recorded"],
+)
+async def test_a_pass_of_the_one_pass_bar_reads_what_it_left_and_records_in_one_round_trip(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    slots: int,
+    told: bool,
+    recorded: int,
+) -> None:
+    """A pass that removed the one-pass advice's rows or more (1,000 here, the bar a
+    hundredth of the shipped one): the views' read of what it left, the day's record and the
+    unlock are one statement, as for a smaller pass, never the step-by-step read. Of a small
+    share (5%) the pass is recorded; of a large one (40%) that pass alone is told to partition
+    and, as ever, not recorded."""
+    monkeypatch.setattr("activities.engine.partition_advice.PARTITION_ADVICE_ROWS", 1_000)
+    step_by_step: list[str] = []
+
+    async def read_alone(*args: Any, **kwargs: Any) -> Any:
+        step_by_step.append("read")
+        return await leftover(*args, **kwargs)
+
+    monkeypatch.setattr("activities.engine.target_tables.leftover", read_alone)
+    feed = Feed(db, "feed", slot_rows=500, slots=slots, origin=PAST_NOW)
+    feed.refill(PAST_NOW)
+
+    result = await sweep(feed.target(pool), PAST_NOW)
+
+    assert result.removed == 1_000
+    assert step_by_step == []
+    assert (ADVICE in result.advice) is told
+    shares = db.execute("SELECT count(*) FROM purge_shares WHERE table_name = 'feed'").fetchone()
+    assert shares == (recorded,)
+    # The table's lock went with that statement.
+    locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+    assert db.execute(locks).fetchone() == (0,)
 
 
 async def test_a_large_share_in_only_some_passes_is_not_most(

@@ -182,7 +182,8 @@ class TuplesRecorded:
     """Live and dead tuples per the views, and the planner's estimate (`table_tuples`)."""
     passes: list[SharePass] | None
     """The table's passes of the window, this one last, as `record_share` returns them; None
-    when the views' count was not certain enough to record (`leftover.judged`)."""
+    when the views' count was not certain enough to record (`leftover.judged`), or this pass
+    alone is told to partition (`pass_advice`)."""
 
 
 async def record_share_with_tuples(
@@ -200,7 +201,13 @@ async def record_share_with_tuples(
     a dropped table, a lock or a slow record): the caller reads and records step by step.
     Otherwise `then` ran."""
     rel = ident(pred.table).as_string(conn)
-    params = {**share_params(target, str(pred.table), now_ms), "removed": removed, "rel": rel}
+    params = {
+        **share_params(target, str(pred.table), now_ms),
+        "removed": removed,
+        "rel": rel,
+        "advice_rows": PARTITION_ADVICE_ROWS,
+        "large_share": LARGE_SHARE,
+    }
     rows = await _recorded(conn, share_record_with_tuples(), params, then)
     if rows is None:
         return None
@@ -340,13 +347,19 @@ def shared(values: sql.Composable) -> tuple[sql.Composed, sql.SQL]:
 
 def share_record_with_tuples() -> sql.Composed:
     """`table_tuples` of `%(rel)s` and, when they count live rows or this pass removed none
-    (`%(removed)s`: the test `leftover.judged` takes the views at their word on), the record of
-    this pass with the live rows they count (`share_record`, with `share_params`). One row:
-    live, dead, the planner's estimate, whether the record was made, and the table's passes as
-    `shared` returns them."""
+    (`%(removed)s`: the test `leftover.judged` takes the views at their word on) and this pass
+    alone is not told to partition (`pass_advice`: fewer than `%(advice_rows)s` removed, or a
+    share of at most `%(large_share)s`; such a pass is not recorded), the record of this pass
+    with the live rows they count (`share_record`, with `share_params`). One row: live, dead,
+    the planner's estimate, whether the record was made, and the table's passes as `shared`
+    returns them."""
+    # The share as `Leftover.share` takes it, in float8 as Python's float: the same verdict.
     values = sql.SQL(
         "(SELECT %(removed)s::bigint, t.live FROM tuples t"
-        " WHERE t.live > 0 OR %(removed)s::bigint = 0) v(removed, live)"
+        " WHERE (t.live > 0 OR %(removed)s::bigint = 0)"
+        " AND CASE WHEN %(removed)s::bigint < %(advice_rows)s::bigint THEN true"
+        " ELSE %(removed)s::float8 / (%(removed)s::bigint + t.live)::float8"
+        " <= %(large_share)s::float8 END) v(removed, live)"
     )
     record, passes = shared(values)
     return sql.SQL(

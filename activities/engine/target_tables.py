@@ -21,7 +21,6 @@ from activities.engine.leftover import (
     vacuum_advice,
 )
 from activities.engine.partition_advice import (
-    PARTITION_ADVICE_ROWS,
     SharePass,
     pass_advice,
     record_share,
@@ -302,16 +301,15 @@ class TargetSweeper:
     ) -> bool:
         """Whether the views' read of what the sweep left, the day's share record and the unlock
         go in one round trip (`record_share_with_tuples`): the sweep finished (no oldest expired
-        row to look for), nothing runs between the read and the record (no ANALYZE), the
-        record is kept for the table, and the pass removed too few rows for one pass's advice
-        (which reads the table before any record)."""
+        row to look for), nothing runs between the read and the record (no ANALYZE), and the
+        record is kept for the table. A pass that one pass's advice tells to partition is not
+        recorded, there as step by step; its advice reads the table after the unlock."""
         return (
             table.complete
             and not self.settings.analyze_after
             and ctx.remember
             and pred.range_key is not None
             and not plan.partitioned
-            and table.removed < PARTITION_ADVICE_ROWS
         )
 
     async def _partitions_gone(self, ctx: SweepContext, stats: SweepStats) -> None:
