@@ -15,16 +15,19 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.engine import batching, keyset
+from activities.engine.catalog import plan_nodes
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
+from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
 from tests.support.pace import fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
@@ -284,6 +287,66 @@ def rest_batches(monkeypatch: pytest.MonkeyPatch, name: str = "run_key_rest") ->
 
     monkeypatch.setattr(batching, name, observed)
     return seen
+
+
+@pytest.mark.parametrize(
+    ("expired", "name"),
+    [(3_000, "run_key_rest"), (300, "run_key_whole")],
+    ids=["the rest", "a first batch that took every row"],
+)
+async def test_a_last_batch_counts_the_greatest_keys_rows_and_deletes_by_the_index(
+    db: psycopg.Connection[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    expired: int,
+    name: str,
+) -> None:
+    """A last batch with no boundary read (the rest, or a first batch that takes every expired
+    row) first counts the rows of the greatest expired key, up to a batch, then deletes. Live
+    rows on nine values, so the statistics see few distinct keys: left to itself, the generic
+    plan goes by bitmap scans (the planner's pick here without `tie_walk`'s settings), which
+    gather every row of the key before the count stops. The plan the batch ran (its prepared
+    statement's generic plan, read back on the sweep's own connection) has neither a bitmap
+    scan nor a sequential scan."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    ended = rest_batches(monkeypatch, name)
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, '{}', %s - i FROM generate_series(0, %s - 1) i",
+        (NOW, expired),
+    )
+    db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'l' || i, '{}', %s + (i %% 9) * 1000 FROM generate_series(1, 50000) i",
+        (NOW + HOUR,),
+    )
+    db.execute("VACUUM ANALYZE x_idempotency")
+    one = await open_pool(schema_url, max_size=1)  # so the sweep's connection is the one read
+    try:
+        stats = await kinds.idempotency(one).sweep(NOW)
+        async with one.connection() as conn:
+            cur = await conn.execute(
+                "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements"
+                " WHERE statement LIKE 'DELETE%%(SELECT count(*)%%' AND generic_plans > 0"
+            )
+            [(statement, params)] = await cur.fetchall()
+            # The cached generic plan itself: a setting's change does not plan it again.
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            nulls = sql.SQL(", ").join([sql.NULL] * params)
+            cur = await conn.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
+                    sql.Identifier(statement), nulls
+                )
+            )
+            row = await cur.fetchone()
+    finally:
+        await one.close()
+
+    assert (stats.removed, ended) == (expired, ["deleted"])
+    assert row is not None
+    nodes = {node["Node Type"] for node in plan_nodes(row[0][0]["Plan"])}
+    assert nodes & {"Index Scan", "Index Only Scan"}, nodes
+    assert not nodes & {"Seq Scan", "Bitmap Heap Scan"}, nodes
 
 
 async def test_a_run_of_one_key_under_a_batch_at_the_cutoff_goes_with_the_rest(
