@@ -138,10 +138,18 @@ class Finding:
 
     @property
     def is_target(self) -> bool:
-        """Whether it is printed as a live `[[targets]]` entry."""
+        """Whether it is printed as a live `[[targets]]` entry of its own keys (one a pattern
+        entry may cover with others of its shape)."""
         if self.problem:
             return False
         return self.preset is None or self.preset.treatment == "target"
+
+    @property
+    def is_live(self) -> bool:
+        """Whether it is printed as a live entry: a target, or a table a preset sweeps."""
+        if self.is_target:
+            return True
+        return self.preset is not None and self.preset.treatment == "preset" and not self.problem
 
 
 @dataclass(frozen=True)
@@ -585,8 +593,10 @@ def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family
 
 
 def target_names(singles: list[Finding], families: list[Family]) -> dict[str, str]:
-    """A distinct target name for each single target (keyed `schema.table:column`) and each
-    family (keyed by its pattern): the preset's, else the table's, then qualified as needed."""
+    """A distinct target name for each live single entry, a preset's table included (keyed
+    `schema.table:column`), and each family (keyed by its pattern): the preset's, else the
+    table's, then qualified as needed. A preset's table in two schemas (procrastinate's jobs)
+    is two targets, which a config may not give one name."""
     names: dict[str, str] = {}
     taken: set[str] = set()
 
@@ -607,7 +617,7 @@ def target_names(singles: list[Finding], families: list[Family]) -> dict[str, st
         stem = family.pattern.split(".")[-1].replace("*", "").strip("_") or "tables"
         pick(family.pattern, *(c for c in (base, stem, f"{stem}_{family.first.column}") if c))
     for single in singles:
-        if not single.is_target:
+        if not single.is_live:
             continue
         base = single.preset.name if single.preset and single.preset.name else single.table
         pick(

@@ -60,10 +60,7 @@ def _preset_keys(kind: str, max_age: str, name: str, table: str) -> dict[str, An
 
 def live(finding: Finding) -> bool:
     """Whether `finding` is printed as a live entry: a target, or a table a preset sweeps."""
-    preset = finding.preset
-    return finding.is_target or (
-        preset is not None and preset.treatment == "preset" and not finding.problem
-    )
+    return finding.is_live
 
 
 def as_toml(found: Discovery, url: str) -> str:
@@ -142,8 +139,8 @@ def _entry(found: Discovery, finding: Finding) -> list[str]:
 
 
 def _name(found: Discovery, finding: Finding) -> str:
-    """The finding's target name: discover names each target; a preset's table not counted as
-    one (procrastinate's jobs) takes the preset's name."""
+    """The finding's target name, as discover named each live entry; one never named (not
+    printed live) by its preset's name, else its table's."""
     key = f"{finding.qualified}:{finding.column}"
     if key in found.names:
         return found.names[key]

@@ -220,6 +220,35 @@ async def test_the_printed_config_starts_a_worker_that_sweeps_what_discover_coun
     assert after["solid_queue_semaphores"][0].rows == 1  # left to Solid Queue
 
 
+async def test_a_presets_table_in_two_schemas_is_two_targets_of_two_names(
+    database: str, tmp_path: Path
+) -> None:
+    """procrastinate's jobs in two schemas: two live entries of the preset, each with a name of
+    its own, so the printed file is a config the reader takes (two entries of one name are
+    refused); each reads the events beside its own jobs."""
+    for schema in ("app_a", "app_b"):
+        run_sql(
+            database,
+            f"CREATE SCHEMA {schema};"
+            f" CREATE TABLE {schema}.procrastinate_jobs (id bigserial PRIMARY KEY, status text);"
+            f" CREATE TABLE {schema}.procrastinate_events (id bigserial PRIMARY KEY,"
+            f" job_id bigint REFERENCES {schema}.procrastinate_jobs ON DELETE CASCADE,"
+            " at timestamptz)",
+        )
+    found = await discover(database)
+    path = tmp_path / "purge.toml"
+    path.write_text(discover_render.as_toml(found, database), encoding="utf-8")
+
+    config = load_config(path, env={})
+    jobs = [t for t in config.targets if t.tables[0].table == "procrastinate_jobs"]
+    assert sorted(str(t.tables[0].schema) for t in jobs) == ["app_a", "app_b"]
+    assert len({t.name for t in jobs}) == 2
+    assert sorted(str(t.age_from) for t in jobs) == [
+        "app_a.procrastinate_events",
+        "app_b.procrastinate_events",
+    ]
+
+
 async def test_other_expiry_columns_families_and_their_indexes(database: str) -> None:
     """Tables no framework explains: an expiry-like column of each type found with its counts;
     one that no target reads as it is (a date, a duration) said why; tables of one shape in
