@@ -84,9 +84,9 @@ class TableAccess:
         Where this worker has read the table's column types through these connection settings
         before, the rule is bound from them at once, and the plan's reads go in the same round
         trip as the types' read (`column_memory`). Where the types then differ, or that round
-        trip fails with any error but an OperationalError, it all goes again step by step, the
-        types read first: a table changed since the last pass is planned, refused or failed as
-        it now is."""
+        trip fails with a psycopg error other than an OperationalError (or a BadTable), it all
+        goes again step by step, the types read first: a table changed since the last pass is
+        planned, refused or failed as it now is."""
         with assumed_types() as assumed:
             try:
                 return await self._prepare(conn, rule, now_ms, ahead, assumed)

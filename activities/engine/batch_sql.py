@@ -278,7 +278,7 @@ def key_top(pred: Predicate) -> sql.Composed:
 
 def tie_delete(pred: Predicate) -> sql.Composed:
     """A keyset batch over one value: `%(key_rows)s` expired rows whose key is `%(key_at)s`
-    (more than a batch share it, so a range cannot split them), picked by ctid, checked on the
+    (a batch's worth or more share it, so a range cannot split them), picked by ctid, checked on the
     row."""
     assert pred.column is not None
     return sql.SQL(

@@ -261,9 +261,9 @@ class BatchSweeper:
     def _keyed(
         self, run: Callable[..., Awaitable[Ran]], *args: object
     ) -> Callable[[], Awaitable[Ran]]:
-        """A keyset batch (`run_key_batch`, `run_key_span` or `run_key_rest`, named at each use
-        from this module's namespace, where `bench.steady_phases` wraps them) bound to this
-        sweep's connection, settings, commits and tally, and to its own `args`."""
+        """A keyset batch (`run_key_batch`, `run_key_span`, `run_key_rest` or `run_key_whole`,
+        named at each use from this module's namespace, where `bench.steady_phases` wraps them)
+        bound to this sweep's connection, settings, commits and tally, and to its own `args`."""
         return functools.partial(run, self.conn, self.settings, self.commits, self.tally, *args)
 
     def _estimate_missed(self, pred: Predicate) -> str:

@@ -41,8 +41,8 @@ from activities.progress import SweepStats
 from purge_config.names import TableName
 
 #: A plain detach (a DEFAULT partition forbids CONCURRENTLY) waits at most lock_timeout for
-#: its ACCESS EXCLUSIVE lock; it is tried this many times, this far apart, before the attempt
-#: fails and Temporal retries it.
+#: its ACCESS EXCLUSIVE lock; it is tried this many times, PLAIN_PAUSE_S times the try's number
+#: apart (0.5 s, then 1 s), before the attempt fails and Temporal retries it.
 PLAIN_TRIES = 3
 PLAIN_PAUSE_S = 0.5
 
@@ -103,7 +103,9 @@ class PartitionRemover:
     async def remove(self, layout: Layout, beside: ConnectionSource | None = None) -> Removal:
         """Detach every wholly expired partition (oldest first, by OID), then drop or move them
         all, counted, in one transaction: on a connection from `beside` when it gave one while
-        the detaches ran (the removal's `dropping`, to be awaited), else on this one."""
+        the detaches ran (the removal's `dropping`, to be awaited), else on this one. With a
+        DEFAULT partition (no CONCURRENTLY), each is detached plainly, counted and dropped in
+        a transaction of its own, on this connection, until the budget ends."""
         out = Removal()
         done = out.done
         chosen = [(c.table, mark_key(self.ctx.target, c.oid, c.table)) for c in layout.expired]

@@ -15,9 +15,9 @@ it or leave less than half a span (`run_key_rest`); if a batch's worth of rows o
 the greatest expired key, it deletes nothing and the boundary read takes over. A span (or the
 rest) that runs into `statement_timeout` is rolled back and tried again at a quarter of its
 width. The next batch starts at the key this one stopped below, so no batch steps over the
-index entries of rows earlier batches deleted. Where a boundary read finds more rows than a
-batch sharing one key, that run is taken by ctid, a batch at a time (the tie walk), every batch
-of it reading its boundary; a run inside a span goes with the span. Used where
+index entries of rows earlier batches deleted. Where a boundary read finds a batch's worth of
+rows or more sharing one key, that run is taken by ctid, a batch at a time (the tie walk),
+every batch of it reading its boundary; a run inside a span goes with the span. Used where
 `planning.keyset_batches` holds; see `batching.BatchSweeper` (why:
 docs/decisions/keyset-batches.md).
 """

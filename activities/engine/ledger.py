@@ -22,7 +22,7 @@ What a sweep reports must not be undone by a crash: a lazy batch's heartbeat (it
 worker's `purge_rows_removed` counter, its place for a retry) waits for a durable point, a
 commit that waits for the WAL up to it and so for every lazy commit before it. A batch commits
 as the session does when the last durable point is DURABLE_EVERY_S old (so heartbeats stay about
-a second apart) or when it is known to be the table's last; the sweep's end, or its
+half a second apart) or when it is known to be the table's last; the sweep's end, or its
 cancellation, is a durable point of its own (`durable_point`) when its last batch was lazy.
 
 A retry resumes from what was reported, so from durable work only: index and keyset batches
