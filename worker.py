@@ -1,4 +1,4 @@
-"""The command line: `python worker.py [run|schedule|sweep|report|replay|dev] ...`.
+"""The command line: `python worker.py [run|schedule|sweep|report|replay|dev|schema|discover]`.
 
 Installed as `pg-purge`. Also the entry point for teams that build their worker in code: see
 `new_worker`.

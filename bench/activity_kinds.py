@@ -1,14 +1,15 @@
 """What one target costs Temporal, by the kind of activity that sweeps it: side by side, on one
 dev server, a workflow runs N targets one after the other (as a spread pass's child does at the
-default `max_per_database = 1`) and N at a time, each target a no-op activity, either as the
-package sweeps targets today (an activity task, dispatched eagerly) or as a local activity (run
-by the workflow's own worker, recorded as a marker). The activity does nothing, so what is
+default `max_per_database = 1`) and N at a time, each target a no-op activity, either as an
+activity task (dispatched eagerly) or as a local activity (run by the workflow's own worker,
+recorded as a marker): the package ships both, the second for a pattern's small tables in a
+child on their database's queue. The activity does nothing, so what is
 measured is Temporal's and the SDK's share of a small table's sweep: the floor under case 11.
 
     python -m bench.activity_kinds --targets 200
 
-This is a measurement for a decision (docs/decisions/spread-passes.md), not a form the package
-ships: local activities cannot heartbeat, and run wherever the workflow task runs.
+This is a measurement for a decision (docs/decisions/spread-passes.md): local activities cannot
+heartbeat, and run wherever the workflow task runs, so the package keeps them to small tables.
 """
 
 from __future__ import annotations

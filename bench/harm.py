@@ -8,7 +8,7 @@
   unpaced sweep wrote WAL at, each on a fresh copy: the paced one should take about twice as long
   and hold the rate.
 - `children`: a parent of `--rows`/50 rows, half expired, and a child table referencing every
-  expired parent and a quarter of the live ones `ON DELETE CASCADE`; the sweep of the parent with
+  expired parent and half of the live ones `ON DELETE CASCADE`; the sweep of the parent with
   the child's foreign key column unindexed, then indexed: the cost the unindexed-children warning
   names.
 
@@ -116,8 +116,8 @@ def fill_parent(conn: psycopg.Connection[Any], parents: int, indexed: bool) -> N
         " FROM generate_series(1, %s) i",
         (NOW - HOUR, NOW + HOUR, parents),
     )
-    # Every expired parent has a child (each delete cascades), and so does a quarter of the
-    # live ones.
+    # Every expired parent has a child (each delete cascades), and so does half of the live
+    # ones (a quarter of all parents).
     conn.execute(
         "INSERT INTO child SELECT i, i FROM generate_series(1, %s) i"
         " WHERE i %% 2 = 0 OR i %% 4 = 1",

@@ -1,5 +1,5 @@
 """Case 6, `partitioned`: a table partitioned by day on an epoch-ms column, with 10 days and a
-half expired, swept three ways while a writer inserts into today's partition.
+half expired, swept six ways (the forms below) while a writer inserts into today's partition.
 
 The table has `3 x --rows` rows (6,000,000 at the default) in 30 daily partitions, as an
 application would index it (primary key on `(id, created_ms)`, `created_ms`, `(user_id,

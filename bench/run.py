@@ -1,7 +1,8 @@
 """`python -m bench.run`: one DELETE, this package's sweep and the `key IN` loop, side by side.
 
 Against the embedded PostgreSQL 18 (started and stopped here) or `--url`; every table lives in a
-scratch schema dropped at the end. See bench/README.md for what is measured and how.
+scratch schema or a scratch database, dropped at the end. See bench/README.md for what is
+measured and how.
 """
 
 from __future__ import annotations

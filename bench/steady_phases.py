@@ -2,8 +2,9 @@
 
 Case 12's table (`bench.steady`): `--rows` rows created over 100 hours in id order, on a server
 with PostgreSQL's defaults for what the bench tunes (shared_buffers 128MB). Each round deletes
-the next hour's rows, alternately by one DELETE and by the activity, the table's buffers and
-page cache dropped and a checkpoint taken before each form, as case 12 does. For each activity
+the next hour's rows, alternately by one DELETE and by the activity, the table dropped from
+shared_buffers (the OS cache keeps what it has) and a checkpoint taken before each form, as
+case 12 does. For each activity
 round: the time before its first batch; the batches that read their boundary (the first, a run
 of one key, a last batch that met one), the key spans and the last batch with no read (`rest`)
 (`activities.engine.keyset`), each summed with its median; the gaps between batches; and the

@@ -161,7 +161,8 @@ class TenantsForm:
     load_after: list[float]
     cpu: dict[str, float] = field(default_factory=dict)
     ledger_rows: int | None = None
-    """purge_progress rows when a pass started (every target's activity scans them)."""
+    """purge_progress rows when a pass started (the ledger's cleanup scans them, once a pass and
+    database on a worker)."""
     history: PassHistory | None = None
     workflow_id: str = ""
 
@@ -572,10 +573,11 @@ def _count_statements(text: str, calls: int, result: TenantsResult) -> None:
 
 
 async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult) -> None:
-    """The statement every target's activity starts with (activities.engine.ledger.
-    ledger_expire), timed on a copy of purge_progress holding 5,000 rows (one pass of this
-    case), a day of hourly passes and the week the ledger keeps (LEDGER_KEEP_MS): all recent,
-    so it deletes none, as on every pass but the first of an hour."""
+    """The statement a pass's first activity on a worker and database starts with
+    (activities.engine.ledger.ledger_expire), timed on a copy of purge_progress holding 5,000
+    rows (one pass of this case), a day of hourly passes and the week the ledger keeps
+    (LEDGER_KEEP_MS): all recent, so it deletes none, as on every pass but the first of an
+    hour."""
     now_ms = int(time.time() * 1000)
     await conn.execute(
         "CREATE TABLE bench_ledger (LIKE purge_progress INCLUDING ALL)"
@@ -848,7 +850,8 @@ def tenants_lines(result: TenantsResult) -> list[str]:
             lines.append(f"  purge_progress held {measured.ledger_rows:,} rows when it started")
     if result.ledger_expire_ms:
         lines.append(
-            "ledger cleanup each activity runs first (DELETE FROM purge_progress WHERE now_ms <"
+            "ledger cleanup a pass runs once a worker and database (DELETE FROM purge_progress"
+            " WHERE now_ms <"
             " ..., no index on now_ms), deleting nothing: "
             + ", ".join(
                 f"{ms:.2f} ms at {size:,} rows" for size, ms in result.ledger_expire_ms.items()

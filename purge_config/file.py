@@ -98,7 +98,8 @@ class PurgeConfig:
     """`[schedules.NAME]`, each over its own targets; empty when the config has `[schedule]`
     (or neither)."""
     budgets_ms: Mapping[str, int] = field(default_factory=dict)
-    """Each named schedule's pass budget: `[pass] budget`, else five sixths of its period."""
+    """Each named schedule's pass budget: `[pass] budget`, else five sixths of its period, at
+    most 50 minutes (and at least 10 s)."""
 
     @property
     def schedules(self) -> tuple[ScheduleConfig, ...]:

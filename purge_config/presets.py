@@ -3,7 +3,7 @@ framework's own table, column, age and filter filled in (see docs/presets.md).
 
 Config only: an entry is expanded here, before it is read as any `expiring` entry, so the engine
 sees an `expiring` target and nothing new. Every key the user writes wins over the preset's, but
-for `column`, which is the framework's.
+for `column` and `unit`, which are the framework's (FIXED_KEYS).
 """
 
 from __future__ import annotations

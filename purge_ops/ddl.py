@@ -15,8 +15,9 @@ from activities.schema import ADVICE_TABLE, LEDGER_TABLE, table_ddl
 from purge_config.file import PurgeConfig
 from purge_config.kinds import BUILTIN_KINDS
 
-#: What `--apply` reads first, in the transaction that then creates: where a CREATE TABLE with
-#: no schema would go, whether the role may create there, and which tables it already sees.
+#: Where a CREATE TABLE with no schema would go, and whether the role may create there: read by
+#: `_check` on a connection of its own before anything is created, and again after the DDL in
+#: the transaction that created (to say where the tables went).
 _WHERE = sql.SQL(
     "SELECT current_database(), current_schema(),"
     " current_schema() IS NOT NULL AND has_schema_privilege(current_schema(), 'CREATE'),"

@@ -185,12 +185,14 @@ LOWER_BOUND_NOTE = (
 )
 
 
-#: Said under any table holding a `~N` backlog.
+#: Said under any table whose dead share is an estimate (`~N%`) or not given (`?`): the live
+#: rows did not come from the statistics views.
 NO_STATISTICS_NOTE = (
     "dead ~N% or ?: PostgreSQL's statistics views held no count of the table (a database made "
     "from a template or restored, after crash recovery, a promoted standby or pg_stat_reset()); "
     "~ is the planner's estimate, ? means no share of the table is given, nor advice from one"
 )
+#: Said under any table holding a `~N` backlog.
 ESTIMATED_BACKLOG_NOTE = (
     "~N: an estimated backlog: a walked table's, from the expired rows in the pages it walked, "
     "or one whose count ran out of time, from the planner's estimate; any other backlog is "

@@ -1,4 +1,5 @@
-"""A worker process: the Purge workflow and its activity on one task queue, until told to stop."""
+"""A worker process: the Purge workflow and its activities on the queues its config names, until
+told to stop."""
 
 from __future__ import annotations
 
@@ -123,8 +124,9 @@ async def run_worker(
 ) -> None:
     """Connect, then run a worker for `config` until SIGINT/SIGTERM (or `stop` is set).
 
-    It polls the config's task queue for passes and the activities of targets without a queue
-    of their own, and the queue of every routed database whose URL it has. With
+    It polls what `config_workers` names: the config's task queue for passes (and the
+    activities of passes typed by hand), the queue of its own targets' activities, and the
+    queue of every routed database whose URL it has. With
     `ensure_schedule`, create or update the config's schedule first, so a deployment needs no
     separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there, and the probes
     `/livez` and `/readyz` (`purge_ops.probes`); with `max_sweeps`, run at most that many

@@ -47,7 +47,7 @@ class ScheduleOutcome:
     """What `ensure_schedule` did, and the schedule as the server now describes it."""
 
     action: str
-    """`created`, `updated` or `unchanged`."""
+    """`created`, `updated`, `unchanged` or `left behind`."""
     summary: str
     """What will run, when: the config's schedule and the server's next fire times."""
 
