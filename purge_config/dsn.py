@@ -9,7 +9,7 @@ tests/unit/test_dsn.py that these functions read strings as libpq does.
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 MASK = "***"
 UNPARSEABLE = "<unparseable connection string>"
@@ -67,18 +67,33 @@ def redact(dsn: str) -> str:
 
 
 def _redact_uri(url: str) -> str:
+    """The URI with the password of its user info and any `password` parameter masked.
+
+    libpq ends the user info at the first `@` before any `/`: a `#` or a `?` in it is the
+    password's, where a URL parser would end the host there. The mask runs further, to the last
+    `@` before the next `/`, so that a password holding an `@` unencoded is masked whole; and
+    where libpq refuses the string, an `@` after a `/` opens user info too."""
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return UNPARSEABLE
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":" + MASK
-        netloc = f"{userinfo}@{hosts}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, MASK if k == "password" else v) for k, v in pairs], safe="/=*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        parse_dsn(url)
+        refused = False
+    except BadDsn:
+        refused = True
+    prefix = next(p for p in _URI_PREFIXES if url.startswith(p))
+    rest = url[len(prefix) :]
+    shown = prefix
+    first, slash = rest.find("@"), rest.find("/")
+    if first >= 0 and (refused or slash < 0 or first < slash):
+        after = rest.find("/", first)
+        end = rest.rfind("@", 0, after if after >= 0 else len(rest))
+        user, colon, _ = rest[:end].partition(":")
+        shown += f"{user}:{MASK}@" if colon else rest[: end + 1]
+        rest = rest[end + 1 :]
+    # The hosts end at the path or the parameters; the parameters at the end.
+    before, question, query = rest.partition("?")
+    if question:
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        query = "&".join(
+            f"{key}={MASK}" if unquote(key).lower() == "password" else f"{key}{eq}{value}"
+            for key, eq, value in pairs
+        )
+    return shown + before + question + query

@@ -310,7 +310,7 @@ def _database_url(where: str, raw: Mapping[str, Any], env: Mapping[str, str]) ->
     """`PURGE_DATABASE_URL` if set, else the file's `database_url`; both checked."""
     # The file's own value is checked even when the environment overrides it: the file is
     # checked whole, and it is what the next deployment without the variable will use.
-    file_url = opt_str(where, "database_url", raw)
+    file_url = opt_str(where, "database_url", raw, secret=True)
     if file_url is not None:
         check_dsn(where, "database_url", file_url)
     env_url = env.get("PURGE_DATABASE_URL") or None

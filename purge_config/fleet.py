@@ -17,6 +17,7 @@ from purge_config.values import (
     no_unknown,
     opt_str,
     read_duration,
+    type_of,
 )
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
@@ -97,7 +98,9 @@ def parse_databases(
     A database of `routed` (it has its own task queue) whose variable is not set is left out:
     the workers next to it set it, others never need it."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: databases: must be [databases.NAME] tables, got {raw!r}")
+        raise ConfigError(
+            f"{where}: databases: must be [databases.NAME] tables, got {type_of(raw)}"
+        )
     urls: dict[str, str] = {}
     for name, entry in raw.items():
         at = f"databases.{name}" if name.isprintable() else f"databases.{name!r}"
@@ -111,9 +114,11 @@ def parse_databases(
                 f"{where}: {at}: the name is reserved for the default database (database_url)"
             )
         if not isinstance(entry, dict):
-            raise ConfigError(f"{where}: {at}: must be a table with url or url_env, got {entry!r}")
+            raise ConfigError(
+                f"{where}: {at}: must be a table with url or url_env, got {type_of(entry)}"
+            )
         no_unknown(where, f"{at}.", entry, _DATABASE_KEYS)
-        url = opt_str(where, f"{at}.url", entry, "url")
+        url = opt_str(where, f"{at}.url", entry, "url", secret=True)
         variable = opt_str(where, f"{at}.url_env", entry, "url_env")
         if (url is None) == (variable is None):
             raise ConfigError(

@@ -149,14 +149,35 @@ def no_unknown(where: str, prefix: str, raw: Mapping[str, Any], allowed: frozens
 
 
 def opt_str(
-    where: str, key: str, raw: Mapping[str, Any], field_name: str | None = None
+    where: str,
+    key: str,
+    raw: Mapping[str, Any],
+    field_name: str | None = None,
+    secret: bool = False,
 ) -> str | None:
+    """The key's string, None when absent. With `secret` (a connection string, which may hold
+    a password), a refusal names the value's type, never the value."""
     value = raw.get(field_name or key.rsplit(".", 1)[-1])
     if value is None:
         return None
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}: {key}: must be a non-empty string, got {value!r}")
+        # A number, a boolean or nothing holds no secret; a string or a value holding one may.
+        harmless = isinstance(value, bool | int | float) or value == ""
+        got = repr(value) if harmless or not secret else type_of(value)
+        raise ConfigError(f"{where}: {key}: must be a non-empty string, got {got}")
     return value
+
+
+def type_of(value: object) -> str:
+    """What a TOML value is, by its type alone: for a refusal that must not quote it."""
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    names = {bool: "a boolean", int: "an integer", float: "a float", list: "an array",
+             dict: "a table"}  # fmt: skip
+    for kind, name in names.items():
+        if isinstance(value, kind):
+            return name
+    return f"a {type(value).__name__}"
 
 
 def req_str(where: str, key: str, raw: Mapping[str, Any]) -> str:

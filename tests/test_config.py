@@ -402,7 +402,24 @@ DSNS_WITH_A_PASSWORD = {
         f"postgresql://app@db/app?password={SECRET}&bogus=1",
         "postgresql://app@db/app?",
     ),
-    "url-broken-ipv6-host": (f"postgresql://app:{SECRET}@[::1/app", "<unparseable"),
+    "url-broken-ipv6-host": (
+        f"postgresql://app:{SECRET}@[::1/app",
+        "postgresql://app:***@[::1/app",
+    ),
+    # libpq takes a "#" or a "?" in the user info as the password's, where a URL parser ends the
+    # host (and so found no password to mask).
+    "url-hash-in-password": (
+        f"postgresql://app:pw#{SECRET}@db:x/app",
+        "'postgresql://app:***@db:x/app'",
+    ),
+    "url-question-mark-in-password": (
+        f"postgresql://app:pw?{SECRET}@db:x/app",
+        "'postgresql://app:***@db:x/app'",
+    ),
+    "url-unencoded-at-in-password": (
+        f"postgresql://app:pw@{SECRET}@db:x/app",
+        "'postgresql://app:***@db:x/app'",
+    ),
     "keywords-unknown-option": (f"host=db password={SECRET} bogus=1", "<unparseable"),
     # A key=value string holding "://" somewhere once went through the URL redaction, which
     # found no user:password@ in it and showed the password.
@@ -437,6 +454,40 @@ def test_bad_purge_database_url_is_refused_under_its_own_name_without_its_passwo
     message = refusal(path, env={"PURGE_DATABASE_URL": f"host=db password={SECRET} bogus=1"})
 
     assert_one_clear_line(message, path, "PURGE_DATABASE_URL: not a PostgreSQL", "<unparseable")
+    assert SECRET not in message
+
+
+URLS_OF_THE_WRONG_TYPE = {
+    "database_url-array": (toml(database_url=[f"postgresql://app:{SECRET}@db/app"]), "an array"),
+    "database_url-table": (
+        f'[database_url]\ndsn = "postgresql://app:{SECRET}@db/app"\n',
+        "a table",
+    ),
+    "databases-string": (f'databases = "postgresql://app:{SECRET}@db/app"\n', "a string"),
+    "databases-entry-string": (
+        f'[databases]\neu = "postgresql://app:{SECRET}@db/app"\n',
+        "a string",
+    ),
+    "databases-url-array": (
+        f'[databases.eu]\nurl = ["postgresql://app:{SECRET}@db/app"]\n',
+        "an array",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"), URLS_OF_THE_WRONG_TYPE.values(), ids=URLS_OF_THE_WRONG_TYPE.keys()
+)
+def test_a_url_of_the_wrong_type_is_refused_by_its_type_not_its_value(
+    tmp_path: Path, text: str, shown: str
+) -> None:
+    """A connection string given as an array or a table (or a `[databases]` entry given as a
+    string) is refused naming the value's type: quoting it would show its password."""
+    path = write(tmp_path, text)
+
+    message = refusal(path)
+
+    assert_one_clear_line(message, path, "database", f"got {shown}")
     assert SECRET not in message
 
 

@@ -252,3 +252,16 @@ def test_redacted_forms_keep_the_rest_of_the_url() -> None:
     assert SECRET not in redact(f"postgresql://app@db/app?password={SECRET}")
     assert re.fullmatch(r"<unparseable connection string>", redact(f"password={SECRET} '"))
     assert json.dumps(redact("postgresql://db/app")) == '"postgresql://db/app"'
+    # A URL libpq takes whole, whose password holds a "#", a "?" or an "@" (a URL parser ends
+    # the host at the first two, and never found the password).
+    for mark in "#?@":
+        shown = redact(f"postgresql://app:pw{mark}{SECRET}@db:5432/app?sslmode=require")
+        assert shown == "postgresql://app:***@db:5432/app?sslmode=require", mark
+    assert (
+        redact(f"postgresql://app@db/app?Password={SECRET}")
+        == "postgresql://app@db/app?Password=***"
+    )
+    # An "@" past the path is not user info.
+    assert redact("postgresql://db:5432/app?application_name=a@b") == (
+        "postgresql://db:5432/app?application_name=a@b"
+    )
