@@ -86,13 +86,20 @@ if (_clash := foreign_top_level()) is not None:
 import psycopg
 
 from purge_config.errors import ConfigError
-from purge_config.file import PurgeConfig, config_path, load_config
+from purge_config.file import (
+    PurgeConfig,
+    check_metrics_address,
+    config_path,
+    load_config,
+    path_shown,
+)
 from purge_config.names import STEP_NAME
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
 from purge_ops.checks import check_passes
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import (
+    UnreadableHistory,
     passes_json,
     passes_table,
     pattern_tables,
@@ -113,9 +120,17 @@ __all__ = ["cli", "main", "new_worker"]
 COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "discover", "dev")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a usage error is one line on stderr, as every other bad input is
+    (argparse's own is the usage, then the error), and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
-    top = argparse.ArgumentParser(
+    top: argparse.ArgumentParser = _Parser(
         prog=PROG,
         description="Retention sweeps for PostgreSQL, run as Temporal workflows.",
         epilog="Temporal: TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_PROFILE "
@@ -146,6 +161,7 @@ def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     run.add_argument(
         "--metrics",
         metavar="HOST:PORT",
+        type=_metrics_address,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (also: metrics = ...)",
     )
     run.add_argument(
@@ -247,6 +263,14 @@ def _config_option(command: argparse.ArgumentParser) -> None:
     )
 
 
+def _metrics_address(text: str) -> str:
+    """`--metrics`, checked as the config's `metrics` is (`HOST:PORT`, a port from 1)."""
+    try:
+        return check_metrics_address(text, "--metrics")
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--metrics: ")) from None
+
+
 def _target_name(text: str) -> str:
     if not STEP_NAME.fullmatch(text):
         raise argparse.ArgumentTypeError(f"not a target name: {text!r}")
@@ -276,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(_dispatch(opts))
     except ConfigError as err:
         print(f"{PROG}: config error: {err}", file=sys.stderr)
+        return 2
+    except UnreadableHistory as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
         return 2
     except (ConnectionError, OSError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
@@ -308,13 +335,18 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         check_passes(config)
     if command == "run":
         return await _run(config, opts)
+    # What is wrong with the command line is said before Temporal is asked anything.
+    planned = _sweep_plan(config, opts) if command == "sweep" else None
+    if isinstance(planned, int):
+        return planned
     client = await connect_temporal()
     if command == "schedule":
         for outcome in await ensure_schedules(client, config):
             _say(f"{outcome.action} {outcome.summary}")
         return 0
-    if command == "sweep":
-        return await _sweep(client, config, opts)
+    if planned is not None:
+        request, schedule_id, named = planned
+        return await sweep(client, config.task_queue, request, _say, schedule_id, named)
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)
@@ -336,7 +368,8 @@ async def _dev(once: bool) -> int:
 async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
     need = ddl.needed(config, opts.kinds)
     if not opts.apply:
-        what = config.path or "the config"
+        # Quoted where it holds a newline: a line of the comment must not become SQL.
+        what = path_shown(config.path) if config.path else "the config"
         _say(f"-- pg-purge schema: the tables {what} needs, which the sweep never creates")
         _say("".join(f"-- note: {line}\n" for line in need.notes) + ddl.ddl_text(need.tables))
         return 0
@@ -353,9 +386,16 @@ async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
         return 1
 
 
-async def _sweep(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
+def _sweep_plan(
+    config: PurgeConfig, opts: argparse.Namespace
+) -> tuple[dict[str, object], str | None, bool] | int:
+    """`sweep`'s pass: its input, the schedule it goes through (if one starts this very pass)
+    and whether the config has named schedules; or 2, said in one line, for a bad request."""
     if opts.schedule is not None and opts.target:
         print(f"{PROG}: sweep: give --schedule or --target, not both", file=sys.stderr)
+        return 2
+    if opts.target and (refused := _unknown_targets(config, opts.target)):
+        print(f"{PROG}: sweep --target: {refused}", file=sys.stderr)
         return 2
     if opts.schedule is not None:
         spec = next((s for s in config.named_schedules if s.name == opts.schedule), None)
@@ -376,9 +416,27 @@ async def _sweep(client: Client, config: PurgeConfig, opts: argparse.Namespace) 
     through = next((s for s in config.schedules if config.scheduled_input(s) == request), None)
     if through is None and not config.named_schedules:
         through = config.schedule  # it says why it starts a pass of its own
-    schedule_id = through.id if through else None
-    named = bool(config.named_schedules)
-    return await sweep(client, config.task_queue, request, _say, schedule_id, named)
+    return request, through.id if through else None, bool(config.named_schedules)
+
+
+def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
+    """Why `--target names` cannot be a pass of this config (empty when they can): a name given
+    twice, or one the config does not name (known only where no `python` target's factory may
+    provide more than its `names`)."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        return f"{twice[0]!r} given twice"
+    if any(t.kind == "python" for t in config.targets):
+        return ""
+    known = set(config.target_names)
+    unknown = [name for name in names if name not in known]
+    if not unknown:
+        return ""
+    listed = ", ".join(config.target_names[:10])
+    more = len(config.target_names) - 10
+    return f"the config names no target {unknown[0]!r} (its targets: {listed}" + (
+        f" and {more} more)" if more > 0 else ")"
+    )
 
 
 async def _discover(opts: argparse.Namespace) -> int:

@@ -41,6 +41,9 @@ def parse_dsn(dsn: str) -> dict[str, str]:
     except Error:
         # Not libpq's message: it may quote a piece of the string, a password say.
         raise BadDsn("libpq refuses it as a connection string") from None
+    except UnicodeError:
+        # A byte that is no character (from the environment, as a surrogate): libpq never sees it.
+        raise BadDsn("it holds a byte that is no character") from None
     # libpq reads any port and fails only when it connects: refuse a bad one at start.
     ports = params.get("port", "")
     if not all(port.strip().isdigit() for port in ports.split(",") if port):

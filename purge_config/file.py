@@ -221,24 +221,37 @@ def config_path(explicit: str | None, env: Mapping[str, str] = os.environ) -> Pa
 
 def load_config(path: Path, env: Mapping[str, str] = os.environ) -> PurgeConfig:
     """Read and check `path`; PURGE_DATABASE_URL in `env` overrides the file's database_url."""
+    shown = path_shown(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(
-            f"{path}: no such file; pass --config, set PURGE_CONFIG, or create ./purge.toml"
+            f"{shown}: no such file; pass --config, set PURGE_CONFIG, or create ./purge.toml"
         ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read: {err}") from None
+        raise ConfigError(f"{shown}: cannot read: {err}") from None
     except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        raise ConfigError(f"{shown}: not valid TOML: {err}") from None
+    except (ValueError, RecursionError) as err:
+        # Past tomllib's grammar: an integer of over 4,300 digits (Python's own limit), arrays
+        # or tables nested thousands deep.
+        limit = "nested too deep" if isinstance(err, RecursionError) else "a number too long"
+        raise ConfigError(f"{shown}: not a TOML file this reader takes: {limit}") from None
     return parse_config(raw, path, env)
+
+
+def path_shown(path: Path) -> str:
+    """`path` as a message shows it: quoted where it holds what would break the line (a
+    newline, a control character)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def parse_config(
     raw: Mapping[str, Any], path: Path | None = None, env: Mapping[str, str] = os.environ
 ) -> PurgeConfig:
     """Check an already-parsed TOML document."""
-    where = str(path or "<config>")
+    where = path_shown(path) if path else "<config>"
     no_unknown(where, "", raw, _TOP_KEYS)
 
     database_url = _database_url(where, raw, env)

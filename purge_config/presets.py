@@ -95,7 +95,7 @@ def _check_match(at: str, preset: FrameworkPreset, match: object) -> None:
             )
         values = value if isinstance(value, list) else [value]
         for one in values:
-            if one not in allowed:
+            if not isinstance(one, str) or one not in allowed:
                 raise ConfigError(
                     f"{at}: match.{column}: only finished states ({', '.join(sorted(allowed))}), "
                     f"got {one!r}"

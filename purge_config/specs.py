@@ -3,6 +3,8 @@ with a pool in activities.builtin_kinds)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pkgutil
 import re
 import sys
@@ -475,18 +477,25 @@ def _resolve_factory(at: str, path: str) -> Factory:
     if not _FACTORY.fullmatch(path):
         raise ConfigError(f"{at}: factory: want 'package.module:function', got {path!r}")
     module_name, _, attr_path = path.partition(":")
+    # What the module prints as it is imported is held back: stdout may be a command's own
+    # output (`schema` prints SQL), and a refusal is one line. Said on stderr if it imports.
+    printed = io.StringIO()
     try:
-        obj: Any = pkgutil.resolve_name(path)
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            obj: Any = pkgutil.resolve_name(path)
     except AttributeError:
         if module_name in sys.modules:  # imported: it is the name that is missing
             raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
         raise ConfigError(f"{at}: factory: cannot import {module_name!r}") from None
-    except Exception as err:
-        # Any error of the module's own import (a SyntaxError, a failing top-level call) is a
-        # bad factory for this config: one line, not a traceback.
+    except (Exception, SystemExit) as err:
+        # Any error of the module's own import (a SyntaxError, a failing top-level call, a
+        # sys.exit() at its top level, as a script's) is a bad factory for this config: one
+        # line, not a traceback, and never the end of the process.
         raise ConfigError(
             f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first_line(err)}"
         ) from None
+    if printed.getvalue():
+        sys.stderr.write(printed.getvalue())
     if not callable(obj):
         raise ConfigError(f"{at}: factory: {path!r} is not callable")
     factory: Factory = obj

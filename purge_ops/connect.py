@@ -114,6 +114,12 @@ async def connect_temporal(
         )
     try:
         return await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
+    except ValueError as err:
+        # An address the SDK cannot make a URL of (`host:99999`, `[::1`): the setting is wrong.
+        raise ConfigError(
+            f"Temporal address {settings['target_host']!r}: not a HOST:PORT the client takes "
+            f"({str(err).splitlines()[0] if str(err) else 'invalid'})"
+        ) from None
     except RuntimeError as err:
         # The SDK reports every failed connect as a RuntimeError holding the Rust client's
         # debug text (a tonic Status with its HTTP headers); the operator needs the setting.

@@ -487,13 +487,27 @@ def passes_json(passes: Sequence[PassSummary]) -> str:
     )
 
 
+class UnreadableHistory(ValueError):
+    """A history file that cannot be read as one: bad input, said in one line."""
+
+
+def _history_file(path: Path) -> WorkflowHistory:
+    """The history in `path`, as `temporal workflow show -o json` writes it."""
+    try:
+        return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise UnreadableHistory(f"{path}: cannot read: {err.strerror or err}") from None
+    except Exception as err:  # JSON, the SDK's checks and protobuf's parser each raise their own
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UnreadableHistory(f"{path}: not a workflow history: {reason}") from None
+
+
 async def replay(
     client: Client | None, task_queue: str, last: int, files: Sequence[Path], say: Say
 ) -> int:
-    """Replay histories against this checkout's workflow code; 1 if any does not replay."""
-    histories: list[WorkflowHistory] = [
-        WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8")) for path in files
-    ]
+    """Replay histories against this checkout's workflow code; 1 if any does not replay.
+    UnreadableHistory, before any is replayed, for a file that is no history."""
+    histories: list[WorkflowHistory] = [_history_file(path) for path in files]
     if client is not None and not files:
         async for execution in client.list_workflows(purge_query(task_queue), limit=last):
             handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)

@@ -264,15 +264,25 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
+    """A pass of the config's targets prints the report and exits 0; one of a target the config
+    names but the worker cannot sweep (its registry lacks it) exits 1, the last line naming it.
+    (A target the config does not name is refused before Temporal: test_cli_bad_input.py.)"""
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
-    config = config_file(tmp_path, harness.url, harness.task_queue)
+    nobody = (
+        '\n[[targets]]\nkind = "expiring"\nname = "nobody"\ntable = "nobody"\n'
+        'column = "expires_ms"\nmax_age = "1h"\n'
+    )
+    config = config_file(tmp_path, harness.url, harness.task_queue, targets=BUILTINS + nobody)
+    builtins = ["--target", "x_idempotency", "--target", "x_auth"]
     targets = [kinds.idempotency(harness.pool), kinds.auth(harness.pool)]
     async with harness.run_worker(targets, config=load_config(config)):
         dry = await asyncio.to_thread(
-            cli, temporal_server, "sweep", "--config", str(config), "--dry-run"
+            cli, temporal_server, "sweep", "--config", str(config), "--dry-run", *builtins
         )
         assert keys(harness.db, "x_idempotency") == {"old", "new"}
-        ok = await asyncio.to_thread(cli, temporal_server, "sweep", "--config", str(config))
+        ok = await asyncio.to_thread(
+            cli, temporal_server, "sweep", "--config", str(config), *builtins
+        )
         bad = await asyncio.to_thread(
             cli, temporal_server, "sweep", "--config", str(config),
             "--target", "x_auth", "--target", "nobody",

@@ -1,0 +1,178 @@
+"""Bad input on the command line, in the config and in the environment: one line on stderr, exit
+2, no traceback and no password, before anything connects. Found by driving `pg-purge` with
+bad input from outside; every case here ended in a traceback, a usage block or a late error.
+Temporal's address is a closed port, so a command that got as far as connecting would say so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from purge_config.errors import ConfigError
+from purge_config.file import load_config
+from tests.support.procs import Done, clean_env, run_main
+
+SECRET = "s3cret-of-the-cli"
+#: Nothing listens there: reaching Temporal would fail with status 1, not 2.
+CLOSED = "127.0.0.1:1"
+
+
+def one_line(done: Done) -> str:
+    """The one line a refused command printed; fails on a traceback, a usage block or a secret."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("pg-purge"), done.stderr
+    assert "Traceback" not in done.stderr
+    assert SECRET not in done.stderr + done.stdout
+    return lines[0]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "purge.toml"
+    path.write_text('[[targets]]\nkind = "idempotency"\n', encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "--metrics", "nohost"], "--metrics: want HOST:PORT"),
+        (["run", "--metrics", "127.0.0.1:99999"], "--metrics: want HOST:PORT"),
+        (["run", "--metrics", "127.0.0.1:0"], "--metrics: want HOST:PORT"),
+        (["report", "--last", "0"], "--last: want a whole number"),
+        (["sweep", "--target", "a b"], "--target: not a target name"),
+        (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+    ids=[
+        "metrics-no-port",
+        "metrics-port-too-big",
+        "metrics-port-0",
+        "last-0",
+        "target-name",
+        "unknown-flag",
+    ],
+)
+def test_a_bad_argument_is_one_line_not_a_usage_block(
+    config: Path, args: list[str], said: str
+) -> None:
+    line = one_line(
+        run_main(*args, "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+    )
+
+    assert said in line
+    assert "--help" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--schedule", "nosuch"], "names no schedule 'nosuch'"),
+        (["--target", "nosuch"], "names no target 'nosuch' (its targets: x_idempotency)"),
+        (["--target", "x_idempotency", "--target", "x_idempotency"], "given twice"),
+        (["--schedule", "hot", "--target", "x_idempotency"], "not both"),
+    ],
+    ids=["unknown-schedule", "unknown-target", "target-twice", "schedule-and-target"],
+)
+def test_a_sweep_that_cannot_be_a_pass_of_the_config_is_refused_before_temporal(
+    config: Path, args: list[str], said: str
+) -> None:
+    done = run_main("sweep", "--config", str(config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+
+    assert said in one_line(done)
+
+
+@pytest.mark.parametrize("address", ["h:99999", "[::1"])
+def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, address: str) -> None:
+    done = run_main("schedule", "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=address))
+
+    assert f"Temporal address {address!r}" in one_line(done)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"\xff\xfe", "not a workflow history"),
+        (b"", "not a workflow history"),
+        (b"[]", "not a workflow history"),
+        (b'{"events": 5}', "not a workflow history"),
+        (None, "cannot read"),
+    ],
+    ids=["not-utf8", "empty", "a-list", "events-not-a-list", "missing"],
+)
+def test_a_history_file_that_is_no_history_is_one_line(
+    tmp_path: Path, content: bytes | None, said: str
+) -> None:
+    path = tmp_path / "history.json"
+    if content is not None:
+        path.write_bytes(content)
+
+    line = one_line(run_main("replay", str(path)))
+
+    assert str(path) in line
+    assert said in line
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deep"),
+        ("x = " + "1" * 5000 + "\n", "a number too long"),
+    ],
+    ids=["nested-5000-deep", "5000-digit-integer"],
+)
+def test_a_file_past_the_toml_readers_limits_is_one_line(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    path = tmp_path / "purge.toml"
+    path.write_text(text, encoding="utf-8")
+
+    assert said in one_line(run_main("schema", "--config", str(path)))
+
+
+def test_a_config_path_holding_a_newline_is_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "new\nline.toml"
+
+    line = one_line(run_main("schema", "--config", str(path)))
+
+    assert repr(str(path)) in line
+
+
+def test_a_factory_that_exits_as_it_is_imported_is_refused_and_the_process_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A module that calls sys.exit() at its top (a script) is a bad factory, not the end of
+    the command; what it printed as it was imported is not the command's output."""
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        '[[targets]]\nkind = "python"\nfactory = "tests.support.exits_on_import:targets"\n',
+        encoding="utf-8",
+    )
+
+    line = one_line(run_main("schema", "--config", str(path)))
+
+    assert "cannot import 'tests.support.exits_on_import': SystemExit: 2" in line
+
+
+def test_a_presets_match_of_the_wrong_type_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        '[[targets]]\nkind = "procrastinate"\nmax_age = "1d"\nmatch = { status = { a = 1 } }\n',
+        encoding="utf-8",
+    )
+
+    with pytest.raises(ConfigError, match=r"match\.status: only finished states") as refused:
+        load_config(path, env={})
+    assert "\n" not in str(refused.value)
+
+
+def test_a_url_with_a_byte_that_is_no_character_is_refused_without_its_password(
+    config: Path,
+) -> None:
+    """A byte of the environment that is no UTF-8 reaches Python as a surrogate, which libpq
+    cannot be handed."""
+    with pytest.raises(ConfigError, match="not a PostgreSQL connection string") as refused:
+        load_config(config, env={"PURGE_DATABASE_URL": f"postgresql://u:{SECRET}@h/db\udcff"})
+    assert SECRET not in str(refused.value)
