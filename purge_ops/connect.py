@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import re
 import select
@@ -199,12 +200,38 @@ async def open_pool(
         check=check_unless_quiet,
     )
     await pool.open()
+    held = _HeldAttempts()
+    _POOL_LOG.addFilter(held)
     try:
         await pool.wait(timeout=wait_seconds)
     except Exception as err:
         await pool.close()
-        raise ConnectionError(f"cannot connect to {redact(url)} within {wait_seconds:g} s") from err
+        why = f": {held.last}" if held.last else ""
+        raise ConnectionError(
+            f"cannot connect to {redact(url)} within {wait_seconds:g} s{why}"
+        ) from err
+    finally:
+        _POOL_LOG.removeFilter(held)
     return pool
+
+
+#: psycopg_pool's logger: it warns, in two lines, at each failed attempt to connect.
+_POOL_LOG = logging.getLogger("psycopg.pool")
+
+
+class _HeldAttempts(logging.Filter):
+    """Holds back the pool's warnings while a worker waits for its first connection (the wait's
+    end says in one line whether it came), keeping the last reason libpq gave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        # "error connecting in 'purge': connection failed: <libpq's first line>"
+        self.last = message.splitlines()[0].rpartition("connection failed: ")[2] if message else ""
+        return False
 
 
 class LazyPool:

@@ -176,3 +176,26 @@ def test_a_url_with_a_byte_that_is_no_character_is_refused_without_its_password(
     with pytest.raises(ConfigError, match="not a PostgreSQL connection string") as refused:
         load_config(config, env={"PURGE_DATABASE_URL": f"postgresql://u:{SECRET}@h/db\udcff"})
     assert SECRET not in str(refused.value)
+
+
+def test_a_database_that_never_answers_at_start_is_one_line_with_libpqs_reason(
+    tmp_path: Path,
+) -> None:
+    """Not bad input, but the same promise (docs/refusals-and-pacing.md): a worker whose
+    database does not answer within `database_wait` exits 1 with one line, the URL masked and
+    libpq's reason at its end; the pool's own two-line warning at each attempt is held back."""
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        f'database_url = "postgresql://app:{SECRET}@127.0.0.1:1/app?connect_timeout=1"\n'
+        'database_wait = "1s"\n[[targets]]\nkind = "idempotency"\n',
+        encoding="utf-8",
+    )
+
+    done = run_main("run", "--config", str(path), env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("pg-purge: cannot connect to postgresql://app:***@127.0.0.1:1/app")
+    assert lines[0].endswith("Connection refused"), lines[0]
+    assert SECRET not in done.stderr + done.stdout
