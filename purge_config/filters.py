@@ -119,6 +119,9 @@ def _value(at: str, key: str, value: object) -> None:
             f"{at}: {key}: a value must be a string, number, boolean, date, time or date-time "
             f"with an offset (or a list of them), got {value!r}"
         )
+    if isinstance(value, str) and "\x00" in value:
+        # PostgreSQL's text holds no NUL: every sweep of the target would fail on it.
+        raise ConfigError(f"{at}: {key}: PostgreSQL's text cannot hold a NUL, got {value!r}")
 
 
 def archive_table(at: str, key: str, raw: Mapping[str, Any], source: TableName) -> TableName | None:

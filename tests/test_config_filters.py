@@ -114,6 +114,7 @@ AT = "[[targets]] #1 (jobs_done)"
 BAD_FILTERS: dict[str, tuple[str, str, str]] = {
     "match-not-a-table": ('match = "state"', f"{AT}: match", "'state'"),
     "match-empty-table": ("match = {}", f"{AT}: match", "{}"),
+    "match-nul": ('match = { state = "x\\u0000y" }', f"{AT}: match.state", "cannot hold a NUL"),
     "match-key-dash": ('match = { "job-state" = "x" }', f"{AT}: match.job-state", "'job-state'"),
     "match-key-quote": ('match = { \'st"ate\' = "x" }', f"{AT}: match", "'st\"ate'"),
     "match-key-dotted": ('match = { "a.b" = "x" }', f"{AT}: match.a.b", "'a.b'"),
