@@ -277,6 +277,14 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     builtin = BUILTIN_KINDS.get(kind)
     if builtin is not None:
         tables = tuple(_table(at, key, raw, default) for key, default in builtin.tables)
+        if len(set(tables)) < len(tables):
+            # Each of a kind's tables has its own rule: one table under two would lose rows
+            # to whichever rule says they are old.
+            keys = [key for key, _ in builtin.tables]
+            raise ConfigError(
+                f"{at}: {keys[-1]}: the same table as {keys[0]}, got {str(tables[-1])!r}; each "
+                "is swept by its own rule"
+            )
         archives = tuple(
             archive_table(at, key, raw, table)
             for key, table in zip(builtin.archive_keys, tables, strict=True)

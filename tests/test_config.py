@@ -300,6 +300,11 @@ BAD_FILES["column-dotted"] = Bad(second(sessions(column="s.c")), f"{S2}: column"
 BAD_FILES["idempotency-table-dash"] = Bad(
     toml(targets=[{**IDEMPOTENCY, "table": "x-idem"}]), "[[targets]] #1: table", "'x-idem'"
 )
+BAD_FILES["auth-one-table-twice"] = Bad(
+    second({"kind": "auth", "failures_table": "t", "lockouts_table": "t"}),
+    f"{T2}: lockouts_table",
+    "the same table as failures_table, got 't'",
+)
 BAD_FILES["auth-failures-three-parts"] = Bad(
     second({"kind": "auth", "failures_table": "a.b.c"}), f"{T2}: failures_table", "'a.b.c'"
 )
