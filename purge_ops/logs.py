@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TextIO
 
 from temporalio import activity, workflow
+
+from activities.errors import PurgeError
 
 #: Attributes a `logging.LogRecord` has on its own; anything else came in through `extra=`.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -37,12 +40,33 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+class OneLineRefusals(logging.Filter):
+    """The SDK logs every failed activity with its traceback. For this package's own errors
+    (a target the worker does not know, a table that is not ours, a guard that refused: each
+    says all there is in its message) the line names the error and its message instead, as
+    every other result of a target is one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, PurgeError):
+            record.msg = f"{record.msg}: {error.type}: {error.message}"
+            record.exc_info = record.exc_text = None
+            record.purge_error = error.type  # among the fields, for a log pipeline
+        return True
+
+
+def handler(stream: TextIO) -> logging.Handler:
+    """The handler `configure` installs, writing to `stream`."""
+    written = logging.StreamHandler(stream)
+    written.setFormatter(KeyValueFormatter())
+    written.addFilter(OneLineRefusals())
+    return written
+
+
 def configure(level: int = logging.INFO) -> None:
     """Send this package's and Temporal's log lines to stderr in the key=value form."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [handler(sys.stderr)]
     root.setLevel(level)
     # The context goes into fields (above) rather than a dict appended to every message.
     activity.logger.activity_info_on_message = False
