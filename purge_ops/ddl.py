@@ -86,7 +86,7 @@ def _url(config: PurgeConfig, database: str) -> str:
 
 
 def _label(database: str) -> str:
-    return database or "database_url"
+    return database or "the default database (database_url)"
 
 
 async def apply(config: PurgeConfig, need: Needed, say: Callable[[str], None]) -> int:

@@ -129,6 +129,20 @@ async def sweep(
 TRIGGER_WAIT_S = 30.0
 
 
+def _another_pass(scheduled: object, request: dict[str, Any]) -> str:
+    """Why the pass a schedule starts (its one argument, `scheduled`) is not `request`."""
+    if request.get("dry_run"):
+        return "this is a dry run"
+    if not isinstance(scheduled, dict):
+        return "the schedule does not start a Purge pass of one input"
+    if scheduled.get("targets") != request.get("targets"):
+        ours, theirs = set(request.get("targets") or ()), set(scheduled.get("targets") or ())
+        if ours < theirs:
+            return "this pass sweeps some of its targets"
+        return "its targets are not the config's: `pg-purge schedule` updates it"
+    return "its input differs from the config's: `pg-purge schedule` updates it"
+
+
 async def scheduled_pass(
     client: Client, schedule_id: str, request: dict[str, Any], say: Say
 ) -> WorkflowHandle[Any, Any] | None:
@@ -144,13 +158,15 @@ async def scheduled_pass(
         raise
     action = described.schedule.action
     convert = client.data_converter.payload_converter
-    if not isinstance(action, ScheduleActionStartWorkflow) or [
-        convert.from_payload(p) for p in action.args
-    ] != [request]:
-        say(
-            f"schedule {schedule_id} starts another pass than this one (a dry run, some targets, "
-            "or a config changed since `pg-purge schedule`): starting a pass of its own"
-        )
+    started = (
+        [convert.from_payload(p) for p in action.args]
+        if isinstance(action, ScheduleActionStartWorkflow)
+        else None
+    )
+    if started != [request]:
+        why = _another_pass(started[0] if started and len(started) == 1 else None, request)
+        say(f"schedule {schedule_id} starts another pass than this one ({why}): starting a pass "
+            "of its own")  # fmt: skip
         return None
     before = set(_started(described.info.recent_actions))
     await schedule.trigger()

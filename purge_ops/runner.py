@@ -106,7 +106,7 @@ def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
     queues: dict[str, list[str]] = {}
     if config.own_queue is not None:
         on = {t.database for t in config.targets if t.database not in config.queues}
-        queues[config.own_queue] = sorted(db or "the default" for db in on)
+        queues[config.own_queue] = sorted(db or "default (database_url)" for db in on)
     for database, queue in config.queues.items():
         if database in config.databases:
             queues.setdefault(queue, []).append(database)
@@ -247,7 +247,7 @@ def _say_what_it_polls(
         if queue == config.own_queue:
             log.info(
                 "polling task queue %r for the activities of its own targets (%s), on "
-                "database %s: only workers whose config names exactly these targets poll it",
+                "databases %s; only workers whose config names exactly these targets poll it",
                 queue,
                 ", ".join(sorted(set(config.own_names))),
                 ", ".join(databases),

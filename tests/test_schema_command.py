@@ -113,7 +113,10 @@ def test_apply_creates_what_is_missing_in_every_database_then_keeps_it(
     assert done.returncode == 0, done.stderr
     assert _tables(pg_admin, first) == {LEDGER_TABLE, ADVICE_TABLE}
     assert _tables(pg_admin, second) == {LEDGER_TABLE, ADVICE_TABLE}
-    assert f"database_url: created {LEDGER_TABLE}, {ADVICE_TABLE} in schema {first}" in done.stdout
+    assert (
+        f"the default database (database_url): created {LEDGER_TABLE}, {ADVICE_TABLE} in schema"
+        f" {first}"
+    ) in done.stdout
     assert f"other: created {ADVICE_TABLE} in schema {second}; kept {LEDGER_TABLE}" in done.stdout
     # An existing table is never touched, whatever its shape.
     assert pg_admin.execute(
@@ -121,7 +124,7 @@ def test_apply_creates_what_is_missing_in_every_database_then_keeps_it(
         (f'"{second}".{LEDGER_TABLE}',),
     ).fetchone() == (1,)
     assert again.returncode == 0, again.stderr
-    assert "database_url: every table is there" in again.stdout
+    assert "the default database (database_url): every table is there" in again.stdout
     assert "other: every table is there" in again.stdout
 
 
