@@ -8,6 +8,7 @@ instead of failing its task forever. No side effects: the workflow imports this 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import fields
@@ -67,7 +68,13 @@ def parse_input(raw: object) -> PurgeInput:
                 f"(letters, digits, _ . : @ -, at most 228)"
             )
     patterns = raw.get("patterns", [])
-    if not isinstance(patterns, list) or not set(patterns) <= set(targets):
+    # Each a string before any is hashed: a list or an object among them would fail the
+    # workflow's task (a TypeError), again and again, instead of the workflow.
+    if (
+        not isinstance(patterns, list)
+        or not all(isinstance(name, str) for name in patterns)
+        or not set(patterns) <= set(targets)
+    ):
         raise BadPurgeInput(f"input 'patterns' must list names of 'targets', got {_show(patterns)}")
     return PurgeInput(
         targets=list(targets),
@@ -171,7 +178,8 @@ def _queues(raw: dict[Any, Any]) -> dict[str, str]:
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
     unknown = sorted(str(key) for key in raw if key not in allowed)
     if unknown:
-        raise BadPurgeInput(f"{what} has unknown keys {unknown}, allowed: {', '.join(allowed)}")
+        shown = _masked(repr(unknown))
+        raise BadPurgeInput(f"{what} has unknown keys {shown}, allowed: {', '.join(allowed)}")
 
 
 def _dry_run(raw: dict[Any, Any], what: str) -> bool:
@@ -182,5 +190,16 @@ def _dry_run(raw: dict[Any, Any], what: str) -> bool:
 
 
 def _show(value: object) -> str:
-    text = repr(value)
+    text = _masked(repr(value))
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+#: A connection string's password, wherever a value sent by hand holds one: from the user's `:`
+#: to the last `@` of the word, and a `password=` parameter or keyword.
+_PASSWORDS = re.compile(r"(://[^:/@\s'\"]*:)\S*@|(password\s*=\s*)[^\s&'\"]*", re.IGNORECASE)
+
+
+def _masked(text: str) -> str:
+    """`text` with any password a connection string in it holds replaced by `***`: an error
+    (and the history it is written to) never repeats one, whatever the input held."""
+    return _PASSWORDS.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", text)

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
 from purge_config.fleet import MAX_TARGETS_PER_PASS
 from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import FAIL_WITHIN_S, failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 
 
@@ -159,9 +162,19 @@ async def test_empty_target_list_is_a_pass_that_removes_nothing(
         ({}, "no 'targets'"),
         (["x_auth"], "must be an object"),
         ({"targets": ["t"] * (MAX_TARGETS_PER_PASS + 1)}, f"at most {MAX_TARGETS_PER_PASS}"),
+        # Hashed before their type was checked: a TypeError in the task, retried for ever.
+        ({"targets": ["x_auth"], "patterns": [["x_auth"]]}, "'patterns' must list names"),
+        ({"targets": ["x_auth"], "patterns": [{"a": 1}]}, "'patterns' must list names"),
+        # A value sent by hand is quoted with any password it holds masked.
+        (
+            {"targets": ["x_auth"], "databases": {"x_auth": "postgresql://app:s3cret@db/app"}},
+            "got {'x_auth': 'postgresql://app:***@db/app'}",
+        ),
+        ({"targets": ["x_auth"], "postgresql://app:s3cret@db/app": 1}, "'postgresql://app:***@db"),
     ],
     ids=["not-a-list", "not-a-string", "not-a-name", "unknown-key", "bad-dry-run", "no-targets",
-         "not-an-object", "too-many"],
+         "not-an-object", "too-many", "patterns-of-lists", "patterns-of-objects",
+         "databases-with-a-password", "key-with-a-password"],
 )  # fmt: skip
 async def test_bad_input_fails_the_pass_at_once_with_one_clear_error(
     harness: Harness,
@@ -175,7 +188,34 @@ async def test_bad_input_fails_the_pass_at_once_with_one_clear_error(
     assert error.type == "BadPurgeInput"
     assert complaint in error.message
     assert "\n" not in error.message
+    assert "s3cret" not in error.message
     assert scheduled_targets(harness.client, await events(harness.client, workflow_id)) == []
+
+
+@pytest.mark.parametrize("args", [[], [{"targets": ["x_auth"]}, {"targets": ["x_idempotency"]}]])
+async def test_a_pass_started_with_no_input_or_two_fails_at_once(
+    harness: Harness, args: list[Any]
+) -> None:
+    """`temporal workflow start --type Purge` with no --input, or two: the pass fails with one
+    clear error, where a run method of one parameter failed its task (a TypeError) again and
+    again until someone terminated it."""
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with harness.run_worker(builtins(harness.pool)):
+        handle = await harness.client.start_workflow(
+            "Purge",
+            args=args,
+            id=workflow_id,
+            task_queue=harness.task_queue,
+            execution_timeout=timedelta(seconds=FAIL_WITHIN_S),
+        )
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert cause.type == "BadPurgeInput"
+    assert "takes one input, an object like" in cause.message
+    assert cause.message.endswith(f"got {len(args)}")
 
 
 async def test_one_log_line_when_rows_were_removed_and_none_otherwise(

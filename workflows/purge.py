@@ -17,7 +17,7 @@ with workflow.unsafe.imports_passed_through():
     # knows the module: decoding a child's report resolves its type hints there.
     import activities.spread_steps  # noqa: F401
     from activities.clock import epoch_ms
-    from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed
+    from activities.errors import BadPurgeInput, DuplicatePurgeTarget, PurgeTargetsFailed
     from activities.input_checks import MAX_BUDGET_MS, duplicate_names, parse_input
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PurgeReport, PurgeSweep
@@ -43,10 +43,17 @@ class PurgeWorkflow:
     """Sweep every named target as of one instant, in order, and report what each removed."""
 
     @workflow.run
-    async def run(self, request: Any) -> PurgeReport:
+    async def run(self, *args: Any) -> PurgeReport:
         # `Any`, not PurgeInput: input sent by hand that does not decode must fail the workflow
         # with a clear error, not fail its task forever, which is what a decoding error does.
-        order = parse_input(request)
+        # And any number of them: a pass started with no input, or two, fails the same way
+        # (one parameter made either a TypeError in the task, retried until terminated).
+        if len(args) != 1:
+            raise BadPurgeInput(
+                f'a Purge pass takes one input, an object like {{"targets": ["x_idempotency"]}}, '
+                f"got {len(args)}"
+            )
+        order = parse_input(args[0])
         # The one clock of the pass. Every target measures expiry against this same instant.
         now_ms = epoch_ms(workflow.now())
         repeated = duplicate_names(order.targets)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -71,12 +72,26 @@ async def run_pass_beside_older(
         return await run_pass(client, task_queue, config.pass_input(), workflow_id)
 
 
+#: How long a pass expected to fail at once may take to fail (seconds): far beyond what it takes
+#: on a loaded machine, far short of for ever.
+FAIL_WITHIN_S = 120
+
+
 async def failed_pass(
     client: Client, task_queue: str, request: Any, workflow_id: str
 ) -> ApplicationError:
-    """Run `Purge` expecting it to fail; the ApplicationError it failed with."""
+    """Run `Purge` expecting it to fail; the ApplicationError it failed with. Within
+    FAIL_WITHIN_S: a pass whose task fails again and again (an error the workflow does not
+    turn into its own failure) times out, and the test fails instead of waiting for ever."""
     with pytest.raises(WorkflowFailureError) as failure:
-        await run_pass(client, task_queue, request, workflow_id)
+        await client.execute_workflow(
+            "Purge",
+            request,
+            id=workflow_id,
+            task_queue=task_queue,
+            result_type=dict,
+            execution_timeout=timedelta(seconds=FAIL_WITHIN_S),
+        )
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError), cause
     return cause
