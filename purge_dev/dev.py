@@ -33,6 +33,8 @@ from workflows.purge import PurgeWorkflow
 
 DEFAULT_TEMPORAL_PORT = 7233
 DEFAULT_UI_PORT = 8233
+#: Where the docs walk a user from the demo to a table of their own.
+TRIAL = "docs/operating.md#your-own-table-beside-dev"
 
 
 async def run_dev(once: bool, out: TextIO | None = None) -> int:
@@ -103,6 +105,9 @@ async def _demo_pass(
             async with pool.connection() as conn:
                 say(await rows_that_stayed(conn, report.now_ms))
             if once:
+                say("")
+                say(f"next: `python worker.py dev` keeps both servers up; a table of your own "
+                    f"beside the demo: {TRIAL}")  # fmt: skip
                 return
             say("")
             for outcome in await ensure_schedules(client, config):
@@ -110,6 +115,7 @@ async def _demo_pass(
             say(f"Temporal UI: {temporal.ui_url}  (the pass is workflow {workflow_id})")
             queue = config.task_queue
             say(f"worker running on task queue {queue!r}; Ctrl-C stops it and both servers")
+            say(f"a table of your own beside the demo: {TRIAL}")
             await stop.wait()
             say("stopping")
     finally:

@@ -54,6 +54,7 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
         "total": 8,
     }
     assert "why it stayed" in out
+    assert out.rstrip().endswith("docs/operating.md#your-own-table-beside-dev")
     # The half-empty bucket stayed, and says why. It was emptied 30 s before the demo rows were
     # written and refills a token a minute: half a token, plus what the seconds between
     # writing the rows and the pass's instant added on a busy machine.
