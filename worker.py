@@ -85,6 +85,7 @@ if (_clash := foreign_top_level()) is not None:
 
 import psycopg
 
+from activities.input_checks import duplicate_names
 from purge_config.errors import ConfigError
 from purge_config.file import (
     PurgeConfig,
@@ -423,7 +424,7 @@ def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
     """Why `--target names` cannot be a pass of this config (empty when they can): a name given
     twice, or one the config does not name (known only where no `python` target's factory may
     provide more than its `names`)."""
-    twice = sorted({name for name in names if names.count(name) > 1})
+    twice = duplicate_names(names)
     if twice:
         return f"{twice[0]!r} given twice"
     if any(t.kind == "python" for t in config.targets):

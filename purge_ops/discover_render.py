@@ -58,17 +58,12 @@ def _preset_keys(kind: str, max_age: str, name: str, table: str) -> dict[str, An
     return keys
 
 
-def live(finding: Finding) -> bool:
-    """Whether `finding` is printed as a live entry: a target, or a table a preset sweeps."""
-    return finding.is_live
-
-
 def as_toml(found: Discovery, url: str) -> str:
     """A config to paste: every live entry starts a worker as it is; each says why it is there."""
     lines = _header(found, url)
-    framework = [f for f in found.singles if f.source == "framework" and live(f)]
-    expiry = [f for f in found.singles if f.source == "expiry" and live(f)]
-    others = [f for f in found.singles if not live(f)]
+    framework = [f for f in found.singles if f.source == "framework" and f.is_live]
+    expiry = [f for f in found.singles if f.source == "expiry" and f.is_live]
+    others = [f for f in found.singles if not f.is_live]
     if framework:
         lines += _section("Tables recognised by their framework's documented schema")
         for finding in framework:
@@ -311,7 +306,7 @@ def _finding_json(found: Discovery, finding: Finding) -> dict[str, Any]:
             "documented": preset.documented,
             "needs": preset.needs or None,
         }
-    if live(finding):
+    if finding.is_live:
         name = _name(found, finding)
         data["target"] = target_keys(finding, name, finding.qualified)
     return data

@@ -7,11 +7,10 @@ from what they were then, at once: the read is sent all the same, and `TypesAhea
 compares it with them once the round trip's statements are sent, before anything bound from
 them is used. Where they differ, or that round trip fails with a psycopg error or a `BadTable`
 (but for a lock waited for too long, a statement too slow or a connection lost:
-`psycopg.OperationalError`), the caller binds again
-step by step (the read first), and the memory takes what it then reads. Only reads inside
-`assumed_types()` are kept: a bind elsewhere (a small table's one statement, a dry run) would
-fill the memory with tables it never assumes, and, past KEPT of them, empty it of the ones it
-does.
+`psycopg.OperationalError`), the caller binds again step by step (the read first), and the
+memory takes what it then reads. Only reads inside `assumed_types()` are kept: a bind
+elsewhere (a small table's one statement, a dry run) would fill the memory with tables it never
+assumes, and, past KEPT of them, empty it of the ones it does.
 """
 
 from __future__ import annotations
