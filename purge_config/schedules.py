@@ -13,6 +13,7 @@ from purge_config.errors import ConfigError
 from purge_config.names import QUEUE_NAME, STEP_NAME
 from purge_config.values import (
     HOUR_MS,
+    cron_fires,
     cron_ok,
     default_catchup_ms,
     no_unknown,
@@ -133,6 +134,11 @@ def _parse_one(where: str, at: str, raw: Mapping[str, Any], default_id: str) -> 
         raise ConfigError(
             f"{where}: {at}.cron: want five cron fields (minute hour day month weekday) "
             f"like '23 * * * *', got {cron!r}"
+        )
+    if not cron_fires(cron):
+        raise ConfigError(
+            f"{where}: {at}.cron: {cron!r} never fires: no date matches its day, month and "
+            "weekday at once (Temporal's server asks all three), so no pass would ever start"
         )
     ensure = raw.get("ensure", False)
     if not isinstance(ensure, bool):

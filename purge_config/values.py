@@ -193,23 +193,41 @@ def cron_period_ms(cron: str) -> int | None:
     fields = [
         _cron_values(text, *spec) for text, spec in zip(cron.split(), _CRON_FIELDS, strict=True)
     ]
-    minutes, hours, days, months, weekdays = fields
-    weekdays = {d % 7 for d in weekdays}
-    day_star, weekday_star = cron.split()[2] == "*", cron.split()[4] == "*"
-    start = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday
+    minutes, hours = fields[0], fields[1]
     fires: list[int] = []
     for day in range(35):
-        date = start + timedelta(days=day)
-        on_day = date.day in days
-        on_weekday = (date.isoweekday() % 7) in weekdays
-        # As cron reads them: with both restricted, either one matching is enough.
-        matches = on_day and on_weekday if day_star or weekday_star else on_day or on_weekday
-        if date.month not in months or not matches:
-            continue
-        fires += [day * 1440 + h * 60 + m for h in sorted(hours) for m in sorted(minutes)]
+        if _fires_on(fields, _START + timedelta(days=day)):
+            fires += [day * 1440 + h * 60 + m for h in sorted(hours) for m in sorted(minutes)]
     if len(fires) < 2:
         return None
     return min(b - a for a, b in itertools.pairwise(fires)) * 60_000
+
+
+def cron_fires(cron: str) -> bool:
+    """Whether `cron` (a valid one) ever fires: a day no month has (`0 0 31 2 *`), or a date
+    that never falls on the weekday asked for, passes every field's own range check, and
+    Temporal's server takes it and never fires. 28 years of days hold every date on every
+    weekday, February 29 among them (the century's leap years have no exception before 2100)."""
+    fields = [
+        _cron_values(text, *spec) for text, spec in zip(cron.split(), _CRON_FIELDS, strict=True)
+    ]
+    return any(_fires_on(fields, _START + timedelta(days=day)) for day in range(28 * 366))
+
+
+#: Where the walks over a cron's days begin: a Monday, in a leap year.
+_START = datetime(2024, 1, 1, tzinfo=UTC)
+
+
+def _fires_on(fields: list[set[int]], date: datetime) -> bool:
+    """Whether a cron of `fields`' values fires on `date`'s day. As Temporal's server reads
+    it: the day of the month and the weekday must both match (Vixie cron fires when either
+    does, with both restricted; Temporal's `0 0 13 * 5` fires only on a Friday the 13th)."""
+    _, _, days, months, weekdays = fields
+    return (
+        date.month in months
+        and date.day in days
+        and date.isoweekday() % 7 in {d % 7 for d in weekdays}
+    )
 
 
 def _cron_values(text: str, low: int, high: int, names: tuple[str, ...], shortest: int) -> set[int]:

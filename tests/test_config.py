@@ -159,6 +159,7 @@ BAD_FILES: dict[str, Bad] = {
     "cron-step-0": Bad(toml(schedule={"cron": "*/0 * * * *"}), "schedule.cron", "'*/0 * * * *'"),
     "cron-backwards": Bad(toml(schedule={"cron": "30-10 * * * *"}), "schedule.cron", "'30-10"),
     "cron-empty-item": Bad(toml(schedule={"cron": "1,,2 * * * *"}), "schedule.cron", "'1,,2"),
+    "cron-never-fires": Bad(toml(schedule={"cron": "0 0 31 2 *"}), "schedule.cron", "never fires"),
     "time_zone-unknown": Bad(toml(schedule={"time_zone": "Mars/Olympus"}), "time_zone", "'Mars/"),
     "time_zone-path": Bad(toml(schedule={"time_zone": "../etc/passwd"}), "time_zone", "'../etc"),
     "time_zone-padded": Bad(toml(schedule={"time_zone": " UTC"}), "schedule.time_zone", "' UTC'"),

@@ -12,6 +12,7 @@ import pytest
 from purge_config.errors import ConfigError
 from purge_config.values import (
     HOUR_MS,
+    cron_fires,
     cron_ok,
     cron_period_ms,
     default_catchup_ms,
@@ -69,7 +70,8 @@ class TestCron:
             ("30 3 * * *", DAY_MS),
             ("0 9-17 * * mon-fri", HOUR_MS),
             ("0 0 * * sun", 7 * DAY_MS),
-            ("0 0 1,15 * 3", DAY_MS),  # both day fields restricted: either one fires it
+            # Both day fields restricted: both must match, as Temporal's server reads them.
+            ("0 0 1-14 * mon", 7 * DAY_MS),
         ],
     )
     def test_period_is_the_shortest_time_between_two_fires(self, cron: str, period_ms: int) -> None:
@@ -77,6 +79,28 @@ class TestCron:
 
     def test_a_monthly_cron_has_no_period_within_five_weeks(self) -> None:
         assert cron_period_ms("0 0 1 1 *") is None
+
+    @pytest.mark.parametrize(
+        "cron",
+        ["0 0 30 2 *", "0 0 31 feb *", "0 0 31 4,6,9,11 *", "0 0 30-31 2 *", "0 0 31 2 mon"],
+    )
+    def test_a_date_no_calendar_has_never_fires(self, cron: str) -> None:
+        assert cron_ok(cron)  # every field in its own range: Temporal's server takes it
+        assert not cron_fires(cron)
+
+    @pytest.mark.parametrize(
+        "cron",
+        [
+            "0 0 29 2 *",  # once in four years
+            "0 0 31 4,5 *",  # May has a 31st
+            "0 0 29 2 mon",  # in 2044
+            "0 0 13 * 5",  # Friday the 13th
+            "0 0 * 2 *",
+            "23 * * * *",
+        ],
+    )
+    def test_a_cron_with_a_day_in_some_year_fires(self, cron: str) -> None:
+        assert cron_fires(cron)
 
     @pytest.mark.parametrize(
         ("cron", "window_ms"),
