@@ -145,6 +145,9 @@ async def test_a_matched_table_without_the_column_fails_alone(
                 f"purge-tenants-{uuid.uuid4()}",
             )
         assert error.type == "PurgeTargetsFailed"
+        # The pass's own message says why, as a pass of listed targets does.
+        assert f"sessions@{prefix}_0005 (BadPurgeTarget: " in error.message
+        assert "expires_at" in error.message
         report = error.details[0]
         [failed] = report["failed"]
         assert failed["name"] == f"sessions@{prefix}_0005"

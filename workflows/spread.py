@@ -50,6 +50,8 @@ DEFAULT_MAX_PER_DATABASE = 1
 EXPAND_START_TO_CLOSE = timedelta(minutes=5)
 #: Failures a failed pass's message names before it says how many more there are.
 NAMED_IN_MESSAGE = 10
+#: The most of each named failure's message the pass's message quotes.
+REASON_CHARS = 200
 #: The patch under which a child runs on its database's queue (`_placed`); histories from
 #: before it replay with every child on the pass's queue.
 CHUNK_ON_QUEUE = "chunk-on-database-queue"
@@ -331,9 +333,17 @@ def _finish(
     )
     record_outcome(result)
     if result.failed_total:
-        named = ", ".join(f"{f.name} ({f.type})" for f in result.failed[:NAMED_IN_MESSAGE])
+        named = "; ".join(
+            f"{f.name} ({f.type}: {_reason(f.message)})" for f in result.failed[:NAMED_IN_MESSAGE]
+        )
         more = result.failed_total - min(len(result.failed), NAMED_IN_MESSAGE)
         raise PurgeTargetsFailed(
-            f"purge targets failed: {named}" + (f" and {more} more" if more else ""), result
+            f"purge targets failed: {named}" + (f"; and {more} more" if more else ""), result
         )
     return result
+
+
+def _reason(message: str) -> str:
+    """A failed target's message as the pass's own names it: as a pass of listed targets does,
+    each with its reason, but at most REASON_CHARS of it, since ten are named."""
+    return message if len(message) <= REASON_CHARS else message[: REASON_CHARS - 1] + "…"
