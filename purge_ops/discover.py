@@ -89,6 +89,8 @@ class Table:
     """Whether the role may SELECT from it (else its figures are the planner's estimates)."""
     estimate: int
     """The planner's row estimate (-1: never analyzed or vacuumed)."""
+    partitioned: bool = False
+    """A partitioned table (its partitions are its own: never listed apart)."""
 
     @property
     def qualified(self) -> str:
@@ -105,6 +107,8 @@ class IndexUse:
     """The statement that would create one, where none serves."""
     note: str = ""
     """An index that leads with the column but does not serve (partial, invalid, not btree)."""
+    how: str = ""
+    """What to know before running `create` (a partitioned table's index locks its writes)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,9 @@ class Finding:
     rows: int | None = None
     expired: int | None = None
     """Rows that would go now; None when it could not be counted."""
+    sentinels: int = 0
+    """Rows whose column reads as an instant before 1973 (SENTINEL_BEFORE_S), counted with
+    the others."""
     estimated: bool = False
     """`rows` is the planner's estimate (no SELECT right, or the count ran out of time)."""
     unread: str = ""
@@ -131,6 +138,9 @@ class Finding:
     index: IndexUse | None = None
     problem: str = ""
     """Why no target can sweep it as it is (a date column, values that are no epoch, ...)."""
+    caution: str = ""
+    """Why a target that could sweep it is printed as a comment, to be made live by hand: its
+    rows may be records rather than expiring entries, or hold what the sweep would misread."""
 
     @property
     def qualified(self) -> str:
@@ -140,7 +150,7 @@ class Finding:
     def is_target(self) -> bool:
         """Whether it is printed as a live `[[targets]]` entry of its own keys (one a pattern
         entry may cover with others of its shape)."""
-        if self.problem:
+        if self.problem or self.caution:
             return False
         return self.preset is None or self.preset.treatment == "target"
 
@@ -221,18 +231,26 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
     cur = await conn.execute("SELECT current_user")
     user = str((await cur.fetchone() or ("?",))[0])
     tables = await _tables(conn)
-    indexes = await _indexes(conn, [t.oid for t in tables])
+    oids = [t.oid for t in tables]
+    indexes = await _indexes(conn, oids)
+    leaves = await _leaves(conn, [t.oid for t in tables if t.partitioned])
+    leaf_indexes = await _indexes(conn, [leaf for found in leaves.values() for leaf in found])
+    referenced = await _references(conn, oids)
     findings: list[Finding] = []
     skipped: list[str] = []
     for table in tables:
         for candidate in _candidates(table):
             if not (SQL_NAME.fullmatch(table.schema) and SQL_NAME.fullmatch(table.name)):
                 skipped.append(
-                    f"{table.qualified} ({candidate.column}): a config names tables of letters, "
-                    "digits and _ only"
+                    f"{table.qualified} ({candidate.column}): a config names tables whose "
+                    "schema and name are a letter or _, then letters, digits and _"
                 )
                 continue
-            findings.append(await _measure(conn, table, candidate, indexes, now_ms))
+            own = [leaf_indexes.get(leaf, []) for leaf in leaves.get(table.oid, [])]
+            finding = await _measure(conn, table, candidate, indexes, now_ms, own)
+            if finding.source == "expiry" and not finding.problem:
+                finding = _cautioned(finding, table, referenced.get(table.oid, []))
+            findings.append(finding)
     singles, families = group(findings, tables)
     return Discovery(
         database=database,
@@ -246,7 +264,7 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
 
 
 _TABLES = """
-SELECT c.oid::bigint, n.nspname, c.relname, c.reltuples::bigint,
+SELECT c.oid::bigint, n.nspname, c.relname, c.reltuples::bigint, c.relkind = 'p',
        has_table_privilege(c.oid, 'SELECT'),
        array_agg(a.attname::text ORDER BY a.attnum),
        array_agg(format_type(coalesce(nullif(t.typbasetype, 0), t.oid), NULL) ORDER BY a.attnum)
@@ -256,7 +274,7 @@ JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdroppe
 JOIN pg_type t ON t.oid = a.atttypid
 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
   AND n.nspname !~ '^pg_' AND n.nspname <> 'information_schema'
-GROUP BY c.oid, n.nspname, c.relname, c.reltuples
+GROUP BY c.oid, n.nspname, c.relname, c.reltuples, c.relkind
 ORDER BY n.nspname, c.relname
 """
 
@@ -272,8 +290,11 @@ async def _tables(conn: AsyncConnection[Any]) -> list[Table]:
             columns=dict(zip(names, types, strict=True)),
             readable=readable,
             estimate=estimate,
+            partitioned=partitioned,
         )
-        for oid, schema, name, estimate, readable, names, types in await cur.fetchall()
+        for oid, schema, name, estimate, partitioned, readable, names, types in (
+            await cur.fetchall()
+        )
     ]
 
 
@@ -308,6 +329,99 @@ async def _indexes(conn: AsyncConnection[Any], oids: list[int]) -> dict[int, lis
     return found
 
 
+_LEAVES = """
+SELECT p.oid::bigint, t.relid::bigint
+FROM unnest(%s::oid[]) AS p(oid), pg_partition_tree(p.oid) AS t
+WHERE t.isleaf
+"""
+
+
+async def _leaves(conn: AsyncConnection[Any], oids: list[int]) -> dict[int, list[int]]:
+    """Each partitioned table's leaf partitions, whose own indexes may serve its sweep."""
+    found: dict[int, list[int]] = defaultdict(list)
+    if oids:
+        cur = await conn.execute(_LEAVES, (oids,))
+        for oid, leaf in await cur.fetchall():
+            found[oid].append(leaf)
+    return found
+
+
+#: What a foreign key does to its own rows when a row they reference is deleted.
+_ON_DELETE = {
+    "a": "NO ACTION: a row still referenced cannot be deleted, and the sweep's batch fails",
+    "r": "RESTRICT: a row still referenced cannot be deleted, and the sweep's batch fails",
+    "c": "CASCADE: its rows go with the row they reference, counted nowhere",
+    "n": "SET NULL: its references are emptied",
+    "d": "SET DEFAULT: its references are reset",
+}
+
+#: The foreign keys into each table (a partitioned table's own, not its partitions' copies).
+_REFERENCES = """
+SELECT DISTINCT k.confrelid::bigint, n.nspname, c.relname, k.confdeltype::text
+FROM pg_constraint k
+JOIN pg_class c ON c.oid = k.conrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE k.contype = 'f' AND k.conparentid = 0 AND k.confrelid = ANY(%s)
+ORDER BY 2, 3, 4
+"""
+
+
+async def _references(conn: AsyncConnection[Any], oids: list[int]) -> dict[int, list[str]]:
+    """For each table, the tables whose foreign keys reference it, each with what deleting a
+    row it references does to theirs."""
+    found: dict[int, list[str]] = defaultdict(list)
+    cur = await conn.execute(_REFERENCES, (oids,))
+    for oid, schema, name, action in await cur.fetchall():
+        found[oid].append(f"{schema}.{name} (ON DELETE {_ON_DELETE.get(action, action)})")
+    return found
+
+
+#: Words before an expiry word that still name the row's own expiry (`valid_until`).
+_ROW_WORDS = frozenset({"valid", "row", "record", "entry", "item"})
+#: An instant before this (1973-03-03, 10**8 s) in an expiry column is no expiry anyone set:
+#: 0, the epoch, `-infinity` stand for "never" more often than for an instant. The epoch
+#: windows' lower bound.
+SENTINEL_BEFORE_S = 10**8
+
+
+def _cautioned(finding: Finding, table: Table, references: list[str]) -> Finding:
+    """`finding` with the caution that keeps it a comment, where one applies: other tables
+    reference its table; its column's name says something else of the row expires; or some
+    of its rows hold what the sweep would read as an instant before 1973 (`Finding.caution`
+    may hold one already: its values could not be read)."""
+    reasons = [finding.caution] if finding.caution else []
+    if references:
+        reasons.append(
+            "other tables reference its rows by foreign key, as they reference a record: "
+            + "; ".join(references)
+        )
+    what = whose_expiry(table.name, finding.column)
+    if what:
+        reasons.append(
+            f'its name ({finding.column}) ties the expiry to "{what}" rather than to the row: '
+            f"a row of {table.name} may outlive it"
+        )
+    if finding.sentinels:
+        reasons.append(
+            f"{finding.sentinels:,} of its rows {'reads' if finding.sentinels == 1 else 'read'}"
+            " as an instant before 1973 (0 is 1970-01-01), which often stands for never: a "
+            "sweep deletes them with the expired (would go now counts them)"
+        )
+    return replace(finding, caution="; ".join(reasons)) if reasons else finding
+
+
+def whose_expiry(table: str, column: str) -> str:
+    """The words of `column`'s name before its expiry word that name something other than a
+    row of `table` (`password` of users.password_expires_at); empty when the name says the
+    row's own expiry (`expires_at`, `valid_until`, `token_expires_at` in `tokens`)."""
+    match = EXPIRY_NAME.search(column)
+    if match is None:
+        return ""
+    own = {word.rstrip("s") for word in table.lower().split("_")}
+    words = [word for word in column[: match.start()].lower().split("_") if word]
+    return "_".join(w for w in words if w not in _ROW_WORDS and w.rstrip("s") not in own)
+
+
 @dataclass(frozen=True)
 class _Candidate:
     source: Source
@@ -334,7 +448,10 @@ async def _measure(
     candidate: _Candidate,
     indexes: Mapping[int, list[_Index]],
     now_ms: int,
+    leaves: list[list[_Index]] | None = None,
 ) -> Finding:
+    """The finding for one candidate column: its unit, index, and counts. `leaves`: each leaf
+    partition's indexes, for a partitioned table."""
     preset = candidate.preset
     column = candidate.column
     kind = table.columns[column]
@@ -351,8 +468,14 @@ async def _measure(
         return await _counted(conn, finding, table, None, None)
     unit: EpochUnit | None = None
     if kind in INTEGERS:
-        unit, note, problem = await _epoch_unit(conn, table, column, preset)
+        unit, note, problem, unread = await _epoch_unit(conn, table, column, preset)
         finding = replace(finding, unit=unit, unit_note=note, problem=problem)
+        if unread and table.estimate != 0:
+            finding = replace(
+                finding,
+                caution=f"its values could not be read ({unread}), so neither its unit nor "
+                "whether it holds instants at all is known",
+            )
     elif kind in OTHER_TIMES:
         finding = replace(
             finding,
@@ -360,11 +483,20 @@ async def _measure(
             "values, timestamptz or timestamp",
         )
     match = preset.match if preset else ()
-    finding = replace(finding, index=index_use(table, column, match, indexes.get(table.oid, [])))
+    served = index_use(table, column, match, indexes.get(table.oid, []), leaves or [])
+    finding = replace(finding, index=served)
     if finding.problem and kind not in OTHER_TIMES:
         return await _counted(conn, finding, table, None, None)  # no instant: its rows only
     age_ms = read_duration("discover", "max_age", {"max_age": finding.max_age}, "max_age")
-    return await _counted(conn, finding, table, match, _cutoff(kind, unit, now_ms - age_ms))
+    cutoff = _cutoff(kind, unit, now_ms - age_ms)
+    # A framework's column holds what the framework writes; only a column found by its name
+    # may hold a stand-in for never.
+    floor = (
+        _cutoff(kind, unit, SENTINEL_BEFORE_S * 1000)
+        if candidate.source == "expiry" and kind not in OTHER_TIMES
+        else None
+    )
+    return await _counted(conn, finding, table, match, cutoff, floor)
 
 
 async def _counted(
@@ -373,16 +505,18 @@ async def _counted(
     table: Table,
     match: tuple[tuple[str, tuple[str, ...]], ...] | None,
     cutoff: object,
+    floor: object = None,
 ) -> Finding:
     """`finding` with its rows and the rows that would go by `cutoff` (its rows only, without a
-    cutoff), or the planner's estimate and why where they could not be counted."""
+    cutoff), and those before `floor` when given; or the planner's estimate and why where they
+    could not be counted."""
     column = finding.column if cutoff is not None else None
-    counted = await _count(conn, table, column, match or (), cutoff)
+    counted = await _count(conn, table, column, match or (), cutoff, floor)
     if not isinstance(counted, str):
-        return replace(finding, rows=counted[0], expired=counted[1] if column else None)
-    unread = counted
-    rows = table.estimate if table.estimate >= 0 else None  # -1: never analyzed
-    return replace(finding, rows=rows, estimated=True, unread=unread)
+        rows, expired, sentinels = counted
+        return replace(finding, rows=rows, expired=expired if column else None, sentinels=sentinels)
+    estimate = table.estimate if table.estimate >= 0 else None  # -1: never analyzed
+    return replace(finding, rows=estimate, estimated=True, unread=counted)
 
 
 def _cutoff(kind: str, unit: EpochUnit | None, cutoff_ms: int) -> object:
@@ -407,10 +541,11 @@ async def _count(
     column: str | None,
     match: tuple[tuple[str, tuple[str, ...]], ...],
     cutoff: object,
-) -> tuple[int, int] | str:
-    """(rows, rows that would go) of `table` (none go without a `column`), or why they were not
-    counted: the role may not read it, or the count outlived COUNT_TIMEOUT (its savepoint
-    rolled back, the transaction goes on)."""
+    floor: object = None,
+) -> tuple[int, int, int] | str:
+    """(rows, rows that would go, rows of those before `floor`) of `table` (none go without a
+    `column`), or why they were not counted: the role may not read it, or the count outlived
+    COUNT_TIMEOUT (its savepoint rolled back, the transaction goes on)."""
     if not table.readable:
         return "this role may not SELECT from it"
     if column is None:
@@ -423,9 +558,13 @@ async def _count(
         # As text, so a value compares with an enum column as with a text one.
         expired = sql.SQL("{} AND {}::text = ANY(%s)").format(expired, sql.Identifier(name))
         params.append(list(values))
-    query = sql.SQL("SELECT count(*), count(*) FILTER (WHERE {}) FROM {}").format(
-        expired, sql.Identifier(table.schema, table.name)
-    )
+    early: sql.Composable = sql.SQL("false")
+    if column is not None and floor is not None:
+        early = sql.SQL("{} AND {} < %s").format(expired, sql.Identifier(column))
+        params = [*params, *params, floor]  # the expired's own, again, then the floor
+    query = sql.SQL(
+        "SELECT count(*), count(*) FILTER (WHERE {}), count(*) FILTER (WHERE {}) FROM {}"
+    ).format(expired, early, sql.Identifier(table.schema, table.name))
     try:
         async with conn.transaction():
             cur = await conn.execute(query, params)
@@ -434,15 +573,17 @@ async def _count(
         return f"counting took over {COUNT_TIMEOUT}"
     except psycopg.errors.InsufficientPrivilege as err:
         return f"the count was refused: {err.diag.message_primary or err}"
-    return (int(row[0]), int(row[1])) if row else (0, 0)
+    return (int(row[0]), int(row[1]), int(row[2])) if row else (0, 0, 0)
 
 
 async def _epoch_unit(
     conn: AsyncConnection[Any], table: Table, column: str, preset: Preset | None
-) -> tuple[EpochUnit | None, str, str]:
-    """(unit, how it was told, problem) of an integer column, from a sample of its values; a
-    preset's documented unit stands unless the values say otherwise."""
+) -> tuple[EpochUnit | None, str, str, str]:
+    """(unit, how it was told, problem, why its values were not read) of an integer column,
+    from a sample of its values; a preset's documented unit stands unless the values say
+    otherwise."""
     values: list[int] = []
+    unread = "" if table.readable else "this role may not SELECT from it"
     if table.readable:
         query = sql.SQL("SELECT {0} FROM {1} WHERE {0} IS NOT NULL LIMIT {2}").format(
             sql.Identifier(column), sql.Identifier(table.schema, table.name), UNIT_SAMPLE
@@ -451,21 +592,24 @@ async def _epoch_unit(
             async with conn.transaction():
                 cur = await conn.execute(query)
                 values = [int(v) for (v,) in await cur.fetchall()]
-        except (psycopg.errors.QueryCanceled, psycopg.errors.InsufficientPrivilege):
-            values = []
+        except psycopg.errors.QueryCanceled:
+            unread = f"reading them took over {COUNT_TIMEOUT}"
+        except psycopg.errors.InsufficientPrivilege as err:
+            unread = f"the read was refused: {err.diag.message_primary or err}"
     if values:
         typical = statistics.median_low(values)
         for unit, (low, high) in EPOCH_WINDOWS.items():
             if low <= abs(typical) <= high:
-                return unit, f"epoch {unit}, from its values (e.g. {typical})", ""
-        return None, "", f"its values (e.g. {typical}) are no epoch instant in s, ms or us"
+                return unit, f"epoch {unit}, from its values (e.g. {typical})", "", ""
+        return None, "", f"its values (e.g. {typical}) are no epoch instant in s, ms or us", ""
     if preset is not None and preset.unit is not None:
-        return preset.unit, f"epoch {preset.unit}, as documented", ""
+        return preset.unit, f"epoch {preset.unit}, as documented", "", ""
+    why = f"its values were not read: {unread}" if unread else "no rows to tell"
     suffix = _UNIT_SUFFIX.search(column)
     if suffix:
         told = _SUFFIX_UNITS[suffix.group(1).lower()]
-        return told, f"epoch {told}, from its name (no rows to tell)", ""
-    return "ms", "epoch ms guessed: no rows to tell; check it", ""
+        return told, f"epoch {told}, from its name ({why})", "", unread
+    return "ms", f"epoch ms guessed ({why}); check it", "", unread
 
 
 def index_use(
@@ -473,11 +617,40 @@ def index_use(
     column: str,
     match: tuple[tuple[str, tuple[str, ...]], ...],
     indexes: Iterable[_Index],
+    leaves: list[list[_Index]] | None = None,
 ) -> IndexUse:
     """The index that serves a sweep of `column` (a btree whose keys lead to it through the
-    columns the filter fixes), or the statement to create one."""
-    fixed = {name for name, _ in match}
+    columns the filter fixes), or the statement to create one. A partitioned table's sweep is
+    served by its own index, or by one on each of its leaf partitions (`leaves`)."""
     near: list[str] = []
+    serving = _serving(column, match, indexes, near)
+    if serving is not None:
+        return IndexUse(serves=serving, create=None)
+    if table.partitioned and leaves and all(_serving(column, match, own, []) for own in leaves):
+        return IndexUse(serves=f"an index on each of its {len(leaves)} partitions", create=None)
+    keys = [name for name, _ in match if name != column] + [column]
+    on = "{} ({})".format(_quoted(table.schema, table.name), ", ".join(_quoted(k) for k in keys))
+    if table.partitioned:
+        return IndexUse(
+            serves=None,
+            create=f"CREATE INDEX ON {on}",
+            note="; ".join(near),
+            how="a partitioned table's index cannot be built CONCURRENTLY, so this one holds "
+            "off writes to every partition while it builds; to build it without that, create "
+            "one CONCURRENTLY on each partition, then ATTACH each to one made ON ONLY the table",
+        )
+    return IndexUse(serves=None, create=f"CREATE INDEX CONCURRENTLY ON {on}", note="; ".join(near))
+
+
+def _serving(
+    column: str,
+    match: tuple[tuple[str, tuple[str, ...]], ...],
+    indexes: Iterable[_Index],
+    near: list[str],
+) -> str | None:
+    """The name of the first of `indexes` that serves a sweep of `column`, else None; why each
+    one that leads with the column does not serve is added to `near`."""
+    fixed = {name for name, _ in match}
     for index in indexes:
         leading = list(index.keys)
         while leading and leading[0] in fixed and leading[0] != column:
@@ -494,12 +667,8 @@ def index_use(
                 f"{index.name} is partial (WHERE {predicate}): it serves only rows it holds"
             )
         else:
-            return IndexUse(serves=index.name, create=None)
-    keys = [name for name, _ in match if name != column] + [column]
-    create = "CREATE INDEX CONCURRENTLY ON {} ({})".format(
-        _quoted(table.schema, table.name), ", ".join(_quoted(k) for k in keys)
-    )
-    return IndexUse(serves=None, create=create, note="; ".join(near))
+            return index.name
+    return None
 
 
 def _quoted(*parts: str) -> str:
@@ -523,8 +692,9 @@ def group(findings: list[Finding], tables: list[Table]) -> tuple[list[Finding], 
         if len({m.schema for m in members}) < FAMILY_MIN:
             continue
         star = _star([m.schema for m in members])
-        if star is not None:
-            families.append(_family(f"{star}.{name}", members, tables))
+        family = _family(f"{star}.{name}", members, tables) if star is not None else None
+        if family is not None:
+            families.append(family)
             covered.update(id(m) for m in members)
     by_shape: dict[tuple[str, ...], list[Finding]] = defaultdict(list)
     for finding in left:
@@ -535,8 +705,9 @@ def group(findings: list[Finding], tables: list[Table]) -> tuple[list[Finding], 
         if len(members) < FAMILY_MIN:
             continue
         star = _star([m.table for m in members])
-        if star is not None:
-            families.append(_family(f"{schema}.{star}", members, tables))
+        family = _family(f"{schema}.{star}", members, tables) if star is not None else None
+        if family is not None:
+            families.append(family)
             covered.update(id(m) for m in members)
     singles = [f for f in left if id(f) not in covered] + rest
     singles.sort(key=lambda f: (f.source != "framework", f.schema, f.table, f.column))
@@ -577,18 +748,21 @@ def _common_prefix(names: list[str]) -> str:
     return first[:size]
 
 
-def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family:
+def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family | None:
     """A family, with the tables its pattern would also match that lack its column (a
-    partition is never matched: the catalog read left them out, as the sweep's expansion does)."""
+    partition is never matched: the catalog read left them out, as the sweep's expansion does);
+    None when its pattern would also match a table that has the column, of its type, and is
+    no member: one in another unit, a caution's, one with an entry of its own. Its entry would
+    sweep that table by the family's rule (or fail on it at every pass), and deleting the
+    table's own entry would not keep it out; its members are then entries of their own."""
     schema, _, name = pattern.partition(".")
     matcher = TablePattern(TableName(name, schema))
-    column = members[0].column
-    strays = tuple(
-        t.qualified
-        for t in tables
-        if matcher.match(t.schema, t.name) is not None
-        and t.columns.get(column) != members[0].column_type
-    )
+    column, kind = members[0].column, members[0].column_type
+    own = {m.qualified for m in members}
+    matched = [t for t in tables if matcher.match(t.schema, t.name) is not None]
+    if any(t.columns.get(column) == kind and t.qualified not in own for t in matched):
+        return None
+    strays = tuple(t.qualified for t in matched if t.columns.get(column) != kind)
     return Family(pattern, tuple(sorted(members, key=lambda m: m.qualified)), strays)
 
 
@@ -617,8 +791,8 @@ def target_names(singles: list[Finding], families: list[Family]) -> dict[str, st
         stem = family.pattern.split(".")[-1].replace("*", "").strip("_") or "tables"
         pick(family.pattern, *(c for c in (base, stem, f"{stem}_{family.first.column}") if c))
     for single in singles:
-        if not single.is_live:
-            continue
+        if not (single.is_live or single.caution):
+            continue  # a caution's entry is printed commented out: named, to be made live
         base = single.preset.name if single.preset and single.preset.name else single.table
         pick(
             f"{single.qualified}:{single.column}",

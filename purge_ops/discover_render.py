@@ -63,7 +63,8 @@ def as_toml(found: Discovery, url: str) -> str:
     lines = _header(found, url)
     framework = [f for f in found.singles if f.source == "framework" and f.is_live]
     expiry = [f for f in found.singles if f.source == "expiry" and f.is_live]
-    others = [f for f in found.singles if not f.is_live]
+    cautioned = [f for f in found.singles if f.caution and not f.is_live]
+    others = [f for f in found.singles if not f.is_live and not f.caution]
     if framework:
         lines += _section("Tables recognised by their framework's documented schema")
         for finding in framework:
@@ -76,6 +77,15 @@ def as_toml(found: Discovery, url: str) -> str:
         lines += _section("Other tables with an expiry-like column")
         for finding in expiry:
             lines += _entry(found, finding)
+    if cautioned:
+        lines += _section("Found, kept as comments: read each caution before you make it live")
+        lines += _comment(
+            "Each of these could be swept as it is, but something says its rows may be "
+            "records rather than expiring entries, or hold what a sweep would misread. To sweep "
+            "one, uncomment its entry (the lines after its comment)."
+        )
+        for finding in cautioned:
+            lines += _cautioned(found, finding)
     if others:
         lines += _section("Found, but no entry sweeps them as they are (comments only)")
         for finding in others:
@@ -133,6 +143,19 @@ def _entry(found: Discovery, finding: Finding) -> list[str]:
     return lines + _toml_entry(target_keys(finding, name, finding.qualified))
 
 
+def _cautioned(found: Discovery, finding: Finding) -> list[str]:
+    """An entry printed commented out, with the caution that kept it so."""
+    name = _name(found, finding)
+    lines = ["", *_comment(_title(finding))]
+    lines += _comment(_why(finding), "  ")
+    lines += _comment(f"Careful: {finding.caution}.", "  ")
+    lines += _comment(_figures(finding), "  ")
+    lines += _comment(_index(finding), "  ")
+    return lines + [
+        f"# {line}" for line in _toml_entry(target_keys(finding, name, finding.qualified))
+    ]
+
+
 def _name(found: Discovery, finding: Finding) -> str:
     """The finding's target name, as discover named each live entry; one never named (not
     printed live) by its preset's name, else its table's."""
@@ -187,7 +210,8 @@ def _index(finding: Finding) -> str:
     if index.serves:
         return f"Index: {index.serves} serves the sweep."
     note = f" ({index.note})" if index.note else ""
-    return f"No index serves the sweep{note}: it walks the table; to serve it: {index.create}"
+    how = f" ({index.how})" if index.how else ""
+    return f"No index serves the sweep{note}: it walks the table; to serve it: {index.create}{how}"
 
 
 def _family(found: Discovery, family: Family) -> list[str]:
@@ -289,13 +313,17 @@ def _finding_json(found: Discovery, finding: Finding) -> dict[str, Any]:
         "index": None,
         "framework": None,
         "problem": finding.problem or None,
+        "caution": finding.caution or None,
+        "rows_before_1973": finding.sentinels or None,
         "target": None,
+        "commented_target": None,
     }
     if finding.index is not None:
         data["index"] = {
             "serves": finding.index.serves,
             "create": finding.index.create,
             "note": finding.index.note or None,
+            "how": finding.index.how or None,
         }
     if preset is not None:
         data["framework"] = {
@@ -309,6 +337,9 @@ def _finding_json(found: Discovery, finding: Finding) -> dict[str, Any]:
     if finding.is_live:
         name = _name(found, finding)
         data["target"] = target_keys(finding, name, finding.qualified)
+    elif finding.caution and not finding.problem:
+        name = _name(found, finding)
+        data["commented_target"] = target_keys(finding, name, finding.qualified)
     return data
 
 

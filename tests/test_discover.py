@@ -530,3 +530,161 @@ class TestNames:
         assert _star(["events_2026_01", "events_2026_02", "events_2027_01"]) == "events_*"
         assert _star(["shop_a_carts", "shop_b_carts", "shop_c_carts"]) == "shop_*_carts"
         assert _star(["alpha", "beta", "gamma"]) is None
+
+
+async def test_rows_that_may_be_records_are_entries_kept_as_comments_saying_why(
+    database: str, tmp_path: Path
+) -> None:
+    """An expiry-like column on a table whose rows may be records, or may hold what a sweep
+    would misread, is an entry printed commented out with its caution: a column that names
+    what else expires (a user's password, an order's payment); a table other tables reference;
+    rows that hold 0 for never. Uncommented, each is an entry the config reader takes. A
+    table whose rows do expire, beside them, stays live."""
+    run_sql(
+        database,
+        """
+        CREATE TABLE users (id int PRIMARY KEY, password_expires_at timestamptz,
+                            locked_until timestamptz);
+        INSERT INTO users VALUES (1, now() - interval '1 day', now() - interval '1 day');
+        CREATE TABLE orders (id int, payment_expires_at timestamptz);
+        INSERT INTO orders VALUES (1, now() - interval '1 day');
+        CREATE TABLE subscriptions (id int PRIMARY KEY, expires_at timestamptz);
+        INSERT INTO subscriptions VALUES (1, now() - interval '1 day');
+        CREATE TABLE invoices (id int, subscription_id int REFERENCES subscriptions);
+        CREATE TABLE api_keys (id int PRIMARY KEY, key_expires_at timestamptz);
+        CREATE TABLE api_requests (id int, key_id int REFERENCES api_keys ON DELETE CASCADE);
+        CREATE TABLE remember_tokens (id int, token_expires_ms bigint);
+        INSERT INTO remember_tokens VALUES
+          (1, 0), (2, (extract(epoch FROM now()) * 1000)::bigint - 1000),
+          (3, (extract(epoch FROM now()) * 1000)::bigint + 3600000);
+        CREATE TABLE password_resets (id int, reset_expires_at timestamptz);
+        INSERT INTO password_resets VALUES (1, now() - interval '1 hour');
+        """,
+    )
+    found = await discover(database)
+    by_name = {f.qualified: f for f in found.singles}
+    cautions = {name: f.caution for name, f in by_name.items() if f.caution}
+    assert set(cautions) == {
+        "public.users",
+        "public.orders",
+        "public.subscriptions",
+        "public.api_keys",
+        "public.remember_tokens",
+    }
+    assert 'name (password_expires_at) ties the expiry to "password"' in cautions["public.users"]
+    assert 'ties the expiry to "payment"' in cautions["public.orders"]
+    assert "public.invoices (ON DELETE NO ACTION" in cautions["public.subscriptions"]
+    assert "public.api_requests (ON DELETE CASCADE" in cautions["public.api_keys"]
+    assert "1 of its rows reads as an instant before 1973" in cautions["public.remember_tokens"]
+    resets = by_name["public.password_resets"]
+    assert (resets.is_live, resets.caution) == (True, "")
+
+    text = discover_render.as_toml(found, database)
+    live = {e["table"] for e in tomllib.loads(text)["targets"]}
+    assert live == {"public.password_resets"}
+    # Uncommented, every kept entry is one the reader takes, each under a name of its own.
+    path = tmp_path / "purge.toml"
+    path.write_text(re.sub(r"(?m)^# (\[\[targets\]\]$|\w+ = )", r"\1", text), encoding="utf-8")
+    config = load_config(path, env={})
+    assert sorted(str(t.tables[0]) for t in config.targets) == sorted(
+        ["public.password_resets", *(f.qualified for f in found.singles if f.caution)]
+    )
+    data = json.loads(discover_render.as_json(found))
+    kept = {f["table"]: f for f in data["findings"] if f["caution"]}
+    assert all(f["target"] is None and f["commented_target"] for f in kept.values())
+    assert kept["public.remember_tokens"]["rows_before_1973"] == 1
+
+
+async def test_a_pattern_entry_is_printed_only_where_it_would_sweep_its_own_tables(
+    database: str,
+) -> None:
+    """Tables of one shape become a pattern entry only where the pattern matches no other
+    table with the column: one holding epoch seconds beside tables in milliseconds, or one of
+    another name that the pattern would sweep by the family's rule (and whose own entry, taken
+    out, would not keep it out). Each is then an entry of its own, in its own unit."""
+    ms = "(extract(epoch FROM now()) * 1000)::bigint"
+    for i in range(1, 6):
+        value = f"{ms} - 1000" if i < 5 else f"{ms} / 1000 - 1"
+        run_sql(
+            database,
+            f"CREATE SCHEMA tenant_{i:02}; CREATE TABLE tenant_{i:02}.tokens (expires_ms bigint);"
+            f" INSERT INTO tenant_{i:02}.tokens VALUES ({value})",
+        )
+    run_sql(
+        database,
+        "CREATE SCHEMA app;"
+        + "".join(
+            f" CREATE TABLE app.events_2026_0{m} (expires_at timestamptz);" for m in (1, 2, 3)
+        )
+        + " CREATE TABLE app.events_important (expires_at timestamptz);",
+    )
+    found = await discover(database)
+    assert found.families == ()
+    units = {f.qualified: f.unit for f in found.singles if f.table == "tokens"}
+    assert units == {**{f"tenant_0{i}.tokens": "ms" for i in range(1, 5)}, "tenant_05.tokens": "s"}
+    events = [f.qualified for f in found.singles if f.is_live and f.table.startswith("events_")]
+    assert len(events) == 4
+
+    # Without the odd ones, each is one pattern entry.
+    run_sql(database, "DROP TABLE tenant_05.tokens, app.events_important")
+    patterns = {f.pattern for f in (await discover(database)).families}
+    assert patterns == {"tenant_*.tokens", "app.events_*"}
+
+
+async def test_a_partitioned_tables_index_advice_is_one_it_can_build(database: str) -> None:
+    """A partitioned table's index cannot be built CONCURRENTLY: the advice is the statement
+    PostgreSQL takes, with what it costs and how to avoid it; an index on each partition
+    serves the sweep as one on the table does."""
+    run_sql(
+        database,
+        """
+        CREATE TABLE grants (expires_at timestamptz) PARTITION BY RANGE (expires_at);
+        CREATE TABLE grants_a PARTITION OF grants FOR VALUES FROM ('2020-01-01') TO ('2030-01-01');
+        CREATE TABLE grants_b PARTITION OF grants FOR VALUES FROM ('2030-01-01') TO ('2040-01-01');
+        CREATE INDEX ON grants_a (expires_at);
+        """,
+    )
+    [grants] = (await discover(database)).singles
+    assert grants.index is not None
+    assert grants.index.create == 'CREATE INDEX ON "public"."grants" ("expires_at")'
+    assert "cannot be built CONCURRENTLY" in grants.index.how
+    # The advice is a statement the server takes; then the sweep is served.
+    run_sql(database, grants.index.create)
+    [again] = (await discover(database)).singles
+    assert again.index is not None
+    assert again.index.serves is not None
+    # Dropped with the partitions' indexes it took in; then one built on each partition alone.
+    run_sql(
+        database,
+        "DROP INDEX grants_expires_at_idx;"
+        " CREATE INDEX ON grants_a (expires_at); CREATE INDEX ON grants_b (expires_at)",
+    )
+    [each] = (await discover(database)).singles
+    assert each.index is not None
+    assert each.index.serves == "an index on each of its 2 partitions"
+
+
+async def test_an_integer_column_whose_values_could_not_be_read_is_kept_as_a_comment(
+    database: str,
+) -> None:
+    """A role that may not read an integer expiry column cannot tell its unit, or whether it
+    holds instants at all (an `expires_in` of 3600 is a duration): its entry is a comment that
+    says so, never a live entry in a guessed unit."""
+    run_sql(
+        database,
+        "CREATE TABLE oauth_codes (code text, expires_in integer);"
+        " INSERT INTO oauth_codes VALUES ('a', 3600); ANALYZE oauth_codes",
+    )
+    role = f"discover_{uuid.uuid4().hex[:8]}"
+    run_sql(database, f'CREATE ROLE "{role}" LOGIN')
+    as_role = make_conninfo(database, user=role)
+    try:
+        [blind] = (await discover(as_role)).singles
+        assert not blind.is_live
+        assert "its values could not be read (this role may not SELECT" in blind.caution
+        assert "its values were not read" in blind.unit_note
+        run_sql(database, f'GRANT SELECT ON oauth_codes TO "{role}"')
+        [seeing] = (await discover(as_role)).singles
+        assert "no epoch instant" in seeing.problem
+    finally:
+        run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
