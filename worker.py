@@ -444,8 +444,11 @@ async def _discover(opts: argparse.Namespace) -> int:
     # The conventions of every command: $PURGE_DATABASE_URL, else the config's database_url;
     # a URL given on the line comes first, since a new user may have no config yet.
     url = opts.url or os.environ.get("PURGE_DATABASE_URL") or None
-    if url is None:
-        url = load_config(config_path(opts.config)).database_url
+    path = config_path(opts.config)
+    # With no config named and none where one is looked for, a new user is told of the URL
+    # first (resolve_url's line), not of a config file they may not need.
+    if url is None and (opts.config or os.environ.get("PURGE_CONFIG") or path.exists()):
+        url = load_config(path).database_url
     url = discovery.resolve_url(opts.url, url)
     found = await discovery.discover(url)
     _say(discover_render.as_json(found) if opts.json else discover_render.as_toml(found, url))

@@ -399,8 +399,18 @@ def test_bad_input_is_one_line_with_the_password_masked(
     assert "s3cret" not in err
     assert "not a PostgreSQL connection string" in err
 
+    # Options libpq only judges as it connects: refused there, as a database out of reach is.
+    assert worker.main(["discover", "postgresql://app:s3cret@127.0.0.1:1/app?sslmode=bogus"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pg-purge: cannot connect to postgresql://app:***@127.0.0.1:1/app")
+    assert "sslmode" in err
+    assert "s3cret" not in err
+
+    # No URL, no config: the URL is named first, as a new user has none yet.
     assert worker.main(["discover"]) == 2
-    assert "no such file" in capsys.readouterr().err
+    assert "no database; give its URL" in capsys.readouterr().err
+    assert worker.main(["discover", "--config", "missing.toml"]) == 2
+    assert "missing.toml: no such file" in capsys.readouterr().err
 
 
 def test_json_gives_the_same_findings_for_tools(
