@@ -793,10 +793,10 @@ def target_names(singles: list[Finding], families: list[Family]) -> dict[str, st
     for single in singles:
         if not (single.is_live or single.caution):
             continue  # a caution's entry is printed commented out: named, to be made live
-        base = single.preset.name if single.preset and single.preset.name else single.table
+        named = single.preset.name if single.preset and single.preset.name else ""
         pick(
             f"{single.qualified}:{single.column}",
-            base,
+            *((named, f"{named}_{single.schema}") if named else (single.table,)),
             f"{single.table}_{single.column}",
             f"{single.schema}_{single.table}_{single.column}",
         )

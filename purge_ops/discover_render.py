@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from purge_config.dsn import redact
+from purge_config.kinds import BUILTIN_KINDS
 from purge_config.presets import PRESETS
 from purge_ops.discover import Discovery, Family, Finding
 
@@ -25,6 +26,8 @@ _WIDTH = 100
 def target_keys(finding: Finding, name: str, table: str) -> dict[str, Any]:
     """The `[[targets]]` entry for `finding` (or its family, whose `table` is the pattern), in
     the order it is printed."""
+    if finding.preset is not None and finding.preset.kind in BUILTIN_KINDS:
+        return _builtin_keys(finding.preset.kind, name, finding.schema)
     if finding.preset is not None and finding.preset.kind:
         return _preset_keys(finding.preset.kind, finding.max_age, name, table)
     keys: dict[str, Any] = {
@@ -41,6 +44,19 @@ def target_keys(finding: Finding, name: str, table: str) -> dict[str, Any]:
             column: values[0] if len(values) == 1 else list(values)
             for column, values in finding.preset.match
         }
+    return keys
+
+
+def _builtin_keys(kind: str, name: str, schema: str) -> dict[str, Any]:
+    """A built-in kind's entry: its kind, its name where not the kind's own, and its tables
+    where not in `public` (a kind's tables are one schema's, as activities/schema.sql makes
+    them)."""
+    builtin = BUILTIN_KINDS[kind]
+    keys: dict[str, Any] = {"kind": kind}
+    if name != builtin.default_name:
+        keys["name"] = name
+    if schema != "public":
+        keys.update({key: f"{schema}.{default}" for key, default in builtin.tables})
     return keys
 
 
@@ -175,6 +191,8 @@ def _title(finding: Finding) -> str:
 
 def _why(finding: Finding) -> str:
     preset = finding.preset
+    if preset is not None and not preset.cleanup:
+        return f"Why: {preset.meaning}. Schema: {preset.documented}."
     if preset is not None:
         return (
             f"Why: {preset.meaning}. The framework's cleanup this replaces: {preset.cleanup}. "

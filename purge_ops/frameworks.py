@@ -305,7 +305,64 @@ PRESETS: tuple[Preset, ...] = (
     ),
 )
 
+_OURS = "pg-purge's built-in kinds"
+_OUR_SCHEMA = "this package's activities/schema.sql (pg-purge schema --kinds)"
+
+#: This package's own reference tables: an entry of the kind that sweeps each by its own rule
+#: (a full token bucket is no column's instant), named as the kind names it.
+BUILTIN: tuple[Preset, ...] = (
+    Preset(
+        _OURS,
+        "x_idempotency",
+        "expires_at_ms",
+        shape=("key",),
+        meaning="the idempotency kind's table: a key goes at its expires_at_ms",
+        cleanup="",
+        documented=_OUR_SCHEMA,
+        name="x_idempotency",
+        kind="idempotency",
+        treatment="preset",
+    ),
+    Preset(
+        _OURS,
+        "x_rate_limit",
+        "last_ms",
+        shape=("key", "tokens", "capacity", "refill_per_ms"),
+        meaning="the rate_limit kind's table: a bucket goes once it has refilled to capacity "
+        "(tokens + refill_per_ms x the time since last_ms), when it holds what a new one would",
+        cleanup="",
+        documented=_OUR_SCHEMA,
+        name="x_rate_limit",
+        kind="rate_limit",
+        treatment="preset",
+    ),
+    Preset(
+        _OURS,
+        "x_auth_failures",
+        "expires_at_ms",
+        shape=("key", "at_ms"),
+        meaning="the auth kind's failures table: a failure goes at its expires_at_ms, and the "
+        "same entry sweeps x_auth_lockouts by until_ms",
+        cleanup="",
+        documented=_OUR_SCHEMA,
+        name="x_auth",
+        kind="auth",
+        treatment="preset",
+    ),
+    Preset(
+        "pg-purge's auth kind",
+        "x_auth_lockouts",
+        "until_ms",
+        shape=("key",),
+        meaning="the auth kind's lockouts table",
+        cleanup="the auth entry of x_auth_failures sweeps it",
+        documented=_OUR_SCHEMA,
+        treatment="leave",
+        needs="its lockouts go at until_ms with that entry, not by one of their own",
+    ),
+)
+
 
 def presets_of(table: str, columns: frozenset[str]) -> tuple[Preset, ...]:
     """The presets of a table named `table` whose columns include every column they read."""
-    return tuple(p for p in PRESETS if p.table == table and set(p.columns) <= columns)
+    return tuple(p for p in (*PRESETS, *BUILTIN) if p.table == table and set(p.columns) <= columns)

@@ -25,6 +25,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import worker
+from activities.schema import reference_ddl
 from purge_config.file import load_config
 from purge_ops import discover_render
 from purge_ops.discover import EXPIRY_NAME, Discovery, Finding, _star, discover
@@ -698,3 +699,40 @@ async def test_an_integer_column_whose_values_could_not_be_read_is_kept_as_a_com
         assert "no epoch instant" in seeing.problem
     finally:
         run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
+async def test_this_packages_own_tables_are_entries_of_their_built_in_kinds(
+    database: str, tmp_path: Path
+) -> None:
+    """The tables `pg-purge schema --kinds` makes are entries of the kinds that sweep them,
+    each by its own rule (a full token bucket is no column's instant), named as the kinds name
+    them; in another schema with their tables named. The ledger's tables are no entry."""
+    ddl = reference_ddl()
+    run_sql(database, ddl)
+    run_sql(database, "CREATE SCHEMA shop; SET search_path = shop; " + ddl)
+    found = await discover(database)
+    path = tmp_path / "purge.toml"
+    text = discover_render.as_toml(found, database)
+    path.write_text(text, encoding="utf-8")
+    entries = tomllib.loads(text)["targets"]
+    assert sorted(e["kind"] for e in entries) == sorted(["idempotency", "rate_limit", "auth"] * 2)
+    assert {"kind": "rate_limit"} in entries
+    assert {
+        "kind": "auth",
+        "name": "x_auth_shop",
+        "failures_table": "shop.x_auth_failures",
+        "lockouts_table": "shop.x_auth_lockouts",
+    } in entries
+    assert "public.x_auth_lockouts.until_ms: left to pg-purge's auth kind" in unwrapped(text)
+    config = load_config(path, env={})
+    assert sorted(config.target_names) == sorted(
+        [
+            "x_idempotency",
+            "x_idempotency_shop",
+            "x_rate_limit",
+            "x_rate_limit_shop",
+            "x_auth",
+            "x_auth_shop",
+        ]
+    )
+    assert not any("purge_" in e.get("table", "") for e in entries)
