@@ -49,6 +49,20 @@ EXPIRY_NAME = re.compile(
     r"|(?:^|_)(?:purge|delete|remove|discard)_after(?:_|$)",
     re.IGNORECASE,
 )
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def snake(name: str) -> str:
+    """`name` in lower case, each camelCase word apart (`expiresAt` is `expires_at`), as
+    EXPIRY_NAME reads names: ORMs that keep a model's field names (Prisma) make such columns."""
+    return _CAMEL.sub("_", name).lower()
+
+
+def expiry_like(column: str) -> bool:
+    """Whether `column`'s name says it holds an expiry (EXPIRY_NAME, camelCase read apart)."""
+    return EXPIRY_NAME.search(snake(column)) is not None
+
+
 #: The instants each epoch unit reads as plausible (1973 to the year 5138), as the sweep's own
 #: unit check (activities/engine/units.py) judges them.
 EPOCH_WINDOWS: dict[EpochUnit, tuple[int, int]] = {
@@ -414,11 +428,12 @@ def whose_expiry(table: str, column: str) -> str:
     """The words of `column`'s name before its expiry word that name something other than a
     row of `table` (`password` of users.password_expires_at); empty when the name says the
     row's own expiry (`expires_at`, `valid_until`, `token_expires_at` in `tokens`)."""
+    column = snake(column)
     match = EXPIRY_NAME.search(column)
     if match is None:
         return ""
-    own = {word.rstrip("s") for word in table.lower().split("_")}
-    words = [word for word in column[: match.start()].lower().split("_") if word]
+    own = {word.rstrip("s") for word in snake(table).split("_")}
+    words = [word for word in column[: match.start()].split("_") if word]
     return "_".join(w for w in words if w not in _ROW_WORDS and w.rstrip("s") not in own)
 
 
@@ -438,7 +453,7 @@ def _candidates(table: Table) -> list[_Candidate]:
     return [
         _Candidate("expiry", column)
         for column, kind in table.columns.items()
-        if EXPIRY_NAME.search(column) and kind in (*INSTANTS, *INTEGERS, *OTHER_TIMES)
+        if expiry_like(column) and kind in (*INSTANTS, *INTEGERS, *OTHER_TIMES)
     ]
 
 

@@ -28,7 +28,14 @@ import worker
 from activities.schema import reference_ddl
 from purge_config.file import load_config
 from purge_ops import discover_render
-from purge_ops.discover import EXPIRY_NAME, Discovery, Finding, _star, discover
+from purge_ops.discover import (
+    Discovery,
+    Finding,
+    _star,
+    discover,
+    expiry_like,
+    whose_expiry,
+)
 from purge_ops.runner import run_worker
 from tests.conftest import Harness
 from tests.support import framework_apps, framework_ddl
@@ -525,16 +532,27 @@ class TestNames:
     @pytest.mark.parametrize(
         "name",
         ["expires_at", "expire_date", "expiry", "expiration", "expires_at_ms", "valid_until",
-         "until_ms", "token_expires", "purge_after"],
+         "until_ms", "token_expires", "purge_after", "expiresAt", "validUntil",
+         "tokenExpiresAt", "EXPIRES_AT"],
     )  # fmt: skip
     def test_an_expiry_word_or_an_until_is_expiry_like(self, name: str) -> None:
-        assert EXPIRY_NAME.search(name)
+        assert expiry_like(name)
 
     @pytest.mark.parametrize(
-        "name", ["created_at", "updated_at", "expired", "last_seen", "untiled", "experience"]
-    )
+        "name",
+        ["created_at", "updated_at", "expired", "last_seen", "untiled", "experience",
+         "createdAt", "Expired"],
+    )  # fmt: skip
     def test_when_a_row_was_made_or_touched_is_not(self, name: str) -> None:
-        assert not EXPIRY_NAME.search(name)
+        assert not expiry_like(name)
+
+    def test_what_a_name_ties_the_expiry_to(self) -> None:
+        assert whose_expiry("users", "password_expires_at") == "password"
+        assert whose_expiry("User", "passwordExpiresAt") == "password"
+        assert whose_expiry("remember_tokens", "token_expires_at") == ""
+        assert whose_expiry("RememberToken", "tokenExpiresAt") == ""
+        assert whose_expiry("grants", "valid_until") == ""
+        assert whose_expiry("users", "locked_until") == "locked"
 
     def test_a_star_takes_every_numbered_part_and_never_stands_alone(self) -> None:
         assert _star([f"tenant_{i:04}" for i in range(1, 43)]) == "tenant_*"
