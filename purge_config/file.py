@@ -129,14 +129,28 @@ class PurgeConfig:
     @property
     def own_queue(self) -> str | None:
         """The task queue of the activities of `own_names` (None when there are none): the
-        config's queue and a digest of those names, so that only a worker whose config has
-        every one of them polls it. Mid-deploy, a worker with an older or newer list of targets
-        polls a queue of its own and never takes a target it does not know (docs/fleets.md)."""
-        names = sorted(set(self.own_names))
-        if not names:
+        config's queue and a digest of those targets and what each says of its rows (its
+        `TargetSpec.rule`), so that only a worker whose config says the same of every one of
+        them polls it. Mid-deploy, a worker with an older or newer list of targets, or another
+        rule for one of them (a `max_age` changed), polls a queue of its own and never takes a
+        target it does not know, nor sweeps one by another rule (docs/fleets.md)."""
+        own = [t for t in self.targets if t.database not in self.queues]
+        if not own:
             return None
-        digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
-        return f"{self.task_queue}:{digest}"
+        return f"{self.task_queue}:{_digest(own)}"
+
+    @property
+    def routed_queues(self) -> dict[str, str]:
+        """Each database with a task queue of its own (`[databases.NAME] task_queue`) to the
+        queue its activities go to: that queue and a digest of this config's targets on every
+        database routed there, as `own_queue`'s, so that only a regional worker whose config
+        says the same of those targets polls it."""
+        routed: dict[str, str] = {}
+        for queue in sorted(set(self.queues.values())):
+            databases = {db for db, q in self.queues.items() if q == queue}
+            digest = _digest([t for t in self.targets if t.database in databases])
+            routed |= {db: f"{queue}:{digest}" for db in databases}
+        return routed
 
     def pass_input(
         self, names: list[str] | None = None, dry_run: bool = False, budget_ms: int | None = None
@@ -168,7 +182,7 @@ class PurgeConfig:
         if patterns:
             request["patterns"] = patterns
         used = {on.get(name, "") for name in names}
-        queues = {db: queue for db, queue in self.queues.items() if db in used}
+        queues = {db: queue for db, queue in self.routed_queues.items() if db in used}
         if own is not None:
             queues |= {db: own for db in used if db not in self.queues}
         if queues:
@@ -193,6 +207,16 @@ class PurgeConfig:
                 "set it in the file or in PURGE_DATABASE_URL"
             )
         return self.database_url
+
+
+def _digest(specs: list[TargetSpec]) -> str:
+    """12 hex digits naming `specs`' target names and what each says of its rows."""
+    said = sorted(
+        f"{name}\t{spec.rule}"
+        for spec in specs
+        for name in (spec.names if spec.kind == "python" else (spec.name,))
+    )
+    return hashlib.sha256("\n".join(said).encode()).hexdigest()[:12]
 
 
 #: Up to this many targets, a pass input maps each target to its database by name (the form of

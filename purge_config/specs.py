@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
 from purge_config.errors import ConfigError, first_line
@@ -130,6 +131,30 @@ class TargetSpec:
     age_from: TableName | None = None
     """For `expiring`: the table whose rows, through their foreign key to `tables[0]`, hold
     each row's age in `column` (its newest); None when the age is the table's own column."""
+
+    @property
+    def rule(self) -> str:
+        """What this entry says of the rows it deletes, as text: everything but its sweep's
+        bounds (`settings`: batch sizes, timeouts, pacing), which change how it deletes, never
+        what. Two configs whose entries of one name differ here would delete different rows;
+        the task queues of their passes differ with it (`PurgeConfig.own_queue`)."""
+        said = {
+            "kind": self.kind,
+            "name": self.name,
+            "names": list(self.names),
+            "tables": [str(t) for t in self.tables],
+            "column": self.column,
+            "max_age_ms": self.max_age_ms,
+            "unit": self.unit,
+            "guards": asdict(self.guards),
+            "database": self.database,
+            "partitions": asdict(self.partitions),
+            "row_filter": asdict(self.row_filter) if self.row_filter else None,
+            "archives": [str(a) if a else None for a in self.archives],
+            "allow_any": self.allow_any,
+            "age_from": str(self.age_from) if self.age_from else None,
+        }
+        return json.dumps(said, sort_keys=True, default=str)
 
     @property
     def pattern(self) -> TablePattern | None:

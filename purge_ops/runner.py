@@ -101,15 +101,19 @@ def activity_worker(
 
 def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
     """The task queues a worker of `config` polls for activities besides the pass's, each with
-    the databases whose targets' activities go there: every routed database it has the URL of,
-    and its own targets' queue (`PurgeConfig.own_queue`)."""
+    the databases whose targets' activities go there: its own targets' queue
+    (`PurgeConfig.own_queue`) and, for every routed database it has the URL of, the queue of
+    passes from a config that says the same of its targets there (`PurgeConfig.routed_queues`)
+    and the configured queue itself, which passes typed by hand name (as do those started by a
+    release before the digest), as the config's queue serves them for its own targets."""
     queues: dict[str, list[str]] = {}
     if config.own_queue is not None:
         on = {t.database for t in config.targets if t.database not in config.queues}
         queues[config.own_queue] = sorted(db or "default (database_url)" for db in on)
-    for database, queue in config.queues.items():
+    for database, queue in config.routed_queues.items():
         if database in config.databases:
             queues.setdefault(queue, []).append(database)
+            queues.setdefault(config.queues[database], []).append(database)
     return queues
 
 
@@ -247,16 +251,18 @@ def _say_what_it_polls(
         if queue == config.own_queue:
             log.info(
                 "polling task queue %r for the activities of its own targets (%s), on "
-                "databases %s; only workers whose config names exactly these targets poll it",
+                "databases %s; only workers whose config says the same of exactly these "
+                "targets poll it",
                 queue,
                 ", ".join(sorted(set(config.own_names))),
                 ", ".join(databases),
             )
             continue
         log.info(
-            "also polling task queue %r for the activities of database %s",
+            "also polling task queue %r for the activities of database %s%s",
             queue,
             ", ".join(databases),
+            " in passes typed by hand" if queue in config.queues.values() else "",
         )
     if config.own_queue is None:
         log.info(
@@ -269,5 +275,5 @@ def _say_what_it_polls(
         log.info(
             "not polling the queues of %s: no URL here (their url_env is not set); the "
             "workers next to them sweep them",
-            ", ".join(f"{db} ({config.queues[db]})" for db in elsewhere),
+            ", ".join(f"{db} ({config.routed_queues[db]})" for db in elsewhere),
         )

@@ -17,7 +17,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from purge_config.file import load_config
+from purge_config.file import load_config, parse_config
 from tests.conftest import Harness
 from tests.support.history import child_ids, events
 from tests.support.passes import run_pass
@@ -227,3 +227,72 @@ async def test_a_pattern_only_the_new_config_has_is_expanded_and_swept_by_the_ne
            for _, w in tries}  # fmt: skip
     assert who == {new_worker}
     assert old_worker not in who
+
+
+def _queues(target: dict[str, Any]) -> tuple[str | None, str]:
+    """(own queue, eu's queue) of a config with `target` on the default database and on eu."""
+    config = parse_config(
+        {
+            "task_queue": "purge",
+            "databases": {"eu": {"url_env": "EU_URL", "task_queue": "purge-eu"}},
+            "targets": [target, {**target, "name": "t1@eu", "database": "eu"}],
+        },
+        env={},
+    )
+    return config.own_queue, config.routed_queues["eu"]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [{"max_age": "2h"}, {"column": "other_at"}, {"match": {"state": "done"}}],
+    ids=["max_age", "column", "match"],
+)
+def test_a_changed_rule_moves_the_queues_and_a_changed_setting_does_not(
+    changed: dict[str, Any],
+) -> None:
+    """What an entry says of the rows it deletes is in the digest of its queue: a worker of a
+    config that would delete other rows never shares a queue with it. How it deletes (batch
+    sizes, timeouts) is not, so a tuning change keeps old and new workers on one queue."""
+    before = {"kind": "expiring", "name": "t1", "table": "t1", "column": "at"}
+    own, eu = _queues(before)
+    assert own is not None
+    assert own.startswith("purge:")
+    assert eu.startswith("purge-eu:")
+    moved_own, moved_eu = _queues(before | changed)
+    assert moved_own != own
+    assert moved_eu != eu
+    assert _queues(before | {"batch_target": "40ms", "lock_timeout": "5s"}) == (own, eu)
+
+
+# Real worker processes, 7 s: the slow suite (tests/README.md), as the fleet tests are.
+@pytest.mark.slow
+async def test_a_longer_max_age_is_never_swept_by_an_old_worker_of_the_shorter_one(
+    harness: Harness, fleet: Fleet
+) -> None:
+    """The new config keeps t1's rows two hours longer. Old workers (rows expire at `at`) and a
+    new one side by side; passes of the new config: rows that expired an hour ago are kept by
+    every pass, since only the new worker takes them. Sharing one queue, as when the digest
+    named targets only, half the passes landed on the old worker and deleted them."""
+    make_tables(harness.db, ["t1"], harness.now_ms)
+    fleet.config("old", tables_toml(["t1"]))
+    new_toml = tables_toml(["t1"]).replace('column = "at"\n', 'column = "at"\nmax_age = "2h"\n')
+    new = load_config(fleet.config("new", new_toml))
+    old_worker = fleet.start("old")
+    new_worker = fleet.start("new")
+
+    ids = []
+    for _ in range(PASSES):
+        add_expired(harness.db, "t1", harness.now_ms)  # an hour past `at`: kept by the new rule
+        ids.append(f"purge-deploy-{uuid.uuid4()}")
+    await asyncio.gather(
+        *(run_pass(harness.client, harness.task_queue, new.pass_input(), i) for i in ids)
+    )
+
+    [(kept,)] = harness.db.execute(
+        "SELECT count(*) FROM t1 WHERE at <= %s", (harness.now_ms,)
+    ).fetchall()
+    assert kept == 2 * (PASSES + 1)  # make_tables' two and each pass's two
+    for workflow_id in ids:
+        runs = await attempts(harness.client, workflow_id)
+        assert runs["t1"] == [(new.own_queue, new_worker)], runs
+        assert old_worker not in {who for tries in runs.values() for _, who in tries}

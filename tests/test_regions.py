@@ -194,11 +194,18 @@ async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next
     try:
         for worker in workers.values():
             await worker.start()
-        # Each says which queue it polls, for which database, and that it has no other's URL.
-        assert f"also polling task queue '{task_queue}-eu' for the activities of database eu" in (
+        config = full_config(task_queue)
+        # Each says which queues it polls, for which database, and that it has no other's URL:
+        # the queue of passes from a config that says the same of eu's targets, and eu's own.
+        eu_queue = config.routed_queues["eu"]
+        assert eu_queue.startswith(f"{task_queue}-eu:")
+        assert f"also polling task queue {eu_queue!r} for the activities of database eu\n" in (
             caplog.text
         )
-        config = full_config(task_queue)
+        assert (
+            f"also polling task queue '{task_queue}-eu' for the activities of database eu in "
+            "passes typed by hand"
+        ) in caplog.text
         workflow_id = f"purge-regions-{uuid.uuid4()}"
         result = await run_pass(client, task_queue, config.pass_input(), workflow_id)
     finally:
@@ -214,7 +221,7 @@ async def test_one_pass_sweeps_each_database_on_its_own_queue_by_the_worker_next
     # with that region's URL polls.
     runs = activity_runs(client, await events(client, workflow_id))
     assert {name: queue for name, (queue, _) in runs.items()} == {
-        f"x_idempotency@{region}": f"{task_queue}-{region}" for region in REGIONS
+        f"x_idempotency@{region}": config.routed_queues[region] for region in REGIONS
     }
 
 
@@ -242,7 +249,7 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
         [failed] = report["failed"]
         assert failed["name"] == "x_idempotency@us"
         assert failed["type"] == "NoPurgeWorker"
-        assert f"task queue '{task_queue}-us' (database 'us')" in failed["message"]
+        assert f"task queue {config.routed_queues['us']!r} (database 'us')" in failed["message"]
         assert [s["name"] for s in report["swept"]] == ["x_idempotency@eu"]
         assert left(regions["eu"], real_now) == (0, 1)
         assert left(regions["us"], real_now) == (us_expired, 1)
@@ -330,7 +337,9 @@ def test_the_scheduler_needs_no_regional_url_and_the_input_names_queues_not_urls
     assert config.databases == {}
     assert not config.needs_default_database
     request = config.pass_input()
-    assert request["queues"] == {"eu": "purge-eu", "us": "purge-us"}
+    assert request["queues"] == config.routed_queues
+    assert set(config.routed_queues) == {"eu", "us"}
+    assert config.routed_queues["eu"].startswith("purge-eu:")
     assert request["worker_wait_ms"] == 90_000
     # Every target has a queue of its database's: this config has no queue of its own.
     assert config.own_queue is None

@@ -73,7 +73,8 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     return Failure(
         "NoPurgeWorker",
         f"no worker polled task queue {route.queue!r} (database {route.database!r}) {waited}; "
-        "start a worker whose config names that database",
+        "start a worker whose config names that database and says the same of its targets there "
+        "as the config that started this pass (the queue's digest names them)",
     )
 
 
