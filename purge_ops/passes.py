@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -76,7 +77,8 @@ async def sweep(
     schedule_id: str | None = None,
     only_schedule: bool = False,
 ) -> int:
-    """One pass now, through Temporal, or a wait for the one already running; prints the report.
+    """One pass now, through Temporal, or a wait for the one already running when it is this
+    very pass (another one, a dry run, say, is waited out first); prints the report.
 
     Where the schedule `schedule_id` exists and would start this very pass (`request` is its
     input), the pass is started through it: its overlap policy (SKIP) then keeps its own runs
@@ -90,13 +92,22 @@ async def sweep(
     running = await running_pass(client, task_queue, prefix if only_schedule else "")
     handle: WorkflowHandle[Any, Any] | None = None
     if running is not None:
-        say(
-            f"a pass is already running on task queue {task_queue!r}: {running.id} "
-            f"(started {running.start_time:%Y-%m-%d %H:%M:%S} UTC); waiting for it instead of "
-            "starting a second"
-        )
+        found = f"a pass is already running on task queue {task_queue!r}: {running.id} "
+        found += f"(started {running.start_time:%Y-%m-%d %H:%M:%S} UTC)"
         handle = client.get_workflow_handle(running.id, run_id=running.run_id)
-    elif schedule_id is not None:
+        differs = not_this_pass(await _input_of(client, handle), request)
+        if differs:
+            # Its report is not this pass's (a dry run's, an older config's without a target
+            # added since): wait for it to end, then sweep. Beside it, this pass's tables would
+            # mostly be reported busy (one sweep per table).
+            say(
+                f"{found}, not this pass ({differs}); waiting for it to end, then starting this one"
+            )
+            await _ended(handle)
+            handle = None
+        else:
+            say(f"{found}; waiting for it instead of starting a second")
+    if handle is None and schedule_id is not None:
         handle = await scheduled_pass(client, schedule_id, request, say)
     if handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
@@ -123,6 +134,58 @@ async def sweep(
         return 1
     say(report_table(PurgeReport.from_json(result)))
     return 0
+
+
+async def _input_of(client: Client, handle: WorkflowHandle[Any, Any]) -> object:
+    """The one argument a running pass was started with (None where it had not one)."""
+    async for event in handle.fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        if len(payloads) == 1:
+            return client.data_converter.payload_converter.from_payload(payloads[0])
+        return None
+    return None
+
+
+def not_this_pass(theirs: object, ours: dict[str, Any]) -> str:
+    """Why a running pass whose input is `theirs` is not one that sweeps what `ours` asks
+    (every one of its targets, routed to the same queues, dry run or not as it is); empty
+    when it is. Limits may differ: a scheduled pass with a budget sweeps the same tables."""
+    if not isinstance(theirs, dict) or not isinstance(theirs.get("targets"), list):
+        return "its input is not a pass's"
+    if bool(theirs.get("dry_run")) != bool(ours.get("dry_run")):
+        return "it is a dry run" if theirs.get("dry_run") else "this one is a dry run"
+    missing = [name for name in ours["targets"] if name not in set(theirs["targets"])]
+    if missing:
+        shown = ", ".join(missing[:5]) + (
+            f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        )
+        return f"it does not sweep {shown}"
+    if not set(ours.get("patterns") or ()) <= set(theirs.get("patterns") or ()):
+        return "it does not expand this pass's table patterns"
+    routes, their_routes = _routes(ours), _routes(theirs)
+    if any(routes[name] != their_routes.get(name) for name in ours["targets"]):
+        return "it sends some of this pass's targets to other task queues (another config's)"
+    return ""
+
+
+def _routes(request: dict[str, Any]) -> dict[str, tuple[str, str | None]]:
+    """Each target of a pass input to (its database, the task queue of its activities)."""
+    names: list[str] = [str(n) for n in request.get("targets") or ()]
+    on: dict[str, str] = {}
+    databases = request.get("databases")
+    if isinstance(databases, dict):
+        on = {str(k): str(v) for k, v in databases.items()}
+    for database, start, stop in request.get("database_ranges") or ():
+        on |= {name: str(database) for name in names[start:stop]}
+    queues = request.get("queues")
+    queues = queues if isinstance(queues, dict) else {}
+    return {name: (on.get(name, ""), queues.get(on.get(name, ""))) for name in names}
+
+
+async def _ended(handle: WorkflowHandle[Any, Any]) -> None:
+    """Once the pass of `handle` has ended, however it ended."""
+    with contextlib.suppress(WorkflowFailureError):
+        await handle.result()
 
 
 #: How long `sweep` looks for the run a trigger of the schedule started (or found running).

@@ -296,3 +296,28 @@ async def test_a_longer_max_age_is_never_swept_by_an_old_worker_of_the_shorter_o
         runs = await attempts(harness.client, workflow_id)
         assert runs["t1"] == [(new.own_queue, new_worker)], runs
         assert old_worker not in {who for tries in runs.values() for _, who in tries}
+
+
+def test_sweep_joins_a_running_pass_only_where_it_sweeps_the_same_targets_the_same_way() -> None:
+    """`sweep` waits on a running pass's result only where that pass sweeps each of its
+    targets on the same queues (so by the same rule); its limits may differ."""
+    from purge_ops.passes import not_this_pass
+
+    t1 = {"kind": "expiring", "name": "t1", "table": "t1", "column": "at"}
+    t2 = t1 | {"name": "t2", "table": "t2"}
+    old = parse_config({"targets": [t1, t2]}, env={})
+    new = parse_config({"targets": [t1 | {"max_age": "2h"}, t2]}, env={})
+    budget = old.pass_input(budget_ms=60_000)
+
+    assert not_this_pass(old.pass_input(), old.pass_input()) == ""
+    assert not_this_pass(budget, old.pass_input()) == ""  # a schedule's budget: same tables
+    assert not_this_pass(old.pass_input(), old.pass_input(["t1"])) == ""
+    assert not_this_pass(old.pass_input(), new.pass_input()).startswith(
+        "it sends some of this pass's targets to other task queues"
+    )
+    assert not_this_pass(old.pass_input(["t1"]), old.pass_input()) == "it does not sweep t2"
+    assert not_this_pass(old.pass_input(dry_run=True), old.pass_input()) == "it is a dry run"
+    assert not_this_pass({"targets": ["t1", "t2"]}, old.pass_input()).startswith(
+        "it sends some"
+    )  # typed by hand: its activities on the config's queue, not the config's own
+    assert not_this_pass(None, old.pass_input()) == "its input is not a pass's"

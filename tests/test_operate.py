@@ -300,32 +300,43 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     assert bad.stdout.rstrip().endswith("failed targets: nobody")
 
 
+class Held:
+    """A target that sweeps once `release` is set: a pass that runs as long as a test needs."""
+
+    def __init__(self, name: str, release: asyncio.Event) -> None:
+        self.name, self.release = name, release
+        self.runs: list[int] = []
+
+    async def purge_expired(self, now_ms: int) -> int:
+        self.runs.append(now_ms)
+        await self.release.wait()
+        return 3
+
+    async def count_expired(self, now_ms: int) -> int:  # a dry run's
+        return await self.purge_expired(now_ms)
+
+
 async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_another(
     tmp_path: Path,
     temporal_server: RunningTemporal,
     harness: Harness,
 ) -> None:
+    """A pass of the config's very input is running (the schedule's, say): `sweep` waits for
+    it and prints its report."""
     release = asyncio.Event()
-    runs: list[int] = []
-
-    class Slow:
-        name = "slow"
-
-        async def purge_expired(self, now_ms: int) -> int:
-            runs.append(now_ms)
-            await release.wait()
-            return 3
-
-    config = config_file(tmp_path, harness.url, harness.task_queue)
+    held = Held("x_idempotency", release)
+    config = config_file(
+        tmp_path, harness.url, harness.task_queue, targets='[[targets]]\nkind = "idempotency"\n'
+    )
     log = tmp_path / "sweep.log"
-    async with harness.run_worker([Slow()]):
+    async with harness.run_worker([held], config=load_config(config)):
         first = await harness.client.start_workflow(
             "Purge",
-            {"targets": ["slow"]},
+            load_config(config).pass_input(),
             id=f"purge-hourly-{uuid.uuid4()}",
             task_queue=harness.task_queue,
         )
-        while not runs:
+        while not held.runs:
             await asyncio.sleep(0.05)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
         sweeping = start(["sweep", "--config", str(config)], env, log)
@@ -344,10 +355,61 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
     assert status == 0, out
     assert f"a pass is already running on task queue {harness.task_queue!r}: {first.id}" in out
     assert "waiting for it instead of starting a second" in out
-    assert re.search(r"^slow\s+3\s", out, re.MULTILINE)  # the result of the pass it waited on
-    assert len(runs) == 1
+    assert re.search(r"^x_idempotency\s+3\s", out, re.MULTILINE)  # the pass it waited on
+    assert len(held.runs) == 1
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert [w.id for w in passes] == [first.id]
+
+
+@pytest.mark.parametrize("running", ["dry run", "old config"])
+async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    harness: Harness,
+    running: str,
+) -> None:
+    """A dry run of the config, or a pass of an older config without its `x_idempotency`, is
+    running: its report is not this sweep's. `sweep` says why, waits for it to end, then runs
+    its own pass, which deletes the expired keys."""
+    idempotency_rows(
+        harness.db,
+        {"a": harness.now_ms - HOUR, "b": harness.now_ms - HOUR, "c": harness.now_ms + HOUR},
+    )
+    release = asyncio.Event()
+    held = Held("x_auth", release)
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    cfg = load_config(config)
+    registry = TargetRegistry([kinds.idempotency(harness.pool), held])
+    request = cfg.pass_input(dry_run=True) if running == "dry run" else {"targets": [held.name]}
+    log = tmp_path / "sweep.log"
+    async with harness.run_worker(registry, config=cfg):
+        first = await harness.client.start_workflow(
+            "Purge", request, id=f"purge-hourly-{uuid.uuid4()}", task_queue=harness.task_queue
+        )
+        while not held.runs:
+            await asyncio.sleep(0.05)
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+        sweeping = start(["sweep", "--config", str(config)], env, log)
+        try:
+            await asyncio.to_thread(
+                wait_for, lambda: "waiting for it to end" in log.read_text(), 60, "sweep to wait"
+            )
+            assert sweeping.poll() is None
+            release.set()
+            status = await asyncio.to_thread(sweeping.wait, 60)
+        finally:
+            release.set()
+            stop(sweeping)
+
+    out = log.read_text()
+    assert status == 0, out
+    why = "it is a dry run" if running == "dry run" else "it does not sweep x_idempotency"
+    assert f"{first.id} (started " in out
+    assert f", not this pass ({why}); waiting for it to end, then starting this one" in out
+    assert re.search(r"^x_idempotency\s+2\s", out, re.MULTILINE), out  # its own pass's
+    assert keys(harness.db, "x_idempotency") == {"c"}
+    passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
+    assert len(passes) == 2
 
 
 async def test_report_shows_recent_passes_with_removed_per_target(
