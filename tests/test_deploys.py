@@ -14,13 +14,16 @@ from typing import Any
 
 import psycopg
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
 
 from purge_config.file import load_config, parse_config
 from tests.conftest import Harness
 from tests.support.history import child_ids, events
-from tests.support.passes import run_pass
+from tests.support.passes import failed_pass, run_pass
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -321,3 +324,51 @@ def test_sweep_joins_a_running_pass_only_where_it_sweeps_the_same_targets_the_sa
         "it sends some"
     )  # typed by hand: its activities on the config's queue, not the config's own
     assert not_this_pass(None, old.pass_input()) == "its input is not a pass's"
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("removed", [1200, 0], ids=["after-rows", "before-rows"])
+async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_removed(
+    harness: Harness, removed: int
+) -> None:
+    """The only worker of a config's queue begins a target, reports its batches, and leaves:
+    after `worker_wait` the target fails as `NoPurgeWorker`, saying that an attempt had begun
+    and what its heartbeats had reported removing, not that no worker ever took it. (A test of
+    the workflow's report: the activity is a stand-in that heartbeats as a sweep does.)"""
+    own = f"{harness.task_queue}:0123456789ab"
+    began = asyncio.Event()
+
+    @activity.defn(name="purge_target")
+    async def leaves_after_its_heartbeat(step: Any) -> None:
+        activity.heartbeat({"removed": removed, "batches": 3})
+        began.set()
+        raise ApplicationError("the connection was lost")  # retried, on a queue with no worker
+
+    request = {
+        "targets": ["t1"],
+        "databases": {"t1": "_default"},
+        "queues": {"_default": own},
+        "worker_wait_ms": 1000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    async with harness.run_worker([]):
+        async with Worker(harness.client, task_queue=own, activities=[leaves_after_its_heartbeat]):
+            failing = asyncio.create_task(
+                failed_pass(harness.client, harness.task_queue, request, workflow_id)
+            )
+            await began.wait()
+        error = await failing
+
+    [failed] = error.details[0]["failed"]
+    assert failed["type"] == "NoPurgeWorker"
+    said = (
+        "having removed at least 1200 rows (its last heartbeat)"
+        if removed
+        else "before its heartbeats had reported removing any rows"
+    )
+    assert failed["message"].startswith("an attempt began on a worker that then stopped or died")
+    assert said in failed["message"]
+    assert (
+        f"no worker whose config names this target took its retry from task queue {own!r}"
+        in (failed["message"])
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -52,7 +52,8 @@ def routed(route: Route | None) -> dict[str, Any]:
 
 
 def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
-    """The failure of an activity no worker of its queue took in time, said plainly."""
+    """The failure of an activity no worker of its queue took in time, said plainly: whether
+    no worker ever took it, or one began it and stopped or died, and then what it removed."""
     cause = err.cause
     if (
         route is None
@@ -61,8 +62,18 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     ):
         return None
     waited = f"within {route.worker_wait_ms // 1000} s"
+    # The server keeps an attempt's last heartbeat for the attempts after it: a retry that no
+    # worker took still carries what the attempt before it had done.
+    began = began_before(cause.last_heartbeat_details)
     if route.queue.startswith(f"{workflow.info().task_queue}:"):
         # A config's own targets' queue (purge_config.file.PurgeConfig.own_queue).
+        if began:
+            return Failure(
+                "NoPurgeWorker",
+                f"{began}; no worker whose config names this target took its retry from task "
+                f"queue {route.queue!r} {waited}; run a worker with the config that scheduled "
+                "this pass",
+            )
         return Failure(
             "NoPurgeWorker",
             f"no worker whose config names this target took it from task queue "
@@ -70,11 +81,30 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
             "targets, so one whose config lacks it (mid-deploy) never takes it; run a worker "
             "with the config that scheduled this pass",
         )
+    took = f"{began}; then no worker took its retry from" if began else "no worker polled"
     return Failure(
         "NoPurgeWorker",
-        f"no worker polled task queue {route.queue!r} (database {route.database!r}) {waited}; "
+        f"{took} task queue {route.queue!r} (database {route.database!r}) {waited}; "
         "start a worker whose config names that database and says the same of its targets there "
         "as the config that started this pass (the queue's digest names them)",
+    )
+
+
+def began_before(details: Sequence[Any]) -> str:
+    """What an earlier attempt had done, from its last heartbeat (activities.progress): empty
+    where no attempt had begun."""
+    if not details:
+        return ""
+    last = details[0]
+    removed = last.get("removed") if isinstance(last, dict) else None
+    if isinstance(removed, int) and not isinstance(removed, bool) and removed > 0:
+        return (
+            f"an attempt began on a worker that then stopped or died, having removed at least "
+            f"{removed} rows (its last heartbeat)"
+        )
+    return (
+        "an attempt began on a worker that then stopped or died, before its heartbeats had "
+        "reported removing any rows"
     )
 
 
