@@ -20,6 +20,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities import builtin_kinds as kinds
 from purge_config.file import load_config, parse_config
 from tests.conftest import Harness
 from tests.support.history import child_ids, events
@@ -372,3 +373,46 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
         f"no worker whose config names this target took its retry from task queue {own!r}"
         in (failed["message"])
     )
+
+
+@pytest.mark.waits
+async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_target(
+    harness: Harness,
+) -> None:
+    """Three targets on a queue no worker polls, one at a time: the first waits `worker_wait`
+    and fails; the other two fail at once, without an activity of their own; the target on
+    the pass's own queue is swept."""
+    nowhere = f"{harness.task_queue}:0123456789ab"
+    on_nowhere = ["t1", "t2", "t3"]
+    request = {
+        "targets": [*on_nowhere, "x_idempotency"],
+        "databases": dict.fromkeys(on_nowhere, "_default"),
+        "queues": {"_default": nowhere},
+        "worker_wait_ms": 1000,
+        "max_concurrent": 1,
+        "max_per_database": 4,
+        "budget_ms": 600_000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
+
+    report = error.details[0]
+    assert [f["name"] for f in report["failed"]] == on_nowhere
+    assert {f["type"] for f in report["failed"]} == {"NoPurgeWorker"}
+    first, *rest = (f["message"] for f in report["failed"])
+    assert first.startswith(
+        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    )
+    for message in rest:
+        assert message.startswith(
+            f"not tried: no worker took an activity from task queue {nowhere!r}"
+        )
+    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+    runs = await attempts(harness.client, workflow_id)
+    assert set(runs) == {"x_idempotency"}  # t1's activity never started; t2, t3 had none
+    scheduled = [
+        e for e in await events(harness.client, workflow_id)
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]  # fmt: skip
+    assert len(scheduled) == 2

@@ -283,7 +283,16 @@ def is_searchable(shape: Shape) -> None:
     assert shape.failure == "PurgeTargetsFailed"
 
 
+def is_unpolled(shape: Shape) -> None:
+    """A pass whose routed queue no worker polls: one activity there, failed by its
+    schedule-to-start timeout; the marker; the queue's other targets failed without one."""
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.activity_queues == ["purge-nowhere", "purge"]
+    assert shape.failure == "PurgeTargetsFailed"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "unpolled": is_unpolled,
     "searchable": is_searchable,
     "routed": is_routed,
     "spread": is_spread,

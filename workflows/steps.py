@@ -186,6 +186,9 @@ async def sweep_limited(
     position = {name: i for i, name in enumerate(names)}
     running: dict[asyncio.Task[Outcome], str] = {}
     busy: Counter[str] = Counter()
+    # Task queues whose activity no worker took within worker_wait in this run: waiting that
+    # long again for each of their other targets would spend the budget a worker_wait at a time.
+    unpolled_queues: set[str] = set()
     while waiting or running:
         left_ms = ms_until(deadline)
         if left_ms <= 0:
@@ -193,6 +196,15 @@ async def sweep_limited(
                 outcomes[name] = skipped(name, dry_run, budget_ms)
             waiting = []
         for name in list(waiting):
+            route = route_of(name)
+            if (
+                route is not None
+                and route.queue in unpolled_queues
+                and workflow.patched(UNPOLLED_ONCE)
+            ):
+                waiting.remove(name)
+                outcomes[name] = not_tried(name, route)
+                continue
             if len(running) >= most:
                 break
             database = database_of(name)
@@ -211,5 +223,25 @@ async def sweep_limited(
         for task in sorted(done, key=lambda t: position[running[t]]):
             name = running.pop(task)
             busy[database_of(name)] -= 1
-            outcomes[name] = task.result()
+            outcome = outcomes[name] = task.result()
+            route = route_of(name)
+            if isinstance(outcome, FailedTarget) and outcome.type == "NoPurgeWorker" and route:
+                unpolled_queues.add(route.queue)
     return [outcomes[name] for name in names]
+
+
+#: The patch that marks a run that fails at once the targets of a task queue no worker took an
+#: activity from within worker_wait earlier in the run (a run before it waited for each).
+UNPOLLED_ONCE = "unpolled-queue-once"
+
+
+def not_tried(name: str, route: Route) -> FailedTarget:
+    """A target of a task queue from which no worker took an activity earlier in this run."""
+    TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
+    return FailedTarget(
+        name=name,
+        type="NoPurgeWorker",
+        message=f"not tried: no worker took an activity from task queue {route.queue!r} within "
+        f"{route.worker_wait_ms // 1000} s earlier in this pass, so this pass waits no longer "
+        "for it; the next pass tries again",
+    )

@@ -136,6 +136,20 @@ SCENARIOS["v8"] = {
         "budget_ms": 600_000,
     },
 }
+# v9: a pass whose routed database's queue no worker polls (the unpolled-queue-once patch):
+# its first target waits worker_wait and fails NoPurgeWorker; the two after it, on the same
+# queue, fail at once without an activity; the target on the pass's own queue is swept.
+SCENARIOS["v9"] = {
+    "unpolled": {
+        "targets": ["x_auth@eu", "x_idempotency@eu", "x_rate_limit@eu", "x_idempotency"],
+        "databases": {"x_auth@eu": "eu", "x_idempotency@eu": "eu", "x_rate_limit@eu": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 1_000,
+        "max_concurrent": 1,
+        "max_per_database": 4,
+        "budget_ms": 600_000,
+    },
+}
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
 PATTERNED = {"v3", "v6", "v7", "v8"}
 
