@@ -783,3 +783,51 @@ async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create
     [warning] = caplog.records
     assert warning.getMessage().startswith(unindexed.advice)
     assert (indexed.removed, indexed.strategy, indexed.advice) == (800, "index", "")
+
+
+async def test_a_walk_span_that_runs_into_statement_timeout_is_taken_again_in_fewer_pages(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table with no index on its expiry column (a walk, 8 heap pages a batch), whose first
+    row on each of pages 1 to 3 takes 0.2 s to delete (a trigger's sleep): the first span holds
+    the three, runs past the 500 ms statement_timeout and is rolled back whole; the same pages
+    are walked again in spans of 2 pages, then 1, and the sweep completes, every expired row
+    gone and counted, saying why it slowed. Before, the span failed the attempt, and every retry
+    began with the same span."""
+    fixed_batches(monkeypatch, pages=8)
+    db.execute("CREATE TABLE walked (key text NOT NULL, at bigint NOT NULL, slow boolean)")
+    db.execute(
+        "CREATE FUNCTION walked_slow() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN IF OLD.slow THEN PERFORM pg_sleep(0.2); END IF; RETURN OLD; END $$"
+    )
+    fill = (
+        "INSERT INTO walked SELECT lpad(i::text, 8, '0'), %s, {slow} FROM generate_series(0, 899) i"
+    )
+    # Learn how many rows a page holds, then lay the table out again with the slow rows first
+    # on pages 1, 2 and 3 (every row the same width, so the layout is the same).
+    db.execute(fill.format(slow="false"), (NOW - HOUR,))
+    [(per_page,)] = db.execute(
+        "SELECT count(*) FROM walked WHERE (ctid::text::point)[0] = 0"
+    ).fetchall()
+    db.execute("TRUNCATE walked")
+    db.execute(
+        fill.format(slow="i %% %s = 0 AND i / %s BETWEEN 1 AND 3"), (NOW - HOUR, per_page, per_page)
+    )
+    pages = db.execute("SELECT (ctid::text::point)[0]::int FROM walked WHERE slow ORDER BY 1")
+    assert [page for (page,) in pages] == [1, 2, 3]
+    db.execute(
+        "CREATE TRIGGER slow BEFORE DELETE ON walked FOR EACH ROW EXECUTE FUNCTION walked_slow()"
+    )
+    db.execute("ANALYZE walked")
+    settings = SweepSettings(statement_timeout_ms=500)
+    target = kinds.expiring(pool, "walked", TableName("walked"), "at", settings=settings)
+
+    stats = await target.sweep(NOW)
+
+    assert stats.strategy == "range"
+    assert stats.removed == 900
+    assert db.execute("SELECT count(*) FROM walked").fetchone() == (0,)
+    assert any(
+        "a batch's range of heap pages ran into statement_timeout (500 ms), was rolled back" in a
+        for a in stats.advice
+    ), stats.advice

@@ -134,6 +134,9 @@ class BatchSweeper:
         # Its own place (lo), not the progress's page: a lazy batch's page reaches the progress
         # (the heartbeat a retry resumes from) only at a durable point (engine.ledger).
         pages, start = FIRST_PAGES, self.progress.page
+        # Below the widest span that ran into statement_timeout, once one has: the timing of
+        # the narrower spans that passed would otherwise widen the next one straight back.
+        ceiling = PAGES_RANGE[1]
         lo = start
         while lo < self.plan.pages:
             if await self._out_of_time():
@@ -147,9 +150,20 @@ class BatchSweeper:
             params = {**pred.params, **self.tally.params, "lo": f"({lo},0)", "hi": f"({hi},0)"}
             lazy = self.commits.lazy(more_may_follow=hi < self.plan.pages)
             run = functools.partial(runner, statement, params, not self.plan.referenced, lazy)
-            _, ms = await self._batch(result, run, page=hi)
+            try:
+                _, ms = await self._batch(result, run, page=hi)
+            except errors.QueryCanceled:
+                # Rolled back whole (its rows and its ledger row): the same pages again, a
+                # quarter as many at a time; one page that cannot fails the attempt as before.
+                if hi - lo <= 1:
+                    raise
+                pages = ceiling = max(1, (hi - lo) // SPAN_RETRY_SHARE)
+                self._say_narrower(
+                    pred, result, "range of heap pages", "some of its rows are slow to delete"
+                )
+                continue
             lo = hi
-            pages = _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE)
+            pages = min(ceiling, _resize(pages, ms, self.settings.batch_target_ms, PAGES_RANGE))
 
     async def _by_index(self, pred: Predicate, result: SweepStats) -> None:
         # The index batch counts what it found (whether it was the last) in its own statement.
@@ -280,14 +294,20 @@ class BatchSweeper:
         """After a span (or the rest) ran into statement_timeout and was rolled back whole: the
         width to take from the same start, a quarter of it (None: a run of one key narrower
         than that, which reads its boundary instead), and the advice, said once."""
+        self._say_narrower(
+            pred, result, f"span of {pred.column}", "its expired rows are unevenly spread"
+        )
+        return (width or 0) // SPAN_RETRY_SHARE or None
+
+    def _say_narrower(self, pred: Predicate, result: SweepStats, what: str, why: str) -> None:
+        """The advice, said once, that a batch's `what` ran into statement_timeout."""
         retried = (
-            f"{pred.table}: a batch's span of {pred.column} ran into statement_timeout "
+            f"{pred.table}: a batch's {what} ran into statement_timeout "
             f"({self.settings.statement_timeout_ms} ms), was rolled back and taken "
-            "again in narrower spans: its expired rows are unevenly spread"
+            f"again in narrower spans: {why}"
         )
         if retried not in result.advice:
             result.advice.append(retried)
-        return (width or 0) // SPAN_RETRY_SHARE or None
 
     def _advance(
         self, result: SweepStats, removed: int, total: int | None, ms: float, page: int
