@@ -84,6 +84,7 @@ if (_clash := foreign_top_level()) is not None:
     raise ImportError(_clash, name=__name__, path=__file__)
 
 import psycopg
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.input_checks import duplicate_names
 from purge_config.errors import ConfigError
@@ -314,6 +315,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"{PROG}: cannot reach Temporal: {err}", file=sys.stderr)
         return 1
+    except RPCError as err:
+        # A refusal from the server (a namespace that does not exist, a permission): its own
+        # message names what it refused.
+        hint = ""
+        if err.status == RPCStatusCode.NOT_FOUND and "namespace" in err.message.lower():
+            hint = " (set TEMPORAL_NAMESPACE, or create it: temporal operator namespace create)"
+        print(f"{PROG}: Temporal refused: {err.message}{hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        # Only this command stops: a pass it started or waited on goes on in Temporal.
+        went_on = "; the pass goes on in Temporal (`report` shows it)"
+        print(f"{PROG}: interrupted{went_on if opts.command == 'sweep' else ''}", file=sys.stderr)
+        return 130
 
 
 def _say(text: str) -> None:

@@ -102,6 +102,13 @@ async def connect_temporal(
     if namespace:
         settings["namespace"] = namespace
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
+    if "://" in settings["target_host"]:
+        # The SDK takes `http://host:port` with a warning (an error in its future versions)
+        # and does not read `https://` as TLS: say what it wants instead of either.
+        raise ConfigError(
+            f"Temporal address {settings['target_host']!r}: give HOST:PORT, without a scheme "
+            "(TLS is set by TEMPORAL_TLS or a profile in temporal.toml)"
+        )
     runtime: Runtime | None = None
     if metrics is not None:
         prometheus = PrometheusConfig(

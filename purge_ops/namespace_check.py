@@ -9,7 +9,7 @@ import logging
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.common import TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.search_attributes import KEYS, at_start
 
@@ -25,6 +25,8 @@ async def namespace_defines(client: Client) -> bool:
             ListSearchAttributesRequest(namespace=client.namespace)
         )
     except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise  # no such namespace: nothing else this command asks would be answered either
         log.warning("search attributes not used: listing them was refused: %s", err.message)
         return False
     custom = defined.custom_attributes

@@ -12,6 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     ScheduleActionExecutionStartWorkflow,
@@ -121,6 +124,7 @@ async def sweep(
             search_attributes=await start_attributes(client),
         )
         say(f"started pass {handle.id} on task queue {task_queue!r}")
+    noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
     try:
         result = await handle.result()
     except WorkflowFailureError as err:
@@ -132,8 +136,41 @@ async def sweep(
         else:
             say(f"pass {handle.id} failed: {failure.type}: {failure.message}")
         return 1
+    finally:
+        noticing.cancel()
     say(report_table(PurgeReport.from_json(result)))
     return 0
+
+
+#: How long `sweep` waits on a pass before it looks whether any worker polls its queues.
+UNPOLLED_NOTICE_S = 5.0
+
+
+async def _say_if_unpolled(
+    client: Client, task_queue: str, request: dict[str, Any], say: Say
+) -> None:
+    """After UNPOLLED_NOTICE_S, one line naming the pass's queues no worker polls: a `sweep`
+    with no worker up waits for one, and would otherwise wait in silence."""
+    await asyncio.sleep(UNPOLLED_NOTICE_S)
+    wanted = [(task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+    routes = request.get("queues")
+    activity_queues = sorted(set(routes.values())) if isinstance(routes, dict) else [task_queue]
+    wanted += [(queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for queue in activity_queues]
+    idle = []
+    for queue, kind in wanted:
+        described = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind
+            )
+        )
+        if not described.pollers:
+            what = "passes" if kind == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW else "activities"
+            idle.append(f"{queue!r} ({what})")
+    if idle:
+        say(
+            f"no worker polls task queue {', '.join(idle)}: the pass waits until one does; "
+            "start `pg-purge run` with this config (Ctrl-C leaves the pass to it)"
+        )
 
 
 async def _input_of(client: Client, handle: WorkflowHandle[Any, Any]) -> object:

@@ -84,8 +84,10 @@ def test_a_sweep_that_cannot_be_a_pass_of_the_config_is_refused_before_temporal(
     assert said in one_line(done)
 
 
-@pytest.mark.parametrize("address", ["h:99999", "[::1"])
+@pytest.mark.parametrize("address", ["h:99999", "[::1", "http://127.0.0.1:1", "https://h:7233"])
 def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, address: str) -> None:
+    """Among them an address with a scheme, which the SDK takes with a warning on stderr (and
+    does not read `https` as TLS)."""
     done = run_main("schedule", "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=address))
 
     assert f"Temporal address {address!r}" in one_line(done)

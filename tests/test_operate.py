@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import re
 import shlex
+import signal
 import subprocess
 import urllib.request
 import uuid
@@ -410,6 +411,58 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
     assert keys(harness.db, "x_idempotency") == {"c"}
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert len(passes) == 2
+
+
+@pytest.mark.waits
+async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """No worker is up: after a few seconds `sweep` names the queues no worker polls, and
+    keeps waiting; Ctrl-C then stops the command in one line, no traceback, status 130, and
+    the pass it started is still there for a worker to run."""
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    own = load_config(config).own_queue
+    log = tmp_path / "sweep.log"
+    sweeping = start(
+        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
+    )
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: "no worker polls" in log.read_text(), 60, "sweep to say so"
+        )
+        assert sweeping.poll() is None
+        sweeping.send_signal(signal.SIGINT)
+        status = await asyncio.to_thread(sweeping.wait, 30)
+    finally:
+        stop(sweeping)
+
+    out = log.read_text()
+    assert status == 130, out
+    assert (
+        f"no worker polls task queue {harness.task_queue!r} (passes), {own!r} (activities): "
+        "the pass waits until one does"
+    ) in out
+    assert out.rstrip().endswith("interrupted; the pass goes on in Temporal (`report` shows it)")
+    assert "Traceback" not in out
+    handle = harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}")
+    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    await handle.terminate()
+
+
+@pytest.mark.parametrize("command", ["schedule", "sweep", "report"])
+async def test_a_namespace_the_server_does_not_have_is_one_line(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, command: str
+) -> None:
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, TEMPORAL_NAMESPACE="no-such-ns")
+
+    done = await asyncio.to_thread(run_main, command, "--config", str(config), env=env)
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        "pg-purge: Temporal refused: Namespace no-such-ns is not found. (set TEMPORAL_NAMESPACE, "
+        "or create it: temporal operator namespace create)\n"
+    )
 
 
 async def test_report_shows_recent_passes_with_removed_per_target(
