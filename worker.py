@@ -112,7 +112,7 @@ from purge_ops.passes import (
     tables_table,
 )
 from purge_ops.runner import new_worker, run_worker
-from purge_ops.schedule import ensure_schedules
+from purge_ops.schedule import ScheduleConflict, ensure_schedules
 
 if TYPE_CHECKING:
     from temporalio.client import Client
@@ -314,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "connect" not in str(err).lower():
             raise
         print(f"{PROG}: cannot reach Temporal: {err}", file=sys.stderr)
+        return 1
+    except ScheduleConflict as err:
+        print(f"{PROG}: {err}", file=sys.stderr)
         return 1
     except RPCError as err:
         # A refusal from the server (a namespace that does not exist, a permission): its own

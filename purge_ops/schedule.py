@@ -165,12 +165,22 @@ async def _ensure(
     at once (the loser of a create race updates, which is idempotent)."""
     want = desired(config, spec, searchable)
     schedule_id = spec.id
+    was_on = config.task_queue
     try:
         handle = await client.create_schedule(schedule_id, want)
         action = "created"
     except ScheduleAlreadyRunningError:
         handle = client.get_schedule_handle(schedule_id)
         current = await handle.describe()
+        held = current.schedule.action
+        if not isinstance(held, ScheduleActionStartWorkflow) or held.workflow != WORKFLOW_TYPE:
+            # Someone else's schedule under this id: replacing it would stop their workflow.
+            what = getattr(held, "workflow", None) or "no workflow"
+            raise ScheduleConflict(
+                f"schedule {schedule_id} exists and starts {what}, not {WORKFLOW_TYPE}: left as "
+                f"it is; give this config's schedule another id (`id` under [schedule])"
+            ) from None
+        was_on = held.task_queue
         if matches(current.schedule, want, client.data_converter.payload_converter):
             action = "unchanged"
         else:
@@ -184,7 +194,19 @@ async def _ensure(
             await handle.update(update)
             action = "updated"
     described = await handle.describe()
-    return ScheduleOutcome(action=action, summary=summarize(config, spec, described))
+    summary = summarize(config, spec, described)
+    if action == "updated" and was_on != config.task_queue:
+        # A config whose task_queue changed, or another config's schedule of this id: the
+        # second would now fight this one at every start, so it is said.
+        summary += (
+            f"\nmoved from task queue {was_on!r}: if another config's schedule has this "
+            "id, give one of them another `id` under [schedule]"
+        )
+    return ScheduleOutcome(action=action, summary=summary)
+
+
+class ScheduleConflict(Exception):
+    """A schedule of the config's id that is not this package's to change; one line."""
 
 
 def summarize(config: PurgeConfig, spec: ScheduleConfig, described: ScheduleDescription) -> str:

@@ -20,7 +20,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from temporalio.client import ScheduleOverlapPolicy, ScheduleRange, WorkflowExecutionStatus
+from temporalio.client import (
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleOverlapPolicy,
+    ScheduleRange,
+    ScheduleSpec,
+    WorkflowExecutionStatus,
+)
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
@@ -164,6 +171,49 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
     assert described.schedule.policy.catchup_window == timedelta(days=1)  # daily: one period
     assert described.schedule.state.paused  # an operator's pause survives a config update
     await handle.delete()
+
+
+async def test_schedule_leaves_another_workflow_s_schedule_and_says_when_it_moves_one(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, schedule_id: str
+) -> None:
+    """A schedule of the config's id that starts another workflow is someone else's: refused in
+    one line, status 1, left as it was. A Purge schedule on another task queue (this config's
+    before its task_queue changed, or another config's of the same id) is updated, saying so."""
+    other = f"{schedule_id}-other"
+    await harness.client.create_schedule(
+        other,
+        Schedule(
+            action=ScheduleActionStartWorkflow("Invoice", id="invoices", task_queue="billing"),
+            spec=ScheduleSpec(cron_expressions=["0 * * * *"]),
+        ),
+    )
+    theirs = config_file(tmp_path, harness.url, harness.task_queue, f'[schedule]\nid = "{other}"\n')
+    try:
+        refused = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(theirs))
+        kept = (await harness.client.get_schedule_handle(other).describe()).schedule.action
+    finally:
+        await harness.client.get_schedule_handle(other).delete()
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"pg-purge: schedule {other} exists and starts Invoice, not Purge: left as it is; give "
+        "this config's schedule another id (`id` under [schedule])\n"
+    )
+    assert isinstance(kept, ScheduleActionStartWorkflow)
+    assert (kept.workflow, kept.task_queue) == ("Invoice", "billing")
+
+    ours = config_file(tmp_path, harness.url, "elsewhere", f'[schedule]\nid = "{schedule_id}"\n')
+    first = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(ours))
+    assert first.returncode == 0, first.stderr
+    config_file(tmp_path, harness.url, harness.task_queue, f'[schedule]\nid = "{schedule_id}"\n')
+    try:
+        moved = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(ours))
+    finally:
+        await harness.client.get_schedule_handle(schedule_id).delete()
+    assert moved.returncode == 0, moved.stderr
+    assert moved.stdout.startswith(f"updated schedule {schedule_id}:")
+    assert "moved from task queue 'elsewhere': if another config's schedule has this id" in (
+        moved.stdout
+    )
 
 
 # In the slow suite with the other multi-process fleet tests (tests/test_fleet_workers.py).
