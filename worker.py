@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -176,6 +177,14 @@ def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
     schedule = sub.add_parser("schedule", help="create or update the schedule from the config")
     _config_option(schedule)
+    schedule.add_argument(
+        "--print-input",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="print the input of its passes as JSON (of [schedules.NAME] where there are named "
+        "schedules), for `temporal schedule create --input`, and change nothing",
+    )
 
     sweep = sub.add_parser("sweep", help="one pass now, through Temporal; prints the report")
     _config_option(sweep)
@@ -351,6 +360,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await _schema(config, opts)
     if command in ("run", "schedule", "sweep"):
         check_passes(config)
+    if command == "schedule" and opts.print_input is not None:
+        return _print_input(config, opts.print_input)
     if command == "run":
         return await _run(config, opts)
     # What is wrong with the command line is said before Temporal is asked anything.
@@ -368,6 +379,24 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)
+
+
+def _print_input(config: PurgeConfig, name: str) -> int:
+    """The input of the passes of the config's schedule (`[schedules.NAME]`'s with a name), as
+    one line of JSON: what the temporal CLI's `--input` takes to start the passes the config
+    would, routes and limits included. 2, said in one line, for a name the config lacks."""
+    named = {spec.name: spec for spec in config.named_schedules}
+    refused = ""
+    if named and name not in named:
+        refused = f"name one of the config's schedules ({', '.join(named)})"
+    elif not named and name:
+        refused = f"the config has one [schedule], no {name!r}: give no NAME"
+    if refused:
+        print(f"{PROG}: schedule --print-input: {refused}", file=sys.stderr)
+        return 2
+    spec = named[name] if name else config.schedule
+    print(json.dumps(config.scheduled_input(spec), separators=(",", ":")))
+    return 0
 
 
 async def _dev(once: bool) -> int:

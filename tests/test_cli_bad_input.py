@@ -201,3 +201,21 @@ def test_a_database_that_never_answers_at_start_is_one_line_with_libpqs_reason(
     assert lines[0].startswith("pg-purge: cannot connect to postgresql://app:***@127.0.0.1:1/app")
     assert lines[0].endswith("Connection refused"), lines[0]
     assert SECRET not in done.stderr + done.stdout
+
+
+def test_print_input_of_a_schedule_the_config_lacks_is_one_line(tmp_path: Path) -> None:
+    one = tmp_path / "one.toml"
+    one.write_text('[[targets]]\nkind = "idempotency"\n', encoding="utf-8")
+    named = tmp_path / "named.toml"
+    named.write_text(
+        '[schedules.hot]\ncron = "*/5 * * * *"\ntargets = ["x_idempotency"]\n'
+        '[[targets]]\nkind = "idempotency"\n',
+        encoding="utf-8",
+    )
+    env = clean_env(TEMPORAL_ADDRESS=CLOSED)
+
+    lacks = one_line(run_main("schedule", "--config", str(one), "--print-input", "hot", env=env))
+    unnamed = one_line(run_main("schedule", "--config", str(named), "--print-input", env=env))
+
+    assert lacks.endswith("the config has one [schedule], no 'hot': give no NAME")
+    assert unnamed.endswith("name one of the config's schedules (hot)")

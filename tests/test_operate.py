@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 import shlex
 import signal
@@ -18,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import (
@@ -410,6 +412,55 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
     assert len(held.runs) == 1
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert [w.id for w in passes] == [first.id]
+
+
+async def test_a_temporal_cli_schedule_of_the_printed_input_routes_as_the_config_does(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """`schedule --print-input` prints the input the config's own schedule starts passes with;
+    a `temporal schedule create --input` of it fires passes whose activities go to the queue of
+    the config's own targets (so mid-deploy only workers of this config take them), where the
+    README's literal input sends them to the pass's queue."""
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    config = config_file(
+        tmp_path, harness.url, harness.task_queue, targets='[[targets]]\nkind = "idempotency"\n'
+    )
+    cfg = load_config(config)
+    printed = await asyncio.to_thread(
+        cli, temporal_server, "schedule", "--config", str(config), "--print-input"
+    )
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout) == cfg.scheduled_input(cfg.schedule)
+    assert printed.stdout.count("\n") == 1
+
+    schedule_id = f"purge-cli-{uuid.uuid4().hex[:8]}"
+    temporal = venv_executable("temporal")
+    address = ["--address", temporal_server.address]
+    create = ["schedule", "create", "--schedule-id", schedule_id, "--cron", "23 * * * *"]
+    create += ["--type", "Purge", "--task-queue", harness.task_queue, "--workflow-id", "p"]
+    subprocess.run([temporal, *create, "--input", printed.stdout, *address], check=True)
+    try:
+        subprocess.run([temporal, "schedule", "trigger", "--schedule-id", schedule_id, *address],
+                       check=True)  # fmt: skip
+        handle = harness.client.get_schedule_handle(schedule_id)
+        async with harness.run_worker([kinds.idempotency(harness.pool)], config=cfg):
+            while not (described := await handle.describe()).info.recent_actions:
+                await asyncio.sleep(0.1)
+            started: Any = described.info.recent_actions[0].action
+            result = await harness.client.get_workflow_handle(started.workflow_id).result()
+    finally:
+        await harness.client.get_schedule_handle(schedule_id).delete()
+
+    assert [s["name"] for s in result["swept"]] == ["x_idempotency"]
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    queues = {
+        e.activity_task_scheduled_event_attributes.task_queue.name
+        for e in (
+            await harness.client.get_workflow_handle(started.workflow_id).fetch_history()
+        ).events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    assert queues == {cfg.own_queue}
 
 
 @pytest.mark.parametrize("running", ["dry run", "old config"])
