@@ -99,7 +99,7 @@ from purge_config.file import (
 from purge_config.names import STEP_NAME
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
-from purge_ops.checks import check_passes
+from purge_ops.checks import check_passes, check_targets
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import (
     UnreadableHistory,
@@ -360,6 +360,12 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return await _schema(config, opts)
     if command in ("run", "schedule", "sweep"):
         check_passes(config)
+    if command == "schedule" and opts.print_input is None:
+        check_targets(config, "every pass of its schedule would sweep nothing")
+    if command == "sweep":
+        check_targets(config, "a sweep of it would sweep nothing")
+    if command == "run" and (opts.schedule or any(s.ensure for s in config.schedules)):
+        check_targets(config, "every pass of the schedule it writes at start would sweep nothing")
     if command == "schedule" and opts.print_input is not None:
         return _print_input(config, opts.print_input)
     if command == "run":

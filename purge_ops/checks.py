@@ -33,3 +33,13 @@ def check_passes(config: PurgeConfig) -> None:
             f"{PAYLOAD_WARNING_BYTES // 1024} KB payload warning; name these tables by a "
             'pattern (table = "tenant_*.sessions") instead of one by one'
         )
+
+
+def check_targets(config: PurgeConfig, why: str) -> None:
+    """A ConfigError, one line, when the config names no target: `why` says what then runs empty
+    (a schedule's every pass, a sweep)."""
+    if not config.target_names:
+        raise ConfigError(
+            f"{config.path or DEFAULT_PATH}: names no target, so {why}; add [[targets]] "
+            "(`pg-purge discover` suggests them)"
+        )

@@ -219,3 +219,17 @@ def test_print_input_of_a_schedule_the_config_lacks_is_one_line(tmp_path: Path) 
 
     assert lacks.endswith("the config has one [schedule], no 'hot': give no NAME")
     assert unnamed.endswith("name one of the config's schedules (hot)")
+
+
+@pytest.mark.parametrize("args", [["schedule"], ["sweep"], ["run", "--schedule"]])
+def test_a_config_of_no_target_is_refused_where_its_passes_would_sweep_nothing(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """A config with no [[targets]]: a schedule of it would fire empty passes every hour."""
+    empty = tmp_path / "purge.toml"
+    empty.write_text(f'database_url = "postgresql://u:{SECRET}@127.0.0.1:1/db"\n', encoding="utf-8")
+
+    line = one_line(run_main(*args, "--config", str(empty), env=clean_env(TEMPORAL_ADDRESS=CLOSED)))
+
+    assert "purge.toml: names no target, so " in line
+    assert line.endswith("would sweep nothing; add [[targets]] (`pg-purge discover` suggests them)")
