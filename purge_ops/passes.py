@@ -607,6 +607,13 @@ class UnreadableHistory(ValueError):
     """A history file that cannot be read as one: bad input, said in one line."""
 
 
+def _workflow_type(history: WorkflowHistory) -> str:
+    """The type of the workflow whose history it is (empty where it does not say)."""
+    if not history.events:
+        return ""
+    return history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+
+
 def _history_file(path: Path) -> WorkflowHistory:
     """The history in `path`, as `temporal workflow show -o json` writes it."""
     try:
@@ -633,7 +640,16 @@ async def replay(
         return 0
     replayer = Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow])
     failures = 0
+    ours = ("Purge", "PurgeChunk")  # the names workflows.purge and workflows.chunk define
     for history in histories:
+        kind = _workflow_type(history)
+        if kind not in ours:
+            # Not this package's workflow: the replayer would fail it with a page of the SDK's
+            # errors; one line says the same.
+            failures += 1
+            say(f"FAILED   {history.workflow_id}: a history of {kind or 'no workflow'}, not of "
+                f"{' or '.join(ours)}")  # fmt: skip
+            continue
         outcome = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         if outcome.replay_failure is None:
             say(f"ok       {history.workflow_id}")

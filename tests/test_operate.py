@@ -708,6 +708,28 @@ async def test_replay_checks_recent_passes_and_history_files(
     assert f"{len(shipped)} of {len(shipped) + 1} histories replay" in files.stdout
 
 
+def test_replay_of_another_workflow_s_history_fails_it_in_one_line(tmp_path: Path) -> None:
+    """A history whose workflow is not Purge (nor PurgeChunk) is not this package's: `replay`
+    fails it in one line, exit 1, and replays the others."""
+    shipped = REPO / "tests" / "histories" / "v1-pass.json"
+    foreign = json.loads(shipped.read_text(encoding="utf-8"))
+    foreign["events"][0]["workflowExecutionStartedEventAttributes"]["workflowType"]["name"] = (
+        "Invoice"
+    )
+    path = tmp_path / "invoice.json"
+    path.write_text(json.dumps(foreign), encoding="utf-8")
+
+    done = run_main("replay", str(path), str(shipped), env=clean_env())
+
+    assert done.returncode == 1
+    assert done.stdout.splitlines() == [
+        "FAILED   invoice: a history of Invoice, not of Purge or PurgeChunk",
+        "ok       v1-pass",
+        "1 of 2 histories replay",
+    ]
+    assert "Traceback" not in done.stderr
+
+
 def test_commands_connect_through_a_temporal_toml_profile(
     tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
 ) -> None:
