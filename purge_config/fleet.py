@@ -65,9 +65,17 @@ def check_dsn(where: str, key: str, dsn: str) -> None:
     try:
         parse_dsn(dsn)
     except BadDsn:
+        scheme = _OTHER_SCHEME.match(dsn)
+        # Another database's URL (mysql://...): its scheme says what is wrong, and the rest,
+        # which libpq cannot parse, is not shown at all.
+        got = f"a {scheme.group(1)}:// URL" if scheme else repr(redact(dsn))
         raise ConfigError(
-            f"{where}: {key}: not a PostgreSQL connection string, got {redact(dsn)!r}"
+            f"{where}: {key}: not a PostgreSQL connection string (postgresql://...), got {got}"
         ) from None
+
+
+#: A URL scheme other than libpq's own (postgresql://, postgres://).
+_OTHER_SCHEME = re.compile(r"(?!postgres(?:ql)?://)([A-Za-z][A-Za-z0-9+.-]{0,30})://")
 
 
 def parse_queues(where: str, raw: object, main_queue: str) -> dict[str, str]:

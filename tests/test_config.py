@@ -968,3 +968,16 @@ def test_an_archive_refuses_partitions_that_would_leave_without_their_copy(
     assert_one_clear_line(
         refusal(path), path, "partitions", "'drop' takes partitions out without copying"
     )
+
+
+@pytest.mark.parametrize("url", ["mysql://app:s3cret@db/app", "sqlite:///var/app.db"])
+def test_another_database_s_url_is_named_by_its_scheme_without_the_rest(url: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"database_url": url, "targets": [{"kind": "idempotency"}]}, env={})
+
+    scheme = url.split("://")[0]
+    assert str(refused.value).endswith(
+        f"database_url: not a PostgreSQL connection string (postgresql://...), got a "
+        f"{scheme}:// URL"
+    )
+    assert "s3cret" not in str(refused.value)
