@@ -17,6 +17,7 @@ import sys
 import tomllib
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,18 @@ def database(pg_url: str) -> Iterator[str]:
 def run_sql(url: str, script: str, *params: Any) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(script, params or None)
+
+
+@contextmanager
+def login_role(database: str) -> Iterator[tuple[str, str]]:
+    """A login role of its own that may read nothing yet, and its connection string; dropped
+    after, with whatever it was granted."""
+    role = f"discover_{uuid.uuid4().hex[:8]}"
+    run_sql(database, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        yield role, make_conninfo(database, user=role)
+    finally:
+        run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
 
 def fill_published(url: str) -> None:
@@ -350,10 +363,7 @@ async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
         "CREATE TABLE tokens (id int, expires_at timestamptz);"
         " INSERT INTO tokens VALUES (1, now() - interval '1 hour'), (2, now() + interval '1h');",
     )
-    role = f"discover_{uuid.uuid4().hex[:8]}"
-    run_sql(database, f'CREATE ROLE "{role}" LOGIN')
-    as_role = make_conninfo(database, user=role)
-    try:
+    with login_role(database) as (role, as_role):
         [blind] = (await discover(as_role)).singles
         assert (blind.table, blind.estimated, blind.expired) == ("tokens", True, None)
         assert "may not SELECT" in discover_render.as_toml(await discover(as_role), as_role)
@@ -372,8 +382,6 @@ async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
         assert found["hidden.codes"].estimated
         assert "permission denied for schema hidden" in found["hidden.codes"].unread
         assert found["public.tokens"].rows == 2
-    finally:
-        run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
     # Its transaction is read only: the same connection settings refuse a write.
     conn = await psycopg.AsyncConnection.connect(database)
@@ -704,10 +712,7 @@ async def test_an_integer_column_whose_values_could_not_be_read_is_kept_as_a_com
         "CREATE TABLE oauth_codes (code text, expires_in integer);"
         " INSERT INTO oauth_codes VALUES ('a', 3600); ANALYZE oauth_codes",
     )
-    role = f"discover_{uuid.uuid4().hex[:8]}"
-    run_sql(database, f'CREATE ROLE "{role}" LOGIN')
-    as_role = make_conninfo(database, user=role)
-    try:
+    with login_role(database) as (role, as_role):
         [blind] = (await discover(as_role)).singles
         assert not blind.is_live
         assert "its values could not be read (this role may not SELECT" in blind.caution
@@ -715,8 +720,6 @@ async def test_an_integer_column_whose_values_could_not_be_read_is_kept_as_a_com
         run_sql(database, f'GRANT SELECT ON oauth_codes TO "{role}"')
         [seeing] = (await discover(as_role)).singles
         assert "no epoch instant" in seeing.problem
-    finally:
-        run_sql(database, f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
 
 async def test_this_packages_own_tables_are_entries_of_their_built_in_kinds(

@@ -353,6 +353,24 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
     assert bad.stdout.rstrip().endswith("failed targets: nobody")
 
 
+async def sweep_beside(
+    temporal: RunningTemporal, config: Path, log: Path, says: str, release: asyncio.Event
+) -> int:
+    """`sweep --config` started beside a held pass: once its output `says` so, and while it
+    still waits, the pass is released; its exit status."""
+    sweeping = start(
+        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal.address), log
+    )
+    try:
+        await asyncio.to_thread(wait_for, lambda: says in log.read_text(), 60, f"sweep: {says}")
+        assert sweeping.poll() is None
+        release.set()
+        return await asyncio.to_thread(sweeping.wait, 60)
+    finally:
+        release.set()
+        stop(sweeping)
+
+
 class Held:
     """A target that sweeps once `release` is set: a pass that runs as long as a test needs."""
 
@@ -391,18 +409,8 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
         )
         while not held.runs:
             await asyncio.sleep(0.05)
-        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        sweeping = start(["sweep", "--config", str(config)], env, log)
-        try:
-            # It finds the pass and says it waits on it; it is still there, waiting.
-            await asyncio.to_thread(
-                wait_for, lambda: "waiting for it" in log.read_text(), 60, "sweep to find the pass"
-            )
-            assert sweeping.poll() is None
-            release.set()
-            status = await asyncio.to_thread(sweeping.wait, 60)
-        finally:
-            stop(sweeping)
+        # It finds the pass and says it waits on it; it is still there, waiting.
+        status = await sweep_beside(temporal_server, config, log, "waiting for it", release)
 
     out = log.read_text()
     assert status == 0, out
@@ -490,18 +498,7 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
         )
         while not held.runs:
             await asyncio.sleep(0.05)
-        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-        sweeping = start(["sweep", "--config", str(config)], env, log)
-        try:
-            await asyncio.to_thread(
-                wait_for, lambda: "waiting for it to end" in log.read_text(), 60, "sweep to wait"
-            )
-            assert sweeping.poll() is None
-            release.set()
-            status = await asyncio.to_thread(sweeping.wait, 60)
-        finally:
-            release.set()
-            stop(sweeping)
+        status = await sweep_beside(temporal_server, config, log, "waiting for it to end", release)
 
     out = log.read_text()
     assert status == 0, out
