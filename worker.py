@@ -93,6 +93,7 @@ from purge_config.file import (
     PurgeConfig,
     check_metrics_address,
     config_path,
+    database_url_only,
     load_config,
     path_shown,
 )
@@ -500,7 +501,13 @@ async def _discover(opts: argparse.Namespace) -> int:
     # With no config named and none where one is looked for, a new user is told of the URL
     # first (resolve_url's line), not of a config file they may not need.
     if url is None and (opts.config or os.environ.get("PURGE_CONFIG") or path.exists()):
-        url = load_config(path).database_url
+        try:
+            url = load_config(path).database_url
+        except ConfigError as err:
+            # A config being written (an entry not right yet) must not keep discover, which
+            # helps write it, from its database: the URL alone is read, and the error said.
+            url = database_url_only(path)
+            print(f"{PROG}: discover: {err} (reading only its database_url)", file=sys.stderr)
     url = discovery.resolve_url(opts.url, url)
     found = await discovery.discover(url)
     _say(discover_render.as_json(found) if opts.json else discover_render.as_toml(found, url))

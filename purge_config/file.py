@@ -245,6 +245,17 @@ def config_path(explicit: str | None, env: Mapping[str, str] = os.environ) -> Pa
 
 def load_config(path: Path, env: Mapping[str, str] = os.environ) -> PurgeConfig:
     """Read and check `path`; PURGE_DATABASE_URL in `env` overrides the file's database_url."""
+    return parse_config(read_toml(path), path, env)
+
+
+def database_url_only(path: Path, env: Mapping[str, str] = os.environ) -> str | None:
+    """The database URL of `path` (or PURGE_DATABASE_URL), checked, whatever the rest of the
+    file holds: for `discover`, which helps write a config that may not yet be right."""
+    return _database_url(path_shown(path), read_toml(path), env)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`; a ConfigError of one line where it is none."""
     shown = path_shown(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -261,7 +272,7 @@ def load_config(path: Path, env: Mapping[str, str] = os.environ) -> PurgeConfig:
         # or tables nested thousands deep.
         limit = "nested too deep" if isinstance(err, RecursionError) else "a number too long"
         raise ConfigError(f"{shown}: not a TOML file this reader takes: {limit}") from None
-    return parse_config(raw, path, env)
+    return raw
 
 
 def path_shown(path: Path) -> str:

@@ -757,3 +757,31 @@ async def test_this_packages_own_tables_are_entries_of_their_built_in_kinds(
         ]
     )
     assert not any("purge_" in e.get("table", "") for e in entries)
+
+
+def test_a_config_with_a_bad_entry_still_names_the_database_to_discover(
+    database: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """`discover --config` of a config being written, one entry not right yet: discover still
+    reads its database_url and discovers, saying in one line on stderr what is wrong; a bad
+    database_url itself still stops it."""
+    run_sql(database, "CREATE TABLE otp_codes (code text, expires_at timestamptz)")
+    monkeypatch.delenv("PURGE_DATABASE_URL", raising=False)
+    config = tmp_path / "purge.toml"
+    config.write_text(
+        f'database_url = "{database}"\n[[targets]]\nkind = "nosuch"\n', encoding="utf-8"
+    )
+
+    assert worker.main(["discover", "--config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert "otp_codes" in out
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"pg-purge: discover: {config}: [[targets]] #1: kind:")
+    assert line.endswith("(reading only its database_url)")
+
+    config.write_text('database_url = "nope://x"\n[[targets]]\nkind = "nosuch"\n', encoding="utf-8")
+    assert worker.main(["discover", "--config", str(config)]) == 2
+    assert "database_url: not a PostgreSQL connection string" in capsys.readouterr().err
