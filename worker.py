@@ -365,8 +365,6 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         check_targets(config, "every pass of its schedule would sweep nothing")
     if command == "sweep":
         check_targets(config, "a sweep of it would sweep nothing")
-    if command == "run" and (opts.schedule or any(s.ensure for s in config.schedules)):
-        check_targets(config, "every pass of the schedule it writes at start would sweep nothing")
     if command == "schedule" and opts.print_input is not None:
         return _print_input(config, opts.print_input)
     if command == "run":
@@ -542,11 +540,14 @@ async def _report_schedules(client: Client, config: PurgeConfig, last: int) -> i
 
 
 async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
+    ensure_schedule = opts.schedule or any(s.ensure for s in config.schedules)
+    if ensure_schedule:
+        check_targets(config, "every pass of the schedule it writes at start would sweep nothing")
     if config.needs_default_database:
         config.require_database_url()
     await run_worker(
         config,
-        ensure_schedule=opts.schedule or any(s.ensure for s in config.schedules),
+        ensure_schedule=ensure_schedule,
         metrics=opts.metrics or config.metrics,
         max_sweeps=opts.max_sweeps,
     )

@@ -191,7 +191,8 @@ def not_this_pass(theirs: object, ours: dict[str, Any]) -> str:
         return "its input is not a pass's"
     if bool(theirs.get("dry_run")) != bool(ours.get("dry_run")):
         return "it is a dry run" if theirs.get("dry_run") else "this one is a dry run"
-    missing = [name for name in ours["targets"] if name not in set(theirs["targets"])]
+    swept = set(theirs["targets"])
+    missing = [name for name in ours["targets"] if name not in swept]
     if missing:
         shown = ", ".join(missing[:5]) + (
             f" and {len(missing) - 5} more" if len(missing) > 5 else ""
