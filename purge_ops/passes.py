@@ -111,7 +111,7 @@ async def sweep(
         else:
             say(f"{found}; waiting for it instead of starting a second")
     if handle is None and schedule_id is not None:
-        handle = await scheduled_pass(client, schedule_id, request, say)
+        handle = await scheduled_pass(client, schedule_id, request, say, task_queue)
     if handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
         # (the visibility query above may not see a pass started a moment ago).
@@ -245,7 +245,7 @@ def _another_pass(scheduled: object, request: dict[str, Any]) -> str:
 
 
 async def scheduled_pass(
-    client: Client, schedule_id: str, request: dict[str, Any], say: Say
+    client: Client, schedule_id: str, request: dict[str, Any], say: Say, task_queue: str
 ) -> WorkflowHandle[Any, Any] | None:
     """The pass the schedule `schedule_id` starts now, triggered under its own overlap policy
     (or the one it has running); None where there is no such schedule or its input is not
@@ -264,6 +264,12 @@ async def scheduled_pass(
         if isinstance(action, ScheduleActionStartWorkflow)
         else None
     )
+    if isinstance(action, ScheduleActionStartWorkflow) and action.task_queue != task_queue:
+        # Another config's schedule of this id (or this one's before its task_queue changed):
+        # `pg-purge schedule` would take it over, so that is not the advice.
+        say(f"schedule {schedule_id} starts passes on task queue {action.task_queue!r}, not "
+            f"{task_queue!r}: starting a pass of its own")  # fmt: skip
+        return None
     if started != [request]:
         why = _another_pass(started[0] if started and len(started) == 1 else None, request)
         say(f"schedule {schedule_id} starts another pass than this one ({why}): starting a pass "

@@ -9,12 +9,14 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from activities import builtin_kinds as kinds
 from purge_config.file import load_config
 from purge_ops.passes import sweep
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.passes import listed
 from tests.support.procs import worker_config
+from tests.support.rows import HOUR, idempotency_rows, keys
 
 
 class Slow:
@@ -79,3 +81,43 @@ async def test_the_schedule_firing_during_a_sweep_pass_starts_no_second_pass(
     assert len(passes) == 1
     assert passes[0].id.startswith(schedule_id)  # started by the schedule, for the sweep
     assert any(line.startswith(f"started pass {schedule_id}") for line in said), said
+
+
+async def test_a_schedule_of_this_id_on_another_task_queue_is_not_this_sweep_s(
+    tmp_path: Path, harness: Harness
+) -> None:
+    """Another config's schedule under this config's id (it starts passes on another task
+    queue): `sweep` neither triggers it nor advises taking it over; it starts a pass of its own,
+    which sweeps."""
+    schedule_id = f"purge-live-{uuid.uuid4().hex[:8]}"
+    entries = (
+        f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n[[targets]]\nkind = "idempotency"\n'
+    )
+    theirs = load_config(worker_config(tmp_path / "theirs.toml", harness.url, "elsewhere", entries))
+    ours = load_config(
+        worker_config(tmp_path / "ours.toml", harness.url, harness.task_queue, entries)
+    )
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    said: list[str] = []
+    await ensure_schedules(harness.client, theirs)
+    schedule = harness.client.get_schedule_handle(schedule_id)
+    try:
+        async with harness.run_worker([kinds.idempotency(harness.pool)], config=ours):
+            status = await sweep(
+                harness.client, ours.task_queue, ours.pass_input(), said.append, schedule_id
+            )
+        described = await schedule.describe()
+    finally:
+        await schedule.delete()
+
+    assert status == 0, said
+    assert said[0] == (
+        f"schedule {schedule_id} starts passes on task queue 'elsewhere', not "
+        f"{harness.task_queue!r}: starting a pass of its own"
+    )
+    assert (
+        said[1]
+        == f"started pass purge-sweep-{harness.task_queue} on task queue {harness.task_queue!r}"
+    )
+    assert described.info.recent_actions == []  # not triggered
+    assert keys(harness.db, "x_idempotency") == {"new"}
