@@ -275,6 +275,13 @@ async def scheduled_pass(
         say(f"schedule {schedule_id} starts another pass than this one ({why}): starting a pass "
             "of its own")  # fmt: skip
         return None
+    state = described.schedule.state
+    if state.paused:
+        # An operator's pause stops the firings, not an explicit sweep: said, so that whoever
+        # paused it (their note quoted) is not surprised by a pass.
+        note = f" ({state.note})" if state.note else ""
+        say(f"schedule {schedule_id} is PAUSED{note}: this sweep runs one pass through it all "
+            "the same; the pause stays")  # fmt: skip
     before = set(_started(described.info.recent_actions))
     await schedule.trigger()
     loop = asyncio.get_running_loop()

@@ -121,3 +121,35 @@ async def test_a_schedule_of_this_id_on_another_task_queue_is_not_this_sweep_s(
     )
     assert described.info.recent_actions == []  # not triggered
     assert keys(harness.db, "x_idempotency") == {"new"}
+
+
+async def test_a_sweep_through_a_paused_schedule_says_so_and_keeps_the_pause(
+    tmp_path: Path, harness: Harness
+) -> None:
+    schedule_id = f"purge-live-{uuid.uuid4().hex[:8]}"
+    entries = f'[schedule]\nid = "{schedule_id}"\n[[targets]]\nkind = "idempotency"\n'
+    config = load_config(
+        worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, entries)
+    )
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    said: list[str] = []
+    await ensure_schedules(harness.client, config)
+    schedule = harness.client.get_schedule_handle(schedule_id)
+    await schedule.pause(note="incident 42")
+    try:
+        async with harness.run_worker([kinds.idempotency(harness.pool)], config=config):
+            status = await sweep(
+                harness.client, config.task_queue, config.pass_input(), said.append, schedule_id
+            )
+        described = await schedule.describe()
+    finally:
+        await schedule.delete()
+
+    assert status == 0, said
+    assert said[0] == (
+        f"schedule {schedule_id} is PAUSED (incident 42): this sweep runs one pass through it all "
+        "the same; the pause stays"
+    )
+    assert said[1].startswith(f"started pass {schedule_id}-")
+    assert described.schedule.state.paused
+    assert keys(harness.db, "x_idempotency") == {"new"}
