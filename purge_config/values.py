@@ -190,9 +190,7 @@ def req_str(where: str, key: str, raw: Mapping[str, Any]) -> str:
 def cron_period_ms(cron: str) -> int | None:
     """The shortest time between two fire times of `cron` (a valid one), found by walking five
     weeks of minutes; None when it fires less than twice in them (a monthly or yearly cron)."""
-    fields = [
-        _cron_values(text, *spec) for text, spec in zip(cron.split(), _CRON_FIELDS, strict=True)
-    ]
+    fields = _cron_fields(cron)
     minutes, hours = fields[0], fields[1]
     fires: list[int] = []
     for day in range(35):
@@ -208,10 +206,18 @@ def cron_fires(cron: str) -> bool:
     that never falls on the weekday asked for, passes every field's own range check, and
     Temporal's server takes it and never fires. 28 years of days hold every date on every
     weekday, February 29 among them (the century's leap years have no exception before 2100)."""
+    fields = _cron_fields(cron)
+    return any(_fires_on(fields, _START + timedelta(days=day)) for day in range(28 * 366))
+
+
+def _cron_fields(cron: str) -> list[set[int]]:
+    """The values each of a (valid) cron's five fields takes, its weekdays 0-6 (7 is Sunday,
+    as 0 is)."""
     fields = [
         _cron_values(text, *spec) for text, spec in zip(cron.split(), _CRON_FIELDS, strict=True)
     ]
-    return any(_fires_on(fields, _START + timedelta(days=day)) for day in range(28 * 366))
+    fields[4] = {d % 7 for d in fields[4]}
+    return fields
 
 
 #: Where the walks over a cron's days begin: a Monday, in a leap year.
@@ -219,15 +225,12 @@ _START = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 def _fires_on(fields: list[set[int]], date: datetime) -> bool:
-    """Whether a cron of `fields`' values fires on `date`'s day. As Temporal's server reads
-    it: the day of the month and the weekday must both match (Vixie cron fires when either
-    does, with both restricted; Temporal's `0 0 13 * 5` fires only on a Friday the 13th)."""
+    """Whether a cron of `fields`' values (`_cron_fields`) fires on `date`'s day. As Temporal's
+    server reads it: the day of the month and the weekday must both match (Vixie cron fires
+    when either does, with both restricted; Temporal's `0 0 13 * 5` fires only on a Friday the
+    13th)."""
     _, _, days, months, weekdays = fields
-    return (
-        date.month in months
-        and date.day in days
-        and date.isoweekday() % 7 in {d % 7 for d in weekdays}
-    )
+    return date.month in months and date.day in days and date.isoweekday() % 7 in weekdays
 
 
 def _cron_values(text: str, low: int, high: int, names: tuple[str, ...], shortest: int) -> set[int]:

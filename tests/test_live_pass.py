@@ -9,8 +9,10 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from temporalio.client import ScheduleDescription
+
 from activities import builtin_kinds as kinds
-from purge_config.file import load_config
+from purge_config.file import PurgeConfig, load_config
 from purge_ops.passes import sweep
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
@@ -83,6 +85,23 @@ async def test_the_schedule_firing_during_a_sweep_pass_starts_no_second_pass(
     assert any(line.startswith(f"started pass {schedule_id}") for line in said), said
 
 
+async def swept_beside(
+    harness: Harness, config: PurgeConfig, schedule_id: str
+) -> tuple[int, list[str], ScheduleDescription]:
+    """`sweep` of `config`'s pass with an idempotency worker up, beside the existing schedule
+    `schedule_id`: its status, what it said, and the schedule after it (then deleted)."""
+    said: list[str] = []
+    schedule = harness.client.get_schedule_handle(schedule_id)
+    try:
+        async with harness.run_worker([kinds.idempotency(harness.pool)], config=config):
+            status = await sweep(
+                harness.client, config.task_queue, config.pass_input(), said.append, schedule_id
+            )
+        return status, said, await schedule.describe()
+    finally:
+        await schedule.delete()
+
+
 async def test_a_schedule_of_this_id_on_another_task_queue_is_not_this_sweep_s(
     tmp_path: Path, harness: Harness
 ) -> None:
@@ -98,17 +117,8 @@ async def test_a_schedule_of_this_id_on_another_task_queue_is_not_this_sweep_s(
         worker_config(tmp_path / "ours.toml", harness.url, harness.task_queue, entries)
     )
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
-    said: list[str] = []
     await ensure_schedules(harness.client, theirs)
-    schedule = harness.client.get_schedule_handle(schedule_id)
-    try:
-        async with harness.run_worker([kinds.idempotency(harness.pool)], config=ours):
-            status = await sweep(
-                harness.client, ours.task_queue, ours.pass_input(), said.append, schedule_id
-            )
-        described = await schedule.describe()
-    finally:
-        await schedule.delete()
+    status, said, described = await swept_beside(harness, ours, schedule_id)
 
     assert status == 0, said
     assert said[0] == (
@@ -132,18 +142,9 @@ async def test_a_sweep_through_a_paused_schedule_says_so_and_keeps_the_pause(
         worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, entries)
     )
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
-    said: list[str] = []
     await ensure_schedules(harness.client, config)
-    schedule = harness.client.get_schedule_handle(schedule_id)
-    await schedule.pause(note="incident 42")
-    try:
-        async with harness.run_worker([kinds.idempotency(harness.pool)], config=config):
-            status = await sweep(
-                harness.client, config.task_queue, config.pass_input(), said.append, schedule_id
-            )
-        described = await schedule.describe()
-    finally:
-        await schedule.delete()
+    await harness.client.get_schedule_handle(schedule_id).pause(note="incident 42")
+    status, said, described = await swept_beside(harness, config, schedule_id)
 
     assert status == 0, said
     assert said[0] == (
