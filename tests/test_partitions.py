@@ -206,20 +206,22 @@ def spare_before_the_detaches_end(monkeypatch: pytest.MonkeyPatch) -> None:
 async def edge_swept_while_the_drop_waits(
     db: psycopg.Connection[Any], swept: asyncio.Future[PurgeSweep]
 ) -> int:
-    """Once the edge's DELETE is logged (`log_sessions`), with `swept` still under way: the
-    backend whose DROP of p_m6 waits on the held advisory lock."""
+    """Once the edge's DELETE is logged (`log_sessions`) and the DROP of p_m6 waits on the held
+    advisory lock, with `swept` still under way: that DROP's backend. The two come in either
+    order (the spare connection counts the partitions before it drops them, and the edge can
+    commit first); the held lock keeps the drop's transaction open until the test lets it go."""
     for _ in range(1500):
         if sessions(db, "deletes"):
-            break
+            waiting = db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
+            ).fetchall()
+            if waiting:
+                [(pid,)] = waiting
+                return int(pid)
         assert not swept.done(), swept.result()
         await asyncio.sleep(0.02)
-    else:
-        raise AssertionError("the edge was not swept while the drop waited")
-    [(waiting,)] = db.execute(
-        "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-        " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
-    ).fetchall()
-    return int(waiting)
+    raise AssertionError("the edge was not swept while the drop waited")
 
 
 async def test_the_edge_is_swept_while_the_detached_partitions_are_counted_and_dropped_beside(
