@@ -22,6 +22,7 @@ from tests.support.probes import http, samples, scrape, worker
 from tests.support.procs import REPO, worker_config
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import RunningTemporal
+from tests.support.source import parse
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
 from tests.test_batching import slow_deletes
 from tests.test_fleet import hold_table_lock
@@ -137,7 +138,7 @@ def instruments_created(source: str) -> list[int]:
     """The lines of `source` that create a metric instrument."""
     return [
         node.lineno
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(parse(source))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and _CREATES.fullmatch(node.func.attr)

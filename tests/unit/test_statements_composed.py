@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.procs import REPO
+from tests.support.source import parse
 
 #: Calls that turn anything into plain text.
 TEXT_CALLS = {"str", "repr", "format"}
@@ -108,7 +109,7 @@ def _composed(node: ast.AST, scopes: list[ast.AST]) -> str:
 def _statements() -> list[tuple[str, ast.Call, list[ast.AST]]]:
     found = []
     for path in sorted((REPO / "activities").rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse(path.read_text(), str(path))
         found += [(f"{path.relative_to(REPO)}:{c.lineno}", c, s) for c, s in _calls(tree)]
     return found
 
@@ -132,7 +133,7 @@ def test_the_audit_finds_the_package_s_statements() -> None:
     ],
 )
 def test_the_audit_tells_text_from_composed_sql(source: str, why: str) -> None:
-    ((call, scopes),) = list(_calls(ast.parse(source)))
+    ((call, scopes),) = list(_calls(parse(source)))
 
     assert _composed(call.args[0], scopes) == why
 
