@@ -34,6 +34,7 @@ from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
 from tests.support.faults import WorkersTally
 from tests.support.pace import machine_pace
+from tests.support.procs import logging_kept
 from tests.support.servers import (
     RunningTemporal,
     cluster_template,
@@ -75,6 +76,15 @@ def pytest_configure(config: pytest.Config) -> None:
 def paced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The machine made much faster or slower for the sweep (PURGE_TEST_PACE, support/pace.py)."""
     machine_pace(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def logging_put_back() -> Iterator[None]:
+    """Logging as it was before the test (`logging_kept`). Left pointing at a closed stream, every
+    later line logged in the process failed with a "Logging error" traceback (110 in one run),
+    and one printed from inside another test's `ast.parse` failed it (tests/support/source.py)."""
+    with logging_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -132,7 +132,7 @@ def run_main(*args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO)
     wanted = clean_env() if env is None else dict(env)
     with (
         pytest.MonkeyPatch.context() as patch,
-        _logging_kept(),
+        logging_kept(),
         redirect_stdout(out),
         redirect_stderr(err),
     ):
@@ -157,9 +157,11 @@ def use_env(patch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
 
 
 @contextmanager
-def _logging_kept() -> Iterator[None]:
+def logging_kept() -> Iterator[None]:
     """Undo `purge_ops.logs.configure`, which replaces the root logger's handlers (pytest's
-    capture among them) and level, and Temporal's loggers' message settings."""
+    capture among them) and level, and Temporal's loggers' message settings. Around every test
+    (conftest's `logging_put_back`): a test that calls `worker.main` itself leaves the root
+    logger writing to the stderr pytest captured for it, closed once it ends."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     on_activity = activity.logger.activity_info_on_message
