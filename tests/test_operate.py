@@ -245,9 +245,10 @@ async def test_workers_starting_together_with_run_schedule_leave_one_schedule(
 
     actions = [re.search(r"(created|updated|unchanged) schedule", log.read_text()) for log in logs]
     assert sorted(a.group(1) for a in actions if a) == ["created", "unchanged", "unchanged"]
-    found = [s.id async for s in await harness.client.list_schedules() if s.id == schedule_id]
-    assert found == [schedule_id]
-    await harness.client.get_schedule_handle(schedule_id).delete()
+    # Described, not listed: the list of schedules is a visibility read and lags.
+    schedule = harness.client.get_schedule_handle(schedule_id)
+    assert (await schedule.describe()).id == schedule_id
+    await schedule.delete()
 
 
 def readme_command(prefix: str) -> list[str]:
@@ -409,6 +410,10 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
         )
         while not held.runs:
             await asyncio.sleep(0.05)
+        # `sweep` finds the running pass through visibility, which lags the history.
+        await listed(
+            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
+        )
         # It finds the pass and says it waits on it; it is still there, waiting.
         status = await sweep_beside(temporal_server, config, log, "waiting for it", release)
 
@@ -498,6 +503,10 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
         )
         while not held.runs:
             await asyncio.sleep(0.05)
+        # `sweep` finds the running pass through visibility, which lags the history.
+        await listed(
+            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
+        )
         status = await sweep_beside(temporal_server, config, log, "waiting for it to end", release)
 
     out = log.read_text()
@@ -507,7 +516,7 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
     assert f", not this pass ({why}); waiting for it to end, then starting this one" in out
     assert re.search(r"^x_idempotency\s+2\s", out, re.MULTILINE), out  # its own pass's
     assert keys(harness.db, "x_idempotency") == {"c"}
-    passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
+    passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 2)
     assert len(passes) == 2
 
 

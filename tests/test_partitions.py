@@ -515,8 +515,9 @@ async def _detach_done(db: psycopg.Connection[Any]) -> None:
     raise AssertionError("the orphaned detach never ended")
 
 
-async def _waiting_detach(db: psycopg.Connection[Any], tries: int = 200) -> int:
-    """The backend of the DETACH ... CONCURRENTLY waiting out an older snapshot."""
+async def _waiting_detach(db: psycopg.Connection[Any], tries: int = 1500) -> int:
+    """The backend of the DETACH ... CONCURRENTLY waiting out an older snapshot (which the
+    test holds: it waits as long as it takes)."""
     for _ in range(tries):
         row = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'virtualxid'"

@@ -9,7 +9,6 @@ session's server would change every other test's passes.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import tomllib
 import uuid
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowExecution
+from temporalio.client import Client
 from temporalio.worker import Replayer
 
 from activities import builtin_kinds as kinds
@@ -34,6 +33,7 @@ from purge_ops.passes import sweep
 from purge_ops.runner import activity_worker, new_worker
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
+from tests.support.passes import listed
 from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import running_temporal
 from tests.support.tenants import create_tenants, expired_of, tenant_prefix, tenant_schemas
@@ -72,16 +72,6 @@ async def searchable_client(searchable_server: TemporalDevServer) -> Client:
     return await Client.connect(searchable_server.address)
 
 
-async def found(client: Client, query: str) -> list[WorkflowExecution]:
-    """The executions `query` finds, once visibility has caught up (it lags a moment)."""
-    for _ in range(100):
-        executions = [e async for e in client.list_workflows(query)]
-        if executions:
-            return executions
-        await asyncio.sleep(0.1)
-    return []
-
-
 def registry(pool: AsyncConnectionPool[Any]) -> TargetRegistry:
     """x_idempotency, and a target whose table does not exist: it fails with BadPurgeTarget."""
     broken = kinds.expiring(pool, "tenant_0042", TableName("no_such_table"), "expires_at_ms")
@@ -100,7 +90,7 @@ async def test_a_failed_pass_is_found_by_the_target_it_failed_on(
 
     assert status == 1
     query = f'TaskQueue = "{queue}" AND PurgeFailedTargets = "tenant_0042"'
-    [execution] = await found(searchable_client, query)
+    [execution] = await listed(searchable_client, query)
     assert execution.typed_search_attributes.get(FAILED_TARGETS) == ["tenant_0042"]
     assert execution.typed_search_attributes.get(ROWS_REMOVED) == 1
     # Visibility holds the pass's final attributes now (the query above saw them), so one
@@ -147,7 +137,7 @@ async def test_a_spread_pass_is_found_by_the_tenant_it_failed_on(
 
     assert status == 1
     failed = f"sessions@{prefix}_0042"
-    [execution] = await found(searchable_client, f'PurgeFailedTargets = "{failed}"')
+    [execution] = await listed(searchable_client, f'PurgeFailedTargets = "{failed}"')
     assert execution.task_queue == queue
     removed = sum(expired_of(i) for i in range(3))
     assert execution.typed_search_attributes.get(ROWS_REMOVED) == removed
@@ -164,7 +154,7 @@ async def test_a_namespace_without_the_attributes_runs_passes_as_before(
         )
 
     assert status == 0
-    [execution] = await found(harness.client, f'TaskQueue = "{harness.task_queue}"')
+    [execution] = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert execution.typed_search_attributes.get(ROWS_REMOVED) is None
 
 
