@@ -155,6 +155,10 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
 
     again = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
     assert again.stdout.startswith(f"unchanged schedule {schedule_id} (PAUSED)"), again.stdout
+    assert (
+        f"next runs: none while paused (`temporal schedule toggle --schedule-id {schedule_id} "
+        "--unpause` resumes it)"
+    ) in again.stdout
 
     config_file(
         tmp_path,
