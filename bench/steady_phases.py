@@ -12,6 +12,12 @@ time after the last.
 
     python -m bench.steady_phases --rows 10000000 --rounds 8   # 100,000 rows an hour
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
+    python -m bench.steady_phases --statements   # and each form's server time beside the rest
+
+With `--statements` the server loads pg_stat_statements, and each round of either form also
+prints its statements' execution time summed on the server (`exec`), the rest of its time
+(`outside`: parse, bind, commit, round trips and the client) and, for the activity, this
+process's CPU time while it ran.
 
 The phases are timed by wrapping `run_key_batch`, `run_key_span`, `run_key_rest` and
 `run_key_whole` (a sweep the planner expects in one batch, with `--rows` small enough) in this
@@ -88,12 +94,38 @@ def phases(marks: Marks, began: float, ended: float) -> str:
     )
 
 
-async def measure(url: str, rows: int, rounds: int, settings: SweepSettings) -> None:
+#: The statements' execution time on the server since the last reset, leaving out the bench's
+#: own between the forms (CHECKPOINT, VACUUM, pg_buffercache's eviction, this read).
+SERVER_EXEC_MS = (
+    "SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements"
+    " WHERE query !~* '^(CHECKPOINT|VACUUM)' AND query !~ 'pg_stat_statements|pg_buffercache'"
+)
+
+
+async def server_split(
+    conn: psycopg.AsyncConnection[Any], seconds: float, cpu_s: float | None
+) -> tuple[str, float]:
+    """A round's server execution time and the rest of its `seconds`, as a line, and the rest
+    in ms; `cpu_s` is this process's CPU time over the round (the activity's only)."""
+    cur = await conn.execute(SERVER_EXEC_MS)
+    row = await cur.fetchone()
+    exec_ms = float(row[0]) if row else 0.0
+    outside = seconds * 1000 - exec_ms
+    cpu = f"; client CPU {cpu_s * 1000:5.1f}" if cpu_s is not None else ""
+    return f"exec {exec_ms:5.1f}; outside {outside:5.1f}{cpu} ms", outside
+
+
+async def measure(
+    url: str, rows: int, rounds: int, settings: SweepSettings, statements: bool = False
+) -> None:
     marks: Marks = []
     observe(marks)
     conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
     await conn.execute(reference_ddl())
     await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_buffercache")
+    if statements:
+        await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    outside: dict[str, list[float]] = {"DELETE": [], "activity": []}
     data = steady.Hours(rows, START_MS)
     await steady._build(conn, data)  # case 12's table: `rows` over 100 hours, in id order
     pool = await open_pool(url)
@@ -105,15 +137,24 @@ async def measure(url: str, rows: int, rounds: int, settings: SweepSettings) -> 
 
     async def one_delete(cut: int) -> tuple[float, int]:
         run = await steady._delete(conn, cut)
+        if statements:
+            line, rest = await server_split(conn, run.seconds, None)
+            outside["DELETE"].append(rest)
+            print(f"DELETE   {run.seconds * 1000:6.1f} ms: {line}")
         return run.seconds, run.removed
 
     async def one_sweep(cut: int) -> tuple[float, int]:
         marks.clear()
         table = TableName(steady.TABLE, "public")
         target = kinds.expiring(pool, f"steady_{hour}", table, "created_ms", max_age, settings)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         run = await run_target(target, cut + max_age)
+        cpu = time.process_time() - cpu
         print(f"activity {run.seconds * 1000:6.1f} ms: {phases(marks, began, time.perf_counter())}")
+        if statements:
+            line, rest = await server_split(conn, run.seconds, cpu)
+            outside["activity"].append(rest)
+            print(f"activity {run.seconds * 1000:6.1f} ms: {line}")
         return run.seconds, run.removed
 
     forms: dict[str, Callable[[int], Awaitable[tuple[float, int]]]] = {
@@ -124,6 +165,8 @@ async def measure(url: str, rows: int, rounds: int, settings: SweepSettings) -> 
         for form in ("DELETE", "activity") if n % 2 == 0 else ("activity", "DELETE"):
             await tables.make_cold(conn, "public", steady.TABLE, None)
             await conn.execute("CHECKPOINT")
+            if statements:
+                await conn.execute("SELECT pg_stat_statements_reset()")
             seconds, removed = await forms[form](data.cutoff(hour))
             per_row[form].append(seconds * 1e6 / removed)
             await conn.execute("VACUUM (ANALYZE) steady")
@@ -132,6 +175,11 @@ async def measure(url: str, rows: int, rounds: int, settings: SweepSettings) -> 
         print(f"{form:8} us a row: {', '.join(f'{x:.2f}' for x in figures)}")
     mine, floor = (statistics.median(per_row[f]) for f in ("activity", "DELETE"))
     print(f"activity {mine / floor:.2f}x one DELETE (median {mine:.2f} against {floor:.2f} us)")
+    if statements:
+        print(
+            "outside the statements, median ms: "
+            + "; ".join(f"{form} {statistics.median(ms):.1f}" for form, ms in outside.items())
+        )
     await pool.close()
     await conn.close()
 
@@ -140,9 +188,11 @@ async def on_embedded_server(scratch: Path, args: argparse.Namespace) -> None:
     # PostgreSQL's own defaults for what the bench tunes, as case 12's default-settings server
     # (and fsync on: the embedded server's own default is off).
     settings = {**steady.DEFAULT_SETTINGS, "fsync": "on"}
+    if args.statements:
+        settings |= {"shared_preload_libraries": "pg_stat_statements"}
     async with embedded_postgres(scratch, settings) as server:
         sweep = SweepSettings(batch_target_ms=args.batch_target_ms)
-        await measure(server.url(), args.rows, args.rounds, sweep)
+        await measure(server.url(), args.rows, args.rounds, sweep, args.statements)
 
 
 def main() -> None:
@@ -150,6 +200,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch-target-ms", type=int, default=SweepSettings.batch_target_ms)
+    parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="load pg_stat_statements and print each round's server time beside the rest",
+    )
     args = parser.parse_args()
     with scratch_dir("purge-bench-") as scratch:
         asyncio.run(on_embedded_server(scratch, args))
