@@ -379,8 +379,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
             _say(f"{outcome.action} {outcome.summary}")
         return 0
     if planned is not None:
-        request, schedule_id, named = planned
-        return await sweep(client, config.task_queue, request, _say, schedule_id, named)
+        request, schedule_id = planned
+        return await sweep(client, config.task_queue, request, _say, schedule_id)
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)
@@ -440,9 +440,9 @@ async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
 
 def _sweep_plan(
     config: PurgeConfig, opts: argparse.Namespace
-) -> tuple[dict[str, object], str | None, bool] | int:
-    """`sweep`'s pass: its input, the schedule it goes through (if one starts this very pass)
-    and whether the config has named schedules; or 2, said in one line, for a bad request."""
+) -> tuple[dict[str, object], str | None] | int:
+    """`sweep`'s pass: its input and the schedule it goes through (if one starts this very
+    pass); or 2, said in one line, for a bad request."""
     if opts.schedule is not None and opts.target:
         print(f"{PROG}: sweep: give --schedule or --target, not both", file=sys.stderr)
         return 2
@@ -468,7 +468,7 @@ def _sweep_plan(
     through = next((s for s in config.schedules if config.scheduled_input(s) == request), None)
     if through is None and not config.named_schedules:
         through = config.schedule  # it says why it starts a pass of its own
-    return request, through.id if through else None, bool(config.named_schedules)
+    return request, through.id if through else None
 
 
 def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:

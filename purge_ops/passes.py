@@ -54,22 +54,23 @@ from workflows.purge import PurgeWorkflow
 Say = Callable[[str], None]
 
 
-async def running_pass(
-    client: Client, task_queue: str, id_prefix: str = ""
-) -> WorkflowExecution | None:
-    """A `Purge` running on `task_queue` now (scheduled or by hand), if any; with `id_prefix`,
-    only one of those passes (a named schedule's, whose passes run beside other schedules')."""
-    query = purge_query(task_queue, "Running")
-    if id_prefix:
-        query += f" AND WorkflowId STARTS_WITH {json.dumps(id_prefix)}"
-    async for execution in client.list_workflows(query, limit=1):
+#: At most this many running passes on a task queue are read for `sweep` (their inputs each).
+RUNNING_READ = 50
+
+
+async def running_passes(client: Client, task_queue: str) -> list[WorkflowExecution]:
+    """Each `Purge` running on `task_queue` now (scheduled or by hand), newest first."""
+    found = []
+    async for execution in client.list_workflows(
+        purge_query(task_queue, "Running"), limit=RUNNING_READ
+    ):
         # Visibility lags the history: a pass that closed a moment ago may still be listed as
         # running, and waiting for it would print that pass's report (a dry run's, say) as this
         # sweep's. Its own description says whether it still runs.
         handle = client.get_workflow_handle(execution.id, run_id=execution.run_id)
-        described = await handle.describe()
-        return execution if described.status == WorkflowExecutionStatus.RUNNING else None
-    return None
+        if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+            found.append(execution)
+    return found
 
 
 async def sweep(
@@ -78,10 +79,11 @@ async def sweep(
     request: dict[str, Any],
     say: Say,
     schedule_id: str | None = None,
-    only_schedule: bool = False,
 ) -> int:
     """One pass now, through Temporal, or a wait for the one already running when it is this
-    very pass (another one, a dry run, say, is waited out first); prints the report.
+    very pass; prints the report. A running pass that sweeps some of this pass's targets but
+    is not this pass (a dry run, another config's, some targets only) is waited out first; one
+    that sweeps none of them (another schedule's) runs on beside it.
 
     Where the schedule `schedule_id` exists and would start this very pass (`request` is its
     input), the pass is started through it: its overlap policy (SKIP) then keeps its own runs
@@ -89,30 +91,10 @@ async def sweep(
     under one fixed id. The exit status: 0 when the pass completed, 1 when it (or any target)
     failed.
     """
-    # Under named schedules a running pass of another schedule sweeps other tables: not this
-    # pass, which is its schedule's (`schedule_id`) or, matching none, a pass by hand.
-    prefix = f"{schedule_id}-" if schedule_id else f"purge-sweep-{task_queue}"
-    running = await running_pass(client, task_queue, prefix if only_schedule else "")
-    handle: WorkflowHandle[Any, Any] | None = None
-    if running is not None:
-        found = f"a pass is already running on task queue {task_queue!r}: {running.id} "
-        found += f"(started {running.start_time:%Y-%m-%d %H:%M:%S} UTC)"
-        handle = client.get_workflow_handle(running.id, run_id=running.run_id)
-        differs = not_this_pass(await _input_of(client, handle), request)
-        if differs:
-            # Its report is not this pass's (a dry run's, an older config's without a target
-            # added since): wait for it to end, then sweep. Beside it, this pass's tables would
-            # mostly be reported busy (one sweep per table).
-            say(
-                f"{found}, not this pass ({differs}); waiting for it to end, then starting this one"
-            )
-            await _ended(handle)
-            handle = None
-        else:
-            say(f"{found}; waiting for it instead of starting a second")
+    handle = await _this_pass_running(client, task_queue, request, say)
     if handle is None and schedule_id is not None:
         handle = await scheduled_pass(client, schedule_id, request, say, task_queue)
-    if handle is None:
+    while handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
         # (the visibility query above may not see a pass started a moment ago).
         handle = await client.start_workflow(
@@ -123,7 +105,19 @@ async def sweep(
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=await start_attributes(client),
         )
-        say(f"started pass {handle.id} on task queue {task_queue!r}")
+        # A pass by hand that visibility did not list yet holds that id: joined only where it
+        # is this pass (a `sweep --dry-run` started a moment before would otherwise report
+        # its dry run as this sweep's), else waited out and started again.
+        differs = not_this_pass(await _input_of(client, handle), request)
+        if differs:
+            say(
+                f"a pass is already running under {handle.id}, not this pass ({differs}); "
+                "waiting for it to end, then starting this one"
+            )
+            await _ended(handle)
+            handle = None
+        else:
+            say(f"started pass {handle.id} on task queue {task_queue!r}")
     noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
     try:
         result = await handle.result()
@@ -140,6 +134,33 @@ async def sweep(
         noticing.cancel()
     say(report_table(PurgeReport.from_json(result)))
     return 0
+
+
+async def _this_pass_running(
+    client: Client, task_queue: str, request: dict[str, Any], say: Say
+) -> WorkflowHandle[Any, Any] | None:
+    """The running pass that sweeps what `request` asks, if one does, once every running pass
+    that sweeps some of its targets without being it has ended (each said, and waited out)."""
+    while True:
+        overlapping: tuple[WorkflowHandle[Any, Any], str, str] | None = None
+        for running in await running_passes(client, task_queue):
+            found = f"a pass is already running on task queue {task_queue!r}: {running.id} "
+            found += f"(started {running.start_time:%Y-%m-%d %H:%M:%S} UTC)"
+            handle = client.get_workflow_handle(running.id, run_id=running.run_id)
+            theirs = await _input_of(client, handle)
+            differs = not_this_pass(theirs, request)
+            if not differs:
+                say(f"{found}; waiting for it instead of starting a second")
+                return handle
+            if overlapping is None and sweeps_any(theirs, request):
+                overlapping = handle, found, differs
+        if overlapping is None:
+            return None
+        # Beside it, this pass's tables it holds would mostly be reported busy (one sweep per
+        # table), and its report is not this pass's: wait for it to end, then look again.
+        handle, found, differs = overlapping
+        say(f"{found}, not this pass ({differs}); waiting for it to end, then starting this one")
+        await _ended(handle)
 
 
 #: How long `sweep` waits on a pass before it looks whether any worker polls its queues.
@@ -204,6 +225,14 @@ def not_this_pass(theirs: object, ours: dict[str, Any]) -> str:
     if any(routes[name] != their_routes.get(name) for name in ours["targets"]):
         return "it sends some of this pass's targets to other task queues (another config's)"
     return ""
+
+
+def sweeps_any(theirs: object, ours: dict[str, Any]) -> bool:
+    """Whether a running pass whose input is `theirs` sweeps any target `ours` asks for (one
+    whose input is not a pass's is taken to)."""
+    if not isinstance(theirs, dict) or not isinstance(theirs.get("targets"), list):
+        return True
+    return not set(theirs["targets"]).isdisjoint(ours["targets"])
 
 
 def _routes(request: dict[str, Any]) -> dict[str, tuple[str, str | None]]:

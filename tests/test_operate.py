@@ -359,12 +359,19 @@ async def test_sweep_prints_the_report_and_exits_nonzero_naming_failed_targets(
 
 
 async def sweep_beside(
-    temporal: RunningTemporal, config: Path, log: Path, says: str, release: asyncio.Event
+    temporal: RunningTemporal,
+    config: Path,
+    log: Path,
+    says: str,
+    release: asyncio.Event,
+    *args: str,
 ) -> int:
-    """`sweep --config` started beside a held pass: once its output `says` so, and while it
-    still waits, the pass is released; its exit status."""
+    """`sweep --config ARGS` started beside a held pass: once its output `says` so, and while
+    it still waits, the pass is released; its exit status."""
     sweeping = start(
-        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal.address), log
+        ["sweep", "--config", str(config), *args],
+        clean_env(TEMPORAL_ADDRESS=temporal.address),
+        log,
     )
     try:
         await asyncio.to_thread(wait_for, lambda: says in log.read_text(), 60, f"sweep: {says}")
@@ -522,6 +529,106 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
     assert keys(harness.db, "x_idempotency") == {"c"}
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 2)
     assert len(passes) == 2
+
+
+async def test_sweep_waits_out_another_schedule_s_pass_of_some_of_its_targets(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """Under named schedules, `hot`'s pass sweeps x_auth: a `sweep` of every target is not that
+    pass, and would find x_auth held; it says so, waits for it to end, then sweeps its own."""
+    idempotency_rows(harness.db, {"a": harness.now_ms - HOUR, "c": harness.now_ms + HOUR})
+    release = asyncio.Event()
+    held = Held("x_auth", release)
+    schedules = (
+        '[schedules.hot]\ncron = "*/5 * * * *"\ntargets = ["x_auth"]\n'
+        '[schedules.daily]\ncron = "23 3 * * *"\ntargets = ["x_idempotency"]\n'
+    )
+    config = config_file(tmp_path, harness.url, harness.task_queue, schedules)
+    cfg = load_config(config)
+    [hot] = [s for s in cfg.named_schedules if s.name == "hot"]
+    log = tmp_path / "sweep.log"
+    registry = TargetRegistry([kinds.idempotency(harness.pool), held])
+    async with harness.run_worker(registry, config=cfg):
+        first = await harness.client.start_workflow(
+            "Purge",
+            cfg.scheduled_input(hot),
+            id=f"{hot.id}-{uuid.uuid4()}",
+            task_queue=harness.task_queue,
+        )
+        while not held.runs:
+            await asyncio.sleep(0.05)
+        await listed(
+            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
+        )
+        status = await sweep_beside(temporal_server, config, log, "waiting for it to end", release)
+
+    out = log.read_text()
+    assert status == 0, out
+    assert f"{first.id} (started " in out
+    assert "not this pass (it does not sweep x_idempotency); waiting for it to end" in out
+    assert re.search(r"^x_idempotency\s+1\s", out, re.MULTILINE), out
+    assert keys(harness.db, "x_idempotency") == {"c"}
+    assert len(held.runs) == 2  # hot's pass, then this sweep's, one after the other
+
+
+@pytest.mark.parametrize("held_as", ["another schedule's", "by hand"])
+async def test_sweep_beside_a_pass_of_none_of_its_targets(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, held_as: str
+) -> None:
+    """A running pass of x_auth only, and `sweep --target x_idempotency`. Another schedule's
+    pass runs on beside it: the sweep ends while that pass still runs. A pass by hand holds the
+    one id of passes by hand: the sweep says so, waits for it to end, then starts its own,
+    rather than print that pass's report as its own."""
+    idempotency_rows(harness.db, {"a": harness.now_ms - HOUR, "c": harness.now_ms + HOUR})
+    release = asyncio.Event()
+    held = Held("x_auth", release)
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    cfg = load_config(config)
+    log = tmp_path / "sweep.log"
+    by_hand = held_as == "by hand"
+    workflow_id = f"purge-sweep-{harness.task_queue}" if by_hand else f"purge-daily-{uuid.uuid4()}"
+    registry = TargetRegistry([kinds.idempotency(harness.pool), held])
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    async with harness.run_worker(registry, config=cfg):
+        first = await harness.client.start_workflow(
+            "Purge", cfg.pass_input(["x_auth"]), id=workflow_id, task_queue=harness.task_queue
+        )
+        try:
+            while not held.runs:
+                await asyncio.sleep(0.05)
+            await listed(
+                harness.client,
+                f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"',
+            )
+            if by_hand:
+                status = await sweep_beside(
+                    temporal_server, config, log, "waiting for it to end", release,
+                    "--target", "x_idempotency",
+                )  # fmt: skip
+            else:
+                sweeping = start(
+                    ["sweep", "--config", str(config), "--target", "x_idempotency"], env, log
+                )
+                try:
+                    status = await asyncio.to_thread(sweeping.wait, 60)
+                finally:
+                    stop(sweeping)
+                assert (await first.describe()).status == WorkflowExecutionStatus.RUNNING
+        finally:
+            release.set()
+        await first.result()
+
+    out = log.read_text()
+    assert status == 0, out
+    assert re.search(r"^x_idempotency\s+1\s", out, re.MULTILINE), out
+    assert keys(harness.db, "x_idempotency") == {"c"}
+    if by_hand:
+        assert (
+            f"a pass is already running under {workflow_id}, not this pass (it does not sweep "
+            "x_idempotency); waiting for it to end, then starting this one"
+        ) in out
+    else:
+        assert "waiting" not in out, out
 
 
 @pytest.mark.waits
