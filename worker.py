@@ -109,7 +109,7 @@ from purge_ops.passes import (
     pattern_tables,
     recent_passes,
     replay,
-    schedules_table,
+    schedules_report,
     sweep,
     tables_table,
 )
@@ -534,8 +534,7 @@ async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace)
 
 async def _report_schedules(client: Client, config: PurgeConfig, last: int) -> int:
     schedules = config.named_schedules
-    passes = await recent_passes(client, config.task_queue, last * (len(schedules) + 1))
-    _say(schedules_table(passes, schedules, config.target_names, last))
+    _say(await schedules_report(client, config.task_queue, schedules, config.target_names, last))
     return 0
 
 

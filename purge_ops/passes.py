@@ -353,13 +353,39 @@ class PassSummary:
     removed: dict[str, int | str] = field(default_factory=dict)
 
 
-async def recent_passes(client: Client, task_queue: str, last: int) -> list[PassSummary]:
-    """The last `last` passes on `task_queue`, newest first, with what each removed."""
+async def recent_passes(
+    client: Client, task_queue: str, last: int, id_prefix: str = ""
+) -> list[PassSummary]:
+    """The last `last` passes on `task_queue` (with `id_prefix`, those of one schedule), newest
+    first, with what each removed."""
+    query = purge_query(task_queue)
+    if id_prefix:
+        query += f" AND WorkflowId STARTS_WITH {json.dumps(id_prefix)}"
     found: list[PassSummary] = []
-    async for execution in client.list_workflows(purge_query(task_queue), limit=last):
+    async for execution in client.list_workflows(query, limit=last):
         found.append(await summarize(client, execution))
     found.sort(key=lambda s: s.started, reverse=True)
     return found[:last]
+
+
+#: How many of a task queue's newest passes `report` looks through for passes by hand among
+#: the named schedules' (each schedule's own are read by their id).
+BY_HAND_SCAN = 1000
+
+
+async def passes_by_hand(
+    client: Client, task_queue: str, last: int, scheduled: tuple[str, ...]
+) -> list[PassSummary]:
+    """The last `last` passes on `task_queue` whose ids start with none of `scheduled` (the
+    named schedules' `<schedule id>-`), among its newest BY_HAND_SCAN."""
+    found: list[PassSummary] = []
+    async for execution in client.list_workflows(purge_query(task_queue), limit=BY_HAND_SCAN):
+        if not execution.id.startswith(scheduled):
+            found.append(await summarize(client, execution))
+            if len(found) == last:
+                break
+    found.sort(key=lambda s: s.started, reverse=True)
+    return found
 
 
 async def summarize(client: Client, execution: WorkflowExecution) -> PassSummary:
@@ -394,27 +420,29 @@ async def summarize(client: Client, execution: WorkflowExecution) -> PassSummary
     return summary
 
 
-def schedules_table(
-    passes: Sequence[PassSummary],
+async def schedules_report(
+    client: Client,
+    task_queue: str,
     schedules: Sequence[ScheduleConfig],
     names: Sequence[str],
     last: int,
 ) -> str:
     """Under `[schedules.NAME]`: each schedule's last `last` passes (told by the workflow id
-    Temporal gives a scheduled run, `<schedule id>-<fire time>`), then any started by hand."""
+    Temporal gives a scheduled run, `<schedule id>-<fire time>`), each read by that id, so a
+    daily schedule's are there beside a five-minute one's; then any started by hand."""
     sections: list[str] = []
     for spec in schedules:
-        mine = [p for p in passes if p.workflow_id.startswith(f"{spec.id}-")]
+        mine = await recent_passes(client, task_queue, last, f"{spec.id}-")
         title = (
             f"schedule {spec.name} ({spec.id}, cron {spec.cron!r} in {spec.time_zone}): "
             + ", ".join(spec.targets)
         )
-        body = passes_table(mine[:last], spec.targets) if mine else "no passes yet"
+        body = passes_table(mine, spec.targets) if mine else "no passes yet"
         sections.append(f"{title}\n{body}")
     ids = tuple(f"{spec.id}-" for spec in schedules)
-    others = [p for p in passes if not p.workflow_id.startswith(ids)]
+    others = await passes_by_hand(client, task_queue, last, ids)
     if others:
-        sections.append(f"passes started by hand\n{passes_table(others[:last], names)}")
+        sections.append(f"passes started by hand\n{passes_table(others, names)}")
     return "\n\n".join(sections)
 
 

@@ -22,7 +22,7 @@ from purge_config.errors import ConfigError
 from purge_config.file import load_config
 from purge_ops.schedule import fingerprint
 from tests.conftest import Harness
-from tests.support.passes import listed
+from tests.support.passes import listed, run_pass
 from tests.support.procs import clean_env, run_main, worker_config
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -179,6 +179,45 @@ async def test_each_schedule_is_its_own_temporal_schedule_and_report_shows_each_
     assert f"schedule hot ({hot_id}, cron '*/5 * * * *' in UTC): x_idempotency" in hot_part
     assert re.search(rf"{hot_id}-\S+", hot_part), report.stdout
     assert "no passes yet" in daily_part
+
+
+async def test_report_reads_each_schedule_s_passes_by_its_id_beside_a_busier_one(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """A daily pass and one by hand, then three of the five-minute schedule's: `report --last 1`
+    still shows the daily pass under its schedule and the pass by hand under its heading, not
+    "no passes yet" because the busier schedule's passes are the newest."""
+    suffix = uuid.uuid4().hex[:8]
+    hot_id, daily_id = f"purge-hot-{suffix}", f"purge-daily-{suffix}"
+    path = worker_config(
+        tmp_path / "purge.toml",
+        harness.url,
+        harness.task_queue,
+        _schedules(hot_id, daily_id) + TARGETS,
+    )
+    config = load_config(path)
+    hot, daily = config.named_schedules
+    by_hand = f"purge-sweep-{harness.task_queue}"
+    builtins = [kinds.idempotency(harness.pool), kinds.auth(harness.pool)]
+    async with harness.run_worker(builtins, config=config):
+        tq = harness.task_queue
+        await run_pass(harness.client, tq, config.scheduled_input(daily), f"{daily_id}-1")
+        await run_pass(harness.client, tq, config.pass_input(), by_hand)
+        for n in range(3):
+            await run_pass(harness.client, tq, config.scheduled_input(hot), f"{hot_id}-{n}")
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 5)  # what it reads
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    report = await asyncio.to_thread(
+        run_main, "report", "--config", str(path), "--last", "1", env=env
+    )
+
+    assert report.returncode == 0, report.stderr
+    hot_part, _, rest = report.stdout.partition(f"schedule daily ({daily_id}")
+    daily_part, _, hand_part = rest.partition("passes started by hand")
+    assert re.findall(rf"{hot_id}-\d", hot_part) == [f"{hot_id}-2"], report.stdout
+    assert f"{daily_id}-1" in daily_part, report.stdout
+    assert "no passes yet" not in report.stdout
+    assert by_hand in hand_part, report.stdout
 
 
 async def test_a_schedule_dropped_from_the_config_is_said_to_be_left_behind(
