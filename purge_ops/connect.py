@@ -81,17 +81,10 @@ def trimming_failures(client: Client) -> Client:
     return Client(**config)
 
 
-async def connect_temporal(
-    address: str | None = None,
-    namespace: str | None = None,
-    metrics: str | None = None,
-) -> Client:
-    """A client from Temporal's own conventions (TEMPORAL_ADDRESS, profiles in temporal.toml, TLS,
-    API key), `address` and `namespace` overriding them, `localhost:7233` when nothing is set.
-
-    With `metrics` (HOST:PORT), the client's runtime serves Prometheus metrics there: the SDK's
-    own and those the activities record (`purge_rows_removed`, `purge_target_seconds`).
-    """
+def temporal_settings(address: str | None = None, namespace: str | None = None) -> Any:
+    """The client's settings from Temporal's own conventions (`connect_temporal`), or a
+    ConfigError for what is wrong in them: read before anything connects (`run` opens its
+    database pools first), so that a bad TEMPORAL_ADDRESS is said as such."""
     try:
         settings = ClientConfig.load_client_connect_config()
     except Exception as err:
@@ -109,6 +102,21 @@ async def connect_temporal(
             f"Temporal address {settings['target_host']!r}: give HOST:PORT, without a scheme "
             "(TLS is set by TEMPORAL_TLS or a profile in temporal.toml)"
         )
+    return settings
+
+
+async def connect_temporal(
+    address: str | None = None,
+    namespace: str | None = None,
+    metrics: str | None = None,
+) -> Client:
+    """A client from Temporal's own conventions (TEMPORAL_ADDRESS, profiles in temporal.toml, TLS,
+    API key), `address` and `namespace` overriding them, `localhost:7233` when nothing is set.
+
+    With `metrics` (HOST:PORT), the client's runtime serves Prometheus metrics there: the SDK's
+    own and those the activities record (`purge_rows_removed`, `purge_target_seconds`).
+    """
+    settings = temporal_settings(address, namespace)
     runtime: Runtime | None = None
     if metrics is not None:
         prometheus = PrometheusConfig(

@@ -26,6 +26,7 @@ from purge_ops.connect import (
     connect_temporal,
     lazy_pools,
     open_pool,
+    temporal_settings,
     trimming_failures,
 )
 from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
@@ -138,6 +139,7 @@ async def run_worker(
     """
     url = config.require_database_url() if config.needs_default_database else None
     url = url or config.database_url
+    temporal_settings(temporal_address)  # a bad TEMPORAL_ADDRESS said before the pools connect
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -93,6 +93,20 @@ def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, add
     assert f"Temporal address {address!r}" in one_line(done)
 
 
+def test_run_says_a_schemed_temporal_address_before_it_connects_to_the_database(
+    config: Path,
+) -> None:
+    """`run` opens its database pools before it connects to Temporal: the address is read
+    first, so a database out of reach does not hide it (a wait, then "cannot connect")."""
+    env = clean_env(
+        TEMPORAL_ADDRESS="http://127.0.0.1:7233",
+        PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@127.0.0.1:1/app?connect_timeout=1",
+    )
+    done = run_main("run", "--config", str(config), env=env)
+
+    assert "Temporal address 'http://127.0.0.1:7233': give HOST:PORT" in one_line(done)
+
+
 @pytest.mark.parametrize(
     ("content", "said"),
     [
