@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
@@ -25,6 +27,8 @@ from temporalio.service import TLSConfig
 from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
 from purge_config.errors import ConfigError
+
+log = logging.getLogger("purge.connect")
 
 DEFAULT_TEMPORAL_ADDRESS = "localhost:7233"
 APPLICATION_NAME = "temporal-pg-purge"
@@ -184,7 +188,8 @@ async def check_unless_quiet(conn: AsyncConnection[Any]) -> None:
     the socket: the socket is then readable, the check's empty query fails, and the pool opens
     another connection. A quiet socket is lent as it is: the check's round trip was one of the
     sweep's own (docs/decisions/round-trips.md). A peer gone without a word (a cable cut) is
-    found by neither: the empty query would wait as long as the sweep's first statement."""
+    found once the socket's keepalive probes go unanswered (CLIENT_KEEPALIVES, about a minute),
+    which makes it readable; before that, neither finds it."""
     if conn.closed or _readable(conn.fileno()):
         await AsyncConnectionPool.check_connection(conn)
 
@@ -195,6 +200,51 @@ def _readable(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
+
+
+#: The server's TCP settings for a sweep's session, where the server, the role and the URL
+#: leave them at their defaults (pg_settings.source): the server probes a silent client after
+#: 30 s, every 10 s, and drops it after 3 unanswered probes or 60 s of unacknowledged data.
+#: A sweep holds its table's advisory lock in its session: a killed worker's goes at once with
+#: its socket, but a worker whose host vanished (powered off, cut off) would hold it until the
+#: operating system's defaults gave up, about 2 h 11 min on Linux, every pass reporting the
+#: table busy meanwhile.
+SERVER_KEEPALIVES = {
+    "tcp_keepalives_idle": "30",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+#: libpq's own, the same way round: the worker finds a database server that vanished mid-sweep
+#: in about a minute, not two hours. A URL's own `keepalives*` parameters are kept.
+CLIENT_KEEPALIVES = {"keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+_SET_SERVER_KEEPALIVES = (
+    "SELECT set_config(s.name, v.value, false) FROM pg_settings s JOIN (VALUES "
+    + ", ".join(f"('{name}', '{value}')" for name, value in SERVER_KEEPALIVES.items())
+    + ") AS v (name, value) USING (name) WHERE s.source = 'default'"
+)
+
+
+def pool_kwargs(url: str) -> dict[str, Any]:
+    """The connection parameters a pool adds to `url`: autocommit, the application's name and
+    CLIENT_KEEPALIVES where the URL sets none of its own."""
+    try:
+        given = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        given = {}  # libpq refuses it as the pool connects, said there as before
+    keep = {k: v for k, v in CLIENT_KEEPALIVES.items() if k not in given}
+    return {"autocommit": True, "application_name": APPLICATION_NAME, **keep}
+
+
+async def keep_alive(conn: AsyncConnection[Any]) -> None:
+    """A new session's SERVER_KEEPALIVES (the pool's `configure`): one round trip a session,
+    which the pool keeps a day. Ignored by the server on a Unix socket. A server that refuses
+    them (a proxy's own rules) leaves the session as it was, said in the log: the sweep needs
+    the session more than the probes."""
+    try:
+        await conn.execute(_SET_SERVER_KEEPALIVES)
+    except psycopg.DatabaseError as err:
+        log.warning("the session's TCP keepalives were left as the server has them: %s", err)
 
 
 #: How long a pool keeps a session (psycopg_pool takes up to 5% off it). psycopg_pool's own
@@ -220,7 +270,8 @@ async def open_pool(
         max_size=max_size,
         name="purge",
         max_lifetime=SESSION_LIFETIME_S,
-        kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+        kwargs=pool_kwargs(url),
+        configure=keep_alive,
         # A server restarted under us leaves dead sockets in the pool: test before lending.
         check=check_unless_quiet,
     )
@@ -273,7 +324,8 @@ class LazyPool:
             max_size=max_size,
             name=f"purge-{name}",
             max_lifetime=SESSION_LIFETIME_S,
-            kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+            kwargs=pool_kwargs(url),
+            configure=keep_alive,
             check=check_unless_quiet,
             timeout=wait_seconds,
         )

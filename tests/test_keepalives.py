@@ -1,0 +1,73 @@
+"""A sweep's session asks both ends to notice a silent peer within about a minute
+(`purge_ops.connect.SERVER_KEEPALIVES`, `CLIENT_KEEPALIVES`): the server frees the advisory lock
+of a worker whose host vanished, the worker stops waiting on a database server that vanished.
+What the server, the role or the URL already set is kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from purge_ops.connect import CLIENT_KEEPALIVES, SERVER_KEEPALIVES, LazyPool, open_pool
+
+
+async def server_settings(conn: psycopg.AsyncConnection[Any]) -> dict[str, tuple[str, str]]:
+    """Each of SERVER_KEEPALIVES in this session: (its value, where it came from)."""
+    cur = await conn.execute(
+        "SELECT name, setting, source FROM pg_settings WHERE name = ANY(%s)",
+        (list(SERVER_KEEPALIVES),),
+    )
+    return {name: (setting, source) for name, setting, source in await cur.fetchall()}
+
+
+def on_tcp(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the session came over TCP (the server reads its keepalives as 0 on a socket)."""
+    return not conn.info.host.startswith("/")
+
+
+async def test_a_pool_s_session_probes_a_silent_peer_at_both_ends(schema_url: str) -> None:
+    pool = await open_pool(schema_url)
+    try:
+        async with pool.connection() as conn:
+            server = await server_settings(conn)
+            client, tcp = conn.info.get_parameters(), on_tcp(conn)
+    finally:
+        await pool.close()
+
+    assert {name: source for name, (_, source) in server.items()} == dict.fromkeys(
+        SERVER_KEEPALIVES, "session"
+    )
+    if tcp:
+        assert {name: value for name, (value, _) in server.items()} == SERVER_KEEPALIVES
+    assert {k: client.get(k) for k in CLIENT_KEEPALIVES} == {
+        k: str(v) for k, v in CLIENT_KEEPALIVES.items()
+    }
+
+
+async def test_what_the_url_or_the_role_sets_is_kept(
+    schema_url: str, db: psycopg.Connection[Any], role: str
+) -> None:
+    """The URL's own `keepalives_idle` and its `options` (-c tcp_keepalives_idle), and the
+    role's own tcp_user_timeout; the rest as the package sets them. A database routed by
+    `[databases.NAME]` (LazyPool) the same."""
+    db.execute(f'ALTER ROLE "{role}" SET tcp_user_timeout = 90000')
+    url = make_conninfo(
+        schema_url, user=role, keepalives_idle=45, options="-c tcp_keepalives_idle=50"
+    )
+    lazy = LazyPool("eu", url)
+    try:
+        async with lazy.connection() as conn:
+            server = await server_settings(conn)
+            client, tcp = conn.info.get_parameters(), on_tcp(conn)
+    finally:
+        await lazy.close()
+
+    assert server["tcp_keepalives_idle"][1] == "client"
+    assert server["tcp_user_timeout"][1] == "user"
+    assert server["tcp_keepalives_count"][1] == "session"
+    if tcp:
+        assert server["tcp_keepalives_idle"][0] == "50"
+        assert server["tcp_user_timeout"][0] == "90000"
+    assert (client.get("keepalives_idle"), client.get("keepalives_count")) == ("45", "3")
