@@ -45,7 +45,9 @@ def fill(db: psycopg.Connection[Any], rows: int) -> int:
 
 
 def wal(db: psycopg.Connection[Any]) -> int:
-    return int(db.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+    """The WAL made so far: its insert position (the write position lags it while lazily
+    committed batches wait for the WAL writer, and would hide WAL made under the cap)."""
+    return int(db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
 
 
 async def paced_sweep(
