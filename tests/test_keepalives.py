@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from purge_ops.connect import CLIENT_KEEPALIVES, SERVER_KEEPALIVES, LazyPool, open_pool
 
@@ -27,14 +28,20 @@ def on_tcp(conn: psycopg.AsyncConnection[Any]) -> bool:
     return not conn.info.host.startswith("/")
 
 
-async def test_a_pool_s_session_probes_a_silent_peer_at_both_ends(schema_url: str) -> None:
-    pool = await open_pool(schema_url)
+async def session_of(
+    pool: AsyncConnectionPool[Any] | LazyPool,
+) -> tuple[dict[str, tuple[str, str]], dict[str, str], bool]:
+    """A session of `pool`, closed after: its server settings, libpq's parameters and whether
+    it came over TCP."""
     try:
         async with pool.connection() as conn:
-            server = await server_settings(conn)
-            client, tcp = conn.info.get_parameters(), on_tcp(conn)
+            return await server_settings(conn), conn.info.get_parameters(), on_tcp(conn)
     finally:
         await pool.close()
+
+
+async def test_a_pool_s_session_probes_a_silent_peer_at_both_ends(schema_url: str) -> None:
+    server, client, tcp = await session_of(await open_pool(schema_url))
 
     assert {name: source for name, (_, source) in server.items()} == dict.fromkeys(
         SERVER_KEEPALIVES, "session"
@@ -56,13 +63,7 @@ async def test_what_the_url_or_the_role_sets_is_kept(
     url = make_conninfo(
         schema_url, user=role, keepalives_idle=45, options="-c tcp_keepalives_idle=50"
     )
-    lazy = LazyPool("eu", url)
-    try:
-        async with lazy.connection() as conn:
-            server = await server_settings(conn)
-            client, tcp = conn.info.get_parameters(), on_tcp(conn)
-    finally:
-        await lazy.close()
+    server, client, tcp = await session_of(LazyPool("eu", url))
 
     assert server["tcp_keepalives_idle"][1] == "client"
     assert server["tcp_user_timeout"][1] == "user"

@@ -128,20 +128,22 @@ def test_a_target_in_two_schedules_or_in_none_is_refused_in_one_line(
     assert "\n" not in str(refused.value)
 
 
+def two_schedules(tmp_path: Path, harness: Harness) -> tuple[Path, str, str]:
+    """A config of `_schedules` with ids of the test's own: its path, hot's id and daily's."""
+    suffix = uuid.uuid4().hex[:8]
+    hot_id, daily_id = f"purge-hot-{suffix}", f"purge-daily-{suffix}"
+    targets = _schedules(hot_id, daily_id) + TARGETS
+    path = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, targets)
+    return path, hot_id, daily_id
+
+
 async def test_each_schedule_is_its_own_temporal_schedule_and_report_shows_each_ones_passes(
     tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
 ) -> None:
     """`schedule` makes both, each with its cron, time zone, overlap SKIP and only its targets;
     `sweep --schedule hot` runs the hot targets through that schedule and touches nothing else;
     `report` shows the hot pass under its schedule and none yet under the daily one."""
-    suffix = uuid.uuid4().hex[:8]
-    hot_id, daily_id = f"purge-hot-{suffix}", f"purge-daily-{suffix}"
-    path = worker_config(
-        tmp_path / "purge.toml",
-        harness.url,
-        harness.task_queue,
-        _schedules(hot_id, daily_id) + TARGETS,
-    )
+    path, hot_id, daily_id = two_schedules(tmp_path, harness)
     config = load_config(path)
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
     auth_rows(harness.db, {"f-old": harness.now_ms - HOUR}, {})
@@ -187,14 +189,7 @@ async def test_report_reads_each_schedule_s_passes_by_its_id_beside_a_busier_one
     """A daily pass and one by hand, then three of the five-minute schedule's: `report --last 1`
     still shows the daily pass under its schedule and the pass by hand under its heading, not
     "no passes yet" because the busier schedule's passes are the newest."""
-    suffix = uuid.uuid4().hex[:8]
-    hot_id, daily_id = f"purge-hot-{suffix}", f"purge-daily-{suffix}"
-    path = worker_config(
-        tmp_path / "purge.toml",
-        harness.url,
-        harness.task_queue,
-        _schedules(hot_id, daily_id) + TARGETS,
-    )
+    path, hot_id, daily_id = two_schedules(tmp_path, harness)
     config = load_config(path)
     hot, daily = config.named_schedules
     by_hand = f"purge-sweep-{harness.task_queue}"

@@ -29,6 +29,7 @@ from temporalio.client import (
     ScheduleRange,
     ScheduleSpec,
     WorkflowExecutionStatus,
+    WorkflowHandle,
 )
 from temporalio.worker import Worker
 
@@ -399,6 +400,22 @@ class Held:
         return await self.purge_expired(now_ms)
 
 
+async def held_pass(
+    harness: Harness, held: Held, request: dict[str, Any], workflow_id: str
+) -> WorkflowHandle[Any, Any]:
+    """A pass of `request` started by hand, once `held` runs in it and visibility lists it as
+    running: `sweep` finds running passes there, and it lags the history."""
+    handle: WorkflowHandle[Any, Any] = await harness.client.start_workflow(
+        "Purge", request, id=workflow_id, task_queue=harness.task_queue
+    )
+    while not held.runs:
+        await asyncio.sleep(0.05)
+    await listed(
+        harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
+    )
+    return handle
+
+
 async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_another(
     tmp_path: Path,
     temporal_server: RunningTemporal,
@@ -413,18 +430,8 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
     )
     log = tmp_path / "sweep.log"
     async with harness.run_worker([held], config=load_config(config)):
-        first = await harness.client.start_workflow(
-            "Purge",
-            load_config(config).pass_input(),
-            id=f"purge-hourly-{uuid.uuid4()}",
-            task_queue=harness.task_queue,
-        )
-        while not held.runs:
-            await asyncio.sleep(0.05)
-        # `sweep` finds the running pass through visibility, which lags the history.
-        await listed(
-            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
-        )
+        request = load_config(config).pass_input()
+        first = await held_pass(harness, held, request, f"purge-hourly-{uuid.uuid4()}")
         # It finds the pass and says it waits on it; it is still there, waiting.
         status = await sweep_beside(temporal_server, config, log, "waiting for it", release)
 
@@ -509,15 +516,7 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
     request = cfg.pass_input(dry_run=True) if running == "dry run" else {"targets": [held.name]}
     log = tmp_path / "sweep.log"
     async with harness.run_worker(registry, config=cfg):
-        first = await harness.client.start_workflow(
-            "Purge", request, id=f"purge-hourly-{uuid.uuid4()}", task_queue=harness.task_queue
-        )
-        while not held.runs:
-            await asyncio.sleep(0.05)
-        # `sweep` finds the running pass through visibility, which lags the history.
-        await listed(
-            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
-        )
+        first = await held_pass(harness, held, request, f"purge-hourly-{uuid.uuid4()}")
         status = await sweep_beside(temporal_server, config, log, "waiting for it to end", release)
 
     out = log.read_text()
@@ -549,17 +548,7 @@ async def test_sweep_waits_out_another_schedule_s_pass_of_some_of_its_targets(
     log = tmp_path / "sweep.log"
     registry = TargetRegistry([kinds.idempotency(harness.pool), held])
     async with harness.run_worker(registry, config=cfg):
-        first = await harness.client.start_workflow(
-            "Purge",
-            cfg.scheduled_input(hot),
-            id=f"{hot.id}-{uuid.uuid4()}",
-            task_queue=harness.task_queue,
-        )
-        while not held.runs:
-            await asyncio.sleep(0.05)
-        await listed(
-            harness.client, f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"'
-        )
+        first = await held_pass(harness, held, cfg.scheduled_input(hot), f"{hot.id}-{uuid.uuid4()}")
         status = await sweep_beside(temporal_server, config, log, "waiting for it to end", release)
 
     out = log.read_text()
@@ -590,16 +579,8 @@ async def test_sweep_beside_a_pass_of_none_of_its_targets(
     registry = TargetRegistry([kinds.idempotency(harness.pool), held])
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     async with harness.run_worker(registry, config=cfg):
-        first = await harness.client.start_workflow(
-            "Purge", cfg.pass_input(["x_auth"]), id=workflow_id, task_queue=harness.task_queue
-        )
+        first = await held_pass(harness, held, cfg.pass_input(["x_auth"]), workflow_id)
         try:
-            while not held.runs:
-                await asyncio.sleep(0.05)
-            await listed(
-                harness.client,
-                f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Running"',
-            )
             if by_hand:
                 status = await sweep_beside(
                     temporal_server, config, log, "waiting for it to end", release,
