@@ -129,7 +129,9 @@ class PurgeActivities:
         # starts as a first attempt with nothing heartbeated: only the ledger knows what the
         # dead one deleted. Without it, its count can only be a lower bound.
         resumed.short = resumed.short or info.is_local
-        beat = _Beat(step.name, resumed)
+        # Left cleanly, the earlier attempts put `heartbeat_count` rows of this pass into the
+        # counter; a retry after a death starts from nothing it can know (`_Beat.counted`).
+        beat = _Beat(step.name, resumed, counted=heartbeat_count if left_cleanly else None)
         ledger = LedgerKey(
             info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms
         )
@@ -151,11 +153,12 @@ class PurgeActivities:
                 resumed.clean_exit = True
                 _heartbeat(resumed.details())
                 raise
-        if stats.ledger and left_cleanly and stats.ledger_start > heartbeat_count:
+        if stats.ledger and beat.counted is not None and stats.ledger_start > beat.counted:
             # The earlier attempt left cleanly, having added to the counter every batch it saw
             # commit; the ledger also holds any batch whose commit reply it lost (a server
-            # crash after COMMIT). Only those are missing from the metric: add them now.
-            _rows_removed().add(stats.ledger_start - heartbeat_count, {"target": step.name})
+            # crash after COMMIT). With no batch of this attempt to carry them (`after_batch`),
+            # they are missing from the metric: add them now.
+            _rows_removed().add(stats.ledger_start - beat.counted, {"target": step.name})
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
@@ -224,9 +227,16 @@ def _record_gauges(name: str, sweep: PurgeSweep) -> None:
 class _Beat:
     """The heartbeat of one sweep: after every batch, and every few seconds in between."""
 
-    def __init__(self, name: str, progress: Progress | None = None) -> None:
+    def __init__(
+        self, name: str, progress: Progress | None = None, counted: int | None = None
+    ) -> None:
         self.name = name
         self.progress = progress
+        self.counted = counted
+        """The pass's rows the counter holds for this target, where that is known (a retry
+        of an attempt that left cleanly): the counter then follows the pass's count, which
+        the ledger may raise by rows an earlier attempt deleted and never reported. None: it
+        adds each batch's rows."""
 
     def after_batch(self, progress: Progress) -> None:
         # Every batch's progress, so a retried attempt resumes after the last one that reached
@@ -237,8 +247,15 @@ class _Beat:
         # retry after a death in between resumes from the ledger, or counts as short).
         if not progress.final:
             _heartbeat(progress.details())
-        if progress.batch_removed:
-            _rows_removed().add(progress.batch_removed, {"target": self.name})
+        if self.counted is None:
+            if progress.batch_removed:
+                _rows_removed().add(progress.batch_removed, {"target": self.name})
+        elif progress.removed > self.counted:
+            # Seen in a retry whose first attempt lost a batch's commit reply, then whose second
+            # failed after a batch: adding only each batch's rows left the lost batch's out for
+            # good, since the second attempt's heartbeat already held the ledger's total.
+            _rows_removed().add(progress.removed - self.counted, {"target": self.name})
+            self.counted = progress.removed
         if progress.partition:
             metrics.PARTITIONS_REMOVED.on(_meter()).add(1, {"target": self.name})
 
