@@ -244,6 +244,8 @@ async def keep_alive(conn: AsyncConnection[Any]) -> None:
     try:
         await conn.execute(_SET_SERVER_KEEPALIVES)
     except psycopg.DatabaseError as err:
+        if conn.broken:
+            raise  # the connection itself failed: the pool makes another
         log.warning("the session's TCP keepalives were left as the server has them: %s", err)
 
 

@@ -213,15 +213,16 @@ def summarize(config: PurgeConfig, spec: ScheduleConfig, described: ScheduleDesc
     """One paragraph a person reads to know what will run, when."""
     paused = described.schedule.state.paused
     state = " (PAUSED)" if paused else ""
-    runs = ", ".join(
-        t.strftime("%Y-%m-%d %H:%M:%S %Z") for t in described.info.next_action_times[:3]
-    )
     if paused:
         # The server's next action times of a paused schedule are the ones it had when it was
         # paused (past ones among them): none of them will start a pass.
         runs = (
             "none while paused (`temporal schedule toggle --schedule-id "
             f"{spec.id} --unpause` resumes it)"
+        )
+    else:
+        runs = ", ".join(
+            t.strftime("%Y-%m-%d %H:%M:%S %Z") for t in described.info.next_action_times[:3]
         )
     return (
         f"schedule {spec.id}{state}: cron {spec.cron!r} in {spec.time_zone}, "
