@@ -95,10 +95,10 @@ async def killed_attempt(
 
 
 async def retried_attempt(
-    pool: AsyncConnectionPool[Any], run_id: str, heartbeat: dict[str, Any]
+    pool: AsyncConnectionPool[Any], run_id: str, heartbeat: dict[str, Any], attempt: int = 2
 ) -> PurgeSweep:
-    """Attempt 2 of the same pass, resumed from `heartbeat`."""
-    env = activity_env(workflow_run_id=run_id, attempt=2, heartbeat_details=[heartbeat])
+    """Attempt `attempt` of the same pass, resumed from `heartbeat`, to its end."""
+    env = activity_env(workflow_run_id=run_id, attempt=attempt, heartbeat_details=[heartbeat])
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
     result: PurgeSweep = await env.run(
         activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
@@ -308,6 +308,32 @@ async def test_a_pass_through_temporal_leaves_its_exact_count_in_the_ledger(
     assert row == ("purge-ledger", 7)
 
 
+async def cleanly_stopped_attempt(
+    pool: AsyncConnectionPool[Any],
+    attempt: int,
+    run_id: str,
+    resume: dict[str, Any] | None,
+    reports: int,
+) -> list[dict[str, Any]]:
+    """Attempt `attempt` of the pass, resumed from `resume`, stopped after `reports` batch
+    heartbeats, as a lost connection stops one: its heartbeats, the last a clean exit."""
+    info: dict[str, Any] = {"workflow_run_id": run_id, "attempt": attempt}
+    env = activity_env(**info, heartbeat_details=[resume] if resume else [])
+    beats: list[dict[str, Any]] = []
+
+    def beat(*details: Any) -> None:
+        beats.append(details[0])
+        if sum(1 for d in beats if "batch_ms" in d and not d.get("clean_exit")) == reports:
+            env.cancel()
+
+    env.on_heartbeat = beat
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
+    assert beats[-1]["clean_exit"] is True
+    return beats
+
+
 async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
@@ -316,25 +342,10 @@ async def test_a_count_once_short_stays_marked_through_later_clean_attempts(
     db.execute("DROP TABLE purge_progress")
     expired = fill(db, 40_000)
     run_id, stale = await killed_attempt(pool, kept=2, die_after=6)
-    env = activity_env(workflow_run_id=run_id, attempt=2, heartbeat_details=[stale])
-    beats: list[dict[str, Any]] = []
-
-    def beat(*details: Any) -> None:
-        beats.append(details[0])
-        if sum(1 for d in beats if "batch_ms" in d) == 3:
-            env.cancel()
-
-    env.on_heartbeat = beat
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
-    with pytest.raises(asyncio.CancelledError):
-        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
-    assert beats[-1]["clean_exit"] is True
+    beats = await cleanly_stopped_attempt(pool, 2, run_id, stale, 3)
     assert all(b["short"] for b in beats if "batch_ms" in b)
 
-    third = activity_env(workflow_run_id=run_id, attempt=3, heartbeat_details=[beats[-1]])
-    result: PurgeSweep = await third.run(
-        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
-    )
+    result = await retried_attempt(pool, run_id, beats[-1], attempt=3)
 
     assert expired_left(db) == 0
     assert result.removed < expired
@@ -352,32 +363,6 @@ class CounterAdds:
         self.added.append(value)
 
 
-async def cleanly_stopped_attempt(
-    pool: AsyncConnectionPool[Any],
-    attempt: int,
-    run_id: str,
-    resume: dict[str, Any] | None,
-    reports: int,
-) -> dict[str, Any]:
-    """Attempt `attempt` of the pass, resumed from `resume`, stopped after `reports` batch
-    heartbeats, as a lost connection stops one: its last heartbeat (a clean exit)."""
-    info: dict[str, Any] = {"workflow_run_id": run_id, "attempt": attempt}
-    env = activity_env(**info, heartbeat_details=[resume] if resume else [])
-    beats: list[dict[str, Any]] = []
-
-    def beat(*details: Any) -> None:
-        beats.append(details[0])
-        if sum(1 for d in beats if "batch_ms" in d and not d.get("clean_exit")) == reports:
-            env.cancel()
-
-    env.on_heartbeat = beat
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
-    with pytest.raises(asyncio.CancelledError):
-        await env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
-    assert beats[-1]["clean_exit"] is True
-    return beats[-1]
-
-
 async def test_the_counter_holds_a_batch_whose_reply_was_lost_through_two_more_attempts(
     db: psycopg.Connection[Any],
     pool: AsyncConnectionPool[Any],
@@ -393,7 +378,7 @@ async def test_the_counter_holds_a_batch_whose_reply_was_lost_through_two_more_a
     monkeypatch.setattr("activities.sweep._rows_removed", lambda: counter)
     expired = fill(db, 40_000)
     run_id = activity_env().info.workflow_run_id
-    first = await cleanly_stopped_attempt(pool, 1, run_id, None, GROUP)
+    [*_, first] = await cleanly_stopped_attempt(pool, 1, run_id, None, GROUP)
     assert sum(counter.added) == first["removed"]
     db.execute(
         "DELETE FROM x_idempotency WHERE key IN (SELECT key FROM x_idempotency"
@@ -402,12 +387,8 @@ async def test_the_counter_holds_a_batch_whose_reply_was_lost_through_two_more_a
     )
     db.execute("UPDATE purge_progress SET removed = removed + 50 WHERE run_id = %s", (run_id,))
 
-    second = await cleanly_stopped_attempt(pool, 2, run_id, first, GROUP)
-    third = activity_env(workflow_run_id=run_id, attempt=3, heartbeat_details=[second])
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
-    result: PurgeSweep = await third.run(
-        activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
-    )
+    [*_, second] = await cleanly_stopped_attempt(pool, 2, run_id, first, GROUP)
+    result = await retried_attempt(pool, run_id, second, attempt=3)
 
     assert expired_left(db) == 0
     assert result.removed == expired
