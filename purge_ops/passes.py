@@ -354,13 +354,19 @@ class PassSummary:
 
 
 async def recent_passes(
-    client: Client, task_queue: str, last: int, id_prefix: str = ""
+    client: Client,
+    task_queue: str,
+    last: int,
+    id_prefix: str = "",
+    not_prefixes: Sequence[str] = (),
 ) -> list[PassSummary]:
-    """The last `last` passes on `task_queue` (with `id_prefix`, those of one schedule), newest
-    first, with what each removed."""
+    """The last `last` passes on `task_queue` (with `id_prefix`, those of one schedule, less any
+    whose id starts with one of `not_prefixes`), newest first, with what each removed."""
     query = purge_query(task_queue)
     if id_prefix:
         query += f" AND WorkflowId STARTS_WITH {json.dumps(id_prefix)}"
+    for prefix in not_prefixes:
+        query += f" AND WorkflowId NOT STARTS_WITH {json.dumps(prefix)}"
     found: list[PassSummary] = []
     async for execution in client.list_workflows(query, limit=last):
         found.append(await summarize(client, execution))
@@ -431,16 +437,18 @@ async def schedules_report(
     Temporal gives a scheduled run, `<schedule id>-<fire time>`), each read by that id, so a
     daily schedule's are there beside a five-minute one's; then any started by hand."""
     sections: list[str] = []
-    for spec in schedules:
-        mine = await recent_passes(client, task_queue, last, f"{spec.id}-")
+    prefixes = [f"{spec.id}-" for spec in schedules]
+    for spec, mine_prefix in zip(schedules, prefixes, strict=True):
+        # `purge-hot-eu-…` starts with `purge-hot-` too: another schedule's passes, not hot's.
+        longer = [p for p in prefixes if p != mine_prefix and p.startswith(mine_prefix)]
+        mine = await recent_passes(client, task_queue, last, mine_prefix, longer)
         title = (
             f"schedule {spec.name} ({spec.id}, cron {spec.cron!r} in {spec.time_zone}): "
             + ", ".join(spec.targets)
         )
         body = passes_table(mine, spec.targets) if mine else "no passes yet"
         sections.append(f"{title}\n{body}")
-    ids = tuple(f"{spec.id}-" for spec in schedules)
-    others = await passes_by_hand(client, task_queue, last, ids)
+    others = await passes_by_hand(client, task_queue, last, tuple(prefixes))
     if others:
         sections.append(f"passes started by hand\n{passes_table(others, names)}")
     return "\n\n".join(sections)

@@ -128,10 +128,14 @@ def test_a_target_in_two_schedules_or_in_none_is_refused_in_one_line(
     assert "\n" not in str(refused.value)
 
 
-def two_schedules(tmp_path: Path, harness: Harness) -> tuple[Path, str, str]:
-    """A config of `_schedules` with ids of the test's own: its path, hot's id and daily's."""
+def two_schedules(
+    tmp_path: Path, harness: Harness, daily: str = "purge-daily-{suffix}"
+) -> tuple[Path, str, str]:
+    """A config of `_schedules` with ids of the test's own (`daily` formatted with hot's id and
+    the suffix): its path, hot's id and daily's."""
     suffix = uuid.uuid4().hex[:8]
-    hot_id, daily_id = f"purge-hot-{suffix}", f"purge-daily-{suffix}"
+    hot_id = f"purge-hot-{suffix}"
+    daily_id = daily.format(hot=hot_id, suffix=suffix)
     targets = _schedules(hot_id, daily_id) + TARGETS
     path = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, targets)
     return path, hot_id, daily_id
@@ -213,6 +217,29 @@ async def test_report_reads_each_schedule_s_passes_by_its_id_beside_a_busier_one
     assert f"{daily_id}-1" in daily_part, report.stdout
     assert "no passes yet" not in report.stdout
     assert by_hand in hand_part, report.stdout
+
+
+async def test_report_keeps_apart_two_schedules_whose_ids_prefix_each_other(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """`purge-hot-…` and `purge-hot-…-eu`: the eu schedule's passes start with hot's id and a
+    dash too, yet `report` shows each pass under its own schedule only."""
+    path, hot_id, eu_id = two_schedules(tmp_path, harness, daily="{hot}-eu")
+    config = load_config(path)
+    hot, eu = config.named_schedules
+    builtins = [kinds.idempotency(harness.pool), kinds.auth(harness.pool)]
+    async with harness.run_worker(builtins, config=config):
+        tq = harness.task_queue
+        await run_pass(harness.client, tq, config.scheduled_input(hot), f"{hot_id}-1")
+        await run_pass(harness.client, tq, config.scheduled_input(eu), f"{eu_id}-1")
+    await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 2)  # what it reads
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    report = await asyncio.to_thread(run_main, "report", "--config", str(path), env=env)
+
+    assert report.returncode == 0, report.stderr
+    hot_part, _, eu_part = report.stdout.partition(f"schedule daily ({eu_id}")
+    assert re.findall(r"purge-hot-\S+-1\b", hot_part) == [f"{hot_id}-1"], report.stdout
+    assert re.findall(r"purge-hot-\S+-1\b", eu_part) == [f"{eu_id}-1"], report.stdout
 
 
 async def test_a_schedule_dropped_from_the_config_is_said_to_be_left_behind(
