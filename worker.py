@@ -514,6 +514,16 @@ async def _discover(opts: argparse.Namespace) -> int:
 
 async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
     if opts.tables:
+        wild = [t.name for t in config.targets if t.pattern is not None]
+        if opts.tables not in wild:
+            # A typo would otherwise read like a pattern target no pass swept yet.
+            listed = ", ".join(wild) or "none"
+            print(
+                f"{PROG}: report --tables: the config names no pattern target {opts.tables!r} "
+                f"(its pattern targets: {listed})",
+                file=sys.stderr,
+            )
+            return 2
         found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
         if found is None:
             _say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")

@@ -364,6 +364,16 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         assert [r[0] for r in rows] == [f"sessions@{prefix}_{i:04d}" for i in range(6)]
         assert [int(r[1]) for r in rows] == [expired_of(i) for i in range(6)]
 
+        # A name the config gives no pattern target is a typo, not a pattern not swept yet.
+        typo = await asyncio.to_thread(
+            run_main, "report", "--config", str(path), "--tables", "session", env=env
+        )
+        assert typo.returncode == 2, typo.stdout
+        assert typo.stderr.strip().splitlines() == [
+            "pg-purge: report --tables: the config names no pattern target 'session' "
+            "(its pattern targets: sessions)"
+        ]
+
 
 async def test_a_spent_budget_skips_the_matches_and_deletes_nothing(
     pg_url: str,
