@@ -98,6 +98,7 @@ from purge_config.file import (
     path_shown,
 )
 from purge_config.names import STEP_NAME
+from purge_config.patterns import split_match_name
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
 from purge_ops.checks import check_passes, check_targets
@@ -473,15 +474,30 @@ def _sweep_plan(
 
 def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
     """Why `--target names` cannot be a pass of this config (empty when they can): a name given
-    twice, or one the config does not name (known only where no `python` target's factory may
-    provide more than its `names`)."""
+    twice, one the config does not name (known only where no `python` target's factory may
+    provide more than its `names`), or a pattern target's `NAME@SUFFIX` whose suffix no table
+    of the pattern could have."""
     twice = duplicate_names(names)
     if twice:
         return f"{twice[0]!r} given twice"
     if any(t.kind == "python" for t in config.targets):
         return ""
     known = set(config.target_names)
-    unknown = [name for name in names if name not in known]
+    wild = {t.name: t for t in config.targets if t.pattern is not None}
+    unknown: list[str] = []
+    for name in names:
+        if name in known:
+            continue
+        split = split_match_name(name)
+        pattern = wild.get(split[0]) if split else None
+        if pattern is None:
+            unknown.append(name)
+        elif pattern.matched(name) is None:
+            # `sessions@tenant_0042` is one table of a pattern target; its suffix must fit.
+            return (
+                f"{name!r} names no table the pattern {pattern.name!r} "
+                f"({pattern.tables[0]}) could match"
+            )
     if not unknown:
         return ""
     listed = ", ".join(config.target_names[:10])

@@ -25,6 +25,7 @@ from purge_config.fleet import (
     parse_queues,
 )
 from purge_config.names import QUEUE_NAME
+from purge_config.patterns import split_match_name
 from purge_config.schedules import (
     ScheduleConfig,
     check_membership,
@@ -163,6 +164,13 @@ class PurgeConfig:
         task queue of each database's activities (`own_queue` for this config's own)."""
         names = self.target_names if names is None else names
         on = {t.name: t.database for t in self.targets if t.database}
+        # One table of a pattern named by hand (`sessions@tenant_0042`) is on its pattern's
+        # database, and its activity goes to that database's queue.
+        wild_on = {t.name: t.database for t in self.targets if t.pattern and t.database}
+        for name in names:
+            split = split_match_name(name)
+            if split and split[0] in wild_on and name not in on:
+                on[name] = wild_on[split[0]]
         own = self.own_queue
         if own is not None:
             # Named, so that `queues` can route the default database's activities too.

@@ -375,6 +375,78 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         ]
 
 
+async def test_sweep_target_of_one_matched_table_sweeps_that_table_alone(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    pg_url: str,
+    schema_url: str,
+    harness: Harness,
+) -> None:
+    """`pg-purge sweep --target sessions@PREFIX_0001` sweeps that tenant's table and no other:
+    the name is checked against the pattern, not refused as a target the config does not
+    list; a suffix the pattern cannot match is refused in one line."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(3), harness.now_ms)
+        path = tmp_path / "purge.toml"
+        path.write_text(
+            f"database_url = {json.dumps(schema_url)}\n"
+            f"task_queue = {json.dumps(harness.task_queue)}\n"
+            "[[targets]]\n"
+            'kind = "expiring"\nname = "sessions"\n'
+            f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
+        )
+        config = load_config(path)
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+        one = f"sessions@{prefix}_0001"
+        misfit = await asyncio.to_thread(
+            run_main, "sweep", "--config", str(path), "--target", "sessions@other_0001", env=env
+        )
+        async with harness.run_worker(build_registry(config, harness.pool), config=config):
+            swept = await asyncio.to_thread(
+                run_main, "sweep", "--config", str(path), "--target", one, env=env
+            )
+
+        assert misfit.returncode == 2, misfit.stdout
+        assert misfit.stderr.strip().splitlines() == [
+            "pg-purge: sweep --target: 'sessions@other_0001' names no table the pattern "
+            f"'sessions' ({prefix}_*.sessions) could match"
+        ]
+        assert swept.returncode == 0, swept.stderr
+        line = rf"^{re.escape(one)}\s+{expired_of(1)}\s.*\sok$"
+        assert re.search(line, swept.stdout, re.MULTILINE), swept.stdout
+        assert counts(conn, prefix, harness.now_ms) == {
+            f"{prefix}_0000": (expired_of(0), 2),
+            f"{prefix}_0001": (0, 2),
+            f"{prefix}_0002": (expired_of(2), 2),
+        }
+
+
+def test_one_matched_table_by_hand_goes_to_its_pattern_s_database_queue() -> None:
+    """On a database with a task queue of its own, `sessions@tenant_0042` is routed as its
+    pattern is: its activity goes to that database's queue, not the default one."""
+    config = parse_config(
+        {
+            "databases": {"eu": {"url": "postgresql://u@eu/app", "task_queue": "purge-eu"}},
+            "targets": [
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": "tenant_*.sessions",
+                    "column": "expires_at",
+                    "database": "eu",
+                }
+            ],
+        },
+        env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
+    )
+
+    request = config.pass_input(["sessions@tenant_0042"])
+
+    assert request["databases"] == {"sessions@tenant_0042": "eu"}
+    assert request["queues"] == {"eu": config.routed_queues["eu"]}
+
+
 async def test_a_spent_budget_skips_the_matches_and_deletes_nothing(
     pg_url: str,
     harness: Harness,
