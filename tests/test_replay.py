@@ -8,6 +8,7 @@ add new histories (`python -m tests.histories.record --prefix vN`, N one above t
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from tests.histories import record
 from tests.support.history import kinds, local_sweeps
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
 from workflows.chunk import PurgeChunkWorkflow
@@ -347,3 +349,26 @@ async def test_replay_catches_a_changed_shape() -> None:
     [history] = [p for p in HISTORIES if p.stem == "v1-duplicate"]
     with pytest.raises(NondeterminismError):
         await Replayer(workflows=[PurgeWithoutDuplicateCheck]).replay_workflow(load(history))
+
+
+def test_recording_a_prefix_that_has_histories_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m tests.histories.record --prefix v3` would write over the histories that prove
+    old passes replay: it is refused in one line before anything records, for every prefix that
+    has files. (Recording is replaced by a failure here, so a missing check cannot overwrite.)"""
+
+    async def records(prefix: str) -> None:
+        raise AssertionError(f"{prefix} would have been recorded again")
+
+    shipped = [prefix for prefix in record.SCENARIOS if record.recorded(prefix)]
+    assert shipped == list(record.SCENARIOS), "every prefix record knows has shipped"
+    monkeypatch.setattr(record, "record", records)
+    monkeypatch.setattr(sys, "argv", ["record", "--prefix", "v3"])
+    with pytest.raises(SystemExit) as refused:
+        record.main()
+
+    assert refused.value.code == 2
+    said = capsys.readouterr().err
+    assert said.startswith("record: v3 has histories already (v3-"), said
+    assert len(said.strip().splitlines()) == 1

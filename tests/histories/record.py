@@ -259,12 +259,22 @@ async def _record_first_child_run(
     print(f"wrote {out.relative_to(HERE.parent.parent)}")
 
 
+def recorded(prefix: str) -> list[str]:
+    """The committed histories of `prefix` (`v3-spread.json`, ...): a shape that has shipped."""
+    return sorted(p.name for p in HERE.glob(f"{prefix}-*.json"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--prefix", choices=sorted(SCENARIOS), required=True, help="the shape to record"
     )
-    asyncio.run(record(parser.parse_args().prefix))
+    prefix = parser.parse_args().prefix
+    if shipped := recorded(prefix):
+        # Recording again would overwrite what `tests/test_replay.py` proves old passes replay.
+        parser.exit(2, f"record: {prefix} has histories already ({', '.join(shipped)}); "
+                    "record a new shape under the next free prefix\n")  # fmt: skip
+    asyncio.run(record(prefix))
 
 
 if __name__ == "__main__":
