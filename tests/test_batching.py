@@ -720,6 +720,7 @@ async def test_rows_renewed_during_the_sweep_are_never_deleted(
         ("idempotency", 2, "range"),
         ("rate_limit", 2, "range"),
         ("expiring", 20, "index"),
+        ("auth", 20, "index"),
     ],
 )
 async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(

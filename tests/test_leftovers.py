@@ -309,6 +309,33 @@ async def test_analyze_after_behind_a_held_lock_warns_and_sweeps(
     assert result.advice.count("not analyzed") == 1
 
 
+async def test_analyze_after_that_runs_past_statement_timeout_warns_and_sweeps(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """ANALYZE made slow for certain: an expression index whose function, replaced once the
+    index is built, sleeps a millisecond on each row ANALYZE samples (the sweep's DELETEs never
+    call it). ANALYZE runs past statement_timeout and is cancelled; the sweep ends ok with its
+    rows counted, not analyzed, and says why, once."""
+    fill(db, "x_idempotency", 10_000, 2, NOW)
+    db.execute("CREATE FUNCTION slow_key(k text) RETURNS text IMMUTABLE LANGUAGE sql AS 'SELECT k'")
+    db.execute("CREATE INDEX ON x_idempotency (slow_key(key))")
+    db.execute(
+        "CREATE OR REPLACE FUNCTION slow_key(k text) RETURNS text IMMUTABLE LANGUAGE plpgsql "
+        "AS $$ BEGIN PERFORM pg_sleep(0.001); RETURN k; END $$"
+    )
+    result: PurgeSweep = await sweep_of(
+        pool, analyze_after=True, batch_target="10ms", statement_timeout="100ms"
+    )
+
+    assert (result.status, result.removed) == ("ok", 5_000)
+    assert not result.analyzed
+    assert result.advice.count("not analyzed") == 1
+    assert (
+        "x_idempotency: not analyzed after the sweep: ANALYZE ran past statement_timeout "
+        "(100 ms); statistics left as they were"
+    ) in result.advice
+
+
 @pytest.mark.parametrize("ends", ["cut short", "emptied", "large share"])
 async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_sweep_stands(
     db: psycopg.Connection[Any],
