@@ -51,6 +51,20 @@ def pattern_config(prefix: str, **extra: Any) -> PurgeConfig:
     )
 
 
+def pattern_file(tmp_path: Path, url: str, task_queue: str, prefix: str) -> Path:
+    """A config file of one pattern target, `sessions` over `PREFIX_*.sessions`, for the
+    commands that read one."""
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        f"database_url = {json.dumps(url)}\n"
+        f"task_queue = {json.dumps(task_queue)}\n"
+        "[[targets]]\n"
+        'kind = "expiring"\nname = "sessions"\n'
+        f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
+    )
+    return path
+
+
 @pytest.mark.parametrize(
     ("tenants", "child_size", "run_size"),
     [
@@ -326,14 +340,7 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
     with tenant_schemas(pg_url, prefix):
         with psycopg.connect(pg_url, autocommit=True) as conn:
             create_tenants(conn, prefix, range(6), harness.now_ms)
-        path = tmp_path / "purge.toml"
-        path.write_text(
-            f"database_url = {json.dumps(schema_url)}\n"
-            f"task_queue = {json.dumps(harness.task_queue)}\n"
-            "[[targets]]\n"
-            'kind = "expiring"\nname = "sessions"\n'
-            f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
-        )
+        path = pattern_file(tmp_path, schema_url, harness.task_queue, prefix)
         config = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
         async with harness.run_worker(build_registry(config, harness.pool), config=config):
@@ -388,14 +395,7 @@ async def test_sweep_target_of_one_matched_table_sweeps_that_table_alone(
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(3), harness.now_ms)
-        path = tmp_path / "purge.toml"
-        path.write_text(
-            f"database_url = {json.dumps(schema_url)}\n"
-            f"task_queue = {json.dumps(harness.task_queue)}\n"
-            "[[targets]]\n"
-            'kind = "expiring"\nname = "sessions"\n'
-            f'table = "{prefix}_*.sessions"\ncolumn = "expires_at"\n'
-        )
+        path = pattern_file(tmp_path, schema_url, harness.task_queue, prefix)
         config = load_config(path)
         env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
         one = f"sessions@{prefix}_0001"
