@@ -498,6 +498,9 @@ def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
                 f"{name!r} names no table the pattern {pattern.name!r} "
                 f"({pattern.tables[0]}) could match"
             )
+        elif pattern.name in names:
+            # The pass would fail with DuplicatePurgeTarget once the pattern is expanded.
+            return f"{name!r} is a table of {pattern.name!r}, which is given too"
     if not unknown:
         return ""
     listed = ", ".join(config.target_names[:10])

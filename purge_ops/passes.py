@@ -33,6 +33,7 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import current, pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from purge_config.patterns import split_match_name
 from purge_config.schedules import ScheduleConfig
 from purge_ops.namespace_check import start_attributes
 from purge_ops.render import (
@@ -232,7 +233,15 @@ def sweeps_any(theirs: object, ours: dict[str, Any]) -> bool:
     whose input is not a pass's is taken to)."""
     if not isinstance(theirs, dict) or not isinstance(theirs.get("targets"), list):
         return True
-    return not set(theirs["targets"]).isdisjoint(ours["targets"])
+    their_names, our_names = set(map(str, theirs["targets"])), set(ours["targets"])
+    if not their_names.isdisjoint(our_names):
+        return True
+    # A pattern (`sessions`) sweeps each of its tables named by hand (`sessions@tenant_0042`).
+    return any(
+        (split := split_match_name(name)) is not None and split[0] in other
+        for names, other in ((our_names, their_names), (their_names, our_names))
+        for name in names
+    )
 
 
 def _routes(request: dict[str, Any]) -> dict[str, tuple[str, str | None]]:

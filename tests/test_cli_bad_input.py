@@ -84,6 +84,30 @@ def test_a_sweep_that_cannot_be_a_pass_of_the_config_is_refused_before_temporal(
     assert said in one_line(done)
 
 
+@pytest.mark.parametrize(
+    ("targets", "said"),
+    [
+        (["sessions@other_1"], "'sessions@other_1' names no table the pattern 'sessions'"),
+        (["sessions", "sessions@tenant_1"], "'sessions@tenant_1' is a table of 'sessions', which"),
+        (["nosuch@tenant_1"], "names no target 'nosuch@tenant_1' (its targets: sessions)"),
+    ],
+    ids=["misfit-suffix", "pattern-and-its-table", "no-such-pattern"],
+)
+def test_a_pattern_s_table_by_hand_that_cannot_be_swept_is_refused_before_temporal(
+    tmp_path: Path, targets: list[str], said: str
+) -> None:
+    config = tmp_path / "purge.toml"
+    config.write_text(
+        '[[targets]]\nkind = "expiring"\nname = "sessions"\n'
+        'table = "tenant_*.sessions"\ncolumn = "expires_at"\n',
+        encoding="utf-8",
+    )
+    args = [arg for name in targets for arg in ("--target", name)]
+    done = run_main("sweep", "--config", str(config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+
+    assert said in one_line(done)
+
+
 @pytest.mark.parametrize("address", ["h:99999", "[::1", "http://127.0.0.1:1", "https://h:7233"])
 def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, address: str) -> None:
     """Among them an address with a scheme, which the SDK takes with a warning on stderr (and

@@ -38,7 +38,7 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import load_config
 from purge_dev.servers import venv_executable
-from purge_ops.passes import summarize
+from purge_ops.passes import summarize, sweeps_any
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
@@ -610,6 +610,25 @@ async def test_sweep_beside_a_pass_of_none_of_its_targets(
         ) in out
     else:
         assert "waiting" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "overlap"),
+    [
+        (["sessions"], ["sessions@tenant_0042"], True),
+        (["sessions@tenant_0042"], ["sessions"], True),
+        (["sessions@tenant_0042"], ["sessions@tenant_0042"], True),
+        (["sessions@tenant_0001"], ["sessions@tenant_0042"], False),
+        (["x_auth"], ["sessions@tenant_0042"], False),
+    ],
+)
+def test_a_pattern_overlaps_each_of_its_tables_named_by_hand(
+    theirs: list[str], ours: list[str], overlap: bool
+) -> None:
+    """A running pass of the pattern `sessions` sweeps `sessions@tenant_0042` too: a sweep of
+    that one table waits it out rather than run beside it (and find its table busy); two
+    different tables of one pattern do not overlap."""
+    assert sweeps_any({"targets": theirs}, {"targets": ours}) is overlap
 
 
 @pytest.mark.waits
