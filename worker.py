@@ -374,6 +374,14 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     planned = _sweep_plan(config, opts) if command == "sweep" else None
     if isinstance(planned, int):
         return planned
+    if command == "report" and opts.tables and opts.tables not in config.pattern_targets:
+        # A typo would otherwise read like a pattern target no pass swept yet.
+        print(
+            f"{PROG}: report --tables: the config names no pattern target {opts.tables!r} "
+            f"(its pattern targets: {', '.join(config.pattern_targets) or 'none'})",
+            file=sys.stderr,
+        )
+        return 2
     client = await connect_temporal()
     if command == "schedule":
         for outcome in await ensure_schedules(client, config):
@@ -483,7 +491,7 @@ def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
     if any(t.kind == "python" for t in config.targets):
         return ""
     known = set(config.target_names)
-    wild = {t.name: t for t in config.targets if t.pattern is not None}
+    wild = config.pattern_targets
     unknown: list[str] = []
     for name in names:
         if name in known:
@@ -533,16 +541,6 @@ async def _discover(opts: argparse.Namespace) -> int:
 
 async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace) -> int:
     if opts.tables:
-        wild = [t.name for t in config.targets if t.pattern is not None]
-        if opts.tables not in wild:
-            # A typo would otherwise read like a pattern target no pass swept yet.
-            listed = ", ".join(wild) or "none"
-            print(
-                f"{PROG}: report --tables: the config names no pattern target {opts.tables!r} "
-                f"(its pattern targets: {listed})",
-                file=sys.stderr,
-            )
-            return 2
         found = await pattern_tables(client, config.task_queue, opts.tables, opts.last)
         if found is None:
             _say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")

@@ -129,6 +129,11 @@ class PurgeConfig:
         ]
 
     @functools.cached_property
+    def pattern_targets(self) -> dict[str, TargetSpec]:
+        """The targets that are table patterns, by name, in file order."""
+        return {t.name: t for t in self.targets if t.pattern is not None}
+
+    @functools.cached_property
     def own_queue(self) -> str | None:
         """The task queue of the activities of `own_names` (None when there are none): the
         config's queue and a digest of those targets and what each says of its rows (its
@@ -166,11 +171,11 @@ class PurgeConfig:
         on = {t.name: t.database for t in self.targets if t.database}
         # One table of a pattern named by hand (`sessions@tenant_0042`) is on its pattern's
         # database, and its activity goes to that database's queue.
-        wild_on = {t.name: t.database for t in self.targets if t.pattern and t.database}
         for name in names:
             split = split_match_name(name)
-            if split and split[0] in wild_on and name not in on:
-                on[name] = wild_on[split[0]]
+            pattern = self.pattern_targets.get(split[0]) if split else None
+            if pattern is not None and pattern.database and name not in on:
+                on[name] = pattern.database
         own = self.own_queue
         if own is not None:
             # Named, so that `queues` can route the default database's activities too.
@@ -187,8 +192,7 @@ class PurgeConfig:
             # Each name once: thousands of targets listed with their database twice would
             # pass Temporal's 512 KB payload warning long before its limits.
             request["database_ranges"] = database_ranges([on.get(name, "") for name in names])
-        wild = {t.name for t in self.targets if t.pattern is not None}
-        patterns = [name for name in names if name in wild]
+        patterns = [name for name in names if name in self.pattern_targets]
         if patterns:
             request["patterns"] = patterns
         used = {on.get(name, "") for name in names}

@@ -84,6 +84,18 @@ def test_a_sweep_that_cannot_be_a_pass_of_the_config_is_refused_before_temporal(
     assert said in one_line(done)
 
 
+@pytest.fixture
+def pattern_config(tmp_path: Path) -> Path:
+    """A config of one pattern target, `sessions` over `tenant_*.sessions`."""
+    path = tmp_path / "purge.toml"
+    path.write_text(
+        '[[targets]]\nkind = "expiring"\nname = "sessions"\n'
+        'table = "tenant_*.sessions"\ncolumn = "expires_at"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
 @pytest.mark.parametrize(
     ("targets", "said"),
     [
@@ -94,18 +106,28 @@ def test_a_sweep_that_cannot_be_a_pass_of_the_config_is_refused_before_temporal(
     ids=["misfit-suffix", "pattern-and-its-table", "no-such-pattern"],
 )
 def test_a_pattern_s_table_by_hand_that_cannot_be_swept_is_refused_before_temporal(
-    tmp_path: Path, targets: list[str], said: str
+    pattern_config: Path, targets: list[str], said: str
 ) -> None:
-    config = tmp_path / "purge.toml"
-    config.write_text(
-        '[[targets]]\nkind = "expiring"\nname = "sessions"\n'
-        'table = "tenant_*.sessions"\ncolumn = "expires_at"\n',
-        encoding="utf-8",
-    )
     args = [arg for name in targets for arg in ("--target", name)]
-    done = run_main("sweep", "--config", str(config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+    done = run_main(
+        "sweep", "--config", str(pattern_config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED)
+    )
 
     assert said in one_line(done)
+
+
+def test_report_tables_of_no_pattern_target_is_refused_before_temporal(
+    pattern_config: Path,
+) -> None:
+    done = run_main(
+        "report", "--config", str(pattern_config), "--tables", "session",
+        env=clean_env(TEMPORAL_ADDRESS=CLOSED),
+    )  # fmt: skip
+
+    assert one_line(done) == (
+        "pg-purge: report --tables: the config names no pattern target 'session' "
+        "(its pattern targets: sessions)"
+    )
 
 
 @pytest.mark.parametrize("address", ["h:99999", "[::1", "http://127.0.0.1:1", "https://h:7233"])
