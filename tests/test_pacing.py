@@ -17,14 +17,18 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.pacing import Pacer
 from activities.schema import reference_ddl
 from purge_config import parse_config
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
+from tests.conftest import TEMPLATE_CACHE
+from tests.support.pace import fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
-from tests.support.servers import scratch_dir
+from tests.support.servers import cluster_template, running_postgres, scratch_dir
 
 NOW = PAST_NOW
+RELPAGES = "SELECT relpages FROM pg_class WHERE oid = 'x_idempotency'::regclass"
 
 
 def settings(**sweep: str) -> Any:
@@ -60,22 +64,124 @@ async def paced_sweep(
     return stats, wal(db) - before, time.monotonic() - started
 
 
+@pytest.fixture
+async def quiet_server(pytestconfig: pytest.Config) -> AsyncIterator[EmbeddedPostgres]:
+    """A server of the test's own with nothing else writing on it (no other test, no
+    autovacuum): the pacer counts every byte of WAL the server makes, and on the shared test
+    server a burst from elsewhere after the sweep's last wait (1.1 MB once, in a default run)
+    read as the sweep's own."""
+    cache = pytestconfig.cache
+    template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
+    with running_postgres("purge-pacing-quiet-", template, {"autovacuum": "off"}) as server:
+        with psycopg.connect(server.url(), autocommit=True) as conn:
+            conn.execute(reference_ddl())
+        yield server
+
+
 @pytest.mark.waits
 async def test_a_wal_rate_cap_slows_the_sweep_to_it(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A quick check on a small sweep (the slow suite holds one of 200 MB to 20%): unpaced,
-    the sweep writes its WAL far faster than 256kB/s; capped, no faster than that (plus the
-    last batch, which nothing waits after)."""
-    expired = fill(db, 20_000)
-
-    stats, written, took = await paced_sweep(pool, db, max_wal_rate="256kB/s")
+    """A quick check on a small sweep (the slow suite holds one of 200 MB to 20%): capped at
+    256kB/s, the sweep makes its WAL no faster than that, but for its last batch, which nothing
+    waits after. Every batch is a quarter of the table's pages, however fast the machine, so
+    the last is a quarter of the WAL and the cap acts for about 1.5 s."""
+    with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+        expired = fill(db, 20_000)
+        pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
+        fixed_batches(monkeypatch, pages=-(-pages // 4))
+        pool = await open_pool(quiet_server.url())
+        try:
+            stats, written, took = await paced_sweep(pool, db, max_wal_rate="256kB/s")
+        finally:
+            await pool.close()
 
     assert stats.removed == expired
-    assert written > 512 * 1024  # enough WAL that the cap must act for about 2 s
+    assert stats.batches == 4
+    assert written > 400 * 1024  # three batches' WAL at the cap take over a second
     assert stats.paused_s > 1.0
-    last_batch = written / max(stats.batches, 1)
-    assert (written - last_batch) / took <= 256 * 1024 * 1.2, (written, took)
+    before_last = written * 3 / 4
+    assert before_last / took <= 256 * 1024 * 1.2, (written, took)
+
+
+async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_with_the_reason(
+    quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The application's WAL counts against the cap too: 1 MB made by another session after the
+    sweep's first batch is four seconds at 256kB/s, past the 2 s budget, so the sweep stops
+    there at once and reports the rest as backlog, saying why. The moment is the pacer's second
+    check, before the second batch, on any machine."""
+    with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+        expired = fill(db, 10_000)
+        pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
+        fixed_batches(monkeypatch, pages=-(-pages // 4))
+        db.execute("CREATE TABLE elsewhere (x text)")
+        checks = 0
+        before_batch = Pacer.before_batch
+
+        async def others_write_first(pacer: Pacer) -> bool:
+            nonlocal checks
+            checks += 1
+            if checks == 2:
+                start = wal(db)
+                while wal(db) - start < 1024 * 1024:
+                    db.execute(
+                        "INSERT INTO elsewhere SELECT repeat('x', 100) FROM generate_series(1, 999)"
+                    )
+            return await before_batch(pacer)
+
+        monkeypatch.setattr(Pacer, "before_batch", others_write_first)
+        pool = await open_pool(quiet_server.url())
+        try:
+            target = kinds.idempotency(
+                pool, settings=settings(max_wal_rate="256kB/s", time_budget="2s")
+            )
+            stats = await target.sweep(NOW)
+        finally:
+            await pool.close()
+
+    assert stats.batches == 1
+    assert 0 < stats.removed < expired
+    assert stats.backlog > 0
+    assert stats.backlog_estimated  # a walk's backlog is its estimate
+    assert stats.reason == "held to max_wal_rate 0.25 MB/s until the budget ran out"
+
+
+@pytest.mark.slow
+async def test_sweeps_at_once_on_one_server_share_the_wal_rate_cap(
+    quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap counts all the WAL the server makes since a sweep started, the other sweeps'
+    too: two sweeps at once under 256kB/s make their WAL together no faster than that (but for
+    their last batches), where each paced alone would make it twice as fast."""
+    urls = []
+    with psycopg.connect(quiet_server.url(), autocommit=True) as admin:
+        for schema in ("a", "b"):
+            admin.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}; {reference_ddl()}")
+            urls.append(make_conninfo(quiet_server.url(), options=f"-c search_path={schema}"))
+    expired = []
+    for url in urls:
+        with psycopg.connect(url, autocommit=True) as db:
+            expired.append(fill(db, 10_000))
+            pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
+    fixed_batches(monkeypatch, pages=-(-pages // 4))
+    pools = [await open_pool(url) for url in urls]
+    try:
+        with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+            targets = [
+                kinds.idempotency(pool, settings=settings(max_wal_rate="256kB/s")) for pool in pools
+            ]
+            before, started = wal(db), time.monotonic()
+            both = await asyncio.gather(*(target.sweep(NOW) for target in targets))
+            written, took = wal(db) - before, time.monotonic() - started
+    finally:
+        for pool in pools:
+            await pool.close()
+
+    assert [stats.removed for stats in both] == expired
+    assert [stats.batches for stats in both] == [4, 4]
+    before_last = written * 3 / 4  # each sweep's last batch is a quarter of its WAL
+    assert before_last / took <= 256 * 1024 * 1.2, (written, took)
 
 
 def test_pacing_keys_are_checked_in_the_config() -> None:

