@@ -22,7 +22,7 @@ from purge_config.errors import ConfigError
 from purge_config.file import load_config
 from purge_ops.schedule import fingerprint
 from tests.conftest import Harness
-from tests.support.passes import listed, run_pass
+from tests.support.passes import listed, quiet_cron, run_pass
 from tests.support.procs import clean_env, run_main, worker_config
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -31,11 +31,16 @@ TARGETS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
 ENV = {"PURGE_DATABASE_URL": "postgresql://x@y/z"}
 
 
-def _schedules(hot: str = "purge-hot", daily: str = "purge-daily") -> str:
+def _schedules(
+    hot: str = "purge-hot",
+    daily: str = "purge-daily",
+    hot_cron: str = "*/5 * * * *",
+    daily_cron: str = "23 3 * * *",
+) -> str:
     return (
-        f'[schedules.hot]\nid = "{hot}"\ncron = "*/5 * * * *"\ntargets = ["x_idempotency"]\n'
-        f'[schedules.daily]\nid = "{daily}"\ncron = "23 3 * * *"\ntime_zone = "Europe/Paris"\n'
-        'targets = ["x_auth"]\n'
+        f'[schedules.hot]\nid = "{hot}"\ncron = "{hot_cron}"\ntargets = ["x_idempotency"]\n'
+        f'[schedules.daily]\nid = "{daily}"\ncron = "{daily_cron}"\n'
+        'time_zone = "Europe/Paris"\ntargets = ["x_auth"]\n'
     )
 
 
@@ -132,11 +137,12 @@ def two_schedules(
     tmp_path: Path, harness: Harness, daily: str = "purge-daily-{suffix}"
 ) -> tuple[Path, str, str]:
     """A config of `_schedules` with ids of the test's own (`daily` formatted with hot's id and
-    the suffix): its path, hot's id and daily's."""
+    the suffix), on the dev server every test shares, each at a `quiet_cron`, so no pass starts
+    on its own while the test runs: its path, hot's id and daily's."""
     suffix = uuid.uuid4().hex[:8]
     hot_id = f"purge-hot-{suffix}"
     daily_id = daily.format(hot=hot_id, suffix=suffix)
-    targets = _schedules(hot_id, daily_id) + TARGETS
+    targets = _schedules(hot_id, daily_id, quiet_cron(), quiet_cron()) + TARGETS
     path = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, targets)
     return path, hot_id, daily_id
 
@@ -149,14 +155,15 @@ async def test_each_schedule_is_its_own_temporal_schedule_and_report_shows_each_
     `report` shows the hot pass under its schedule and none yet under the daily one."""
     path, hot_id, daily_id = two_schedules(tmp_path, harness)
     config = load_config(path)
+    hot, daily = config.named_schedules
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
     auth_rows(harness.db, {"f-old": harness.now_ms - HOUR}, {})
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     try:
         made = await asyncio.to_thread(run_main, "schedule", "--config", str(path), env=env)
         assert made.returncode == 0, made.stderr
-        assert f"created schedule {hot_id}: cron '*/5 * * * *' in UTC" in made.stdout
-        assert f"created schedule {daily_id}: cron '23 3 * * *' in Europe/Paris" in made.stdout
+        assert f"created schedule {hot_id}: cron '{hot.cron}' in UTC" in made.stdout
+        assert f"created schedule {daily_id}: cron '{daily.cron}' in Europe/Paris" in made.stdout
         for schedule_id, targets in ((hot_id, ["x_idempotency"]), (daily_id, ["x_auth"])):
             described = await harness.client.get_schedule_handle(schedule_id).describe()
             action = described.schedule.action
@@ -182,7 +189,7 @@ async def test_each_schedule_is_its_own_temporal_schedule_and_report_shows_each_
     assert keys(harness.db, "x_auth_failures") == {"f-old"}  # the daily target's, untouched
     assert report.returncode == 0, report.stderr
     hot_part, _, daily_part = report.stdout.partition(f"schedule daily ({daily_id}")
-    assert f"schedule hot ({hot_id}, cron '*/5 * * * *' in UTC): x_idempotency" in hot_part
+    assert f"schedule hot ({hot_id}, cron '{hot.cron}' in UTC): x_idempotency" in hot_part
     assert re.search(rf"{hot_id}-\S+", hot_part), report.stdout
     assert "no passes yet" in daily_part
 

@@ -22,7 +22,7 @@ from temporalio.service import RPCError
 
 from activities import builtin_kinds as kinds
 from tests.conftest import Harness
-from tests.support.passes import listed
+from tests.support.passes import listed, quiet_cron
 from tests.support.procs import (
     Done,
     clean_env,
@@ -92,11 +92,12 @@ async def test_worker_schedule_sweep_and_report_work_through_the_door(
     expired row, and the report lists the pass."""
     expired_and_live(harness.db, harness.now_ms)
     schedule_id = f"purge-tls-{uuid.uuid4().hex[:8]}"
+    cron = quiet_cron()  # not the default `23 * * * *`: a pass of its own would take the row
     config = worker_config(
         tmp_path / "purge.toml",
         harness.url,
         harness.task_queue,
-        f'[schedule]\nid = "{schedule_id}"\n\n{IDEMPOTENCY}',
+        f'[schedule]\nid = "{schedule_id}"\ncron = "{cron}"\n\n{IDEMPOTENCY}',
     )
     env = clean_env(**door(front, name))
     log = tmp_path / "worker.log"
@@ -116,7 +117,7 @@ async def test_worker_schedule_sweep_and_report_work_through_the_door(
             await harness.client.get_schedule_handle(schedule_id).delete()
 
     assert scheduled.returncode == 0, scheduled.stderr
-    assert scheduled.stdout.startswith(f"created schedule {schedule_id}: cron '23 * * * *'")
+    assert scheduled.stdout.startswith(f"created schedule {schedule_id}: cron '{cron}'")
     action = made.schedule.action
     assert isinstance(action, ScheduleActionStartWorkflow)
     assert action.task_queue == harness.task_queue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Coroutine
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,6 +17,14 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig
 from purge_ops.runner import new_worker
+
+
+def quiet_cron() -> str:
+    """A daily cron whose next firing is about twelve hours away (in any time zone, give or take
+    its offset): a schedule a test makes on the shared dev server never fires on its own while
+    the test runs, where `23 * * * *` fired in one test an hour, whenever it ran over minute 23."""
+    at = datetime.now(UTC) + timedelta(hours=12)
+    return f"{at.minute} {at.hour} * * *"
 
 
 async def run_pass(
