@@ -99,7 +99,7 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     assert stats.removed == expired
     assert stats.batches == 4
     assert written > 400 * 1024  # three batches' WAL at the cap take over a second
-    assert stats.paused_s > 1.0
+    assert stats.paused_s > 0  # the cap acted (how long depends on how fast the batches ran)
     before_last = written * 3 / 4
     assert before_last / took <= 256 * 1024 * 1.2, (written, took)
 
