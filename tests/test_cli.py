@@ -57,8 +57,10 @@ def test_dev_once_runs_a_pass_on_embedded_servers_and_stops_them(tmp_path: Path)
     assert out.rstrip().endswith("docs/operating.md#your-own-table-beside-dev")
     # The half-empty bucket stayed, and says why. It was emptied 30 s before the demo rows were
     # written and refills a token a minute: half a token, plus what the seconds between
-    # writing the rows and the pass's instant added on a busy machine.
-    assert re.search(r"holds 0\.(5\d|6\d) of 4 tokens", out), out
+    # writing the rows and the pass's instant added (on a slow machine, up to a minute more).
+    held = re.search(r"holds (\d+\.\d+) of 4 tokens", out)
+    assert held, out
+    assert 0.5 <= float(held.group(1)) < 1.5, out
     assert "Traceback" not in done.stderr
     pg_port = int(re.search(r"127\.0\.0\.1:(\d+)/postgres", out).group(1))  # type: ignore[union-attr]
     assert port_is_free(pg_port)
