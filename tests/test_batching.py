@@ -743,7 +743,7 @@ async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
     with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
         assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
         sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
-        await until_a_sweep_waits(db, sweeping)
+        await until_a_sweep_waits(db, sweeping, holder=client)
         client.commit()
         stats = await sweeping
 

@@ -118,7 +118,12 @@ def expired_left(db: psycopg.Connection[Any]) -> int:
 
 
 def pending(db: psycopg.Connection[Any]) -> int:
-    row = db.execute("SELECT count(*) FROM pg_inherits WHERE inhdetachpending").fetchone()
+    """Partitions of the test's own schema left half-detached (pg_inherits is database-wide:
+    on a shared server other tests' detaches are in it too)."""
+    row = db.execute(
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhdetachpending AND c.relnamespace = current_schema()::regnamespace"
+    ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -206,15 +211,19 @@ def spare_before_the_detaches_end(monkeypatch: pytest.MonkeyPatch) -> None:
 async def edge_swept_while_the_drop_waits(
     db: psycopg.Connection[Any], swept: asyncio.Future[PurgeSweep]
 ) -> int:
-    """Once the edge's DELETE is logged (`log_sessions`) and the DROP of p_m6 waits on the held
-    advisory lock, with `swept` still under way: that DROP's backend. The two come in either
-    order (the spare connection counts the partitions before it drops them, and the edge can
-    commit first); the held lock keeps the drop's transaction open until the test lets it go."""
+    """Once the edge's DELETE is logged (`log_sessions`) and the DROP of p_m6 waits on the
+    advisory lock `db` holds, with `swept` still under way: that DROP's backend. The two come in
+    either order (the spare connection counts the partitions before it drops them, and the edge
+    can commit first); the held lock keeps the drop's transaction open until the test lets it
+    go. Only a drop blocked by `db`'s own backend: on a shared server other tests' drops of
+    their p_m6 wait on their own locks at the same time."""
     for _ in range(1500):
         if sessions(db, "deletes"):
             waiting = db.execute(
                 "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%p_m6%'"
+                " AND wait_event = 'advisory' AND query LIKE 'DROP TABLE%%p_m6%%'"
+                " AND %s = ANY(pg_blocking_pids(pid))",
+                (db.info.backend_pid,),
             ).fetchall()
             if waiting:
                 [(pid,)] = waiting
@@ -480,14 +489,14 @@ async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_co
                 PurgeStep(name="events", now_ms=NOW),
             )
         )
-        backend = await _waiting_detach(db)
+        backend = await _waiting_detach(db, reader)
         db.execute("SELECT pg_terminate_backend(%s)", (backend,))
         with pytest.raises(psycopg.OperationalError):
             await attempt
         reader.execute("ROLLBACK")
     half = db.execute(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-        " WHERE i.inhdetachpending"
+        " WHERE i.inhdetachpending AND c.relnamespace = current_schema()::regnamespace"
     ).fetchall()
     assert half == [("p_m6",)]  # the oldest goes first
 
@@ -502,12 +511,13 @@ async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_co
     assert children(db) == sorted(part_name(d) for d in DAYS if d > -4)
 
 
-async def _detach_done(db: psycopg.Connection[Any]) -> None:
-    """Until no backend runs a DETACH any more."""
+async def _detach_done(db: psycopg.Connection[Any], backend: int) -> None:
+    """Until `backend` (the orphaned detach's) runs a DETACH no more."""
     for _ in range(500):
         row = db.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE%DETACH%'"
-            " AND state = 'active'"
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE%%DETACH%%'"
+            " AND state = 'active' AND pid = %s",
+            (backend,),
         ).fetchone()
         if row == (0,):
             return
@@ -515,13 +525,20 @@ async def _detach_done(db: psycopg.Connection[Any]) -> None:
     raise AssertionError("the orphaned detach never ended")
 
 
-async def _waiting_detach(db: psycopg.Connection[Any], tries: int = 1500) -> int:
-    """The backend of the DETACH ... CONCURRENTLY waiting out an older snapshot (which the
-    test holds: it waits as long as it takes)."""
+async def _waiting_detach(
+    db: psycopg.Connection[Any], reader: psycopg.Connection[Any], tries: int = 1500
+) -> int:
+    """The backend of the DETACH ... CONCURRENTLY of a partition in `db`'s schema waiting out
+    `reader`'s older snapshot (which the test holds: it waits as long as it takes). On a
+    shared server another test's detach can wait on `reader` too (it waits out every older
+    snapshot in the database), and this test's on another test's reader: only the one blocked
+    by `reader` that names this schema's partition is this test's."""
     for _ in range(tries):
         row = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'virtualxid'"
-            " AND query LIKE '%DETACH PARTITION%CONCURRENTLY'"
+            " AND query LIKE '%%DETACH PARTITION%%CONCURRENTLY'"
+            " AND strpos(query, current_schema()) > 0 AND %s = ANY(pg_blocking_pids(pid))",
+            (reader.info.backend_pid,),
         ).fetchone()
         if row:
             return int(row[0])
@@ -742,12 +759,12 @@ async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_cou
                 id=f"purge-{uuid.uuid4()}",
                 task_queue=harness.task_queue,
             )
-            await _waiting_detach(harness.db, tries=3000)
+            orphan = await _waiting_detach(harness.db, reader, tries=3000)
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             reader.execute("ROLLBACK")
         await notice_the_dead_worker_sooner(harness.client, handle.id)
-        await _detach_done(harness.db)
+        await _detach_done(harness.db, orphan)
         # What the dead worker left: the oldest partition out of the table, not dropped.
         assert "p_m6" not in children(harness.db)
         assert harness.db.execute("SELECT to_regclass('p_m6') IS NOT NULL").fetchone() == (True,)

@@ -236,7 +236,11 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
             handle = await client.start_workflow(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
             )
-            wait_for(lambda: waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
+            wait_for(
+                lambda: waiting_sweeps(conn, holder=holder) == 1,
+                60,
+                "a local sweep to wait for the row",
+            )
             os.kill(first.pid, stop_with)
             if stop_with == signal.SIGKILL:
                 first.wait(10)
@@ -299,8 +303,8 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
                 task_queue=harness.task_queue,
             )
             running = asyncio.ensure_future(handle.result())
-            await until_a_sweep_waits(conn, running)
-            assert waiting_sweeps(conn) == 1
+            await until_a_sweep_waits(conn, running, holder=holder)
+            assert waiting_sweeps(conn, holder=holder) == 1
             await handle.cancel()
             await asyncio.sleep(0.2)
             holder.rollback()
@@ -343,8 +347,8 @@ async def test_a_local_sweep_longer_than_a_workflow_task_keeps_its_child_alive(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=harness.task_queue
             )
             running = asyncio.ensure_future(handle.result())
-            await until_a_sweep_waits(conn, running)
-            assert waiting_sweeps(conn) == 1
+            await until_a_sweep_waits(conn, running, holder=holder)
+            assert waiting_sweeps(conn, holder=holder) == 1
             await asyncio.sleep(WORKFLOW_TASK_TIMEOUT_S * 1.5)
             holder.rollback()
             result = await running
@@ -441,7 +445,11 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
             handle = await client.start_workflow(
                 "Purge", cfg.pass_input(), id=workflow_id, task_queue=task_queue
             )
-            wait_for(lambda: waiting_sweeps(conn) == 1, 60, "a local sweep to wait for the row")
+            wait_for(
+                lambda: waiting_sweeps(conn, holder=holder) == 1,
+                60,
+                "a local sweep to wait for the row",
+            )
 
             async def child_started() -> bool:
                 return bool(child_ids(await events(client, workflow_id)))

@@ -355,11 +355,14 @@ async def test_a_cancelled_sweep_finishes_its_statement_and_reports_it_first(
         for _ in range(200):
             waiting = db.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'WITH found%%'"
+                " AND query LIKE 'WITH found%%' AND %s = ANY(pg_blocking_pids(pid))",
+                (holder.info.backend_pid,),
             ).fetchone()
             if waiting and waiting[0]:
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the sweep's statement never waited for the held row")
         env.cancel()
         await asyncio.sleep(0.2)
         holder.rollback()

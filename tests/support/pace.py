@@ -83,19 +83,39 @@ def row_locked(url: str, table: str, key: str) -> Iterator[psycopg.Connection[An
             holder.execute("COMMIT")
 
 
-def waiting_sweeps(db: psycopg.Connection[Any]) -> int:
-    """How many of the sweeps' sessions (named temporal-pg-purge) wait for a lock now."""
+def waiting_sweeps(
+    db: psycopg.Connection[Any], holder: psycopg.Connection[Any] | None = None
+) -> int:
+    """How many of the sweeps' sessions (named temporal-pg-purge) wait for a lock now: only
+    those `holder`'s session blocks, given one; else those holding or awaiting a lock on a
+    relation in `db`'s own schema (its search_path's first). On a server tests share, other
+    tests' sweeps wait at the same time, each in its own schema, on its own holder."""
+    if holder is not None:
+        own, args = "%s = ANY(pg_blocking_pids(a.pid))", (holder.info.backend_pid,)
+    else:
+        own, args = (
+            "EXISTS (SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+            " WHERE l.pid = a.pid AND c.relnamespace = current_schema()::regnamespace"
+            " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+            (),
+        )
     found = db.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
-        " AND wait_event_type = 'Lock'"
+        "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = 'temporal-pg-purge'"
+        f" AND a.wait_event_type = 'Lock' AND {own}",
+        args,
     ).fetchone()
     assert found is not None
     return int(found[0])
 
 
-async def until_a_sweep_waits(db: psycopg.Connection[Any], running: asyncio.Future[Any]) -> None:
-    """Returns once a sweep's batch (its connection named temporal-pg-purge) waits for a lock:
-    every batch before it has committed, and it commits only when the lock is let go."""
-    while not waiting_sweeps(db):
+async def until_a_sweep_waits(
+    db: psycopg.Connection[Any],
+    running: asyncio.Future[Any],
+    holder: psycopg.Connection[Any] | None = None,
+) -> None:
+    """Returns once a sweep's batch (its connection named temporal-pg-purge) waits for a lock
+    (`holder`'s, given one; else as a sweep of `db`'s schema, see `waiting_sweeps`): every
+    batch before it has committed, and it commits only when the lock is let go."""
+    while not waiting_sweeps(db, holder):
         assert not running.done(), "the sweep never waited for the lock"
         await asyncio.sleep(0.01)
