@@ -32,7 +32,13 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE, Harness, Pools
 from tests.support.activity import activity_env
-from tests.support.pace import durable_every, fixed_batches, row_locked, until_a_sweep_waits
+from tests.support.pace import (
+    BudgetClock,
+    durable_every,
+    fixed_batches,
+    row_locked,
+    until_a_sweep_waits,
+)
 from tests.support.passes import run_pass
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows
 from tests.support.servers import cluster_template, running_postgres
@@ -517,6 +523,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     budget is spent (or the cancellation sent) while its batch waits for it; no durable point
     comes before the end but the one a crash at the first report needs (every fifth batch)."""
     durable_every(monkeypatch, 5 if end == "a crash at its first report" else 1_000_000)
+    clock = BudgetClock(monkeypatch)
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
     with running_postgres("purge-crash-pg-", template) as server:
@@ -539,8 +546,8 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
                     server.stop(immediate=True)
 
             env.on_heartbeat = beat
-            budget = 300 if end == "out of time" else 600_000
-            target = kinds.idempotency(pool, settings=replace(TINY, time_budget_ms=budget))
+            # Ten minutes, spent by hand once the sweep waits at the row (`BudgetClock`).
+            target = kinds.idempotency(pool, settings=replace(TINY, time_budget_ms=600_000))
             activities = PurgeActivities(TargetRegistry([target]))
             running = asyncio.ensure_future(
                 env.run(activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW))
@@ -552,7 +559,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
                 ):
                     await until_a_sweep_waits(db, running)
                     if end == "out of time":
-                        await asyncio.sleep(budget / 1000)  # spent, wherever it started
+                        clock.spend(600)
                     else:
                         env.cancel()
             if end == "out of time":

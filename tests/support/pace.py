@@ -3,8 +3,9 @@
 A sweep decides three things by the clock: the size of its next batch (from how long the last
 took), when a lazily committed batch reaches a durable point (and so when it is reported), and
 when its budget is spent. A test that needs a sweep to be mid-table at some moment fixes the
-first two here instead of hoping that a table outlasts a timer, and holds the sweep at a row
-it locked (`row_locked`, `until_a_sweep_waits`) while it spends a budget or cancels.
+first two here instead of hoping that a table outlasts a timer, holds the sweep at a row it
+locked (`row_locked`, `until_a_sweep_waits`), and spends the budget by hand (`BudgetClock`)
+or cancels.
 
 `machine_pace` makes the whole suite meet a machine much faster or much slower than this one
 (`PURGE_TEST_PACE=fast|slow`, .ci/run runs the sweep tests both ways): a test that passes only
@@ -17,13 +18,15 @@ import asyncio
 import contextlib
 import itertools
 import os
+import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from activities.engine import batching, ledger
+from activities.engine import batching, context, ledger
 
 PACES = {"fast": 1 / 50, "slow": 50.0}
 """What a batch's measured duration is multiplied by under PURGE_TEST_PACE."""
@@ -36,6 +39,24 @@ def fixed_batches(monkeypatch: pytest.MonkeyPatch, *, pages: int = 8, rows: int 
     monkeypatch.setattr(batching, "PAGES_RANGE", (pages, pages))
     monkeypatch.setattr(batching, "FIRST_ROWS", rows)
     monkeypatch.setattr(batching, "ROWS_RANGE", (rows, rows))
+
+
+class BudgetClock:
+    """The clock sweeps read their time budget by (`activities.engine.context`), moved on by
+    hand: a test gives a sweep a budget it cannot spend on its own, then spends it at the
+    moment it chooses (the sweep held at a locked row, say), where a short real budget could
+    run out before a slow machine's sweep got there."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ahead = 0.0
+        monkeypatch.setattr(context, "time", types.SimpleNamespace(monotonic=self.monotonic))
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+    def spend(self, seconds: float) -> None:
+        """Every budget `seconds` nearer its end, at once."""
+        self.ahead += seconds
 
 
 def durable_every(monkeypatch: pytest.MonkeyPatch, batches: int) -> None:
