@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import re
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -178,17 +179,23 @@ async def test_livez_is_answered_by_the_worker_s_own_event_loop(
     [port] = free_ports(1)
     config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
     async with worker(config, temporal_server, port):
+        sent = threading.Event()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            probe = pool.submit(livez_from_a_thread, port, 1.0)
-            time.sleep(2)  # the worker's loop (this test's too) stuck, as by a blocking call
+            probe = pool.submit(livez_from_a_thread, port, 1.0, sent)
+            # The worker's loop (this test's too) stuck, as by a blocking call, from before the
+            # probe is sent until well after its second of waiting for an answer has run out.
+            assert sent.wait(30), "the probe was never sent"
+            time.sleep(1.5)
             assert probe.result() is None
         assert (await http(port, "/livez")).status == 200  # the loop free again
 
 
-def livez_from_a_thread(port: int, within: float) -> bytes | None:
-    """The first bytes of /livez's answer, or None if none came `within` seconds."""
+def livez_from_a_thread(port: int, within: float, sent: threading.Event) -> bytes | None:
+    """The first bytes of /livez's answer, or None if none came `within` seconds of sending
+    it (`sent` set then)."""
     with socket.create_connection(("127.0.0.1", port), timeout=within) as sock:
         sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        sent.set()
         try:
             return sock.recv(64)
         except TimeoutError:
