@@ -33,7 +33,7 @@ from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE, Harness, Pools
 from tests.support.activity import activity_env
 from tests.support.pace import (
-    BudgetClock,
+    budget_clock,
     durable_every,
     fixed_batches,
     row_locked,
@@ -523,7 +523,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     budget is spent (or the cancellation sent) while its batch waits for it; no durable point
     comes before the end but the one a crash at the first report needs (every fifth batch)."""
     durable_every(monkeypatch, 5 if end == "a crash at its first report" else 1_000_000)
-    clock = BudgetClock(monkeypatch)
+    clock = budget_clock(monkeypatch)
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
     with running_postgres("purge-crash-pg-", template) as server:
@@ -546,7 +546,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
                     server.stop(immediate=True)
 
             env.on_heartbeat = beat
-            # Ten minutes, spent by hand once the sweep waits at the row (`BudgetClock`).
+            # Ten minutes, spent by hand once the sweep waits at the row (`budget_clock`).
             target = kinds.idempotency(pool, settings=replace(TINY, time_budget_ms=600_000))
             activities = PurgeActivities(TargetRegistry([target]))
             running = asyncio.ensure_future(

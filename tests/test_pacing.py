@@ -28,7 +28,6 @@ from tests.support.rows import HOUR, PAST_NOW
 from tests.support.servers import cluster_template, running_postgres, scratch_dir
 
 NOW = PAST_NOW
-RELPAGES = "SELECT relpages FROM pg_class WHERE oid = 'x_idempotency'::regclass"
 
 
 def settings(**sweep: str) -> Any:
@@ -52,6 +51,14 @@ def wal(db: psycopg.Connection[Any]) -> int:
     """The WAL made so far: its insert position (the write position lags it while lazily
     committed batches wait for the WAL writer, and would hide WAL made under the cap)."""
     return int(db.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+
+
+def in_four_batches(db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every walk batch a quarter of x_idempotency's pages, however fast the machine: a sweep
+    of its rows `fill` spread evenly is four batches of a quarter of its WAL each."""
+    row = db.execute("SELECT relpages FROM pg_class WHERE oid = 'x_idempotency'::regclass")
+    pages = int(row.fetchone()[0])  # type: ignore[index]
+    fixed_batches(monkeypatch, pages=-(-pages // 4))
 
 
 async def paced_sweep(
@@ -88,8 +95,7 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     the last is a quarter of the WAL and the cap acts for about 1.5 s."""
     with psycopg.connect(quiet_server.url(), autocommit=True) as db:
         expired = fill(db, 20_000)
-        pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
-        fixed_batches(monkeypatch, pages=-(-pages // 4))
+        in_four_batches(db, monkeypatch)
         pool = await open_pool(quiet_server.url())
         try:
             stats, written, took = await paced_sweep(pool, db, max_wal_rate="256kB/s")
@@ -113,8 +119,7 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
     check, before the second batch, on any machine."""
     with psycopg.connect(quiet_server.url(), autocommit=True) as db:
         expired = fill(db, 10_000)
-        pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
-        fixed_batches(monkeypatch, pages=-(-pages // 4))
+        in_four_batches(db, monkeypatch)
         db.execute("CREATE TABLE elsewhere (x text)")
         checks = 0
         before_batch = Pacer.before_batch
@@ -163,8 +168,7 @@ async def test_sweeps_at_once_on_one_server_share_the_wal_rate_cap(
     for url in urls:
         with psycopg.connect(url, autocommit=True) as db:
             expired.append(fill(db, 10_000))
-            pages = int(db.execute(RELPAGES).fetchone()[0])  # type: ignore[index]
-    fixed_batches(monkeypatch, pages=-(-pages // 4))
+            in_four_batches(db, monkeypatch)  # the two tables alike: the same batch size
     pools = [await open_pool(url) for url in urls]
     try:
         with psycopg.connect(quiet_server.url(), autocommit=True) as db:
@@ -219,16 +223,10 @@ async def test_a_role_that_cannot_read_replica_lag_gets_one_warning_and_no_pacin
 def primary() -> Iterator[EmbeddedPostgres]:
     """A server of this module's own, with full-page writes on as in production, so a sweep
     writes the WAL it would there."""
-    base = scratch_dir("purge-pacing-primary-")
-    server = EmbeddedPostgres(base, settings={"full_page_writes": "on"})
-    try:
-        server.start()
+    with running_postgres("purge-pacing-primary-", settings={"full_page_writes": "on"}) as server:
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute(reference_ddl())
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ after the pass before, and paid again for what a warm one keeps (`SESSION_LIFETI
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from psycopg import AsyncConnection
 
 from purge_ops.connect import lazy_pools, open_pool
+from tests.support.pace import HandClock
 
 HOUR_S = 3600.0
 
@@ -25,16 +25,12 @@ HOUR_S = 3600.0
 Pool = tuple[Callable[[], AbstractAsyncContextManager[AsyncConnection[Any]]], Callable[[], int]]
 
 
-class Clock:
+def pool_clock(monkeypatch: pytest.MonkeyPatch) -> HandClock:
     """psycopg_pool's monotonic clock, moved on by hand: an hour passes in no time."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.offset = 0.0
-        for module in (psycopg_pool.base, psycopg_pool.pool_async):
-            monkeypatch.setattr(module, "monotonic", self.now)
-
-    def now(self) -> float:
-        return time.monotonic() + self.offset
+    clock = HandClock()
+    for module in (psycopg_pool.base, psycopg_pool.pool_async):
+        monkeypatch.setattr(module, "monotonic", clock.monotonic)
+    return clock
 
 
 @pytest.fixture(params=["open_pool", "lazy_pools"])
@@ -61,11 +57,11 @@ async def test_hourly_passes_open_no_session_after_the_first(
     """Four passes an hour apart: at an hour's lifetime, the second gave its session back past
     its lifetime and the third went on a new one."""
     borrow, opened = pool
-    clock = Clock(monkeypatch)
+    clock = pool_clock(monkeypatch)
     after_first = None
     for _ in range(4):
         async with borrow() as conn:
             await conn.execute("SELECT 1")
         after_first = after_first or opened()
         assert opened() == after_first
-        clock.offset += HOUR_S + 60
+        clock.spend(HOUR_S + 60)

@@ -4,7 +4,7 @@ A sweep decides three things by the clock: the size of its next batch (from how 
 took), when a lazily committed batch reaches a durable point (and so when it is reported), and
 when its budget is spent. A test that needs a sweep to be mid-table at some moment fixes the
 first two here instead of hoping that a table outlasts a timer, holds the sweep at a row it
-locked (`row_locked`, `until_a_sweep_waits`), and spends the budget by hand (`BudgetClock`)
+locked (`row_locked`, `until_a_sweep_waits`), and spends the budget by hand (`budget_clock`)
 or cancels.
 
 `machine_pace` makes the whole suite meet a machine much faster or much slower than this one
@@ -41,22 +41,29 @@ def fixed_batches(monkeypatch: pytest.MonkeyPatch, *, pages: int = 8, rows: int 
     monkeypatch.setattr(batching, "ROWS_RANGE", (rows, rows))
 
 
-class BudgetClock:
-    """The clock sweeps read their time budget by (`activities.engine.context`), moved on by
-    hand: a test gives a sweep a budget it cannot spend on its own, then spends it at the
-    moment it chooses (the sweep held at a locked row, say), where a short real budget could
-    run out before a slow machine's sweep got there."""
+class HandClock:
+    """`time.monotonic()` moved on by hand: `patch` puts it where a module reads its clock, and
+    `spend` makes time pass there at once, the moment a test chooses."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self) -> None:
         self.ahead = 0.0
-        monkeypatch.setattr(context, "time", types.SimpleNamespace(monotonic=self.monotonic))
 
     def monotonic(self) -> float:
         return time.monotonic() + self.ahead
 
     def spend(self, seconds: float) -> None:
-        """Every budget `seconds` nearer its end, at once."""
+        """`seconds` gone by, at once, for everything that reads this clock."""
         self.ahead += seconds
+
+
+def budget_clock(monkeypatch: pytest.MonkeyPatch) -> HandClock:
+    """The clock sweeps read their time budget by (`activities.engine.context`), moved on by
+    hand: a test gives a sweep a budget it cannot spend on its own, then spends it at the
+    moment it chooses (the sweep held at a locked row, say), where a short real budget could
+    run out before a slow machine's sweep got there."""
+    clock = HandClock()
+    monkeypatch.setattr(context, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    return clock
 
 
 def durable_every(monkeypatch: pytest.MonkeyPatch, batches: int) -> None:
