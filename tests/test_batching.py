@@ -16,13 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_kinds as kinds
-from activities.engine import batch_sql, batching
-from activities.engine.catalog import plan_nodes
+from activities.engine import batching
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep
@@ -34,6 +32,7 @@ from purge_ops.connect import open_pool
 from purge_ops.render import ESTIMATED_BACKLOG_NOTE, report_table
 from tests.support.activity import activity_env
 from tests.support.pace import durable_every, fixed_batches, until_a_sweep_waits
+from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW, keys
 
 NOW = PAST_NOW
@@ -224,32 +223,12 @@ async def test_a_run_of_one_key_longer_than_a_batch_is_read_from_the_index_in_or
     try:
         stats = await kinds.idempotency(one, settings=TINY).sweep(NOW)
         async with one.connection() as conn:
-            cur = await conn.execute(
-                "SELECT name FROM pg_prepared_statements"
-                " WHERE statement LIKE 'DELETE%%ctid = ANY%%' AND generic_plans > 0"
-            )
-            [(name,)] = await cur.fetchall()
-            # The cached generic plan itself: a setting's change does not plan it again. In a
-            # transaction that set what a tie batch's sets: where the cached plan was thrown out
-            # meanwhile (on a server shared with other tests, their catalog changes can reset
-            # every session's caches), it is planned again as a batch would plan it, not under
-            # this session's defaults.
-            await conn.execute("SET plan_cache_mode = force_generic_plan")
-            async with conn.transaction():
-                await conn.execute(batch_sql.tie_walk())
-                cur = await conn.execute(
-                    sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({}, {}, 500)").format(
-                        sql.Identifier(name), NOW, NOW - HOUR
-                    )
-                )
-                row = await cur.fetchone()
+            nodes = await batch_plan_nodes(conn, "DELETE%ctid = ANY%", (NOW, NOW - HOUR, 500))
     finally:
         await one.close()
 
     assert (stats.strategy, stats.removed) == ("index", 10_000)
     assert stats.batches >= 10_000 // 500
-    assert row is not None
-    nodes = {node["Node Type"] for node in plan_nodes(row[0][0]["Plan"])}
     assert nodes & {"Index Scan", "Index Only Scan"}, nodes
     assert not nodes & {"Seq Scan", "Bitmap Heap Scan"}, nodes
 

@@ -15,12 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.engine import batch_sql, batching, keyset
-from activities.engine.catalog import plan_nodes
+from activities.engine import batching, keyset
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
@@ -30,6 +28,7 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
 from tests.support.pace import fixed_batches
+from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW
 
 NOW = PAST_NOW
@@ -325,31 +324,11 @@ async def test_a_last_batch_counts_the_greatest_keys_rows_and_deletes_by_the_ind
     try:
         stats = await kinds.idempotency(one).sweep(NOW)
         async with one.connection() as conn:
-            cur = await conn.execute(
-                "SELECT name, cardinality(parameter_types) FROM pg_prepared_statements"
-                " WHERE statement LIKE 'DELETE%%(SELECT count(*)%%' AND generic_plans > 0"
-            )
-            [(statement, params)] = await cur.fetchall()
-            # The cached generic plan itself: a setting's change does not plan it again. After
-            # what the batch sets (`by_index`, as `tie_walk`): where the cached plan was thrown
-            # out meanwhile (other tests' catalog changes on a shared server can reset every
-            # session's caches), it is planned again as the batch would plan it.
-            await conn.execute("SET plan_cache_mode = force_generic_plan")
-            nulls = sql.SQL(", ").join([sql.NULL] * params)
-            async with conn.transaction():
-                await conn.execute(batch_sql.tie_walk())
-                cur = await conn.execute(
-                    sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
-                        sql.Identifier(statement), nulls
-                    )
-                )
-                row = await cur.fetchone()
+            nodes = await batch_plan_nodes(conn, "DELETE%(SELECT count(*)%")
     finally:
         await one.close()
 
     assert (stats.removed, ended) == (expired, ["deleted"])
-    assert row is not None
-    nodes = {node["Node Type"] for node in plan_nodes(row[0][0]["Plan"])}
     assert nodes & {"Index Scan", "Index Only Scan"}, nodes
     assert not nodes & {"Seq Scan", "Bitmap Heap Scan"}, nodes
 

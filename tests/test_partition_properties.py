@@ -32,6 +32,7 @@ from activities.progress import LedgerKey, SweepStats
 from purge_config.names import TableName
 from purge_config.settings import PartitionPolicy
 from tests.conftest import Pools
+from tests.test_partitions import pending
 from tests.test_properties import PROFILE, with_time_zone
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -235,12 +236,7 @@ async def test_dropping_partitions_leaves_exactly_the_live_rows(
             for p in case.parts
             if p.name and f"{table}_{p.name}" in dropped and _in(p, v)
         )
-        pending = db.execute(
-            "SELECT count(*) FROM pg_inherits WHERE inhdetachpending"
-            " AND inhparent = %s::regclass",  # its own: other tests detach beside it
-            (table,),
-        ).fetchone()
-        assert pending == (0,)
+        assert pending(db) == 0
     finally:
         db.execute(f"DROP TABLE IF EXISTS {table}")
 
