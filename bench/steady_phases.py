@@ -14,6 +14,11 @@ time after the last.
     python -m bench.steady_phases --batch-target-ms 60   # the same with fewer, longer batches
     python -m bench.steady_phases --statements   # and each form's server time beside the rest
 
+After the rounds it prints this process's CPU time by phase, medians of the rounds after the
+first (the client's CPU is on the pass's path wherever the server waits for its next statement),
+and beside them psycopg's own CPU for a pipeline of three trivial prepared statements
+(`pipeline_floor`), the least a batch's round trip can cost the client.
+
 With `--statements` the server loads pg_stat_statements, and each round of either form also
 prints its statements' execution time summed on the server (`exec`), the rest of its time
 (`outside`: parse, bind, commit, round trips and the client) and, for the activity, this
@@ -51,21 +56,22 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 
 START_MS = 1_700_000_000_000
-#: (kind of batch, when it started, when it ended), in the order they ran.
-Marks = list[tuple[str, float, float]]
+#: (kind of batch, when it started, when it ended, this process's CPU time at its start and at
+#: its end), in the order they ran.
+Marks = list[tuple[str, float, float, float, float]]
 
 
 def observe(marks: Marks) -> None:
     """Record, in `marks`, each batch's kind ("boundary", "span", "rest" or "whole"), start and
-    end."""
+    end, and this process's CPU time at both."""
     # Through the module's namespace: what `_by_key` looks up when it runs a batch.
     engine = vars(batching)
 
     def timed(kind: str, run: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         async def timed_run(*args: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             ran = await run(*args)
-            marks.append((kind, started, time.perf_counter()))
+            marks.append((kind, started, time.perf_counter(), cpu, time.process_time()))
             return ran
 
         return timed_run
@@ -82,7 +88,7 @@ def phases(marks: Marks, began: float, ended: float) -> str:
         return "no keyset batch"
 
     def total(kind: str) -> str:
-        ms = [(b - a) * 1000 for k, a, b in marks if k == kind]
+        ms = [(mark[2] - mark[1]) * 1000 for mark in marks if mark[0] == kind]
         median = statistics.median(ms) if ms else 0.0
         return f"{len(ms)} {kind} {sum(ms):6.1f} (median {median:5.2f})"
 
@@ -92,6 +98,22 @@ def phases(marks: Marks, began: float, ended: float) -> str:
         f"{total('span')}; {total('rest')}; {total('whole')}; gaps {gaps:5.1f}; "
         f"after the last {(ended - marks[-1][2]) * 1000:5.1f} ms"
     )
+
+
+def client_cpu(marks: Marks, began: float, ended: float) -> dict[str, float]:
+    """One activity round's CPU time in this process, in ms: before its first batch, each kind
+    of batch's median, and after its last (`began` and `ended` are CPU times). The client's
+    CPU is on the pass's path wherever the server waits for its next statement."""
+    if not marks:
+        return {}
+    cpu = {"before the first": (marks[0][3] - began) * 1000}
+    for kind in ("boundary", "span", "rest", "whole"):
+        ms = [(mark[4] - mark[3]) * 1000 for mark in marks if mark[0] == kind]
+        if ms:
+            cpu[f"a {kind}"] = statistics.median(ms)
+    cpu["after the last"] = (ended - marks[-1][4]) * 1000
+    cpu["in all"] = (ended - began) * 1000
+    return cpu
 
 
 #: The statements' execution time on the server since the last reset, leaving out the bench's
@@ -115,6 +137,29 @@ async def server_split(
     return f"exec {exec_ms:5.1f}; outside {outside:5.1f}{cpu} ms", outside
 
 
+#: A pipeline of three trivial prepared statements with parameters, the shape of a key span's
+#: round trip (its timeouts, its DELETE, its ledger row) with none of their work on the server.
+FLOOR_STATEMENT = (
+    "SELECT set_config('lock_timeout', %(ms)s::text, true) WHERE %(key)s::bigint IS NOT NULL"
+)
+
+
+async def pipeline_floor(url: str, pipelines: int = 300) -> float:
+    """psycopg's own CPU time for a pipeline of three statements on this machine, in ms: the
+    least a batch's round trip can cost the client, beside what the sweep's batches cost."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        rounds = []
+        for _ in range(3):
+            cpu = time.process_time()
+            for key in range(pipelines):
+                async with conn.pipeline():
+                    for _ in range(3):
+                        params = {"ms": "1000", "key": key}
+                        await conn.execute(FLOOR_STATEMENT, params, prepare=True)
+            rounds.append((time.process_time() - cpu) * 1000 / pipelines)
+        return min(rounds)
+
+
 async def measure(
     url: str, rows: int, rounds: int, settings: SweepSettings, statements: bool = False
 ) -> None:
@@ -126,6 +171,7 @@ async def measure(
     if statements:
         await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     outside: dict[str, list[float]] = {"DELETE": [], "activity": []}
+    cpu_rounds: list[dict[str, float]] = []
     data = steady.Hours(rows, START_MS)
     await steady._build(conn, data)  # case 12's table: `rows` over 100 hours, in id order
     pool = await open_pool(url)
@@ -147,10 +193,12 @@ async def measure(
         marks.clear()
         table = TableName(steady.TABLE, "public")
         target = kinds.expiring(pool, f"steady_{hour}", table, "created_ms", max_age, settings)
-        began, cpu = time.perf_counter(), time.process_time()
+        began, cpu_began = time.perf_counter(), time.process_time()
         run = await run_target(target, cut + max_age)
-        cpu = time.process_time() - cpu
+        cpu_ended = time.process_time()
+        cpu = cpu_ended - cpu_began
         print(f"activity {run.seconds * 1000:6.1f} ms: {phases(marks, began, time.perf_counter())}")
+        cpu_rounds.append(client_cpu(marks, cpu_began, cpu_ended))
         if statements:
             line, rest = await server_split(conn, run.seconds, cpu)
             outside["activity"].append(rest)
@@ -175,6 +223,17 @@ async def measure(
         print(f"{form:8} us a row: {', '.join(f'{x:.2f}' for x in figures)}")
     mine, floor = (statistics.median(per_row[f]) for f in ("activity", "DELETE"))
     print(f"activity {mine / floor:.2f}x one DELETE (median {mine:.2f} against {floor:.2f} us)")
+    # The first round is the pool's first sweep: its session plans every prepared read.
+    later = [r for r in cpu_rounds[1:] if r] or [r for r in cpu_rounds if r]
+    if later:
+        print(
+            "client CPU, median ms of the rounds after the first: "
+            + "; ".join(
+                f"{k} {statistics.median(r[k] for r in later if k in r):.2f}" for k in later[0]
+            )
+        )
+    floor_ms = await pipeline_floor(url)
+    print(f"client CPU of a pipeline of three trivial prepared statements: {floor_ms:.2f} ms")
     if statements:
         print(
             "outside the statements, median ms: "
