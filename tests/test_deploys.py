@@ -416,3 +416,87 @@ async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]  # fmt: skip
     assert len(scheduled) == 2
+
+
+@pytest.mark.waits
+async def test_a_queue_no_worker_polls_costs_a_spread_pass_one_worker_wait(
+    harness: Harness,
+) -> None:
+    """A pass spread over children (it has patterns): two patterns and a plain target on a
+    queue no worker polls. The first pattern's expansion waits `worker_wait` and fails; the
+    second pattern fails at once, with no expansion of its own, and the plain target with no
+    child of its own; the target on the pass's own queue is swept by a child."""
+    nowhere = f"{harness.task_queue}:0123456789ab"
+    on_nowhere = ["p1", "p2", "t1"]
+    request = {
+        "targets": [*on_nowhere, "x_idempotency"],
+        "patterns": ["p1", "p2"],
+        "databases": dict.fromkeys(on_nowhere, "far"),
+        "queues": {"far": nowhere},
+        "worker_wait_ms": 1000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
+
+    report = error.details[0]
+    failed = {f["name"]: f for f in report["failed"]}
+    assert sorted(failed) == on_nowhere
+    assert {f["type"] for f in failed.values()} == {"NoPurgeWorker"}
+    assert failed["p1"]["message"].startswith(
+        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    )
+    for name in ("p2", "t1"):
+        assert failed[name]["message"].startswith(
+            f"not tried: no worker took an activity from task queue {nowhere!r}"
+        ), name
+    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+    history = await events(harness.client, workflow_id)
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.task_queue.name for e in history
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+    ]  # fmt: skip
+    assert scheduled == [nowhere]  # p1's expansion alone: p2 had none
+    assert len(child_ids(history)) == 1  # x_idempotency's: t1 had none
+
+
+@pytest.mark.waits
+async def test_a_child_that_met_no_worker_spares_the_next_children_of_its_queue_the_wait(
+    harness: Harness,
+) -> None:
+    """Four targets on a queue no worker polls, two to a child, in a pass spread over children
+    (a pattern on another such queue makes it one). The first child's first target waits
+    `worker_wait`; the second child is never started: its targets fail at once."""
+    nowhere = f"{harness.task_queue}:0123456789ab"
+    on_nowhere = ["t1", "t2", "t3", "t4"]
+    request = {
+        "targets": ["p0", *on_nowhere, "x_idempotency"],
+        "patterns": ["p0"],
+        "databases": {"p0": "elsewhere", **dict.fromkeys(on_nowhere, "far")},
+        "queues": {"far": nowhere, "elsewhere": f"{harness.task_queue}:ba9876543210"},
+        "worker_wait_ms": 1000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "child_size": 2,
+        "budget_ms": 600_000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
+
+    report = error.details[0]
+    failed = {f["name"]: f["message"] for f in report["failed"]}
+    assert sorted(failed) == ["p0", *on_nowhere]
+    assert failed["t1"].startswith(
+        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    )
+    for name in ("t2", "t3", "t4"):
+        assert failed[name].startswith(
+            f"not tried: no worker took an activity from task queue {nowhere!r}"
+        ), name
+    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+    # t1 and t2's child, and x_idempotency's: none for t3 and t4.
+    assert len(child_ids(await events(harness.client, workflow_id))) == 2

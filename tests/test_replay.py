@@ -293,7 +293,21 @@ def is_unpolled(shape: Shape) -> None:
     assert shape.failure == "PurgeTargetsFailed"
 
 
+def is_spread_unpolled(shape: Shape) -> None:
+    """A spread pass whose pattern's routed queue no worker polls: the expansion there failed
+    by its schedule-to-start timeout; the marker; the plain target on that queue failed with
+    no child of its own, so one child, for the target on the pass's own queue."""
+    assert shape.workflow_type == "Purge"
+    assert shape.request["patterns"]
+    assert shape.activity_queues == ["purge-nowhere"]
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.events.count("START_CHILD_WORKFLOW_EXECUTION_INITIATED") == 1
+    assert [child["targets"] for child in shape.child_inputs] == [["x_idempotency"]]
+    assert shape.failure == "PurgeTargetsFailed"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "spread-unpolled": is_spread_unpolled,
     "unpolled": is_unpolled,
     "searchable": is_searchable,
     "routed": is_routed,

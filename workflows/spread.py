@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
     from workflows.outcome_attributes import record_outcome
-    from workflows.steps import TARGET_RETRY, routed, skipped, unpolled
+    from workflows.steps import TARGET_RETRY, not_tried, routed, skipped, unpolled
 
 #: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
 #: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
@@ -55,6 +55,11 @@ REASON_CHARS = 200
 #: The patch under which a child runs on its database's queue (`_placed`); histories from
 #: before it replay with every child on the pass's queue.
 CHUNK_ON_QUEUE = "chunk-on-database-queue"
+#: The patch under which a pass spread over children fails at once what it would send to a task
+#: queue no worker took an activity from within worker_wait earlier in the pass: a pattern's
+#: expansion, or a child of targets there (`_run_children`). Histories from before it replay
+#: with each waiting worker_wait again, one after another.
+SPREAD_UNPOLLED_ONCE = "spread-unpolled-queue-once"
 #: How long past the pass's deadline a child on its database's queue may run: its targets'
 #: sweeps end at the deadline (their budget), then write their counts and report.
 CHUNK_GRACE = timedelta(minutes=30)
@@ -84,9 +89,17 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
     # matches there said (`PatternPage.runs_chunks`).
     chunk_queues: set[str] = set()
     small: set[str] = set()  # matches the catalog showed small
+    # Task queues from which no worker took an activity within worker_wait in this pass: the
+    # expansions run one after another, and each would wait that long again before any child
+    # started, spending the budget of every other database's targets.
+    unpolled_queues: set[str] = set()
     for name in order.targets:
         if name in patterns:
             route = order.route_of(name)
+            if _known_unpolled(route, unpolled_queues):
+                assert route is not None
+                entries.append(not_tried(name, route))
+                continue
             found = await _matches(name, now_ms, route)
             if isinstance(found, Matches):
                 if not found.names:
@@ -97,6 +110,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
                 small |= found.small
             else:
                 entries.append(found)
+                _note_unpolled(found, route, unpolled_queues)
         else:
             entries.append(name)
     names = [e for e in entries if isinstance(e, str)]
@@ -111,8 +125,25 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
             report.add(-1, entry, patterns)
 
     chunks = _chunks(order, names, now_ms, small)
-    children = await _run_children(order, chunks, report, chunk_queues)
+    children = await _run_children(order, chunks, report, chunk_queues, unpolled_queues)
     return _finish(order, now_ms, report, children)
+
+
+def _known_unpolled(route: Route | None, unpolled_queues: set[str]) -> bool:
+    """Whether what goes to `route` would go to a queue no worker took an activity from
+    earlier in the pass (and the pass runs under the patch that then fails it at once)."""
+    return (
+        route is not None
+        and route.queue in unpolled_queues
+        and workflow.patched(SPREAD_UNPOLLED_ONCE)
+    )
+
+
+def _note_unpolled(failed: FailedTarget, route: Route | None, unpolled_queues: set[str]) -> None:
+    """Note `route`'s queue in `unpolled_queues` when `failed` says no worker of it took the
+    activity within worker_wait (`workflows.steps.unpolled`)."""
+    if route is not None and failed.type == "NoPurgeWorker":
+        unpolled_queues.add(route.queue)
 
 
 @dataclass
@@ -222,9 +253,15 @@ async def _run_children(
     chunks: dict[str, list[ChunkInput]],
     report: ChunkReport,
     chunk_queues: set[str],
+    unpolled_queues: set[str],
 ) -> list[str]:
     """Run the children, one at a time per database and as many databases at once as
     `max_concurrent` allows; merge each one's report into `report`. Their ids, in order.
+
+    A child whose database's queue no worker took an activity from earlier in the pass (a
+    pattern's expansion there, or an earlier child's first target, waited worker_wait:
+    `unpolled_queues`, which this adds to) is not started: its targets fail at once, as
+    `sweep_limited` fails the later targets of such a queue inside one run.
 
     A child whose database's queue is in `chunk_queues` runs on that queue, by the workers next
     to its database, which said so when they read its pattern's matches: its activities are
@@ -253,6 +290,11 @@ async def _run_children(
                     gone = skipped(name, order.dry_run, chunk.budget_ms)
                     report.add(chunk.first + i, gone, patterns)
                 continue
+            if _known_unpolled(chunk.route, unpolled_queues):
+                assert chunk.route is not None
+                for i, name in enumerate(chunk.targets):
+                    report.add(chunk.first + i, not_tried(name, chunk.route), patterns)
+                continue
             # From the run id, not the workflow id: a history saved under another name (what
             # `pg-purge replay FILE` reads) must replay to the same child ids.
             child_id = f"purge-chunk-{info.run_id}-{len(started):04d}"
@@ -274,6 +316,12 @@ async def _run_children(
         for task in sorted(done, key=lambda t: running[t][1].first):
             _, chunk = running.pop(task)
             _merge_child(task, chunk, report, patterns)
+            if not task.exception():
+                # Every target of a child is on its route: one that no worker took says so
+                # for the queue. The report keeps only the first FAILED_CAP failures: where
+                # others fill them, the next child there waits worker_wait once more.
+                for ranked in task.result().failures:
+                    _note_unpolled(ranked.failure, chunk.route, unpolled_queues)
     return started
 
 

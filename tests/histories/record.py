@@ -150,8 +150,24 @@ SCENARIOS["v9"] = {
         "budget_ms": 600_000,
     },
 }
+# v10: a pass spread over children (a pattern) whose pattern and plain target share a routed
+# queue no worker polls (the spread-unpolled-queue-once patch): the pattern's expansion waits
+# worker_wait and fails NoPurgeWorker; the plain target there fails at once, with no child of
+# its own; the target on the pass's own queue is swept by a child.
+SCENARIOS["v10"] = {
+    "spread-unpolled": {
+        "targets": ["sessions", "x_auth@eu", "x_idempotency"],
+        "patterns": ["sessions"],
+        "databases": {"sessions": "eu", "x_auth@eu": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 1_000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+}
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
-PATTERNED = {"v3", "v6", "v7", "v8"}
+PATTERNED = {"v3", "v6", "v7", "v8", "v10"}
 
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).
