@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -189,6 +189,11 @@ class Family:
     def first(self) -> Finding:
         return self.members[0]
 
+    @property
+    def key(self) -> str:
+        """Its key in `Discovery.names`: `pattern:column` (two families may share a pattern)."""
+        return f"{self.pattern}:{self.first.column}"
+
 
 @dataclass(frozen=True)
 class Discovery:
@@ -204,7 +209,8 @@ class Discovery:
     skipped: tuple[str, ...] = ()
     """Tables with an expiry-like column that no config can name, and why."""
     names: Mapping[str, str] = field(default_factory=dict)
-    """The target name of each single (`schema.table:column`) and family (its pattern)."""
+    """The target name of each single (`schema.table:column`) and family (`pattern:column`,
+    `Family.key`): `target_names`."""
 
 
 def resolve_url(explicit: str | None, fallback: str | None) -> str:
@@ -783,9 +789,11 @@ def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family
 
 def target_names(singles: list[Finding], families: list[Family]) -> dict[str, str]:
     """A distinct target name for each live single entry, a preset's table included (keyed
-    `schema.table:column`), and each family (keyed by its pattern): the preset's, else the
-    table's, then qualified as needed. A preset's table in two schemas (procrastinate's jobs)
-    is two targets, which a config may not give one name."""
+    `schema.table:column`), and each family (keyed `pattern:column`, `Family.key`): the
+    preset's, else the table's, then qualified as needed. A preset's table in two schemas
+    (procrastinate's jobs) is two targets, which a config may not give one name; so are two
+    families of one pattern (its tables' two expiry-like columns), each named with its column
+    (`carts_expires_at`, `carts_valid_until`) rather than one taking the table's name."""
     names: dict[str, str] = {}
     taken: set[str] = set()
 
@@ -801,10 +809,13 @@ def target_names(singles: list[Finding], families: list[Family]) -> dict[str, st
         names[key] = f"{choices[-1]}_{n}"
         taken.add(names[key])
 
+    shared = Counter(family.pattern for family in families)
     for family in families:
         base = family.first.preset.name if family.first.preset and family.first.preset.name else ""
         stem = family.pattern.split(".")[-1].replace("*", "").strip("_") or "tables"
-        pick(family.pattern, *(c for c in (base, stem, f"{stem}_{family.first.column}") if c))
+        column = f"{stem}_{family.first.column}"
+        alone = (stem,) if shared[family.pattern] == 1 else ()
+        pick(family.key, *(c for c in (base, *alone, column) if c))
     for single in singles:
         if not (single.is_live or single.caution):
             continue  # a caution's entry is printed commented out: named, to be made live

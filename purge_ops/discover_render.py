@@ -234,7 +234,7 @@ def _index(finding: Finding) -> str:
 
 def _family(found: Discovery, family: Family) -> list[str]:
     first = family.first
-    name = found.names[family.pattern]
+    name = found.names[family.key]
     members = [m.qualified for m in family.members]
     listed = ", ".join(members[:SHOWN]) + (
         f" and {len(members) - SHOWN} more" if len(members) > SHOWN else ""
@@ -366,5 +366,5 @@ def _family_json(found: Discovery, family: Family) -> dict[str, Any]:
         "pattern": family.pattern,
         "members": [_finding_json(found, m) | {"target": None} for m in family.members],
         "strays": list(family.strays),
-        "target": target_keys(family.first, found.names[family.pattern], family.pattern),
+        "target": target_keys(family.first, found.names[family.key], family.pattern),
     }

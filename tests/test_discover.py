@@ -352,6 +352,48 @@ async def test_other_expiry_columns_families_and_their_indexes(database: str) ->
     assert "tenant_0099.sessions, without expires_at" in unwrapped(text)
 
 
+async def test_tables_with_two_expiry_columns_are_two_entries_of_two_names(
+    database: str, tmp_path: Path
+) -> None:
+    """The tables of a pattern with two expiry-like columns are two families of one pattern:
+    two entries, each named with its column, so the printed file is a config the reader takes
+    (two entries of one name are refused). A table alone with two is two entries too."""
+    for i in range(1, 5):
+        run_sql(
+            database,
+            f"CREATE SCHEMA tenant_{i:04};"
+            f" CREATE TABLE tenant_{i:04}.carts"
+            " (id int, expires_at timestamptz, valid_until timestamptz);"
+            f" INSERT INTO tenant_{i:04}.carts"
+            " VALUES (1, now() - interval '1 hour', now() + interval '1 hour')",
+        )
+    run_sql(
+        database, "CREATE TABLE vouchers (id int, expires_at timestamptz, valid_until timestamp)"
+    )
+    found = await discover(database)
+    assert sorted((f.pattern, f.first.column) for f in found.families) == [
+        ("tenant_*.carts", "expires_at"),
+        ("tenant_*.carts", "valid_until"),
+    ]
+
+    text = discover_render.as_toml(found, database)
+    path = tmp_path / "purge.toml"
+    path.write_text(text, encoding="utf-8")
+    config = load_config(path, env={})
+    names = {(str(t.tables[0]), t.column): t.name for t in config.targets}
+    assert names == {
+        ("tenant_*.carts", "expires_at"): "carts_expires_at",
+        ("tenant_*.carts", "valid_until"): "carts_valid_until",
+        ("public.vouchers", "expires_at"): "vouchers",
+        ("public.vouchers", "valid_until"): "vouchers_valid_until",
+    }
+    data = json.loads(discover_render.as_json(found))
+    assert sorted(f["target"]["name"] for f in data["families"]) == [
+        "carts_expires_at",
+        "carts_valid_until",
+    ]
+
+
 async def test_a_role_with_catalog_rights_only_reads_it_and_nothing_is_written(
     database: str,
 ) -> None:
