@@ -1,8 +1,9 @@
 """Configuration: the TOML file, checked whole before anything connects.
 
-This room imports neither psycopg nor temporalio, so a config can be checked (and its errors
-shown as one line) on a machine that has neither server, and the types it shares with the
-activities (`SweepSettings`, `Guards`, `TableName`) carry no dependency.
+This room never imports temporalio, and psycopg only inside `dsn.py`'s functions (libpq
+parses a connection string there), never when the package loads: a config can be checked (and
+its errors shown as one line) on a machine that has neither server, and the types it shares
+with the activities (`SweepSettings`, `Guards`, `TableName`) carry no dependency.
 """
 
 from purge_config.errors import ConfigError

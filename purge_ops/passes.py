@@ -569,10 +569,7 @@ async def pattern_tables(
         found: list[PurgeSweep | FailedTarget] = []
         for child in report.children:
             found += await child_records(client, child, f"{name}@")
-        found += [f for f in report.failed if not f.name.startswith(f"{name}@")]
-        return summary, sorted(
-            (r for r in found if r.name.startswith(f"{name}@")), key=lambda r: r.name
-        )
+        return summary, sorted(found, key=lambda r: r.name)
     return None
 
 
