@@ -145,7 +145,7 @@ class PurgeActivities:
                     resume=resumed,
                     on_batch=beat.after_batch,
                     ledger=ledger,
-                    budget_ms=step.budget_ms,
+                    budget_ms=pass_budget_left(step.budget_ms, info),
                 )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
@@ -164,6 +164,20 @@ class PurgeActivities:
         _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+def pass_budget_left(budget_ms: int | None, info: activity.Info) -> int | None:
+    """What this attempt may spend of the pass's budget. `budget_ms` is what was left of it when
+    the pass scheduled the target, and every attempt gets the same: a retry, after an attempt
+    that ran into its time budget's last minute and failed, would get it whole again, and five
+    attempts could run a pass into the next one's. So it loses what passed from the target's
+    first scheduling to this attempt's start, both the server's clock. Not for a local activity
+    (a small table's one statement): its retries run within one workflow task's deadline."""
+    if budget_ms is None or info.is_local:
+        return budget_ms
+    spent_ms = int((info.started_time - info.scheduled_time).total_seconds() * 1000)
+    # None left: the sweep stops before its first batch, as out of time, reporting its backlog.
+    return max(0, budget_ms - max(0, spent_ms))
 
 
 def _sweep_fields(step: PurgeStep, sweep: PurgeSweep, stats: SweepStats, lower_bound: bool) -> None:

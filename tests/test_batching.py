@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -553,6 +554,32 @@ async def test_auth_out_of_time_on_its_first_table_leaves_the_second_for_the_nex
     assert cut_short.removed == 0
     assert keys(db, "x_auth_lockouts") == {"carol"}
     assert (await kinds.auth(pool).sweep(NOW)).removed == 1
+
+
+async def test_a_retry_sweeps_only_what_is_left_of_the_pass_budget(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """Every attempt is handed the budget the pass had left when it scheduled the target; what
+    passed since (earlier attempts, their backoff, waiting in the queue) is spent. A retry that
+    starts past it deletes nothing and reports the backlog; one inside it sweeps."""
+    db.execute("INSERT INTO x_idempotency VALUES ('late', null, %s)", (NOW - 1,))
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
+    step = PurgeStep(name="x_idempotency", now_ms=NOW, budget_ms=60_000)
+    scheduled = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
+
+    def attempt_started(after: timedelta) -> ActivityEnvironment:
+        return activity_env(attempt=2, scheduled_time=scheduled, started_time=scheduled + after)
+
+    past: PurgeSweep = await attempt_started(timedelta(minutes=2)).run(
+        activities.purge_target, step
+    )
+    assert (past.removed, past.backlog) == (0, 1)
+    assert keys(db, "x_idempotency") == {"late"}
+    inside: PurgeSweep = await attempt_started(timedelta(seconds=30)).run(
+        activities.purge_target, step
+    )
+    assert inside.removed == 1
+    assert keys(db, "x_idempotency") == set()
 
 
 # -- renewed rows ----------------------------------------------------------------------------

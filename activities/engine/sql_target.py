@@ -78,7 +78,8 @@ class SqlTarget:
         transaction, and the count starts from what the ledger holds: exact, whatever an earlier
         attempt's worker did before it died. Without the table, counts come from `resume`.
         """
-        budget = min(self.settings.time_budget_ms, budget_ms or self.settings.time_budget_ms)
+        own = self.settings.time_budget_ms
+        budget = own if budget_ms is None else min(own, budget_ms)
         ctx = SweepContext(
             target=self._name,
             now_ms=now_ms,
