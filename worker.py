@@ -99,6 +99,7 @@ from purge_config.file import (
 )
 from purge_config.names import STEP_NAME
 from purge_config.patterns import split_match_name
+from purge_config.specs import TargetSpec
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
 from purge_ops.checks import check_passes, check_targets
@@ -482,38 +483,51 @@ def _sweep_plan(
 
 def _unknown_targets(config: PurgeConfig, names: list[str]) -> str:
     """Why `--target names` cannot be a pass of this config (empty when they can): a name given
-    twice, one the config does not name (known only where no `python` target's factory may
-    provide more than its `names`), or a pattern target's `NAME@SUFFIX` whose suffix no table
-    of the pattern could have."""
+    twice, a pattern target's `NAME@SUFFIX` whose suffix no table of the pattern could have or
+    whose pattern is given too, or one the config does not name (known only where no `python`
+    target's factory may provide more than its `names`)."""
     twice = duplicate_names(names)
     if twice:
         return f"{twice[0]!r} given twice"
-    if any(t.kind == "python" for t in config.targets):
-        return ""
     known = set(config.target_names)
-    wild = config.pattern_targets
     unknown: list[str] = []
     for name in names:
         if name in known:
             continue
         split = split_match_name(name)
-        pattern = wild.get(split[0]) if split else None
+        pattern = config.pattern_targets.get(split[0]) if split else None
         if pattern is None:
             unknown.append(name)
-        elif pattern.matched(name) is None:
-            # `sessions@tenant_0042` is one table of a pattern target; its suffix must fit.
-            return (
-                f"{name!r} names no table the pattern {pattern.name!r} "
-                f"({pattern.tables[0]}) could match"
-            )
-        elif pattern.name in names:
-            # The pass would fail with DuplicatePurgeTarget once the pattern is expanded.
-            return f"{name!r} is a table of {pattern.name!r}, which is given too"
-    if not unknown:
+        elif refused := _misfit_table(pattern, name, names):
+            # Whatever else the config holds: the pass takes `NAME@SUFFIX` as its pattern's.
+            return refused
+    if not unknown or any(t.kind == "python" for t in config.targets):
+        # A python target's factory may provide targets beyond its `names`, known only to the
+        # worker that builds them: a name the config does not list may be one of those.
         return ""
+    return _no_such_target(config, unknown[0])
+
+
+def _misfit_table(pattern: TargetSpec, name: str, names: list[str]) -> str:
+    """Why `name`, a table of `pattern` named by hand, cannot be swept beside `names` (empty
+    when it can)."""
+    if pattern.matched(name) is None:
+        # `sessions@tenant_0042` is one table of a pattern target; its suffix must fit.
+        return (
+            f"{name!r} names no table the pattern {pattern.name!r} "
+            f"({pattern.tables[0]}) could match"
+        )
+    if pattern.name in names:
+        # The pass would fail with DuplicatePurgeTarget once the pattern is expanded.
+        return f"{name!r} is a table of {pattern.name!r}, which is given too"
+    return ""
+
+
+def _no_such_target(config: PurgeConfig, name: str) -> str:
+    """The refusal of `name`, which the config does not name, listing what it does."""
     listed = ", ".join(config.target_names[:10])
     more = len(config.target_names) - 10
-    return f"the config names no target {unknown[0]!r} (its targets: {listed}" + (
+    return f"the config names no target {name!r} (its targets: {listed}" + (
         f" and {more} more)" if more > 0 else ")"
     )
 

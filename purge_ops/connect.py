@@ -18,11 +18,12 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from temporalio.api.failure.v1 import Failure
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.converter import DataConverter, DefaultFailureConverter, PayloadConverter
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 from temporalio.runtime import PrometheusConfig, Runtime, TelemetryConfig
-from temporalio.service import TLSConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
@@ -99,14 +100,33 @@ def temporal_settings(address: str | None = None, namespace: str | None = None) 
     if namespace:
         settings["namespace"] = namespace
     settings.setdefault("target_host", DEFAULT_TEMPORAL_ADDRESS)
-    if "://" in settings["target_host"]:
+    check_temporal_address(settings["target_host"])
+    return settings
+
+
+def check_temporal_address(address: str) -> None:
+    """A ConfigError unless `address` is a HOST:PORT the way Temporal's settings give one."""
+    if "://" in address:
         # The SDK takes `http://host:port` with a warning (an error in its future versions)
         # and does not read `https://` as TLS: say what it wants instead of either.
         raise ConfigError(
-            f"Temporal address {settings['target_host']!r}: give HOST:PORT, without a scheme "
+            f"Temporal address {address!r}: give HOST:PORT, without a scheme "
             "(TLS is set by TEMPORAL_TLS or a profile in temporal.toml)"
         )
-    return settings
+    if not _has_port(address):
+        # The SDK would take `host` as port 80 (443 with TLS) and fail only at connect time,
+        # a status-1 "cannot reach" for what is a setting to fix.
+        raise ConfigError(
+            f"Temporal address {address!r} (TEMPORAL_ADDRESS, or a profile's address) has no "
+            f"port: give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
+        )
+
+
+def _has_port(address: str) -> bool:
+    """Whether `address` ends in `:PORT`, after the brackets of an IPv6 literal (`[::1]:7233`);
+    a port's range is the SDK's to check (`connect_temporal` says its refusal)."""
+    host, colon, port = address.rpartition(":")
+    return bool(host and colon and port.isdigit() and port.isascii())
 
 
 async def connect_temporal(
@@ -133,7 +153,7 @@ async def connect_temporal(
             telemetry=TelemetryConfig(metrics=prometheus, global_tags={"worker": worker})
         )
     try:
-        return await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
+        client = await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
     except ValueError as err:
         # An address the SDK cannot make a URL of (`host:99999`, `[::1`): the setting is wrong.
         raise ConfigError(
@@ -144,6 +164,24 @@ async def connect_temporal(
         # The SDK reports every failed connect as a RuntimeError holding the Rust client's
         # debug text (a tonic Status with its HTTP headers); the operator needs the setting.
         raise ConnectionError(why_unreachable(settings, str(err))) from err
+    await require_namespace(client)
+    return client
+
+
+async def require_namespace(client: Client) -> None:
+    """The server's NOT_FOUND RPCError when it has no namespace of `client`'s name, said as
+    each command says a refusal. Asked at connect for `run`'s sake: its workers find the
+    namespace missing only as they start, each raising it as a RuntimeError (a traceback) and
+    cancelling the others. Any other refusal of the question (a key not allowed it) is left to
+    the calls that follow, which meet it only if it matters to them."""
+    try:
+        await client.workflow_service.describe_namespace(
+            DescribeNamespaceRequest(namespace=client.namespace)
+        )
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            raise
+        log.debug("describing namespace %r was refused: %s", client.namespace, err.message)
 
 
 #: A gRPC status inside the SDK's connect error: `Status { code: Unauthenticated, message: "..."`.

@@ -18,6 +18,13 @@ SECRET = "s3cret-of-the-cli"
 CLOSED = "127.0.0.1:1"
 
 
+#: A `kind = "python"` target, added to a config: its factory may provide more than its names.
+PYTHON_TARGET = (
+    '[[targets]]\nkind = "python"\nfactory = "tests.support.apptargets:targets"\n'
+    'names = ["tmp_uploads"]\n'
+)
+
+
 def one_line(done: Done) -> str:
     """The one line a refused command printed; fails on a traceback, a usage block or a secret."""
     lines = done.stderr.strip().splitlines()
@@ -116,6 +123,45 @@ def test_a_pattern_s_table_by_hand_that_cannot_be_swept_is_refused_before_tempor
     assert said in one_line(done)
 
 
+@pytest.mark.parametrize(
+    ("targets", "said"),
+    [
+        (["sessions@other_1"], "'sessions@other_1' names no table the pattern 'sessions'"),
+        (["sessions", "sessions@tenant_1"], "'sessions@tenant_1' is a table of 'sessions', which"),
+    ],
+    ids=["misfit-suffix", "pattern-and-its-table"],
+)
+def test_a_pattern_s_table_by_hand_is_checked_beside_a_python_target(
+    pattern_config: Path, targets: list[str], said: str
+) -> None:
+    """A python target's factory may provide names the config does not list, but a name
+    `sessions@...` is the pattern's table whatever else the config holds."""
+    with pattern_config.open("a", encoding="utf-8") as out:
+        out.write(PYTHON_TARGET)
+    args = [arg for name in targets for arg in ("--target", name)]
+    done = run_main(
+        "sweep", "--config", str(pattern_config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED)
+    )
+
+    assert said in one_line(done)
+
+
+def test_a_name_the_config_does_not_list_is_left_to_a_python_target_s_factory(
+    pattern_config: Path,
+) -> None:
+    """Not refused: only the worker, which builds the factory's targets, knows its names; the
+    command gets as far as Temporal (not running here, status 1)."""
+    with pattern_config.open("a", encoding="utf-8") as out:
+        out.write(PYTHON_TARGET)
+    done = run_main(
+        "sweep", "--config", str(pattern_config), "--target", "from_the_factory",
+        env=clean_env(TEMPORAL_ADDRESS=CLOSED),
+    )  # fmt: skip
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"pg-purge: cannot reach Temporal at {CLOSED}"), done.stderr
+
+
 def test_report_tables_of_no_pattern_target_is_refused_before_temporal(
     pattern_config: Path,
 ) -> None:
@@ -137,6 +183,32 @@ def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, add
     done = run_main("schedule", "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=address))
 
     assert f"Temporal address {address!r}" in one_line(done)
+
+
+@pytest.mark.parametrize("command", ["schedule", "run"])
+@pytest.mark.parametrize("address", ["nohost", "127.0.0.1", "nohost:", "[::1]"])
+def test_a_temporal_address_without_a_port_is_one_line(
+    config: Path, command: str, address: str
+) -> None:
+    """The SDK would take it as port 80 and fail only when it connects, status 1; `run` says it
+    before its database too (the database here is out of reach)."""
+    env = clean_env(
+        TEMPORAL_ADDRESS=address,
+        PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@127.0.0.1:1/app?connect_timeout=1",
+    )
+    done = run_main(command, "--config", str(config), env=env)
+
+    line = one_line(done)
+    assert f"Temporal address {address!r} (TEMPORAL_ADDRESS" in line
+    assert "has no port: give HOST:PORT, like 'localhost:7233'" in line
+
+
+def test_an_ipv6_temporal_address_with_a_port_is_taken(config: Path) -> None:
+    """`[::1]:PORT` has its port after the brackets: the command gets as far as connecting."""
+    done = run_main("schedule", "--config", str(config), env=clean_env(TEMPORAL_ADDRESS="[::1]:1"))
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("pg-purge: cannot reach Temporal at [::1]:1: "), done.stderr
 
 
 def test_run_says_a_schemed_temporal_address_before_it_connects_to_the_database(

@@ -668,20 +668,25 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     await handle.terminate()
 
 
-@pytest.mark.parametrize("command", ["schedule", "sweep", "report"])
+@pytest.mark.parametrize("command", ["schedule", "sweep", "report", "run"])
 async def test_a_namespace_the_server_does_not_have_is_one_line(
     tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, command: str
 ) -> None:
+    """`run` as a process: a worker's start needs the main thread (its signal handlers). Its
+    workers, were they started, would each find the namespace missing (a traceback); it stops
+    before them."""
     config = config_file(tmp_path, harness.url, harness.task_queue)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, TEMPORAL_NAMESPACE="no-such-ns")
+    call = run_process if command == "run" else run_main
 
-    done = await asyncio.to_thread(run_main, command, "--config", str(config), env=env)
+    done = await asyncio.to_thread(call, command, "--config", str(config), env=env)
 
     assert done.returncode == 1, done.stderr
     assert done.stderr == (
         "pg-purge: Temporal refused: Namespace no-such-ns is not found. (set TEMPORAL_NAMESPACE, "
         "or create it: temporal operator namespace create)\n"
     )
+    assert done.stdout == ""
 
 
 async def test_report_shows_recent_passes_with_removed_per_target(
