@@ -375,6 +375,39 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
     )
 
 
+async def beside_a_dead_queue(
+    harness: Harness, routing: dict[str, Any]
+) -> tuple[dict[str, list[str]], list[str], str]:
+    """A failed pass of `routing` (its targets, databases and queues) and `x_idempotency` on the
+    pass's own queue, one target at a time with a `worker_wait` of a second, run by a worker of
+    that queue alone: each failed target's message by its name, the targets swept, and the
+    pass's workflow id."""
+    request = {
+        "worker_wait_ms": 1000,
+        "max_concurrent": 1,
+        "budget_ms": 600_000,
+        **routing,
+        "targets": [*routing["targets"], "x_idempotency"],
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    async with harness.run_worker([kinds.idempotency(harness.pool)]):
+        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
+    report = error.details[0]
+    assert {f["type"] for f in report["failed"]} == {"NoPurgeWorker"}
+    failed = {f["name"]: f["message"] for f in report["failed"]}
+    return failed, [s["name"] for s in report["swept"]], workflow_id
+
+
+def waited_for(queue: str) -> str:
+    """How the message of a target whose activity no worker of `queue` took begins."""
+    return f"no worker whose config names this target took it from task queue {queue!r}"
+
+
+def not_tried_on(queue: str) -> str:
+    """How the message of a target failed at once, after another of `queue` waited, begins."""
+    return f"not tried: no worker took an activity from task queue {queue!r}"
+
+
 @pytest.mark.waits
 async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_target(
     harness: Harness,
@@ -384,31 +417,20 @@ async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_
     the pass's own queue is swept."""
     nowhere = f"{harness.task_queue}:0123456789ab"
     on_nowhere = ["t1", "t2", "t3"]
-    request = {
-        "targets": [*on_nowhere, "x_idempotency"],
-        "databases": dict.fromkeys(on_nowhere, "_default"),
-        "queues": {"_default": nowhere},
-        "worker_wait_ms": 1000,
-        "max_concurrent": 1,
-        "max_per_database": 4,
-        "budget_ms": 600_000,
-    }
-    workflow_id = f"purge-deploy-{uuid.uuid4()}"
-    async with harness.run_worker([kinds.idempotency(harness.pool)]):
-        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
-
-    report = error.details[0]
-    assert [f["name"] for f in report["failed"]] == on_nowhere
-    assert {f["type"] for f in report["failed"]} == {"NoPurgeWorker"}
-    first, *rest = (f["message"] for f in report["failed"])
-    assert first.startswith(
-        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    failed, swept, workflow_id = await beside_a_dead_queue(
+        harness,
+        {
+            "targets": on_nowhere,
+            "databases": dict.fromkeys(on_nowhere, "_default"),
+            "queues": {"_default": nowhere},
+            "max_per_database": 4,
+        },
     )
-    for message in rest:
-        assert message.startswith(
-            f"not tried: no worker took an activity from task queue {nowhere!r}"
-        )
-    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+
+    assert list(failed) == on_nowhere
+    assert failed["t1"].startswith(waited_for(nowhere))
+    assert all(failed[name].startswith(not_tried_on(nowhere)) for name in ("t2", "t3"))
+    assert swept == ["x_idempotency"]
     runs = await attempts(harness.client, workflow_id)
     assert set(runs) == {"x_idempotency"}  # t1's activity never started; t2, t3 had none
     scheduled = [
@@ -428,32 +450,22 @@ async def test_a_queue_no_worker_polls_costs_a_spread_pass_one_worker_wait(
     child of its own; the target on the pass's own queue is swept by a child."""
     nowhere = f"{harness.task_queue}:0123456789ab"
     on_nowhere = ["p1", "p2", "t1"]
-    request = {
-        "targets": [*on_nowhere, "x_idempotency"],
-        "patterns": ["p1", "p2"],
-        "databases": dict.fromkeys(on_nowhere, "far"),
-        "queues": {"far": nowhere},
-        "worker_wait_ms": 1000,
-        "max_concurrent": 1,
-        "max_per_database": 1,
-        "budget_ms": 600_000,
-    }
-    workflow_id = f"purge-deploy-{uuid.uuid4()}"
-    async with harness.run_worker([kinds.idempotency(harness.pool)]):
-        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
-
-    report = error.details[0]
-    failed = {f["name"]: f for f in report["failed"]}
-    assert sorted(failed) == on_nowhere
-    assert {f["type"] for f in failed.values()} == {"NoPurgeWorker"}
-    assert failed["p1"]["message"].startswith(
-        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    failed, swept, workflow_id = await beside_a_dead_queue(
+        harness,
+        {
+            "targets": on_nowhere,
+            "patterns": ["p1", "p2"],
+            "databases": dict.fromkeys(on_nowhere, "far"),
+            "queues": {"far": nowhere},
+            "max_per_database": 1,
+        },
     )
+
+    assert sorted(failed) == on_nowhere
+    assert failed["p1"].startswith(waited_for(nowhere))
     for name in ("p2", "t1"):
-        assert failed[name]["message"].startswith(
-            f"not tried: no worker took an activity from task queue {nowhere!r}"
-        ), name
-    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+        assert failed[name].startswith(not_tried_on(nowhere)), name
+    assert swept == ["x_idempotency"]
     history = await events(harness.client, workflow_id)
     scheduled = [
         e.activity_task_scheduled_event_attributes.task_queue.name for e in history
@@ -472,31 +484,22 @@ async def test_a_child_that_met_no_worker_spares_the_next_children_of_its_queue_
     `worker_wait`; the second child is never started: its targets fail at once."""
     nowhere = f"{harness.task_queue}:0123456789ab"
     on_nowhere = ["t1", "t2", "t3", "t4"]
-    request = {
-        "targets": ["p0", *on_nowhere, "x_idempotency"],
-        "patterns": ["p0"],
-        "databases": {"p0": "elsewhere", **dict.fromkeys(on_nowhere, "far")},
-        "queues": {"far": nowhere, "elsewhere": f"{harness.task_queue}:ba9876543210"},
-        "worker_wait_ms": 1000,
-        "max_concurrent": 1,
-        "max_per_database": 1,
-        "child_size": 2,
-        "budget_ms": 600_000,
-    }
-    workflow_id = f"purge-deploy-{uuid.uuid4()}"
-    async with harness.run_worker([kinds.idempotency(harness.pool)]):
-        error = await failed_pass(harness.client, harness.task_queue, request, workflow_id)
-
-    report = error.details[0]
-    failed = {f["name"]: f["message"] for f in report["failed"]}
-    assert sorted(failed) == ["p0", *on_nowhere]
-    assert failed["t1"].startswith(
-        f"no worker whose config names this target took it from task queue {nowhere!r}"
+    failed, swept, workflow_id = await beside_a_dead_queue(
+        harness,
+        {
+            "targets": ["p0", *on_nowhere],
+            "patterns": ["p0"],
+            "databases": {"p0": "elsewhere", **dict.fromkeys(on_nowhere, "far")},
+            "queues": {"far": nowhere, "elsewhere": f"{harness.task_queue}:ba9876543210"},
+            "max_per_database": 1,
+            "child_size": 2,
+        },
     )
+
+    assert sorted(failed) == ["p0", *on_nowhere]
+    assert failed["t1"].startswith(waited_for(nowhere))
     for name in ("t2", "t3", "t4"):
-        assert failed[name].startswith(
-            f"not tried: no worker took an activity from task queue {nowhere!r}"
-        ), name
-    assert [s["name"] for s in report["swept"]] == ["x_idempotency"]
+        assert failed[name].startswith(not_tried_on(nowhere)), name
+    assert swept == ["x_idempotency"]
     # t1 and t2's child, and x_idempotency's: none for t3 and t4.
     assert len(child_ids(await events(harness.client, workflow_id))) == 2
