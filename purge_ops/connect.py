@@ -164,16 +164,16 @@ async def connect_temporal(
         # The SDK reports every failed connect as a RuntimeError holding the Rust client's
         # debug text (a tonic Status with its HTTP headers); the operator needs the setting.
         raise ConnectionError(why_unreachable(settings, str(err))) from err
-    await require_namespace(client)
     return client
 
 
 async def require_namespace(client: Client) -> None:
     """The server's NOT_FOUND RPCError when it has no namespace of `client`'s name, said as
-    each command says a refusal. Asked at connect for `run`'s sake: its workers find the
+    each command says a refusal. Asked by `run` before its workers start: they find the
     namespace missing only as they start, each raising it as a RuntimeError (a traceback) and
-    cancelling the others. Any other refusal of the question (a key not allowed it) is left to
-    the calls that follow, which meet it only if it matters to them."""
+    cancelling the others; every other command meets the NOT_FOUND in its own first call. Any
+    other refusal of the question (a key not allowed it) is left to the calls that follow,
+    which meet it only if it matters to them."""
     try:
         await client.workflow_service.describe_namespace(
             DescribeNamespaceRequest(namespace=client.namespace)

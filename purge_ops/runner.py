@@ -26,6 +26,7 @@ from purge_ops.connect import (
     connect_temporal,
     lazy_pools,
     open_pool,
+    require_namespace,
     temporal_settings,
     trimming_failures,
 )
@@ -157,6 +158,7 @@ async def run_worker(
                 temporal_address,
                 metrics=f"{runtime_metrics[0]}:{runtime_metrics[1]}" if runtime_metrics else None,
             )
+            await require_namespace(client)
             health.client = client
             if ensure_schedule:
                 for outcome in await schedule.ensure_schedules(client, config):
