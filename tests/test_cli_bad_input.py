@@ -123,6 +123,14 @@ def test_a_pattern_s_table_by_hand_that_cannot_be_swept_is_refused_before_tempor
     assert said in one_line(done)
 
 
+@pytest.fixture
+def pattern_and_python(pattern_config: Path) -> Path:
+    """`pattern_config` with a python target beside its pattern."""
+    with pattern_config.open("a", encoding="utf-8") as out:
+        out.write(PYTHON_TARGET)
+    return pattern_config
+
+
 @pytest.mark.parametrize(
     ("targets", "said"),
     [
@@ -132,29 +140,24 @@ def test_a_pattern_s_table_by_hand_that_cannot_be_swept_is_refused_before_tempor
     ids=["misfit-suffix", "pattern-and-its-table"],
 )
 def test_a_pattern_s_table_by_hand_is_checked_beside_a_python_target(
-    pattern_config: Path, targets: list[str], said: str
+    pattern_and_python: Path, targets: list[str], said: str
 ) -> None:
     """A python target's factory may provide names the config does not list, but a name
     `sessions@...` is the pattern's table whatever else the config holds."""
-    with pattern_config.open("a", encoding="utf-8") as out:
-        out.write(PYTHON_TARGET)
     args = [arg for name in targets for arg in ("--target", name)]
-    done = run_main(
-        "sweep", "--config", str(pattern_config), *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED)
-    )
+    config = str(pattern_and_python)
+    done = run_main("sweep", "--config", config, *args, env=clean_env(TEMPORAL_ADDRESS=CLOSED))
 
     assert said in one_line(done)
 
 
 def test_a_name_the_config_does_not_list_is_left_to_a_python_target_s_factory(
-    pattern_config: Path,
+    pattern_and_python: Path,
 ) -> None:
     """Not refused: only the worker, which builds the factory's targets, knows its names; the
     command gets as far as Temporal (not running here, status 1)."""
-    with pattern_config.open("a", encoding="utf-8") as out:
-        out.write(PYTHON_TARGET)
     done = run_main(
-        "sweep", "--config", str(pattern_config), "--target", "from_the_factory",
+        "sweep", "--config", str(pattern_and_python), "--target", "from_the_factory",
         env=clean_env(TEMPORAL_ADDRESS=CLOSED),
     )  # fmt: skip
 
