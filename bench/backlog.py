@@ -26,7 +26,7 @@ from pathlib import Path
 from psycopg import AsyncConnection, sql
 
 from bench import server
-from bench.cases import Bench, Case, run_case
+from bench.cases import Bench, Case, run_case, warm_sessions
 from bench.data import Dataset
 from bench.forms import TemporalPass
 from bench.services import (
@@ -128,6 +128,8 @@ async def run_backlog(bench: Bench, scratch: Path, rows: int, fsync: bool) -> li
         ):
             here.temporal = TemporalPass(client, config.task_queue, config.pass_input())
             await _warm_up(here, here.temporal, copy)
+            # This database's hand session and pool are new: warmed as the first server's are.
+            await warm_sessions(here)
             results = await run_case(here, case)
         bench.all_runs.extend(here.all_runs)
         for result in results:

@@ -12,8 +12,9 @@
   the child's foreign key column unindexed, then indexed: the cost the unindexed-children warning
   names.
 
-An embedded PostgreSQL 18 with fsync and full_page_writes on (as in production), started and
-stopped here. The sweep is the package's `SqlTarget.sweep` (the activity's engine, no Temporal).
+An embedded PostgreSQL 18 with fsync and full_page_writes on (as in production), on disk in the
+system's temporary directory (`bench.services.scratch_dir`), started and stopped here. The
+sweep is the package's `SqlTarget.sweep` (the activity's engine, no Temporal).
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
+from bench.services import scratch_dir
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
-from tests.support.servers import scratch_dir
 
 NOW = 1_000_000_000_000
 HOUR = 3_600_000
@@ -153,19 +154,21 @@ async def children(url: str, rows: int, repeat: int) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    base = scratch_dir("purge-bench-harm-")
-    server = EmbeddedPostgres(base, settings={"fsync": "on", "full_page_writes": "on"})
-    server.start()
-    try:
-        with psycopg.connect(server.url(), autocommit=True) as conn:
-            conn.execute(reference_ddl())
-        return {
-            "rows": args.rows,
-            "wal_paced": await wal_paced(server.url(), args.rows, args.repeat),
-            "children": await children(server.url(), args.rows, args.repeat),
-        }
-    finally:
-        server.remove()
+    # On disk, as the rest of the bench: the WAL-rate case measures writes (the tests' own
+    # scratch directory is /dev/shm where there is one).
+    with scratch_dir("purge-bench-harm-") as base:
+        server = EmbeddedPostgres(base, settings={"fsync": "on", "full_page_writes": "on"})
+        server.start()
+        try:
+            with psycopg.connect(server.url(), autocommit=True) as conn:
+                conn.execute(reference_ddl())
+            return {
+                "rows": args.rows,
+                "wal_paced": await wal_paced(server.url(), args.rows, args.repeat),
+                "children": await children(server.url(), args.rows, args.repeat),
+            }
+        finally:
+            server.remove()
 
 
 def main() -> None:

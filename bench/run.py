@@ -59,6 +59,8 @@ log = logging.getLogger("bench")
 
 DEFAULT_ROWS = 2_000_000
 QUICK_ROWS = 200_000
+#: The tenants case's schemas in a smoke run (--quick) unless --tenants.
+QUICK_TENANTS = 200
 #: Which copy of the package is measured: the bench may run from an export of another commit.
 PACKAGE_DIR = str(Path(activities.__file__).resolve().parent.parent)
 CASE_ORDER = (
@@ -76,7 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--rows", type=int, help=f"table size (default {DEFAULT_ROWS:,})")
     parser.add_argument(
-        "--quick", action="store_true", help=f"a smoke run: {QUICK_ROWS:,} rows unless --rows"
+        "--quick",
+        action="store_true",
+        help=f"a smoke run: {QUICK_ROWS:,} rows unless --rows, {QUICK_TENANTS} tenants unless"
+        " --tenants",
     )
     parser.add_argument("--url", help="measure this PostgreSQL instead of the embedded one")
     parser.add_argument(
@@ -89,9 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tenants",
         type=int,
-        default=DEFAULT_TENANTS,
         metavar="N",
-        help=f"tenant schemas of the tenants case (default {DEFAULT_TENANTS:,})",
+        help=f"tenant schemas of the tenants case (default {DEFAULT_TENANTS:,}; --quick "
+        f"{QUICK_TENANTS})",
     )
     parser.add_argument(
         "--steady-rows",
@@ -123,6 +128,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
+    if args.tenants is None:
+        args.tenants = QUICK_TENANTS if args.quick else DEFAULT_TENANTS
     if args.rows < 100:
         parser.error(f"--rows must be at least 100, got {args.rows}")
     args.steady_rows = args.steady_rows or STEADY_SCALE * args.rows
