@@ -113,6 +113,7 @@ from purge_ops.passes import (
     replay,
     schedules_report,
     sweep,
+    tables_json,
     tables_table,
 )
 from purge_ops.runner import new_worker, run_worker
@@ -203,7 +204,8 @@ def _worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--schedule",
         metavar="NAME",
         type=_target_name,
-        help="the targets of [schedules.NAME], through that schedule (its overlap policy)",
+        help="the targets of [schedules.NAME], through that schedule (its overlap policy; a"
+        " --dry-run starts a pass of its own)",
     )
 
 
@@ -212,7 +214,11 @@ def _reading_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     report = sub.add_parser("report", help="recent passes, removed per target, as a table")
     _config_option(report)
     report.add_argument("--last", type=_positive, default=10, metavar="N", help="default 10")
-    report.add_argument("--json", action="store_true", help="print the passes as JSON, for scripts")
+    report.add_argument(
+        "--json",
+        action="store_true",
+        help="print the passes (or, with --tables, the matches) as JSON, for scripts",
+    )
     report.add_argument(
         "--tables",
         metavar="NAME",
@@ -302,7 +308,8 @@ def _positive(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; the exit status: 0 done, 1 failed, 2 bad config or usage."""
+    """Run one command; the exit status: 0 done, 1 failed, 2 bad config or usage, 130
+    interrupted (Ctrl-C)."""
     args = list(sys.argv[1:] if argv is None else argv)
     # `run` is the default command: `python worker.py --config F` runs a worker.
     if not args or (args[0] not in COMMANDS and args[0] not in ("-h", "--help")):
@@ -559,7 +566,7 @@ async def _report(client: Client, config: PurgeConfig, opts: argparse.Namespace)
         if found is None:
             _say(f"no pass of the last {opts.last} swept a pattern target {opts.tables!r}")
             return 1
-        _say(tables_table(*found))
+        _say(tables_json(*found) if opts.json else tables_table(*found))
         return 0
     if config.named_schedules and not opts.json:
         return await _report_schedules(client, config, opts.last)

@@ -670,6 +670,20 @@ def tables_table(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarg
     return "\n".join([head, table(header, rows, right={1, 2, 4}), *notes])
 
 
+def tables_json(summary: PassSummary, records: Sequence[PurgeSweep | FailedTarget]) -> str:
+    """The same matches for scripts: the pass, then each match's record as the pass's own report
+    keeps a target's (`swept`, `failed`)."""
+    return json.dumps(
+        {
+            "workflow_id": summary.workflow_id,
+            "started": summary.started.isoformat(),
+            "swept": [dataclasses.asdict(r) for r in records if isinstance(r, PurgeSweep)],
+            "failed": [dataclasses.asdict(r) for r in records if isinstance(r, FailedTarget)],
+        },
+        indent=2,
+    )
+
+
 def passes_json(passes: Sequence[PassSummary]) -> str:
     """The same passes for scripts: one object each, the report as the workflow returned it."""
     return json.dumps(

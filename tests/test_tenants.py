@@ -370,6 +370,17 @@ async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its
         rows = [ln.split() for ln in tables.stdout.splitlines() if ln.startswith("sessions@")]
         assert [r[0] for r in rows] == [f"sessions@{prefix}_{i:04d}" for i in range(6)]
         assert [int(r[1]) for r in rows] == [expired_of(i) for i in range(6)]
+        # The same matches for scripts, as the pass's report keeps a target's record.
+        as_json = await asyncio.to_thread(
+            run_main, "report", "--config", str(path), "--tables", "sessions", "--json", env=env
+        )
+        assert as_json.returncode == 0, as_json.stderr
+        matches = json.loads(as_json.stdout)
+        assert [(m["name"], m["removed"]) for m in matches["swept"]] == [
+            (f"sessions@{prefix}_{i:04d}", expired_of(i)) for i in range(6)
+        ]
+        assert matches["failed"] == []
+        assert tables.stdout.splitlines()[0].startswith(f"pass {matches['workflow_id']} ")
 
         # A name the config gives no pattern target is a typo, not a pattern not swept yet.
         typo = await asyncio.to_thread(
