@@ -70,8 +70,8 @@ def parse_schedules(where: str, raw: object) -> tuple[ScheduleConfig, ...]:
         at = f"schedules.{name}" if name.isprintable() else f"schedules.{name!r}"
         if not STEP_NAME.fullmatch(name):
             raise ConfigError(
-                f"{where}: {at}: not a schedule name (letters, digits, _ and -, starting with a "
-                "letter or _)"
+                f"{where}: {at}: not a schedule name (letters, digits and _ . : @ -, starting "
+                "with a letter, digit or _)"
             )
         if not isinstance(entry, dict):
             raise ConfigError(
@@ -172,7 +172,12 @@ def _check(where: str, at: str, raw: Mapping[str, Any], spec: ScheduleConfig) ->
             f"got {raw['jitter']!r}"
         )
     if not QUEUE_NAME.fullmatch(spec.id):
-        raise ConfigError(f"{where}: {at}.id: not a schedule id, got {spec.id!r}")
+        # A name may hold what an id may not (@): the default id, purge- and the name, then fails.
+        given = "" if "id" in raw else " (purge- and the schedule's name: give it an id)"
+        raise ConfigError(
+            f"{where}: {at}.id: not a schedule id (letters, digits and _ . : / -), "
+            f"got {spec.id!r}{given}"
+        )
     try:
         ZoneInfo(spec.time_zone)
     except (ZoneInfoNotFoundError, ValueError):

@@ -112,6 +112,20 @@ def test_the_single_schedule_keeps_its_input_and_its_fingerprint() -> None:
         ),
         ("[schedules.a]\ntargets = []\n", "schedules.a.targets: want a list of target names"),
         (
+            '[schedules."a b"]\ntargets = ["x_auth", "x_idempotency"]\n',
+            "schedules.a b: not a schedule name (letters, digits and _ . : @ -, starting with a "
+            "letter, digit or _)",
+        ),
+        (
+            '[schedules."a@b"]\ntargets = ["x_auth", "x_idempotency"]\n',
+            "schedules.a@b.id: not a schedule id (letters, digits and _ . : / -), got "
+            "'purge-a@b' (purge- and the schedule's name: give it an id)",
+        ),
+        (
+            '[schedules.a]\nid = "x y"\ntargets = ["x_auth", "x_idempotency"]\n',
+            "schedules.a.id: not a schedule id (letters, digits and _ . : / -), got 'x y'",
+        ),
+        (
             '[schedules.a]\nid = "same"\ntargets = ["x_auth"]\n'
             '[schedules.b]\nid = "same"\ntargets = ["x_idempotency"]\n',
             "schedules.a.id: 'same' is the id of another schedule too",
