@@ -1,6 +1,7 @@
 """Names as a config writes them: target names, and SQL names used exactly as written.
 
-Checked here, as text; turned into quoted SQL identifiers only in `activities.engine.rules`.
+Checked here, as text; turned into quoted SQL identifiers (`psycopg.sql.Identifier`) only in
+`activities/`, never by formatting them into SQL text.
 """
 
 from __future__ import annotations
