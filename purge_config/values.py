@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from purge_config.errors import ConfigError
+from purge_config.errors import ConfigError, did_you_mean
 
 HOUR_MS = 3_600_000
 
@@ -143,8 +143,9 @@ def no_unknown(where: str, prefix: str, raw: Mapping[str, Any], allowed: frozens
     if unknown:
         # A quoted TOML key may hold a newline; shown as written it would split the line.
         key = unknown[0] if unknown[0].isprintable() else repr(unknown[0])
+        hint = did_you_mean(unknown[0], allowed)
         raise ConfigError(
-            f"{where}: {prefix}{key}: unknown key; allowed here: {', '.join(sorted(allowed))}"
+            f"{where}: {prefix}{key}: unknown key{hint}; allowed here: {', '.join(sorted(allowed))}"
         )
 
 

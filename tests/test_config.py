@@ -170,7 +170,10 @@ BAD_FILES: dict[str, Bad] = {
     "kind-int": Bad(second({"kind": 5}), f"{T2}: kind", "got 5"),
     "kind-case": Bad(second({"kind": "Expiring"}), f"{T2}: kind", "'Expiring'"),
     # Keys a kind does not take.
-    "target-unknown-key": Bad(second(sessions(colum="x")), f"{S2}: colum", "unknown key"),
+    "target-unknown-key": Bad(
+        second(sessions(colum="x")), f"{S2}: colum", "unknown key (did you mean 'column'?)"
+    ),
+    "top-unknown-key-far": Bad(toml(frobnicate=1), "frobnicate", "unknown key; allowed here"),
     "builtin-max_age": Bad(
         toml(targets=[{**IDEMPOTENCY, "max_age": "1d"}]), "#1: max_age", "unknown"
     ),

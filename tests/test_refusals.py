@@ -89,6 +89,63 @@ async def test_a_column_of_microseconds_is_refused_and_unit_us_sweeps_it(
 
 
 @pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "never-analyzed"])
+async def test_a_column_that_holds_no_instant_in_any_unit_is_refused_as_the_wrong_column(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, analyze: bool
+) -> None:
+    """An id or a count read as an instant: no unit fits, so the fix is the column, not a
+    unit (the message once said "store epoch milliseconds in it")."""
+    rows = {f"r{i}": 100_000 + i for i in range(100)}
+    events(db, rows, analyze)
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await sweep(pool).purge_expired(now_ms)
+
+    message = refused.value.message
+    assert message.startswith(
+        "table events column at: its values do not look like epoch milliseconds (e.g. 1000"
+    )
+    assert "nor like an instant in any unit (s, ms, us, ns). Nothing was deleted" in message
+    assert "is at the column that says when a row expires?" in message
+    assert "store epoch" not in message
+    assert "set unit" not in message
+    assert keys(db, "events") == set(rows)
+
+
+async def test_a_misspelt_column_is_refused_naming_the_nearest_one(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    events(db, {"r0": now_ms - HOUR}, analyze=False)
+    misspelt = kinds.expiring(pool, "events", TableName("events"), "att")
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await misspelt.purge_expired(now_ms)
+
+    assert refused.value.message == "table events has no column 'att' (did you mean 'at'?)"
+    assert keys(db, "events") == {"r0"}
+
+
+async def test_a_rate_limit_target_on_a_table_of_another_shape_names_every_column_it_lacks(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """A user's own bucket table under `kind = "rate_limit"`: one line with all it lacks, not
+    one column per try."""
+    db.execute(
+        "CREATE TABLE buckets (user_id bigint, window_start timestamptz, tokens int,"
+        " PRIMARY KEY (user_id, window_start))"
+    )
+    db.execute("INSERT INTO buckets VALUES (1, now() - interval '2 hours', 3)")
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await kinds.rate_limit(pool, table=TableName("buckets")).purge_expired(now_ms)
+
+    assert refused.value.message == (
+        "table buckets has no columns 'capacity', 'refill_per_ms', 'last_ms': a token bucket's "
+        "are tokens, capacity, refill_per_ms, last_ms (activities/schema.sql's x_rate_limit)"
+    )
+    assert db.execute("SELECT count(*) FROM buckets").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "never-analyzed"])
 async def test_a_few_never_expires_sentinels_do_not_trip_the_check(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, analyze: bool
 ) -> None:

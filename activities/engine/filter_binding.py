@@ -20,6 +20,7 @@ from psycopg import AsyncConnection, sql
 
 from activities.engine import catalog
 from activities.engine.errors import BadTable, first_line
+from purge_config.errors import did_you_mean
 from purge_config.filters import MatchValue, RowFilter
 from purge_config.names import TableName
 
@@ -68,7 +69,10 @@ async def bind_filter(
     any delete, for a column it lacks or a value its column's type cannot hold."""
     for column in row_filter.columns:
         if column not in types:
-            raise BadTable(f"table {table} has no column {column!r} (named by the filter)")
+            raise BadTable(
+                f"table {table} has no column {column!r} (named by the filter)"
+                f"{did_you_mean(column, types)}"
+            )
     parts: list[sql.Composable] = []
     params: dict[str, object] = {}
     equal: list[tuple[str, tuple[str, ...]]] = []

@@ -17,6 +17,7 @@ from activities.engine.archive import Archive, bind_archive
 from activities.engine.column_memory import assume, remember
 from activities.engine.errors import BadTable
 from activities.engine.filter_binding import BoundFilter, bind_filter
+from purge_config.errors import did_you_mean
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
 from purge_config.settings import EpochUnit
@@ -321,7 +322,15 @@ class FullBucketRule:
 
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         types = await column_types(conn, self.table)
-        for column in ("tokens", "capacity", "refill_per_ms"):
+        bucket = ("tokens", "capacity", "refill_per_ms", "last_ms")
+        missing = [column for column in bucket if column not in types]
+        if len(missing) > 1:
+            # Most likely not a bucket table at all: every column it lacks, in one line.
+            raise BadTable(
+                f"table {self.table} has no columns {', '.join(map(repr, missing))}: a token "
+                f"bucket's are {', '.join(bucket)} (activities/schema.sql's x_rate_limit)"
+            )
+        for column in bucket[:3]:
             _require(self.table, types, column, NUMBER_TYPES)
         _require(self.table, types, "last_ms", MS_TYPES)
         # float8, the same IEEE arithmetic a client does; the subtraction is in float8 so a wild
@@ -438,7 +447,7 @@ async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str
 def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
     kind = types.get(column)
     if kind is None:
-        raise BadTable(f"table {table} has no column {column!r}")
+        raise BadTable(f"table {table} has no column {column!r}{did_you_mean(column, types)}")
     if kind not in accepts:
         raise BadTable(
             f"column {table}.{column} is {kind}, this target takes {' or '.join(accepts)}"

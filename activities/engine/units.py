@@ -92,15 +92,27 @@ def judge_unit(
         return
     typical = statistics.median_low(v for v, _ in values)
     looks = _looks_like(typical)
-    fix = (
-        f'set unit = "{looks}" on this target (kind expiring)'
-        if looks in EPOCH_UNITS
-        else "store epoch milliseconds in it"
-    )
-    raise BadTable(
+    head = (
         f"table {table} column {column}: its values do not look like epoch {_NAMES[unit]} "
-        f"(e.g. {typical}, which reads as {_reads_as(typical, unit)}); they look like "
-        f"epoch {_NAMES.get(looks, 'values in another unit')}. Nothing was deleted; {fix}"
+        f"(e.g. {typical}, which reads as {_reads_as(typical, unit)})"
+    )
+    if looks in EPOCH_UNITS:
+        raise BadTable(
+            f"{head}; they look like epoch {_NAMES[looks]}. Nothing was deleted; set "
+            f'unit = "{looks}" on this target (kind expiring)'
+        )
+    if looks in _NAMES:
+        raise BadTable(
+            f"{head}; they look like epoch {_NAMES[looks]}, a unit no target takes. Nothing "
+            f"was deleted; store epoch {_NAMES[unit]} in it, or seconds or microseconds with "
+            "unit = on the target (kind expiring)"
+        )
+    # No unit reads them as instants of the last fifty years or the next three thousand: most
+    # likely the target names the wrong column (an id, a count).
+    raise BadTable(
+        f"{head}, nor like an instant in any unit (s, ms, us, ns). Nothing was deleted; is "
+        f"{column} the column that says when a row expires? (An expiring target names it with "
+        "column =.)"
     )
 
 
