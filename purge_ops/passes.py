@@ -179,6 +179,7 @@ async def _say_if_unpolled(
     activity_queues = sorted(set(routes.values())) if isinstance(routes, dict) else [task_queue]
     wanted += [(queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for queue in activity_queues]
     idle = []
+    passes_idle = False
     for queue, kind in wanted:
         described = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
@@ -186,13 +187,25 @@ async def _say_if_unpolled(
             )
         )
         if not described.pollers:
-            what = "passes" if kind == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW else "activities"
-            idle.append(f"{queue!r} ({what})")
-    if idle:
+            passes = kind == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+            passes_idle |= passes
+            idle.append(f"{queue!r} ({'passes' if passes else 'activities'})")
+    if not idle:
+        return
+    if passes_idle or "worker_wait_ms" not in request:
         say(
             f"no worker polls task queue {', '.join(idle)}: the pass waits until one does; "
             "start `pg-purge run` with this config (Ctrl-C leaves the pass to it)"
         )
+        return
+    # A worker runs the pass, but none polls its targets' queue: a worker of another config
+    # (an older one, before an edit of a target) polls another digest's queue.
+    wait_s = int(request["worker_wait_ms"]) // 1000
+    say(
+        f"no worker polls task queue {', '.join(idle)}: those targets fail as not taken "
+        f"unless one does within {wait_s} s ([pass] worker_wait); a worker polls only the "
+        "queue of its own config's targets: start (or restart) `pg-purge run` with this config"
+    )
 
 
 async def _input_of(client: Client, handle: WorkflowHandle[Any, Any]) -> object:

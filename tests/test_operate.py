@@ -34,6 +34,7 @@ from temporalio.client import (
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
+from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import load_config
@@ -61,6 +62,8 @@ from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
 
 BUILTINS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
+#: A target an edit adds (its table need not exist: no worker of the edited config is up).
+TOKENS = '\n[[targets]]\nkind = "expiring"\nname = "tokens"\ntable = "tokens"\ncolumn = "at"\n'
 
 
 def cli(temporal: RunningTemporal, *args: str) -> Done:
@@ -666,6 +669,43 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     handle = harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}")
     assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     await handle.terminate()
+
+
+@pytest.mark.waits
+async def test_sweep_of_an_edited_config_beside_the_old_worker_says_its_targets_will_fail(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """A worker of the config before an edit runs the pass but polls its own targets' queue,
+    not the edited config's: `sweep` says that queue has no worker, that its targets fail
+    after `worker_wait` (not that the pass waits), and to restart `run` with this config; the
+    pass then ends with them failed `NoPurgeWorker`."""
+    old = load_config(config_file(tmp_path, harness.url, harness.task_queue))
+    edited_path = worker_config(
+        tmp_path / "edited.toml",
+        harness.url,
+        harness.task_queue,
+        '[pass]\nworker_wait = "6s"\n' + BUILTINS + TOKENS,
+    )
+    edited = load_config(edited_path)
+    assert edited.own_queue != old.own_queue
+    async with harness.run_worker(build_registry(old, harness.pool), config=old):
+        done = await asyncio.to_thread(
+            run_process,
+            "sweep",
+            "--config",
+            str(edited_path),
+            env=clean_env(TEMPORAL_ADDRESS=temporal_server.address),
+        )
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert (
+        f"no worker polls task queue {edited.own_queue!r} (activities): those targets fail as "
+        "not taken unless one does within 6 s ([pass] worker_wait); a worker polls only the "
+        "queue of its own config's targets: start (or restart) `pg-purge run` with this config"
+    ) in out
+    assert "(passes)" not in out
+    assert "the pass waits until one does" not in out
+    assert "NoPurgeWorker" in out
 
 
 @pytest.mark.parametrize("command", ["schedule", "sweep", "report", "run"])
