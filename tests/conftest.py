@@ -390,11 +390,11 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n logical` (the default run's): one worker more than the machine has logical CPUs, at
-    most four (each starts its own PostgreSQL). Many tests wait on a Temporal timer, a process or a
-    heartbeat; the extra worker runs while they wait. On 2 cores: 2 workers 68.5 s, 3 workers
-    62.3 s, 4 workers 64.0 s (tests/README.md)."""
-    return min((os.cpu_count() or 1) + 1, 4)
+    """`-n logical` (the default run's): two workers a logical CPU, at most four (each starts
+    its own PostgreSQL). Many tests wait on a Temporal timer, a process or a heartbeat; the
+    other workers run while they wait. On 2 cores, 1143 tests (2026-12-06): 3 workers 68-76 s,
+    4 workers 59-61 s, 5 workers 57 s (docs/decisions/default-test-run.md)."""
+    return min(2 * (os.cpu_count() or 1), 4)
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: only the tests that will run
