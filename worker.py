@@ -118,13 +118,14 @@ from purge_ops.passes import (
 )
 from purge_ops.runner import new_worker, run_worker
 from purge_ops.schedule import ScheduleConflict, ensure_schedules
+from purge_ops.table_check import check_config
 
 if TYPE_CHECKING:
     from temporalio.client import Client
 
 __all__ = ["cli", "main", "new_worker"]
 
-COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "discover", "dev")
+COMMANDS = ("run", "schedule", "sweep", "report", "replay", "schema", "check", "discover", "dev")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +148,7 @@ def parser() -> argparse.ArgumentParser:
     _worker_commands(sub)
     _reading_commands(sub)
     _schema_command(sub)
+    _check_command(sub)
     _discover_command(sub)
     dev = sub.add_parser(
         "dev",
@@ -260,6 +262,22 @@ def _schema_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
+def _check_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    check = sub.add_parser(
+        "check",
+        help="check each target's tables against its database now, as a pass would before its "
+        "first delete: nothing deleted or counted, no Temporal",
+    )
+    _config_option(check)
+    check.add_argument(
+        "--target",
+        action="append",
+        metavar="NAME",
+        type=_target_name,
+        help="check only this target (repeatable); default: every target of the config",
+    )
+
+
 def _discover_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     discover = sub.add_parser(
         "discover",
@@ -368,6 +386,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     config = load_config(config_path(opts.config))
     if command == "schema":
         return await _schema(config, opts)
+    if command == "check":
+        return await _check(config, opts.target or [])
     if command in ("run", "schedule", "sweep"):
         check_passes(config)
     if command == "schedule" and opts.print_input is None:
@@ -453,6 +473,24 @@ async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
         # psycopg's own first line: it names host and port, never the password.
         print(f"{PROG}: schema: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
+
+
+async def _check(config: PurgeConfig, names: list[str]) -> int:
+    unknown = [name for name in names if name not in config.target_names]
+    if unknown:
+        print(
+            f"{PROG}: check --target: the config names no target {unknown[0]!r} (its targets: "
+            f"{', '.join(config.target_names)})",
+            file=sys.stderr,
+        )
+        return 2
+    if (not names and config.needs_default_database) or any(
+        spec.database == "" and spec.kind != "python"
+        for spec in config.targets
+        if spec.name in names
+    ):
+        config.require_database_url()
+    return await check_config(config, names, _say)
 
 
 def _sweep_plan(

@@ -66,6 +66,29 @@ class TableAccess:
                 advice.append(inert)
         return advice
 
+    async def rights(self, conn: AsyncConnection[Any], rule: Rule) -> None:
+        """MissingRights unless the role may SELECT and DELETE the rule's table, SELECT a
+        related table it reads, and INSERT into its archive: what a sweep meets only at its
+        first DELETE (`faults`), found with none run."""
+        wanted = [(rule.table, "SELECT"), (rule.table, "DELETE")]
+        related = getattr(rule, "related", None)
+        if related is not None:
+            wanted.append((related, "SELECT"))
+        if rule.archive is not None:
+            wanted.append((rule.archive, "INSERT"))
+        cur = await conn.execute(
+            _LACKING,
+            ([ident(t).as_string(conn) for t, _ in wanted], [right for _, right in wanted]),
+        )
+        lacking = await cur.fetchall()
+        if lacking:
+            role = lacking[0][2]
+            said = ", ".join(f"{right} on {table}" for table, right, _ in lacking)
+            raise MissingRights(
+                f"table {rule.table}: role {role} lacks {said}; the worker's role needs SELECT "
+                "and DELETE on each table it sweeps (and INSERT on an archive)"
+            )
+
     async def prepare(
         self,
         conn: AsyncConnection[Any],
@@ -228,6 +251,13 @@ class TableAccess:
                 f"table {rule.table}: {first_line(err)}; the worker's role needs "
                 "SELECT and DELETE on it"
             ) from err
+
+
+#: The rights of `wanted` (table, privilege) the session's role lacks, with the role's name.
+_LACKING = sql.SQL(
+    "SELECT w.t, w.p, current_user::text FROM unnest(%s::text[], %s::text[]) AS w(t, p)"
+    " WHERE NOT has_table_privilege(w.t, w.p)"
+)
 
 
 # The advisory lock every sweep of a table takes.

@@ -92,6 +92,18 @@ class SqlTarget:
         )
         return await TargetSweeper(self._access, self.rules, self._small).sweep(ctx)
 
+    async def check(self, now_ms: int) -> list[str]:
+        """What a pass at `now_ms` would refuse before its first delete (BadTable,
+        MissingRights), found with nothing deleted or counted: each table bound to its rule
+        (columns, their types, epoch units), the rights to take partitions out where
+        `partitions` does, and the role's rights on each table (`TableAccess.rights`). The
+        advice a pass would give of them."""
+        advice = await self._access.check(self.rules, now_ms)
+        for rule in self.rules:
+            async with self._access.connection(rule) as conn:
+                await self._access.rights(conn, rule)
+        return advice
+
     async def count_expired(self, now_ms: int) -> int:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
         return (await self.measure(now_ms, total=False))[0]

@@ -1,0 +1,127 @@
+"""`pg-purge check`: each target's tables against its database now, as a pass would find them
+before its first delete, with nothing deleted or counted and no Temporal asked anything.
+
+A target is checked as its sweep checks it (the table exists; its columns, their types and
+epoch units; with `partitions` set, the rights to take them out) and for the rights its batches
+need (SELECT and DELETE on each table, INSERT on an archive), which a sweep learns only at its
+first DELETE. A pattern is checked for every table it matches now. A `python` target is its
+own code's to check; a database whose URL this config lacks (a region's, known only to the
+workers next to it) is not reached.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import psycopg
+
+from activities.builtin_kinds import build_match, build_target
+from activities.engine.access import ConnectionSource
+from activities.engine.errors import EngineError
+from activities.engine.sql_target import SqlTarget
+from activities.pattern_matches import PatternTargets
+from activities.spread_steps import PatternStep
+from purge_config.errors import first_line
+from purge_config.file import PurgeConfig
+from purge_config.specs import TargetSpec
+from purge_ops.connect import open_pool
+
+#: The failing matches of one pattern a check names; past them it counts.
+NAMED_FAILURES = 20
+
+
+@dataclass
+class Verdict:
+    """One target's check: its name, the tables checked, what is wrong (one line each), and
+    the advice a pass would give."""
+
+    name: str
+    tables: int = 0
+    problems: list[str] = field(default_factory=list)
+    advice: list[str] = field(default_factory=list)
+    skipped: str = ""
+    """Why it was not checked (a python target, a database this config has no URL for)."""
+
+
+async def check_config(
+    config: PurgeConfig, names: Sequence[str], say: Callable[[str], None]
+) -> int:
+    """Check `names` (every target of `config` when empty), one line each, advice below; the
+    exit status: 0 when every checked target would be swept, 1 when any would be refused."""
+    specs = [s for s in config.targets if not names or s.name in names]
+    now_ms = int(time.time() * 1000)
+    async with AsyncExitStack() as stack:
+        pools: dict[str, ConnectionSource] = {}
+        for database in sorted({s.database for s in specs if s.kind != "python"}):
+            url = config.database_url if database == "" else config.databases.get(database)
+            if url:
+                wait_s = config.database_wait_ms / 1000
+                pool = await open_pool(url, wait_seconds=wait_s)
+                pools[database] = await stack.enter_async_context(pool)
+        verdicts = []
+        for spec in specs:
+            if spec.kind == "python":
+                verdict = Verdict(spec.name, skipped="a python target: its factory's own code")
+            elif spec.database not in pools:
+                verdict = Verdict(
+                    spec.name,
+                    skipped=f"database {spec.database!r} has no URL in this config (its workers' "
+                    "configs have it)",
+                )
+            elif spec.pattern is not None:
+                verdict = await _check_pattern(spec, pools[spec.database], now_ms)
+            else:
+                verdict = Verdict(spec.name)
+                await _check_target(build_target(spec, pools[spec.database]), now_ms, verdict)
+            verdicts.append(verdict)
+    for verdict in verdicts:
+        say(_line(verdict))
+        for line in verdict.advice:
+            say(f"        advice: {line}")
+    return 1 if any(v.problems for v in verdicts) else 0
+
+
+async def _check_target(
+    target: object, now_ms: int, verdict: Verdict, match: str | None = None
+) -> None:
+    """`target` checked into `verdict`; a pattern's `match` named in what is wrong."""
+    assert isinstance(target, SqlTarget)  # every kind but python is built as one
+    verdict.tables += len(target.rules)
+    label = f"{match}: " if match else ""
+    try:
+        verdict.advice += await target.check(now_ms)
+    except EngineError as err:
+        verdict.problems.append(f"{label}{first_line(err)}")
+    except psycopg.Error as err:
+        # A statement the server refused (a lock held past lock_timeout, a timeout): said as
+        # the server said it, on its first line (never a DETAIL, which may quote a row).
+        verdict.problems.append(f"{label}{type(err).__name__}: {first_line(err)}")
+
+
+async def _check_pattern(spec: TargetSpec, pool: ConnectionSource, now_ms: int) -> Verdict:
+    """Every table the pattern matches now, each as a listed target is checked."""
+    patterns = PatternTargets([(spec, pool)], build_match)
+    verdict = Verdict(spec.name)
+    after: list[str] = []
+    while True:
+        page = await patterns.expand(PatternStep(spec.name, now_ms, after=after))
+        for name in page.matches:
+            await _check_target(patterns.resolve(name), now_ms, verdict, name)
+        if not page.more:
+            return verdict
+        after = page.last
+
+
+def _line(verdict: Verdict) -> str:
+    if verdict.skipped:
+        return f"skipped {verdict.name}: {verdict.skipped}"
+    tables = f"{verdict.tables} table{'s' if verdict.tables != 1 else ''}"
+    if not verdict.problems:
+        return f"ok      {verdict.name} ({tables})"
+    shown = verdict.problems[:NAMED_FAILURES]
+    more = len(verdict.problems) - len(shown)
+    tail = f"; and {more} more" if more else ""
+    return f"FAILED  {verdict.name} ({tables}): {'; '.join(shown)}{tail}"

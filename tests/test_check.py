@@ -1,0 +1,169 @@
+"""`pg-purge check`: each target's tables against its database, as a pass would find them
+before its first delete, with nothing deleted or counted and Temporal never asked."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from tests.support.procs import Done, clean_env, run_main, worker_config
+from tests.support.rows import HOUR
+
+#: No Temporal there: a check that asked it anything would fail to connect.
+NO_TEMPORAL = clean_env(TEMPORAL_ADDRESS="127.0.0.1:1")
+
+TOKENS = (
+    '[[targets]]\nkind = "expiring"\nname = "tokens"\ntable = "tokens"\ncolumn = "expires_at"\n'
+)
+
+
+def tokens(db: psycopg.Connection[Any]) -> None:
+    """Ten tokens, four expired by the wall clock (the check's own), and an id column of
+    integers that read as no instant."""
+    now_ms = int(time.time() * 1000)
+    db.execute(
+        "CREATE TABLE tokens (id bigint PRIMARY KEY, expires_at timestamptz NOT NULL,"
+        " user_id bigint NOT NULL)"
+    )
+    db.execute(
+        "INSERT INTO tokens SELECT g, to_timestamp((%s + (g - 5) * %s) / 1000.0), 100000 + g"
+        " FROM generate_series(1, 10) g",
+        (now_ms, HOUR),
+    )
+
+
+def count(db: psycopg.Connection[Any], table: str) -> int:
+    row = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+    return int(row[0]) if row else 0
+
+
+async def check(path: Path, *args: str) -> Done:
+    return await asyncio.to_thread(run_main, "check", "--config", str(path), *args, env=NO_TEMPORAL)
+
+
+async def test_targets_that_a_pass_would_sweep_are_ok_and_nothing_is_deleted(
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+) -> None:
+    tokens(db)
+    targets = f'{TOKENS}\n[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    done = await check(path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "ok      tokens (1 table)",
+        "ok      x_idempotency (1 table)",
+        "ok      x_auth (2 tables)",
+    ]
+    assert count(db, "tokens") == 10
+
+
+async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """A misspelt column, a table that is not there, an id column taken for the expiry, and a
+    python target (its own code's to check), beside a good one: each said in one line, the
+    status 1, every row still there."""
+    tokens(db)
+    targets = (
+        TOKENS
+        + TOKENS.replace('"tokens"\ntable', '"typo"\ntable').replace("expires_at", "expire_at")
+        + TOKENS.replace('"tokens"\ntable', '"ids"\ntable').replace("expires_at", "user_id")
+        + TOKENS.replace('"tokens"\ntable = "tokens"', '"gone"\ntable = "tokenz"')
+        + '[[targets]]\nkind = "python"\nfactory = "tests.support.apptargets:targets"\n'
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    done = await check(path)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:4] == [
+        "ok      tokens (1 table)",
+        "FAILED  typo (1 table): table tokens has no column 'expire_at' (did you mean "
+        "'expires_at'?)",
+        "FAILED  ids (1 table): table tokens column user_id: its values do not look like epoch "
+        "milliseconds (e.g. 100005, which reads as a time before 1973), nor like an instant in "
+        "any unit (s, ms, us, ns). Nothing was deleted; is user_id the column that says when a "
+        "row expires? (An expiring target names it with column =.)",
+        'FAILED  gone (1 table): table tokenz does not exist (looked for "tokenz")',
+    ]
+    assert lines[4].startswith("skipped "), lines
+    assert lines[4].endswith(": a python target: its factory's own code"), lines
+    assert len(lines) == 5, lines
+    assert done.stderr == ""
+    assert count(db, "tokens") == 10
+
+
+async def test_a_role_without_delete_on_a_table_is_refused_before_any_pass_meets_it(
+    tmp_path: Path,
+    pg_url: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    role: str,
+) -> None:
+    """A sweep meets a missing DELETE right only at its first DELETE; the check finds it with
+    none run, naming the role and the right."""
+    tokens(db)
+    db.execute(f'GRANT SELECT ON tokens TO "{role}"')
+    url = make_conninfo(pg_url, user=role, options=f"-c search_path={schema}")
+    path = worker_config(tmp_path / "purge.toml", url, "purge", TOKENS)
+
+    done = await check(path)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f'FAILED  tokens (1 table): table tokens: role {role} lacks DELETE on "tokens"; the '
+        "worker's role needs SELECT and DELETE on each table it sweeps (and INSERT on an archive)"
+    ]
+
+    db.execute(f'GRANT DELETE ON tokens TO "{role}"')
+    assert (await check(path)).stdout.splitlines() == ["ok      tokens (1 table)"]
+
+
+async def test_a_pattern_is_checked_table_by_table_naming_each_that_fails(
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+) -> None:
+    for n in range(3):
+        db.execute(f"CREATE TABLE ck_{n} (id bigint PRIMARY KEY, expires_at timestamptz)")
+    db.execute("ALTER TABLE ck_1 RENAME COLUMN expires_at TO expired_at")
+    pattern = '[[targets]]\nkind = "expiring"\nname = "ck"\ntable = "ck_*"\ncolumn = "expires_at"\n'
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", pattern)
+
+    done = await check(path)
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "FAILED  ck (3 tables): ck@ck_1: table ck_1 has no column 'expires_at' (did you mean "
+        "'expired_at'?)"
+    ]
+
+
+async def test_check_refuses_an_unknown_target_and_an_unreachable_database_in_one_line(
+    tmp_path: Path, schema_url: str
+) -> None:
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", TOKENS)
+
+    typo = await check(path, "--target", "token")
+
+    assert typo.returncode == 2
+    assert typo.stderr.splitlines() == [
+        "pg-purge: check --target: the config names no target 'token' (its targets: tokens)"
+    ]
+    down = worker_config(
+        tmp_path / "down.toml",
+        "postgresql://purge:secret@127.0.0.1:1/app",
+        "purge",
+        'database_wait = "1s"\n' + TOKENS,
+    )
+    unreachable = await check(down)
+    assert unreachable.returncode == 1
+    [line] = unreachable.stderr.splitlines()
+    assert line.startswith("pg-purge: cannot connect to postgresql://purge:***@127.0.0.1:1/app")
+    assert "secret" not in unreachable.stdout + unreachable.stderr
