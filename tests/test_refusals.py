@@ -44,6 +44,13 @@ def sweep(pool: AsyncConnectionPool[Any], unit: str = "ms", **kw: Any) -> Any:
     return kinds.expiring(pool, "events", TableName("events"), "at", unit=unit, **kw)
 
 
+async def refusal(pool: AsyncConnectionPool[Any], now_ms: int) -> str:
+    """The message the events target (ms) is refused with at `now_ms`."""
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await sweep(pool).purge_expired(now_ms)
+    return refused.value.message
+
+
 @pytest.mark.parametrize("analyze", [True, False], ids=["analyzed", "never-analyzed"])
 async def test_a_column_of_seconds_read_as_milliseconds_is_refused_and_nothing_deleted(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, analyze: bool
@@ -53,10 +60,8 @@ async def test_a_column_of_seconds_read_as_milliseconds_is_refused_and_nothing_d
     rows = {f"r{i}": now_s + (i - 50) * 3600 for i in range(100)}  # half expired, in seconds
     events(db, rows, analyze)
 
-    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
-        await sweep(pool).purge_expired(now_ms)
+    message = await refusal(pool, now_ms)
 
-    message = refused.value.message
     assert message.startswith(
         "table events column at: its values do not look like epoch milliseconds"
     )
@@ -97,10 +102,8 @@ async def test_a_column_that_holds_no_instant_in_any_unit_is_refused_as_the_wron
     rows = {f"r{i}": 100_000 + i for i in range(100)}
     events(db, rows, analyze)
 
-    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
-        await sweep(pool).purge_expired(now_ms)
+    message = await refusal(pool, now_ms)
 
-    message = refused.value.message
     assert message.startswith(
         "table events column at: its values do not look like epoch milliseconds (e.g. 1000"
     )
