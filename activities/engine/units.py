@@ -104,8 +104,8 @@ def judge_unit(
     if looks in _NAMES:
         raise BadTable(
             f"{head}; they look like epoch {_NAMES[looks]}, a unit no target takes. Nothing "
-            f"was deleted; store epoch {_NAMES[unit]} in it, or seconds or microseconds with "
-            "unit = on the target (kind expiring)"
+            "was deleted; store epoch seconds, milliseconds or microseconds in it (an expiring "
+            "target's unit = says which)"
         )
     # No unit reads them as instants of the last fifty years or the next three thousand: most
     # likely the target names the wrong column (an id, a count).
