@@ -478,18 +478,8 @@ async def _schema(config: PurgeConfig, opts: argparse.Namespace) -> int:
 async def _check(config: PurgeConfig, names: list[str]) -> int:
     unknown = [name for name in names if name not in config.target_names]
     if unknown:
-        print(
-            f"{PROG}: check --target: the config names no target {unknown[0]!r} (its targets: "
-            f"{', '.join(config.target_names)})",
-            file=sys.stderr,
-        )
+        print(f"{PROG}: check --target: {_no_such_target(config, unknown[0])}", file=sys.stderr)
         return 2
-    if (not names and config.needs_default_database) or any(
-        spec.database == "" and spec.kind != "python"
-        for spec in config.targets
-        if spec.name in names
-    ):
-        config.require_database_url()
     return await check_config(config, names, _say)
 
 

@@ -56,7 +56,11 @@ async def check_config(
     async with AsyncExitStack() as stack:
         pools: dict[str, ConnectionSource] = {}
         for database in sorted({s.database for s in specs if s.kind != "python"}):
-            url = config.database_url if database == "" else config.databases.get(database)
+            # The default database's URL is required (a config error without it); a named
+            # one's may be known only to the workers next to it.
+            url = (
+                config.require_database_url() if database == "" else config.databases.get(database)
+            )
             if url:
                 wait_s = config.database_wait_ms / 1000
                 pool = await open_pool(url, wait_seconds=wait_s)

@@ -156,6 +156,13 @@ async def test_check_refuses_an_unknown_target_and_an_unreachable_database_in_on
     assert typo.stderr.splitlines() == [
         "pg-purge: check --target: the config names no target 'token' (its targets: tokens)"
     ]
+    bare = tmp_path / "bare.toml"
+    bare.write_text('task_queue = "purge"\n' + TOKENS, encoding="utf-8")
+    no_url = await check(bare)
+    assert no_url.returncode == 2
+    [line] = no_url.stderr.splitlines()
+    assert line.startswith("pg-purge: config error: "), line
+    assert "database_url: missing" in line, line
     down = worker_config(
         tmp_path / "down.toml",
         "postgresql://purge:secret@127.0.0.1:1/app",
