@@ -9,8 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.conninfo import make_conninfo
 
+from activities import builtin_kinds as kinds
+from activities.errors import BadPurgeTarget
+from activities.inputs import PurgeStep
+from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
+from purge_config.names import TableName
+from tests.conftest import Pools
+from tests.support.activity import activity_env
 from tests.support.procs import Done, clean_env, run_main, worker_config
 from tests.support.rows import HOUR
 
@@ -125,6 +134,39 @@ async def test_a_role_without_delete_on_a_table_is_refused_before_any_pass_meets
 
     db.execute(f'GRANT DELETE ON tokens TO "{role}"')
     assert (await check(path)).stdout.splitlines() == ["ok      tokens (1 table)"]
+
+
+async def test_a_dry_run_is_refused_where_the_role_lacks_delete_as_the_sweep_would_be(
+    pg_url: str,
+    schema: str,
+    db: psycopg.Connection[Any],
+    role: str,
+    pools: Pools,
+) -> None:
+    """A dry run that counted the rows of a table the worker's role may not DELETE from would
+    promise what no sweep can do: it fails as the sweep would, with the check's line."""
+    tokens(db)
+    db.execute(f'GRANT SELECT ON tokens TO "{role}"')
+    pool = await pools(make_conninfo(pg_url, user=role, options=f"-c search_path={schema}"))
+    target = kinds.expiring(pool, "tokens", TableName("tokens"), "expires_at")
+    activities = PurgeActivities(TargetRegistry([target]))
+    now_ms = int(time.time() * 1000)
+
+    with pytest.raises(BadPurgeTarget) as refused:
+        await activity_env().run(
+            activities.purge_target, PurgeStep(name="tokens", now_ms=now_ms, dry_run=True)
+        )
+
+    assert refused.value.message == (
+        f'table tokens: role {role} lacks DELETE on "tokens"; the worker\'s role needs SELECT '
+        "and DELETE on each table it sweeps (and INSERT on an archive)"
+    )
+    db.execute(f'GRANT DELETE ON tokens TO "{role}"')
+    counted = await activity_env().run(
+        activities.purge_target, PurgeStep(name="tokens", now_ms=now_ms, dry_run=True)
+    )
+    assert (counted.removed, counted.dry_run) == (5, True)  # expired at or before now_ms
+    assert count(db, "tokens") == 10
 
 
 async def test_a_pattern_is_checked_table_by_table_naming_each_that_fails(

@@ -128,12 +128,17 @@ class SqlTarget:
     async def preview(self, now_ms: int) -> SweepStats:
         """What a sweep at `now_ms` would remove, changing nothing: every expired row (those of
         whole partitions included), and the partitions that would leave whole, with their rows.
+        Refused as the sweep would be, before anything is counted: a table its rule does not
+        fit, and a role without the rights the sweep needs (`TableAccess.rights`: a sweep
+        meets a missing DELETE right only at its first DELETE, so a count alone would promise
+        rows a sweep cannot remove).
         """
         stats = SweepStats(advice=await self._access.check(self.rules, now_ms))
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
                 await self._access.set_timeouts(conn, self.settings.time_budget_ms)
                 pred = await self._access.bind(conn, rule, now_ms)
+                await self._access.rights(conn, rule)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
                 stats.removed += int(row[0]) if row else 0
