@@ -306,7 +306,30 @@ def is_spread_unpolled(shape: Shape) -> None:
     assert shape.failure == "PurgeTargetsFailed"
 
 
+def is_cancelled(shape: Shape) -> None:
+    """A sequential pass cancelled while its first target's activity waited on a queue no
+    worker polls: the cancel-ends-pass marker, no other target scheduled, ended cancelled."""
+    assert shape.workflow_type == "Purge"
+    assert shape.activity_queues == ["purge-nowhere"]
+    assert shape.scheduled == shape.request["targets"][:1]
+    assert "WORKFLOW_EXECUTION_CANCEL_REQUESTED" in shape.events
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_CANCELED"
+
+
+def is_spread_cancelled(shape: Shape) -> None:
+    """A spread pass cancelled while its pattern's expansion waited on a queue no worker
+    polls: the marker, no child started, ended cancelled."""
+    assert shape.request["patterns"]
+    assert shape.activity_types == ["expand_pattern"]
+    assert "START_CHILD_WORKFLOW_EXECUTION_INITIATED" not in shape.events
+    assert "MARKER_RECORDED" in shape.events
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_CANCELED"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "cancelled": is_cancelled,
+    "spread-cancelled": is_spread_cancelled,
     "spread-unpolled": is_spread_unpolled,
     "unpolled": is_unpolled,
     "searchable": is_searchable,

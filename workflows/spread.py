@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.sweep import PurgeActivities
     from workflows.chunk import PurgeChunkWorkflow
     from workflows.outcome_attributes import record_outcome
-    from workflows.steps import TARGET_RETRY, not_tried, routed, skipped, unpolled
+    from workflows.steps import TARGET_RETRY, ends_run, not_tried, routed, skipped, unpolled
 
 #: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
 #: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
@@ -173,6 +173,8 @@ async def _matches(name: str, now_ms: int, route: Route | None) -> Matches | Fai
                 **routed(route),
             )
         except ActivityError as err:
+            if ends_run(err):
+                raise
             failure = unpolled(err, route) or failure_of(err)
             return FailedTarget(name=name, type=failure.type, message=failure.message)
         found.names += page.matches
@@ -346,6 +348,8 @@ def _merge_child(
     try:
         report.merge(task.result())
     except ChildWorkflowError as err:
+        if ends_run(err):
+            raise
         cause = err.cause
         kind = type(cause).__name__ if cause else type(err).__name__
         message = cause.message if isinstance(cause, FailureError) else str(err)

@@ -11,7 +11,13 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, FailureError, TimeoutError, TimeoutType
+from temporalio.exceptions import (
+    ActivityError,
+    FailureError,
+    TimeoutError,
+    TimeoutType,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import Failure, failure_of
@@ -37,6 +43,24 @@ TARGET_RETRY = RetryPolicy(
 )
 
 Outcome = PurgeSweep | FailedTarget
+
+#: The patch under which a pass (or a child) cancelled by request ends cancelled at the first
+#: activity the cancellation reaches; a run before it took that activity's cancellation for a
+#: failed target and went on, starting the targets, expansions and children after it.
+CANCEL_PATCH = "cancel-ends-pass"
+
+
+def ends_run(err: BaseException) -> bool:
+    """Whether `err`, caught from an activity or a child, is this run's own cancellation (a
+    `temporal workflow cancel`, or the parent's of a child) reaching it: then it must end the
+    run cancelled, not stand for one target's failure. An activity or child cancelled while
+    this run was not is a failure as any other. Read from the history (the cancel request is an
+    event), so replay decides alike; behind CANCEL_PATCH, asked only once it applies."""
+    return (
+        is_cancelled_exception(err)
+        and workflow.cancellation_reason() is not None
+        and workflow.patched(CANCEL_PATCH)
+    )
 
 
 def routed(route: Route | None) -> dict[str, Any]:
@@ -140,6 +164,8 @@ async def sweep_one(
             **routed(route),
         )
     except FailureError as err:
+        if ends_run(err):
+            raise
         # One target failing must not keep the others from being swept. An activity task's
         # failure comes wrapped in an ActivityError; a local activity's is its cause itself.
         failure = (isinstance(err, ActivityError) and unpolled(err, route)) or failure_of(err)

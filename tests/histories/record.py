@@ -27,6 +27,7 @@ from purge_dev.servers import venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
 from tests.support.history import history, started_children
+from tests.support.history import kinds as event_kinds
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
@@ -166,8 +167,32 @@ SCENARIOS["v10"] = {
         "budget_ms": 600_000,
     },
 }
+# v11: passes cancelled by request while an activity waits on a queue no worker polls (the
+# cancel-ends-pass patch): the sequential pass ends cancelled with no target after the routed
+# one scheduled; the spread pass, cancelled while it expands its pattern, starts no child.
+SCENARIOS["v11"] = {
+    "cancelled": {
+        "targets": ["x_auth@eu", "x_idempotency"],
+        "databases": {"x_auth@eu": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 600_000,
+    },
+    "spread-cancelled": {
+        "targets": ["sessions", "x_idempotency"],
+        "patterns": ["sessions"],
+        "databases": {"sessions": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 600_000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+}
+#: The prefixes whose passes are cancelled once their first activity is scheduled.
+CANCELLED = {"v11"}
+
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
-PATTERNED = {"v3", "v6", "v7", "v8", "v10"}
+PATTERNED = {"v3", "v6", "v7", "v8", "v10", "v11"}
 
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).
@@ -237,6 +262,8 @@ async def record(prefix: str) -> None:
                         task_queue="purge",
                         search_attributes=at_start() if prefix in SEARCHABLE else None,
                     )
+                    if prefix in CANCELLED:
+                        await _cancel_once_scheduled(client, handle.id)
                     # The failures are what some of these histories are for.
                     with contextlib.suppress(WorkflowFailureError):
                         await handle.result()
@@ -249,6 +276,16 @@ async def record(prefix: str) -> None:
                         await _record_first_child_run(client, handle.id, prefix, "chunk-local")
         finally:
             await pool.close()
+
+
+async def _cancel_once_scheduled(client: Client, workflow_id: str) -> None:
+    """Cancel the pass once its first activity is scheduled (on a queue no worker polls, it
+    waits there)."""
+    while "ACTIVITY_TASK_SCHEDULED" not in event_kinds(
+        list((await history(client, workflow_id)).events)
+    ):
+        await asyncio.sleep(0.05)
+    await client.get_workflow_handle(workflow_id).cancel()
 
 
 async def _record_first_child_run(
