@@ -44,6 +44,13 @@ class PurgeGuardRefused(PurgeError):
     """A target's guard (max_rows, max_fraction, max_clock_jump) refused its sweep."""
 
 
+class TargetFactoryFailed(PurgeError):
+    """A `python` target's factory raised while a step looked for one of its targets: named,
+    as the factory's own error does not say where it came from. Not retried: a factory's
+    error (a setting its module reads, missing) comes back the same a second later, and the
+    next pass asks it again."""
+
+
 class PurgeTargetsFailed(PurgeError):
     """One or more targets failed; the others were swept and the partial report is attached."""
 

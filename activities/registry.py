@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from activities.errors import BadPurgeTarget, DuplicatePurgeTarget, UnknownPurgeTarget
+from activities.errors import (
+    BadPurgeTarget,
+    DuplicatePurgeTarget,
+    TargetFactoryFailed,
+    UnknownPurgeTarget,
+)
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.settings import Guards
 
 if TYPE_CHECKING:
     from activities.pattern_matches import PatternTargets
+
+log = logging.getLogger("purge.targets")
 
 
 @runtime_checkable
@@ -97,8 +105,19 @@ class TargetRegistry:
 
     def resolve(self, name: str) -> PurgeTarget:
         """The target called `name`. Factories are asked every time, even when a fixed target
-        has the name, so a factory target that shadows another is refused, never run."""
-        dynamic = self._from_factories()
+        has the name, so a factory target that shadows another is refused, never run. A
+        factory that raises fails only the names no fixed target or pattern gives
+        (`TargetFactoryFailed`, naming it): the others are found, its error logged."""
+        try:
+            dynamic = self._from_factories()
+        except TargetFactoryFailed as err:
+            fixed = self._targets.get(name)
+            if fixed is None and self.patterns is not None:
+                fixed = self.patterns.resolve(name)
+            if fixed is None:
+                raise
+            log.warning("%s; target %s is not a factory's and is swept", err.message, name)
+            return fixed
         found = self._targets.get(name) or dynamic.get(name)
         if found is None and self.patterns is not None:
             found = self.patterns.resolve(name)
@@ -110,8 +129,15 @@ class TargetRegistry:
         if found is None:
             wild = [f"{p}@..." for p in self.patterns.names] if self.patterns else []
             known = sorted({*self._targets, *dynamic, *wild})
+            asked = ""
+            if self._factories:
+                # A factory that gave nothing is most often one whose store is never built in
+                # the worker's process (docs/own-targets.md).
+                given = ", ".join(sorted(dynamic)) or "no target"
+                asked = f" ({', '.join(map(_describe, self._factories))}, asked now, gave {given})"
             raise UnknownPurgeTarget(
                 f"no target named {name!r} on this worker; it knows: {', '.join(known) or 'none'}"
+                + asked
             )
         return found
 
@@ -127,7 +153,13 @@ class TargetRegistry:
     def _from_factories(self) -> dict[str, PurgeTarget]:
         found: dict[str, PurgeTarget] = {}
         for factory in self._factories:
-            for target in factory():
+            try:
+                made = list(factory())
+            except Exception as err:
+                raise TargetFactoryFailed(
+                    f"target factory {_describe(factory)} raised {type(err).__name__}: {err}"
+                ) from err
+            for target in made:
                 if not isinstance(target, PurgeTarget):
                     raise BadPurgeTarget(
                         f"factory {_describe(factory)} returned {target!r}, "

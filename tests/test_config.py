@@ -636,6 +636,26 @@ def test_schedule_values_are_kept(tmp_path: Path) -> None:
     assert (config.schedule.id, config.schedule.time_zone) == ("nightly", "Europe/Paris")
 
 
+def test_a_factory_module_beside_the_config_is_not_found_and_the_line_says_where_to_put_it(
+    tmp_path: Path,
+) -> None:
+    """A module next to purge.toml is not on the worker's path: the refusal says how to put it
+    there, not only that it is missing."""
+    (tmp_path / "myapp_beside").mkdir()
+    (tmp_path / "myapp_beside" / "__init__.py").write_text("")
+    (tmp_path / "myapp_beside" / "purge.py").write_text("def targets():\n    return []\n")
+    path = write(tmp_path, second({"kind": "python", "factory": "myapp_beside.purge:targets"}))
+
+    message = refusal(path)
+
+    assert_one_clear_line(message, path, f"{T2}: factory", "'myapp_beside.purge'")
+    assert message.endswith(
+        "ModuleNotFoundError: No module named 'myapp_beside' (the worker imports it, and what "
+        "it imports, from its own Python environment: install it there, or put the directory "
+        "that holds it on PYTHONPATH)"
+    ), message
+
+
 def test_python_factory_is_resolved_and_its_names_are_swept(tmp_path: Path) -> None:
     config = load(
         tmp_path,

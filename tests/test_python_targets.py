@@ -3,6 +3,7 @@ The factory is called when a step needs it, so a store built after the worker st
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,6 +62,10 @@ async def test_config_factory_finds_a_store_built_after_the_worker_started(
         after = await run_pass(harness.client, harness.task_queue, request)
 
     assert [(f.name, f.type) for f in before.failed] == [("tmp_uploads", "UnknownPurgeTarget")]
+    # Said to be the factory's: asked, it gave nothing (its store is not built in this process).
+    assert before.failed[0].message.endswith(
+        "(tests.support.apptargets:targets, asked now, gave no target)"
+    )
     assert [s.name for s in before.swept] == ["x_idempotency"]
     assert [(s["name"], s["removed"]) for s in after["swept"]] == [
         ("x_idempotency", 0),
@@ -119,3 +124,68 @@ def test_two_fixed_targets_under_one_name_are_refused_at_start(
 
     with pytest.raises(DuplicatePurgeTarget, match="two targets are named 'x_auth'"):
         TargetRegistry([kinds.auth(pool), kinds.auth(pool)])
+
+
+def factory_of_an_unset_setting() -> list[Any]:
+    """A factory whose module reads a setting the worker's environment lacks."""
+    return [{"url": os.environ["PURGE_TEST_UNSET_SETTING"]}]
+
+
+async def test_a_factory_that_raises_fails_its_names_alone_and_is_named(
+    harness: Harness,
+) -> None:
+    """Every step asks the factories, but one that raises fails only the names no fixed target
+    gives: the built-in target beside it is swept, and the failure names the factory (its own
+    KeyError did not), at once, not after five attempts."""
+    from activities import builtin_kinds as kinds
+
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR})
+    registry = TargetRegistry([kinds.idempotency(harness.pool)], [factory_of_an_unset_setting])
+    async with harness.run_worker(registry):
+        error = await failed_pass(
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency", "tmp_uploads"]},
+            f"purge-{uuid.uuid4()}",
+        )
+    report = PurgeReport.from_json(error.details[0])
+
+    assert [(s.name, s.removed) for s in report.swept] == [("x_idempotency", 1)]
+    [failure] = report.failed
+    assert (failure.name, failure.type) == ("tmp_uploads", "TargetFactoryFailed")
+    assert failure.message == (
+        "target factory tests.test_python_targets:factory_of_an_unset_setting raised "
+        "KeyError: 'PURGE_TEST_UNSET_SETTING'"
+    )
+    assert keys(harness.db, "x_idempotency") == set()
+
+
+async def test_the_docs_factory_builds_its_own_pool_under_a_worker_of_its_config(
+    tmp_path: Path, harness: Harness, uploads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/own-targets.md's factory (`tests/support/ownpool_targets.py`), under a worker built
+    from its config as `pg-purge run` builds one, where no application code runs: it opens its
+    own pool from its setting and sweeps, a dry run first."""
+    from tests.support import ownpool_targets
+
+    monkeypatch.setenv("APP_DATABASE_URL", harness.url)
+    config_file = tmp_path / "purge.toml"
+    config_file.write_text(
+        '[[targets]]\nkind = "python"\n'
+        'factory = "tests.support.ownpool_targets:targets"\nnames = ["tmp_uploads"]\n'
+    )
+    config = load_config(config_file, env={})
+    try:
+        async with harness.run_worker(build_registry(config, harness.pool)):
+            dry = await run_pass(
+                harness.client, harness.task_queue, {"targets": ["tmp_uploads"], "dry_run": True}
+            )
+            swept = await run_pass(harness.client, harness.task_queue, {"targets": ["tmp_uploads"]})
+    finally:
+        for built in ownpool_targets._built:
+            await built.pool.close()
+        ownpool_targets._built.clear()
+
+    assert [(s["name"], s["removed"]) for s in dry["swept"]] == [("tmp_uploads", 1)]
+    assert [(s["name"], s["removed"]) for s in swept["swept"]] == [("tmp_uploads", 1)]
+    assert keys(harness.db, "tmp_uploads") == {"open"}
