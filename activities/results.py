@@ -116,7 +116,8 @@ class PurgeSweep:
         self.partition_names = list(stats.partitions)
         self.partition_rows = stats.partition_rows
         self.edge_removed = stats.edge_removed
-        self.advice = " ".join(stats.advice)
+        # Each advice starts with its table's name; " | " keeps where one ends visible.
+        self.advice = " | ".join(stats.advice)
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,12 @@ async def _any_row(conn: AsyncConnection[Any], pred: Predicate) -> bool:
     return bool(row and row[0])
 
 
+#: PostgreSQL's defaults for `autovacuum_vacuum_scale_factor` and
+#: `autovacuum_analyze_scale_factor`.
+VACUUM_SCALE_DEFAULT = 0.2
+ANALYZE_SCALE_DEFAULT = 0.1
+
+
 def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
     """An advice line when the sweep removed a large share of the table: VACUUM now, and the
     autovacuum setting that would keep up with this rate (a vacuum after every pass)."""
@@ -164,15 +170,28 @@ def vacuum_advice(pred: Predicate, removed: int, left: Leftover) -> str:
     )
     dead = left.dead / (left.live + left.dead) if left.live + left.dead else 0.0
     # Autovacuum starts at 50 + scale_factor x live rows dead: half this pass's share makes it
-    # run once per pass at this rate, within PostgreSQL's sensible range.
-    factor = min(0.2, max(0.01, round(removed / max(left.live, 1) / 2, 2)))
+    # run once per pass at this rate. Only a factor below PostgreSQL's default is advice: at
+    # or above it, the default already runs once per pass (and 0.2 for ANALYZE, whose default
+    # is 0.1, would run it less often).
+    factor = max(0.01, round(removed / max(left.live, 1) / 2, 2))
+    settings = [
+        f"{name} = {factor}"
+        for name, default in (
+            ("autovacuum_vacuum_scale_factor", VACUUM_SCALE_DEFAULT),
+            ("autovacuum_analyze_scale_factor", ANALYZE_SCALE_DEFAULT),
+        )
+        if factor < default
+    ]
+    keep_up = (
+        f", and keep up at this rate with ALTER TABLE {pred.table} SET ({', '.join(settings)})"
+        if settings
+        else " (at this rate autovacuum's default settings already run after every pass)"
+    )
     return (
         f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table{about}) "
         "and left "
-        f"{dead:.0%} of it dead tuples; reclaim them now with VACUUM (ANALYZE) {pred.table}, "
-        f"and keep up at this rate with ALTER TABLE {pred.table} SET "
-        f"(autovacuum_vacuum_scale_factor = {factor}, autovacuum_analyze_scale_factor = "
-        f"{factor})"
+        f"{dead:.0%} of it dead tuples; reclaim them now with VACUUM (ANALYZE) {pred.table}"
+        + keep_up
     )
 
 

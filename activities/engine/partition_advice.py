@@ -60,6 +60,10 @@ RECORD_TIMEOUT_MS = 2_000
 PARTITION_ADVICE_ROWS = 100_000
 
 
+#: The fewest live rows left from which the advice reads the rate rows arrive at.
+RATE_MIN_ROWS = 1_000
+
+
 async def pass_advice(
     conn: AsyncConnection[Any], pred: Predicate, plan: TablePlan, removed: int, left: Leftover
 ) -> str:
@@ -72,7 +76,9 @@ async def pass_advice(
         return ""
     if share <= LARGE_SHARE:
         return ""
-    per_day = await _rows_per_day(conn, pred, left.live) if plan.index is not None else None
+    # From a few rows left (a pass that took most of the table) a rate would be noise.
+    measurable = plan.index is not None and left.live >= RATE_MIN_ROWS
+    per_day = await _rows_per_day(conn, pred, left.live) if measurable else None
     rate = f", about {per_day:,.0f} rows a day ({per_day / 24:,.0f} an hour)" if per_day else ""
     return (
         f"{pred.table}: this pass removed {removed:,} rows ({share:.0%} of the table){rate}; "

@@ -38,7 +38,7 @@ def test_every_figure_of_the_stats_reaches_the_report_under_its_payload_name() -
     assert (sweep.partitions_detached, sweep.partitions_dropped) == (2, 0)
     assert sweep.partition_names == ["app.p1", "app.p2"]
     assert (sweep.partition_rows, sweep.edge_removed) == (20, 10)
-    assert sweep.advice == "create an index analyze"
+    assert sweep.advice == "create an index | analyze"
 
 
 def test_an_age_not_read_in_time_stays_unknown_and_a_pacing_reason_is_kept() -> None:
