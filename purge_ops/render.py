@@ -146,12 +146,15 @@ def patterns_table(lines: list[PatternLine]) -> str:
 
 
 def partitions_text(sweep: PurgeSweep) -> str:
-    """`10 dropped`, `2 detached`, or empty when no partition left whole."""
+    """`10 dropped`, `2 detached` (in a dry run `would drop 10`, `would detach 2`), or empty
+    when no partition left whole."""
     if sweep.partitions_dropped:
-        return f"{sweep.partitions_dropped} dropped"
-    if sweep.partitions_detached:
-        return f"{sweep.partitions_detached} detached"
-    return ""
+        n, done, would = sweep.partitions_dropped, "dropped", "would drop"
+    elif sweep.partitions_detached:
+        n, done, would = sweep.partitions_detached, "detached", "would detach"
+    else:
+        return ""
+    return f"{would} {n}" if sweep.dry_run else f"{n} {done}"
 
 
 #: At most this many partition names in a note; the JSON report has them all.

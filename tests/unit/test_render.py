@@ -107,6 +107,25 @@ class TestReportTable:
         assert heading.endswith("(dry run)")
         assert header.startswith("target  would remove")
 
+    @pytest.mark.parametrize("dry_run", [False, True])
+    def test_a_dry_runs_partitions_column_says_what_it_would_do(self, dry_run: bool) -> None:
+        """A dry run dropped nothing: its table says `would drop 7`, a sweep's `7 dropped`."""
+        sweep = PurgeSweep(
+            name="logs",
+            removed=3_360,
+            dry_run=dry_run,
+            partitions_dropped=7,
+            partition_names=[f"logs_{i}" for i in range(7)],
+            partition_rows=3_180,
+            edge_removed=180,
+        )
+
+        text = report_table(PurgeReport(swept=[sweep], removed=sweep.removed, dry_run=dry_run))
+
+        cells = row_of(text, "logs").split()
+        assert ("would drop 7" in " ".join(cells)) == dry_run
+        assert ("7 dropped" in " ".join(cells)) == (not dry_run)
+
     def test_a_partition_note_names_at_most_ten_and_counts_the_rest(self) -> None:
         names = [f"app.p_{i:02}" for i in range(NAMES_SHOWN + 3)]
         sweep = PurgeSweep(
