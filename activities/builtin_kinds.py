@@ -188,4 +188,10 @@ def build_registry(
     patterns = PatternTargets(
         [(spec, pools[spec.database]) for spec in here if spec.pattern is not None], build_match
     )
-    return TargetRegistry(fixed, factories, patterns)
+    # Named, so that a step for one of them that reaches this worker says why it is not here.
+    elsewhere = {
+        spec.name: spec.database
+        for spec in config.targets
+        if spec.kind != "python" and spec.database not in pools
+    }
+    return TargetRegistry(fixed, factories, patterns, elsewhere=elsewhere)

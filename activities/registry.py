@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from activities.errors import (
@@ -93,8 +93,12 @@ class TargetRegistry:
         targets: Iterable[PurgeTarget] = (),
         factories: Iterable[TargetFactory] = (),
         patterns: PatternTargets | None = None,
+        elsewhere: Mapping[str, str] | None = None,
     ) -> None:
         self.patterns = patterns
+        self.elsewhere = dict(elsewhere or {})
+        """Targets of this worker's config that sweep a database it has no URL for, by name:
+        the database's name."""
         """The table patterns, whose matches are targets too (`sessions@tenant_0042`)."""
         self._targets: dict[str, PurgeTarget] = {}
         for target in targets:
@@ -126,6 +130,14 @@ class TargetRegistry:
                     f"target {name!r} is a table pattern: a pass expands it into its matches "
                     f"when the input lists it under 'patterns' (pg-purge sweep does)"
                 )
+        if found is None and name in self.elsewhere:
+            database = self.elsewhere[name]
+            raise UnknownPurgeTarget(
+                f"target {name!r} sweeps database {database!r}, which this worker has no URL "
+                "for: the pass's input does not route it to that database's workers (a pass "
+                'typed by hand needs the config\'s "databases" and "queues": '
+                "`pg-purge schedule --print-input` prints them)"
+            )
         if found is None:
             wild = [f"{p}@..." for p in self.patterns.names] if self.patterns else []
             known = sorted({*self._targets, *dynamic, *wild})

@@ -73,8 +73,10 @@ def parse_duration(text: str) -> int:
 
 
 def duration_text(ms: int) -> str:
-    """Milliseconds as the config would write them: `90s`, `5m`, `250ms`."""
-    for unit, size in (("m", 60_000), ("s", 1000)):
+    """Milliseconds as the config would write them: `90s`, `5m`, `250ms`, `2h`, `1d`."""
+    if ms == 0:
+        return "0m"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
         if ms % size == 0:
             return f"{ms // size}{unit}"
     return f"{ms}ms"

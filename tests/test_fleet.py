@@ -466,7 +466,7 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         "budget no duration": ({"pass": {"budget": "soon"}}, "pass.budget: not a duration"),
         "budget past the period": (
             {"pass": {"budget": "1h"}},
-            "pass.budget: must end before the schedule fires again (every 60m)",
+            "pass.budget: must end before the schedule fires again (every 1h)",
         ),
     }
     for label, (extra, expected) in cases.items():

@@ -21,9 +21,12 @@ from psycopg.conninfo import make_conninfo
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
+from activities.builtin_kinds import build_registry
+from activities.results import PurgeReport
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
 from purge_ops.runner import run_worker
+from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass
@@ -409,3 +412,27 @@ async def test_a_regional_and_a_central_worker_in_either_order_fail_no_target(
 
     for result in results:
         assert [s["status"] for s in result["swept"]] == ["ok", "ok"], result
+
+
+async def test_a_pass_typed_by_hand_without_routes_says_why_a_routed_target_is_not_here(
+    harness: Harness,
+) -> None:
+    """`temporal workflow execute --input '{"targets": [...]}'` sends every activity to the
+    pass's own queue: a worker there whose config names the target but has no URL for its
+    database says so, and how to route it, not that it knows no such target."""
+    config = full_config(harness.task_queue)
+    async with harness.run_worker(build_registry(config, harness.pool)):
+        error = await failed_pass(
+            harness.client,
+            harness.task_queue,
+            {"targets": ["x_idempotency@eu"]},
+            f"purge-{uuid.uuid4()}",
+        )
+    [failure] = PurgeReport.from_json(error.details[0]).failed
+
+    assert (failure.name, failure.type) == ("x_idempotency@eu", "UnknownPurgeTarget")
+    assert failure.message == (
+        "target 'x_idempotency@eu' sweeps database 'eu', which this worker has no URL for: the "
+        "pass's input does not route it to that database's workers (a pass typed by hand needs "
+        'the config\'s "databases" and "queues": `pg-purge schedule --print-input` prints them)'
+    )

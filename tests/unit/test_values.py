@@ -29,9 +29,20 @@ DAY_MS = 24 * HOUR_MS
 class TestDurationText:
     @pytest.mark.parametrize(
         ("ms", "text"),
-        [(0, "0m"), (250, "250ms"), (1000, "1s"), (90_000, "90s"), (5 * MINUTE_MS, "5m")],
+        [
+            (0, "0m"),
+            (250, "250ms"),
+            (1000, "1s"),
+            (90_000, "90s"),
+            (5 * MINUTE_MS, "5m"),
+            (90 * MINUTE_MS, "90m"),
+            (HOUR_MS, "1h"),
+            (DAY_MS, "1d"),
+        ],
     )
-    def test_the_largest_whole_unit_of_minutes_seconds_or_ms(self, ms: int, text: str) -> None:
+    def test_the_largest_whole_unit_of_days_hours_minutes_seconds_or_ms(
+        self, ms: int, text: str
+    ) -> None:
         assert duration_text(ms) == text
 
     def test_reads_back_as_the_same_duration(self) -> None:
