@@ -115,8 +115,16 @@ async def _check_pattern(spec: TargetSpec, pool: ConnectionSource, now_ms: int) 
         for name in page.matches:
             await _check_target(patterns.resolve(name), now_ms, verdict, name)
         if not page.more:
-            return verdict
+            break
         after = page.last
+    if verdict.tables == 0:
+        # Not refused (a pass of it sweeps nothing and fails nothing: a new application may
+        # have no tenant yet), but most often a misspelt schema or table part.
+        verdict.advice.append(
+            f"the pattern {spec.tables[0]} matches no table now: a pass sweeps nothing for it "
+            "(is its schema or table part misspelt?)"
+        )
+    return verdict
 
 
 def _line(verdict: Verdict) -> str:

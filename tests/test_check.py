@@ -187,6 +187,27 @@ async def test_a_pattern_is_checked_table_by_table_naming_each_that_fails(
     ]
 
 
+async def test_a_pattern_that_matches_no_table_is_not_refused_but_said(
+    tmp_path: Path, schema_url: str
+) -> None:
+    """A misspelt pattern sweeps nothing, pass after pass, and fails nothing: the check says
+    so under its line (status 0: a new application may have no tenant yet)."""
+    pattern = (
+        '[[targets]]\nkind = "expiring"\nname = "nm"\ntable = "no_such_zz_*"\n'
+        'column = "expires_at"\n'
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", pattern)
+
+    done = await check(path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "ok      nm (0 tables)",
+        "        advice: the pattern no_such_zz_* matches no table now: a pass sweeps nothing "
+        "for it (is its schema or table part misspelt?)",
+    ]
+
+
 async def test_check_refuses_an_unknown_target_and_an_unreachable_database_in_one_line(
     tmp_path: Path, schema_url: str
 ) -> None:
