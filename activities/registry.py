@@ -96,10 +96,10 @@ class TargetRegistry:
         elsewhere: Mapping[str, str] | None = None,
     ) -> None:
         self.patterns = patterns
+        """The table patterns, whose matches are targets too (`sessions@tenant_0042`)."""
         self.elsewhere = dict(elsewhere or {})
         """Targets of this worker's config that sweep a database it has no URL for, by name:
         the database's name."""
-        """The table patterns, whose matches are targets too (`sessions@tenant_0042`)."""
         self._targets: dict[str, PurgeTarget] = {}
         for target in targets:
             if target.name in self._targets:
@@ -118,10 +118,12 @@ class TargetRegistry:
             fixed = self._targets.get(name)
             if fixed is None and self.patterns is not None:
                 fixed = self.patterns.resolve(name)
-            if fixed is None:
+            if fixed is None and name not in self.elsewhere:
                 raise
-            log.warning("%s; target %s is not a factory's and is swept", err.message, name)
-            return fixed
+            log.warning("%s; target %s is not a factory's", err.message, name)
+            if fixed is not None:
+                return fixed
+            dynamic = {}  # a target of another database's workers: said so below
         found = self._targets.get(name) or dynamic.get(name)
         if found is None and self.patterns is not None:
             found = self.patterns.resolve(name)
