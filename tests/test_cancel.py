@@ -8,7 +8,6 @@ the cancellation reaches it there, whatever the machine's speed."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -19,7 +18,7 @@ from temporalio.exceptions import CancelledError
 
 from activities import builtin_kinds as kinds
 from tests.conftest import Harness
-from tests.support.history import events
+from tests.support.history import cancel_once_scheduled, events
 from tests.support.rows import HOUR
 
 #: A queue no worker polls: the routed target's activity waits there until cancelled.
@@ -45,19 +44,14 @@ PASSES = {
 }
 
 
-async def cancel_once_scheduled(harness: Harness, request: dict[str, Any]) -> list[Any]:
+async def cancelled_pass(harness: Harness, request: dict[str, Any]) -> list[Any]:
     """Start the pass, cancel it once its first activity is scheduled, and return its history
     after it ended, having checked that it ended cancelled."""
     workflow_id = f"purge-cancel-{uuid.uuid4()}"
     handle = await harness.client.start_workflow(
         "Purge", request, id=workflow_id, task_queue=harness.task_queue
     )
-    while not any(
-        e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        for e in await events(harness.client, workflow_id)
-    ):
-        await asyncio.sleep(0.05)
-    await handle.cancel()
+    await cancel_once_scheduled(harness.client, workflow_id)
     with pytest.raises(WorkflowFailureError) as ended:
         await handle.result()
     assert isinstance(ended.value.cause, CancelledError), ended.value.cause
@@ -73,7 +67,7 @@ async def test_a_cancelled_pass_ends_cancelled_and_sweeps_no_target_after(
     )
     targets = [kinds.idempotency(harness.pool), kinds.auth(harness.pool, name="x_auth@eu")]
     async with harness.run_worker(targets):
-        history = await cancel_once_scheduled(harness, PASSES[shape])
+        history = await cancelled_pass(harness, PASSES[shape])
 
     scheduled = [e for e in history if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
     assert len(scheduled) == 1  # x_auth@eu's, never x_idempotency's
@@ -101,7 +95,7 @@ async def test_a_spread_pass_cancelled_while_it_expands_a_pattern_starts_no_chil
         "budget_ms": 600_000,
     }
     async with harness.run_worker([kinds.idempotency(harness.pool)]):
-        history = await cancel_once_scheduled(harness, request)
+        history = await cancelled_pass(harness, request)
 
     assert not any(
         e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED

@@ -26,8 +26,7 @@ from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
-from tests.support.history import history, started_children
-from tests.support.history import kinds as event_kinds
+from tests.support.history import cancel_once_scheduled, history, started_children
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
@@ -263,7 +262,7 @@ async def record(prefix: str) -> None:
                         search_attributes=at_start() if prefix in SEARCHABLE else None,
                     )
                     if prefix in CANCELLED:
-                        await _cancel_once_scheduled(client, handle.id)
+                        await cancel_once_scheduled(client, handle.id)
                     # The failures are what some of these histories are for.
                     with contextlib.suppress(WorkflowFailureError):
                         await handle.result()
@@ -276,16 +275,6 @@ async def record(prefix: str) -> None:
                         await _record_first_child_run(client, handle.id, prefix, "chunk-local")
         finally:
             await pool.close()
-
-
-async def _cancel_once_scheduled(client: Client, workflow_id: str) -> None:
-    """Cancel the pass once its first activity is scheduled (on a queue no worker polls, it
-    waits there)."""
-    while "ACTIVITY_TASK_SCHEDULED" not in event_kinds(
-        list((await history(client, workflow_id)).events)
-    ):
-        await asyncio.sleep(0.05)
-    await client.get_workflow_handle(workflow_id).cancel()
 
 
 async def _record_first_child_run(

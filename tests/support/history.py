@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,14 @@ async def history(client: Client, workflow_id: str) -> WorkflowHistory:
 async def events(client: Client, workflow_id: str) -> list[Any]:
     """The events of a workflow's history, oldest first."""
     return list((await history(client, workflow_id)).events)
+
+
+async def cancel_once_scheduled(client: Client, workflow_id: str) -> None:
+    """Cancel a workflow once its first activity is scheduled: on a queue no worker polls, the
+    activity waits there, so the cancellation reaches the workflow at it on any machine."""
+    while "ACTIVITY_TASK_SCHEDULED" not in kinds(await events(client, workflow_id)):
+        await asyncio.sleep(0.05)
+    await client.get_workflow_handle(workflow_id).cancel()
 
 
 def kinds(history: list[Any]) -> list[str]:
