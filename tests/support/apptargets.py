@@ -1,7 +1,8 @@
-"""An application's own target, written the way the README's worked example shows.
-
-The application builds its store (here, a pool) when it starts, which may be after the purge
-worker started; the factory hands the worker whatever exists when a step asks.
+"""An application's own target inside a worker built in code (docs/own-targets.md, "A worker
+built in code"): the application builds its store (here, a pool) when it starts, which may be
+after the purge worker started; the factory hands the worker whatever exists when a step asks.
+The target is the documented one (`ownpool_targets.TmpUploads`: its `pool.open()` does nothing
+on a pool already open).
 """
 
 from __future__ import annotations
@@ -10,28 +11,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-
-class TmpUploads:
-    """Upload slots nobody finished: expired once `expires_at_ms <= now_ms`."""
-
-    name = "tmp_uploads"
-
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
-        self.pool = pool
-
-    async def purge_expired(self, now_ms: int) -> int:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute("DELETE FROM tmp_uploads WHERE expires_at_ms <= %s", (now_ms,))
-            return cur.rowcount
-
-    async def count_expired(self, now_ms: int) -> int:
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(
-                "SELECT count(*) FROM tmp_uploads WHERE expires_at_ms <= %s", (now_ms,)
-            )
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
-
+from tests.support.ownpool_targets import TmpUploads
 
 _built: list[TmpUploads] = []
 calls = 0
