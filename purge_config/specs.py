@@ -520,21 +520,21 @@ def _resolve_factory(at: str, path: str) -> Factory:
         if module_name in sys.modules:  # imported: it is the name that is missing
             raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
         raise ConfigError(f"{at}: factory: cannot import {module_name!r}") from None
-    except ModuleNotFoundError as err:
-        # Most often the module is beside the config, or in the application's own environment:
-        # the worker imports from its own, and neither its working directory nor the config's
-        # is searched.
-        raise ConfigError(
-            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: "
-            f"{first_line(err)} (the worker imports it, and what it imports, from its own Python "
-            "environment: install it there, or put the directory that holds it on PYTHONPATH)"
-        ) from None
     except (Exception, SystemExit) as err:
         # Any error of the module's own import (a SyntaxError, a failing top-level call, a
         # sys.exit() at its top level, as a script's) is a bad factory for this config: one
-        # line, not a traceback, and never the end of the process.
+        # line, not a traceback, and never the end of the process. A module not found is most
+        # often beside the config, or in the application's own environment: the worker imports
+        # from its own, and neither its working directory nor the config's is searched.
+        hint = (
+            " (the worker imports it, and what it imports, from its own Python environment: "
+            "install it there, or put the directory that holds it on PYTHONPATH)"
+            if isinstance(err, ModuleNotFoundError)
+            else ""
+        )
         raise ConfigError(
-            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: {first_line(err)}"
+            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: "
+            f"{first_line(err)}{hint}"
         ) from None
     if printed.getvalue():
         sys.stderr.write(printed.getvalue())
