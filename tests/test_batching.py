@@ -771,30 +771,30 @@ async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
 async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    db.execute("CREATE TABLE audit (id bigint, created_ms bigint NOT NULL, body text)")
+    db.execute("CREATE TABLE audit (id bigint, expires_ms bigint NOT NULL, body text)")
     db.execute(
         "INSERT INTO audit SELECT i, CASE WHEN i %% 100 = 0 THEN %s ELSE %s END, repeat('x', 120)"
         " FROM generate_series(1, 80000) i",
         (NOW - HOUR, NOW + HOUR),
     )
     analyze(db, "audit")
-    registry = TargetRegistry([kinds.expiring(pool, "audit", TableName("audit"), "created_ms")])
+    registry = TargetRegistry([kinds.expiring(pool, "audit", TableName("audit"), "expires_ms")])
     step = PurgeStep(name="audit", now_ms=NOW)
 
     with caplog.at_level("WARNING", logger="temporalio.activity"):
         unindexed = await activity_env().run(PurgeActivities(registry).purge_target, step)
-    db.execute("CREATE INDEX ON audit (created_ms)")
+    db.execute("CREATE INDEX ON audit (expires_ms)")
     db.execute("INSERT INTO audit SELECT i, %s, '' FROM generate_series(1, 800) i", (NOW - 1,))
     analyze(db, "audit")
     indexed = await activity_env().run(PurgeActivities(registry).purge_target, step)
 
     assert unindexed.removed == 800
     assert unindexed.strategy == "range"
-    assert unindexed.advice.endswith('CREATE INDEX CONCURRENTLY ON "audit" ("created_ms")')
+    assert unindexed.advice.endswith('CREATE INDEX CONCURRENTLY ON "audit" ("expires_ms")')
     # The share is the planner's estimate, from ANALYZE's sample: near 1%, not exactly.
     assert re.search(
         r"about [\d,]+ of 80,000 rows \(\d\.\d%\) are expired and no index serves "
-        r"created_ms",
+        r"expires_ms",
         unindexed.advice,
     ), unindexed.advice
     [warning] = caplog.records

@@ -18,7 +18,7 @@ from activities.engine.errors import BadTable, MissingRights, SweepRefused, firs
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, planned
-from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.rules import Predicate, Rule, ident, written_column_advice
 from activities.engine.table_facts import FactReads, unindexed_children
 from activities.engine.units import UnitCheck, check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
@@ -52,9 +52,13 @@ class TableAccess:
         """Before anything is deleted: each table's epoch columns in their unit; and with
         `partitions` set to drop or detach, refuse a role that could not finish what it starts
         (MissingRights, BadTable). The advice: where the setting can do nothing (a plain table,
-        another key, a rule that is not one column's comparison)."""
+        another key, a rule that is not one column's comparison), and a write time taken for
+        an expiry (`written_column_advice`)."""
         advice = []
         for rule in rules:
+            written = written_column_advice(rule)
+            if written:
+                advice.append(written)
             async with self.connection(rule) as conn, conn.transaction():
                 await self.set_timeouts(conn, self.settings.statement_timeout_ms)
                 pred = await self.bind(conn, rule, now_ms)

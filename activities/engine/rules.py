@@ -6,6 +6,7 @@ reads the server's clock: rows written from the application's clock are measured
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -119,6 +120,49 @@ class Rule(Protocol):
     async def bind(self, conn: AsyncConnection[Any], now_ms: int) -> Predicate:
         """Check the table against the catalog and build its WHERE clause for `now_ms`."""
         ...
+
+
+#: Words of a column's name that say when a row was written or changed, not when it expires.
+_WRITTEN_WORDS = frozenset(
+    [
+        "created",
+        "creation",
+        "inserted",
+        "insertion",
+        "updated",
+        "modified",
+        "written",
+        "logged",
+        "recorded",
+        "occurred",
+        "added",
+        "sent",
+        "received",
+        "timestamp",
+    ]
+)
+#: Words that say the column is an expiry after all (`created_expires_at` is one).
+_EXPIRY_WORDS = frozenset(
+    ["expires", "expiry", "expiration", "expire", "expired", "until", "deadline", "ttl"]
+)
+
+
+def written_column_advice(rule: Rule) -> str | None:
+    """Advice for an age rule with no `max_age` whose column is named like a write time
+    (`created_at`, `insertedAt`): with no age the column is read as the instant each row
+    expires, so every row written before the pass goes, at the first sweep the whole table.
+    Said by `check`, a dry run and every sweep; never refused (the name may mislead)."""
+    if not isinstance(rule, ExpiryRule | NewestRelatedRule) or rule.max_age_ms:
+        return None
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", rule.column).lower()
+    words = set(re.split(r"[^a-z0-9]+", spaced))
+    if not words & _WRITTEN_WORDS or words & _EXPIRY_WORDS:
+        return None
+    return (
+        f"{rule.table}: `{rule.column}` reads as when a row was written, but with no `max_age` "
+        "it is taken as when the row expires, so every row written before the pass goes; give "
+        'the entry a `max_age` (`"30d"`), or leave it if the column holds the expiry'
+    )
 
 
 @dataclass(frozen=True)

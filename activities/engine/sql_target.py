@@ -6,7 +6,9 @@ way into each table, `TargetSweeper` (`target_tables`) one run of its tables, ta
 
 from __future__ import annotations
 
-from psycopg import sql
+from typing import Any
+
+from psycopg import AsyncConnection, sql
 
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.batch_sql import count_expired
@@ -141,7 +143,15 @@ class SqlTarget:
                 await self._access.rights(conn, rule)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
-                stats.removed += int(row[0]) if row else 0
+                expired = int(row[0]) if row else 0
+                stats.removed += expired
+                if expired and not await _any_kept(conn, pred):
+                    # Most often a rule misread (a write time taken for an expiry, an age in
+                    # the wrong unit): say it before the sweep that would empty the table.
+                    stats.advice.append(
+                        f"{rule.table}: every one of its {expired} rows would go; no row is "
+                        "kept at this instant"
+                    )
                 layout = await read_layout(conn, pred) if self.partitions.removes else None
                 for child in layout.expired if layout is not None and layout.judged else []:
                     cur = await conn.execute(count_rows(child.table))
@@ -161,6 +171,17 @@ def count_expired_and_all(pred: Predicate) -> sql.Composed:
     return sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
         pred.where, ident(pred.table)
     )
+
+
+async def _any_kept(conn: AsyncConnection[Any], pred: Predicate) -> bool:
+    """Whether any row of the table stays (a NULL age stays too): read only once some expire,
+    and it stops at the first row kept."""
+    query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE NOT coalesce({}, false))").format(
+        ident(pred.table), pred.where
+    )
+    cur = await conn.execute(query, pred.params)
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 def count_rows(table: TableName) -> sql.Composed:

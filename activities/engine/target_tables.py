@@ -28,7 +28,7 @@ from activities.engine.partition_advice import (
     remembered_advice,
 )
 from activities.engine.planning import TablePlan
-from activities.engine.rules import Predicate, Rule
+from activities.engine.rules import Predicate, Rule, written_column_advice
 from activities.engine.small_tables import SMALL_PAGES, SmallSweep, SmallTables, sweep_small
 from activities.engine.tables import TableSweeper
 from activities.progress import SweepStats
@@ -229,6 +229,10 @@ class TargetSweeper:
         archives_all = all(rule.archive is not None for rule in self.rules)
         stats.archived = progress.removed if archives_all else progress.archived
         await self._partitions_gone(ctx, stats)
+        # Every pass of a rule that reads a write time as an expiry says so first (one of
+        # several tables said it already, from its check), whichever way its table was swept.
+        written = [w for w in map(written_column_advice, self.rules) if w]
+        stats.advice[:0] = [w for w in written if w not in stats.advice]
 
     async def _after(
         self,

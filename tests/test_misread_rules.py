@@ -1,0 +1,135 @@
+"""A rule misread empties a table: a write time (`created_at`) taken for an expiry because the
+entry has no `max_age`. `check`, a dry run and every sweep say so under the target; a dry run
+that would remove every row of a table says that too, before the sweep that would."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from activities import builtin_kinds as kinds
+from activities.engine.rules import ExpiryRule, NewestRelatedRule, written_column_advice
+from activities.inputs import PurgeStep
+from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
+from purge_config.names import TableName
+from tests.support.activity import activity_env
+from tests.support.procs import Done, clean_env, run_main, worker_config
+from tests.support.rows import HOUR
+
+NOW = 1_800_000_000_000
+T = TableName("page_views")
+
+
+@pytest.mark.parametrize(
+    ("column", "max_age_ms", "said"),
+    [
+        ("created_at", 0, True),
+        ("insertedAt", 0, True),
+        ("date_created", 0, True),
+        ("updated", 0, True),
+        ("timestamp", 0, True),
+        ("created_at", 30 * 24 * HOUR, False),  # an age: the column is a write time, rightly
+        ("expires_at", 0, False),
+        ("created_expires_at", 0, False),  # an expiry after all
+        ("valid_until", 0, False),
+        ("expire_date", 0, False),
+        ("creator_id", 0, False),  # not the word
+    ],
+)
+def test_a_write_time_is_said_only_where_no_max_age_makes_it_an_expiry(
+    column: str, max_age_ms: int, said: bool
+) -> None:
+    advice = written_column_advice(ExpiryRule(T, column, max_age_ms))
+    assert (advice is not None) == said
+    related = written_column_advice(NewestRelatedRule(T, TableName("events"), column, max_age_ms))
+    assert (related is not None) == said
+
+
+def views(db: psycopg.Connection[Any], live: int = 0, null: int = 0) -> None:
+    """Ten page views written before NOW, `live` written after it, `null` with no time."""
+    db.execute("CREATE TABLE page_views (id bigint PRIMARY KEY, created_at bigint)")
+    db.execute(
+        "INSERT INTO page_views SELECT g, %s - g * %s FROM generate_series(1, 10) g",
+        (NOW, HOUR),
+    )
+    db.execute(
+        "INSERT INTO page_views SELECT 100 + g, %s + g * %s FROM generate_series(1, %s) g",
+        (NOW, HOUR, live),
+    )
+    db.execute("INSERT INTO page_views SELECT 200 + g, NULL FROM generate_series(1, %s) g", (null,))
+
+
+async def dry_run(pool: AsyncConnectionPool[Any], max_age_ms: int = 0) -> str:
+    target = kinds.expiring(pool, "views", T, "created_at", max_age_ms)
+    activities = PurgeActivities(TargetRegistry([target]))
+    result = await activity_env().run(
+        activities.purge_target, PurgeStep(name="views", now_ms=NOW, dry_run=True)
+    )
+    return result.advice
+
+
+EVERY_ROW = "page_views: every one of its 10 rows would go; no row is kept at this instant"
+
+
+async def test_a_dry_run_that_would_empty_the_table_says_so_and_deletes_nothing(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
+) -> None:
+    views(db)
+
+    advice = await dry_run(pool)
+
+    assert advice == f"{written_column_advice(ExpiryRule(T, 'created_at'))} | {EVERY_ROW}"
+    row = db.execute("SELECT count(*) FROM page_views").fetchone()
+    assert row == (10,)
+
+
+@pytest.mark.parametrize(("live", "null"), [(1, 0), (0, 1)])
+async def test_a_dry_run_says_nothing_of_every_row_where_one_stays(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], live: int, null: int
+) -> None:
+    """A row written after the instant stays, and so does one with no time (NULL never
+    expires): the table is not emptied."""
+    views(db, live=live, null=null)
+    assert EVERY_ROW not in await dry_run(pool)
+
+
+async def test_an_entry_with_max_age_gets_neither_advice(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
+) -> None:
+    views(db)
+    assert await dry_run(pool, max_age_ms=5 * HOUR) == ""
+
+
+async def check(path: Path) -> Done:
+    env = clean_env(TEMPORAL_ADDRESS="127.0.0.1:1")
+    return await asyncio.to_thread(run_main, "check", "--config", str(path), env=env)
+
+
+async def test_check_says_it_under_the_target_and_a_sweep_reports_it(
+    tmp_path: Path, schema_url: str, pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
+) -> None:
+    """The entry a new user writes by hand for a table of page views: `check` passes it (the
+    column may hold an expiry after all) with the advice under it, and the sweep that then
+    removes every row says it in its result too, pass after pass."""
+    views(db, live=2)
+    entry = (
+        '[[targets]]\nkind = "expiring"\nname = "views"\ntable = "page_views"\n'
+        'column = "created_at"\n'
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", entry)
+    advice = written_column_advice(ExpiryRule(T, "created_at"))
+
+    done = await check(path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["ok      views (1 table)", f"        advice: {advice}"]
+    target = kinds.expiring(pool, "views", T, "created_at")
+    activities = PurgeActivities(TargetRegistry([target]))
+    swept = await activity_env().run(activities.purge_target, PurgeStep(name="views", now_ms=NOW))
+    assert (swept.removed, swept.advice) == (10, advice)
