@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,6 +34,7 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import current, pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_config.patterns import split_match_name
 from purge_config.schedules import ScheduleConfig
 from purge_ops.namespace_check import start_attributes
@@ -164,47 +166,93 @@ async def _this_pass_running(
         await _ended(handle)
 
 
-#: How long `sweep` waits on a pass before it looks whether any worker polls its queues.
+#: How long `sweep` waits on a pass before it first looks whether any worker polls its queues,
+#: and how often it looks again while it waits.
 UNPOLLED_NOTICE_S = 5.0
+UNPOLLED_AGAIN_S = 30.0
+#: A poller whose last poll is older than this has stopped. A live worker's long poll is renewed
+#: at least every minute (the server's long-poll expiry), but Temporal goes on listing a worker
+#: that stopped or died for minutes: the queue of a worker killed a moment ago looks polled.
+POLLER_GONE_S = 90.0
 
 
 async def _say_if_unpolled(
     client: Client, task_queue: str, request: dict[str, Any], say: Say
 ) -> None:
-    """After UNPOLLED_NOTICE_S, one line naming the pass's queues no worker polls: a `sweep`
-    with no worker up waits for one, and would otherwise wait in silence."""
+    """After UNPOLLED_NOTICE_S, and every UNPOLLED_AGAIN_S while the pass runs: one line naming
+    the pass's queues no worker polls, each queue said once. A `sweep` with no worker up waits
+    for one and would otherwise wait in silence; one whose worker just died, as long."""
     await asyncio.sleep(UNPOLLED_NOTICE_S)
+    said: set[tuple[str, int]] = set()
+    while True:
+        idle = [q for q in await _unpolled(client, task_queue, request) if q not in said]
+        if idle:
+            say(unpolled_line(idle, task_queue, request))
+            said.update(idle)
+        await asyncio.sleep(UNPOLLED_AGAIN_S)
+
+
+async def _unpolled(
+    client: Client, task_queue: str, request: dict[str, Any]
+) -> list[tuple[str, int]]:
+    """The pass's queues (name, TaskQueueType) no worker has polled in POLLER_GONE_S."""
     wanted = [(task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
     routes = request.get("queues")
     activity_queues = sorted(set(routes.values())) if isinstance(routes, dict) else [task_queue]
     wanted += [(queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY) for queue in activity_queues]
+    gone_before = time.time() - POLLER_GONE_S
     idle = []
-    passes_idle = False
     for queue, kind in wanted:
         described = await client.workflow_service.describe_task_queue(
             DescribeTaskQueueRequest(
                 namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind
             )
         )
-        if not described.pollers:
-            passes = kind == TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
-            passes_idle |= passes
-            idle.append(f"{queue!r} ({'passes' if passes else 'activities'})")
-    if not idle:
-        return
-    if passes_idle or "worker_wait_ms" not in request:
-        say(
-            f"no worker polls task queue {', '.join(idle)}: the pass waits until one does; "
-            "start `pg-purge run` with this config (Ctrl-C leaves the pass to it)"
+        if not any(p.last_access_time.seconds > gone_before for p in described.pollers):
+            idle.append((queue, int(kind)))
+    return idle
+
+
+def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[str, Any]) -> str:
+    """What `sweep` says of `idle` queues: whether the pass waits or its targets there fail,
+    and which worker would poll each: this config's, or for a routed database's queue one where
+    that database's URL is set (the scheduler's config often has none for a region's)."""
+    workflow = int(TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)
+    passes_idle = any(kind == workflow for _, kind in idle)
+    named = ", ".join(
+        f"{queue!r} ({'passes' if kind == workflow else 'activities'})" for queue, kind in idle
+    )
+    routes = request.get("queues")
+    routed = {
+        queue: db
+        for db, queue in (routes.items() if isinstance(routes, dict) else [])
+        if db != DEFAULT_DATABASE_KEY and queue != task_queue
+    }
+    elsewhere = sorted({routed[q] for q, kind in idle if kind != workflow and q in routed})
+    fixes = []
+    if any(kind == workflow or q not in routed for q, kind in idle):
+        fixes.append("start `pg-purge run` with this config")
+    if elsewhere:
+        where = ", ".join(repr(db) for db in elsewhere)
+        fixes.append(
+            f"start `pg-purge run` where database {where}'s URL is set (a config with this "
+            "one's targets there, its url_env in the environment)"
         )
-        return
+    fix = "; ".join(fixes)
+    if passes_idle or "worker_wait_ms" not in request:
+        return (
+            f"no worker polls task queue {named}: the pass waits until one does; {fix} "
+            "(Ctrl-C leaves the pass to it)"
+        )
     # A worker runs the pass, but none polls its targets' queue: a worker of another config
-    # (an older one, before an edit of a target) polls another digest's queue.
+    # (an older one, before an edit of a target), or none next to a routed database.
     wait_s = int(request["worker_wait_ms"]) // 1000
-    say(
-        f"no worker polls task queue {', '.join(idle)}: those targets fail as not taken "
-        f"unless one does within {wait_s} s ([pass] worker_wait); a worker polls only the "
-        "queue of its own config's targets: start (or restart) `pg-purge run` with this config"
+    if not elsewhere:
+        fix = "a worker polls only the queue of its own config's targets: start (or restart) "
+        fix += "`pg-purge run` with this config"
+    return (
+        f"no worker polls task queue {named}: those targets fail as not taken unless one does "
+        f"within {wait_s} s ([pass] worker_wait); {fix}"
     )
 
 

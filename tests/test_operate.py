@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
@@ -718,6 +721,81 @@ async def test_sweep_of_an_edited_config_beside_the_old_worker_says_its_targets_
         f"no worker polls task queue {edited.own_queue!r} (activities): those targets fail as "
         "not taken unless one does within 60 s ([pass] worker_wait); a worker polls only the "
         "queue of its own config's targets: start (or restart) `pg-purge run` with this config"
+    )
+
+
+async def listed_pollers(harness: Harness, queue: str, kind: TaskQueueType.ValueType) -> int:
+    described = await harness.client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=harness.client.namespace,
+            task_queue=TaskQueue(name=queue),
+            task_queue_type=kind,
+        )
+    )
+    return len(described.pollers)
+
+
+async def test_sweep_says_so_when_the_worker_stopped_a_moment_ago_though_temporal_lists_it(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Temporal lists a stopped worker among a queue's pollers for minutes: `sweep` judges a
+    poller by its last poll, and says the queues have no worker once it is older than a live
+    worker's long poll ever is (POLLER_GONE_S; a second here, so the moment comes at once)."""
+    config = load_config(config_file(tmp_path, harness.url, harness.task_queue))
+    workflow = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+    async with harness.run_worker(build_registry(config, harness.pool), config=config):
+        async with asyncio.timeout(60):
+            while not await listed_pollers(harness, harness.task_queue, workflow):
+                await asyncio.sleep(0.05)
+    # The worker has stopped; Temporal still lists it: the queue looks polled.
+    assert await listed_pollers(harness, harness.task_queue, workflow) > 0
+    monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.1)
+    monkeypatch.setattr(passes, "UNPOLLED_AGAIN_S", 0.2)
+    monkeypatch.setattr(passes, "POLLER_GONE_S", 1.0)
+    said: list[str] = []
+    noticed = asyncio.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "no worker polls" in line:
+            noticed.set()
+
+    sweeping = asyncio.create_task(
+        passes.sweep(harness.client, harness.task_queue, config.pass_input(), say)
+    )
+    try:
+        await asyncio.wait_for(noticed.wait(), 60)
+    finally:
+        sweeping.cancel()
+        await asyncio.wait([sweeping])
+        await harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}").terminate()
+    assert [line for line in said if "no worker polls" in line] == [
+        f"no worker polls task queue {harness.task_queue!r} (passes), {config.own_queue!r} "
+        "(activities): the pass waits until one does; start `pg-purge run` with this config "
+        "(Ctrl-C leaves the pass to it)"
+    ]
+
+
+def test_a_routed_databases_idle_queue_names_the_worker_that_would_poll_it() -> None:
+    """The scheduler's config often has no URL for a region's database: a worker started
+    from it would not poll that database's queue, so the fix names where its URL is set."""
+    request = {"queues": {"eu": "purge-eu:1", "_default": "purge:2"}, "worker_wait_ms": 30_000}
+    activity = int(TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+
+    eu_only = passes.unpolled_line([("purge-eu:1", activity)], "purge", request)
+    both = passes.unpolled_line([("purge:2", activity), ("purge-eu:1", activity)], "purge", request)
+
+    assert eu_only == (
+        "no worker polls task queue 'purge-eu:1' (activities): those targets fail as not taken "
+        "unless one does within 30 s ([pass] worker_wait); start `pg-purge run` where database "
+        "'eu''s URL is set (a config with this one's targets there, its url_env in the "
+        "environment)"
+    )
+    assert "start `pg-purge run` with this config; start `pg-purge run` where database 'eu'" in (
+        both
     )
 
 
