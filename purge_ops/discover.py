@@ -772,18 +772,20 @@ def _common_prefix(names: list[str]) -> str:
 def _family(pattern: str, members: list[Finding], tables: list[Table]) -> Family | None:
     """A family, with the tables its pattern would also match that lack its column (a
     partition is never matched: the catalog read left them out, as the sweep's expansion does);
-    None when its pattern would also match a table that has the column, of its type, and is
+    None when its pattern would also match a table that has the column, of any type, and is
     no member: one in another unit, a caution's, one with an entry of its own. Its entry would
     sweep that table by the family's rule (or fail on it at every pass), and deleting the
     table's own entry would not keep it out; its members are then entries of their own."""
     schema, _, name = pattern.partition(".")
     matcher = TablePattern(TableName(name, schema))
-    column, kind = members[0].column, members[0].column_type
+    column = members[0].column
     own = {m.qualified for m in members}
     matched = [t for t in tables if matcher.match(t.schema, t.name) is not None]
-    if any(t.columns.get(column) == kind and t.qualified not in own for t in matched):
+    # Of any type: the family's rule takes an epoch integer beside timestamptz, so a table with
+    # the column as another type is swept by it (in the family's unit), not refused.
+    if any(column in t.columns and t.qualified not in own for t in matched):
         return None
-    strays = tuple(t.qualified for t in matched if t.columns.get(column) != kind)
+    strays = tuple(t.qualified for t in matched if column not in t.columns)
     return Family(pattern, tuple(sorted(members, key=lambda m: m.qualified)), strays)
 
 

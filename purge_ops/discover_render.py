@@ -261,7 +261,7 @@ def _family(found: Discovery, family: Family) -> list[str]:
         lines += _comment(
             f"The pattern also matches {', '.join(family.strays[:SHOWN])}"
             + (f" and {len(family.strays) - SHOWN} more" if len(family.strays) > SHOWN else "")
-            + f", without {first.column} of this type: each such sweep would fail alone.",
+            + f", without {first.column}: each such sweep would fail alone.",
             "  ",
         )
     return lines + _toml_entry(target_keys(first, name, family.pattern))

@@ -678,9 +678,10 @@ async def test_a_pattern_entry_is_printed_only_where_it_would_sweep_its_own_tabl
     database: str,
 ) -> None:
     """Tables of one shape become a pattern entry only where the pattern matches no other
-    table with the column: one holding epoch seconds beside tables in milliseconds, or one of
-    another name that the pattern would sweep by the family's rule (and whose own entry, taken
-    out, would not keep it out). Each is then an entry of its own, in its own unit."""
+    table with the column: one holding epoch seconds beside tables in milliseconds, one whose
+    column is of another type, or one of another name that the pattern would sweep by the
+    family's rule (and whose own entry, taken out, would not keep it out). Each is then an
+    entry of its own, in its own unit."""
     ms = "(extract(epoch FROM now()) * 1000)::bigint"
     for i in range(1, 6):
         value = f"{ms} - 1000" if i < 5 else f"{ms} / 1000 - 1"
@@ -689,6 +690,10 @@ async def test_a_pattern_entry_is_printed_only_where_it_would_sweep_its_own_tabl
             f"CREATE SCHEMA tenant_{i:02}; CREATE TABLE tenant_{i:02}.tokens (expires_ms bigint);"
             f" INSERT INTO tenant_{i:02}.tokens VALUES ({value})",
         )
+        # The column of another type in the fifth (epoch ms where four hold timestamptz): the
+        # pattern would sweep it by the family's rule too, as epoch ms.
+        kind = "timestamptz" if i < 5 else "bigint"
+        run_sql(database, f"CREATE TABLE tenant_{i:02}.sessions (expires_at {kind})")
     run_sql(
         database,
         "CREATE SCHEMA app;"
@@ -705,9 +710,9 @@ async def test_a_pattern_entry_is_printed_only_where_it_would_sweep_its_own_tabl
     assert len(events) == 4
 
     # Without the odd ones, each is one pattern entry.
-    run_sql(database, "DROP TABLE tenant_05.tokens, app.events_important")
+    run_sql(database, "DROP TABLE tenant_05.tokens, tenant_05.sessions, app.events_important")
     patterns = {f.pattern for f in (await discover(database)).families}
-    assert patterns == {"tenant_*.tokens", "app.events_*"}
+    assert patterns == {"tenant_*.tokens", "tenant_*.sessions", "app.events_*"}
 
 
 async def test_a_partitioned_tables_index_advice_is_one_it_can_build(database: str) -> None:
