@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.errors import BadPurgeTarget
@@ -237,3 +238,38 @@ async def test_check_refuses_an_unknown_target_and_an_unreachable_database_in_on
     [line] = unreachable.stderr.splitlines()
     assert line.startswith("pg-purge: cannot connect to postgresql://purge:***@127.0.0.1:1/app")
     assert "secret" not in unreachable.stdout + unreachable.stderr
+
+
+async def test_check_and_a_dry_run_give_the_index_advice_before_the_first_sweep(
+    tmp_path: Path, schema_url: str, pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
+) -> None:
+    """A large table with a small share expired and no index on its expiry: the sweep's plan
+    advises the index, and `check` and a dry run say so before the first sweep walks it."""
+    now_ms = int(time.time() * 1000)
+    db.execute("CREATE TABLE audit (id bigint, expires_ms bigint NOT NULL, body text)")
+    db.execute(
+        "INSERT INTO audit SELECT i, CASE WHEN i %% 100 = 0 THEN %s ELSE %s END, repeat('x', 120)"
+        " FROM generate_series(1, 80000) i",
+        (now_ms - HOUR, now_ms + 24 * HOUR),
+    )
+    db.execute("ANALYZE audit")
+    entry = '[[targets]]\nkind = "expiring"\nname = "audit"\ntable = "audit"\n'
+    path = worker_config(
+        tmp_path / "purge.toml", schema_url, "purge", entry + 'column = "expires_ms"\n'
+    )
+    create = 'create one: CREATE INDEX CONCURRENTLY ON "audit" ("expires_ms")'
+
+    done = await check(path)
+    target = kinds.expiring(pool, "audit", TableName("audit"), "expires_ms")
+    activities = PurgeActivities(TargetRegistry([target]))
+    dry = await activity_env().run(
+        activities.purge_target, PurgeStep(name="audit", now_ms=now_ms, dry_run=True)
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line, advice] = done.stdout.splitlines()
+    assert line == "ok      audit (1 table)"
+    assert advice.startswith("        advice: audit: about "), advice
+    assert advice.endswith(create), advice
+    assert (dry.removed, dry.advice) == (800, advice.removeprefix("        advice: "))
+    assert count(db, "audit") == 80000

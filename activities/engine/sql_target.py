@@ -15,8 +15,10 @@ from activities.engine.batch_sql import count_expired
 from activities.engine.context import SweepContext, ignore_batch, partition_action
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
+from activities.engine.planning import planned
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.small_tables import SmallTables
+from activities.engine.table_facts import read_table_facts
 from activities.engine.target_tables import TargetSweeper
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.names import TableName
@@ -99,11 +101,14 @@ class SqlTarget:
         MissingRights), found with nothing deleted or counted: each table bound to its rule
         (columns, their types, epoch units), the rights to take partitions out where
         `partitions` does, and the role's rights on each table (`TableAccess.rights`). The
-        advice a pass would give of them."""
+        advice a pass would give of them, its plan's (a missing index) included."""
         advice = await self._access.check(self.rules, now_ms)
         for rule in self.rules:
             async with self._access.connection(rule) as conn:
                 await self._access.rights(conn, rule)
+                async with conn.transaction():
+                    await self._access.set_timeouts(conn, self.settings.statement_timeout_ms)
+                    advice += await _plan_advice(conn, await self._access.bind(conn, rule, now_ms))
         return advice
 
     async def count_expired(self, now_ms: int) -> int:
@@ -141,6 +146,7 @@ class SqlTarget:
                 await self._access.set_timeouts(conn, self.settings.time_budget_ms)
                 pred = await self._access.bind(conn, rule, now_ms)
                 await self._access.rights(conn, rule)
+                stats.advice += await _plan_advice(conn, pred)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
                 expired = int(row[0]) if row else 0
@@ -171,6 +177,14 @@ def count_expired_and_all(pred: Predicate) -> sql.Composed:
     return sql.SQL("SELECT count(*) FILTER (WHERE {}), count(*) FROM {}").format(
         pred.where, ident(pred.table)
     )
+
+
+async def _plan_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
+    """The advice the sweep's plan of the table gives (an index to create, a rule no index
+    can serve): read from the catalog and an estimate, so that `check` and a dry run give it
+    before the first sweep walks the table."""
+    advice = planned(pred, await read_table_facts(conn, pred)).advice
+    return [advice] if advice else []
 
 
 async def _any_kept(conn: AsyncConnection[Any], pred: Predicate) -> bool:
