@@ -100,6 +100,9 @@ class PurgeActivities:
             removed = await self._sweep_tables(target, step, sweep)
         elif isinstance(target, BatchedTarget):
             async with _heartbeating(_Beat(step.name)):
+                # Refused where the sweep would be: a dry run that counted what a guard then
+                # refuses would promise a sweep that never comes.
+                sweep.unchecked_guards = await _guard(target, step, activity.info())
                 stats = await target.preview(step.now_ms)
             removed = stats.removed
             sweep.take_figures(stats)

@@ -54,11 +54,15 @@ def seed(db: psycopg.Connection[Any], real_now: int, expired: int, live: int) ->
     ],
     ids=["max_rows", "max_fraction"],
 )  # fmt: skip
+@pytest.mark.parametrize("dry_run", [False, True], ids=["sweep", "dry-run"])
 async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
     harness: Harness,
     guards: Guards,
     refusal: str,
+    dry_run: bool,
 ) -> None:
+    """A dry run is refused as its sweep would be: one that counted the rows a guard then
+    refuses would promise a sweep that never comes."""
     seed(harness.db, harness.now_ms, expired=6, live=4)
     auth_rows(harness.db, {"f-old": harness.now_ms - HOUR}, {})
     workflow_id = f"purge-{uuid.uuid4()}"
@@ -68,7 +72,7 @@ async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
         error = await failed_pass(
             harness.client,
             harness.task_queue,
-            {"targets": ["x_idempotency", "x_auth"]},
+            {"targets": ["x_idempotency", "x_auth"], "dry_run": dry_run},
             workflow_id,
         )
 
@@ -79,6 +83,7 @@ async def test_count_guards_refuse_before_any_delete_and_the_others_are_swept(
     assert failure.message.endswith("nothing was deleted")
     assert len(keys(harness.db, "x_idempotency")) == 10
     assert [(s.name, s.removed) for s in report.swept] == [("x_auth", 1)]
+    assert len(keys(harness.db, "x_auth_failures")) == (1 if dry_run else 0)
     started = [
         e.activity_task_started_event_attributes.attempt
         for e in await events(harness.client, workflow_id)
