@@ -135,17 +135,18 @@ def test_table_size_reads_every_leaf_of_plain_and_partitioned_tables(
         return int(n)
 
     size = catalog.table_size()
-    # The last column: whether a DELETE of the table counts, on the server, every row it
+    # The fifth column: whether a DELETE of the table counts, on the server, every row it
     # removes as the table's own, and only those (track_counts on; no partitions, inheritance
-    # children, rules or DELETE triggers).
-    assert _one(db, size, "plain") == (pages("plain"), 2000, False, False, True)
-    assert _one(db, size, "unread")[2:] == (True, False, True)  # never analyzed
+    # children, rules or DELETE triggers). The sixth: whether a plain table may have
+    # inheritance children (the sweep then reads them, and refuses the table).
+    assert _one(db, size, "plain") == (pages("plain"), 2000, False, False, True, False)
+    assert _one(db, size, "unread")[2:] == (True, False, True, False)  # never analyzed
     # The largest leaf's pages, every leaf's rows.
-    assert _one(db, size, "parted") == (pages("parted_2"), 5000, False, True, False)
-    assert _one(db, size, "parted_1") == (pages("parted_1"), 1000, False, False, True)
+    assert _one(db, size, "parted") == (pages("parted_2"), 5000, False, True, False, False)
+    assert _one(db, size, "parted_1") == (pages("parted_1"), 1000, False, False, True, False)
     # A DELETE of an inheritance parent removes its children's rows too, counted as theirs.
-    assert _one(db, size, "inherited")[3:] == (False, False)
-    assert _one(db, size, "inherited_child")[3:] == (False, True)
+    assert _one(db, size, "inherited")[3:] == (False, False, True)
+    assert _one(db, size, "inherited_child")[3:] == (False, True, False)
     # A DELETE trigger or a rule of its own might delete more rows than the DELETE's tag says.
     assert _one(db, size, "triggered")[4] is False
     assert _one(db, size, "ruled")[4] is False

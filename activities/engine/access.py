@@ -19,7 +19,7 @@ from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
 from activities.engine.planning import TablePlan, planned
 from activities.engine.rules import Predicate, Rule, ident, written_column_advice
-from activities.engine.table_facts import FactReads, unindexed_children
+from activities.engine.table_facts import FactReads, refuse_inheritance, unindexed_children
 from activities.engine.units import UnitCheck, check_unit
 from purge_config.settings import PartitionPolicy, SweepSettings
 
@@ -172,7 +172,10 @@ class TableAccess:
                     await assumed.check()
                 for check in units:
                     await check.judge(conn)
-                plan = planned(pred, await reads.facts(conn))
+                facts = await reads.facts(conn)
+                if facts.inherited:
+                    await refuse_inheritance(conn, pred)
+                plan = planned(pred, facts)
                 # Only a table a foreign key references has child tables to read (most have
                 # none: one catalog read fewer before their first batch).
                 children = await unindexed_children(conn, pred) if plan.referenced else ""

@@ -114,9 +114,10 @@ def table_size() -> sql.SQL:
     server (the ledger's count of a plain batch): `track_counts` on, no partitions or
     inheritance children (a DELETE of the table removes their rows and counts them as theirs),
     and no rule or DELETE trigger of its own (which might delete more of its rows than the
-    DELETE's tag says; 8 is TRIGGER_TYPE_DELETE). The leaves hold the rows: a partitioned
-    table's partitions, or a plain table itself (pg_partition_tree() returns nothing for a
-    table outside any partition tree)."""
+    DELETE's tag says; 8 is TRIGGER_TYPE_DELETE); and whether a plain table may have
+    inheritance children (`relhassubclass`, which outlives the last child until a VACUUM). The
+    leaves hold the rows: a partitioned table's partitions, or a plain table itself
+    (pg_partition_tree() returns nothing for a table outside any partition tree)."""
     # Each leaf's pg_class row looked up by its OID (the LATERAL kept apart by OFFSET 0): a
     # plain join let the planner hash the leaves against a scan of every relation on the
     # server (why: docs/decisions/catalog-reads-by-oid.md).
@@ -133,7 +134,8 @@ def table_size() -> sql.SQL:
         " AND NOT (SELECT relhassubclass OR relhasrules FROM pg_class"
         " WHERE oid = (SELECT oid FROM rel))"
         " AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = (SELECT oid FROM rel)"
-        " AND NOT t.tgisinternal AND t.tgtype::int & 8 <> 0)"
+        " AND NOT t.tgisinternal AND t.tgtype::int & 8 <> 0),"
+        " (SELECT relkind = 'r' AND relhassubclass FROM pg_class WHERE oid = (SELECT oid FROM rel))"
         " FROM leaves l"
         " CROSS JOIN LATERAL (SELECT reltuples FROM pg_class WHERE oid = l.oid OFFSET 0) c"
     )
@@ -251,6 +253,15 @@ def column_sample(relation: sql.Identifier, column: str, rows: int) -> sql.Compo
     """A few values of the column, as the first pages hold them: bounded, never a scan."""
     return sql.SQL("SELECT {col} FROM {t} WHERE {col} IS NOT NULL LIMIT {n}").format(
         col=sql.Identifier(column), t=relation, n=sql.Literal(rows)
+    )
+
+
+def inheritance_children() -> sql.SQL:
+    """Up to six inheritance children of `%(rel)s`, by name: read only where `table_size` says
+    there may be some."""
+    return sql.SQL(
+        "SELECT i.inhrelid::regclass::text FROM pg_inherits i"
+        " WHERE i.inhparent = %(rel)s::regclass ORDER BY 1 LIMIT 6"
     )
 
 

@@ -18,7 +18,7 @@ from activities.engine.partitions import read_layout
 from activities.engine.planning import planned
 from activities.engine.rules import Predicate, Rule, ident
 from activities.engine.small_tables import SmallTables
-from activities.engine.table_facts import read_table_facts
+from activities.engine.table_facts import read_table_facts, refuse_inheritance
 from activities.engine.target_tables import TargetSweeper
 from activities.progress import LedgerKey, OnBatch, Progress, SweepStats
 from purge_config.names import TableName
@@ -182,8 +182,12 @@ def count_expired_and_all(pred: Predicate) -> sql.Composed:
 async def _plan_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
     """The advice the sweep's plan of the table gives (an index to create, a rule no index
     can serve): read from the catalog and an estimate, so that `check` and a dry run give it
-    before the first sweep walks the table."""
-    advice = planned(pred, await read_table_facts(conn, pred)).advice
+    before the first sweep walks the table; and its refusal of a table with inheritance
+    children, which they then fail as the sweep would."""
+    facts = await read_table_facts(conn, pred)
+    if facts.inherited:
+        await refuse_inheritance(conn, pred)
+    advice = planned(pred, facts).advice
     return [advice] if advice else []
 
 

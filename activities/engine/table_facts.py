@@ -9,6 +9,7 @@ from typing import Any
 from psycopg import AsyncConnection, AsyncCursor, sql
 
 from activities.engine import catalog
+from activities.engine.errors import BadTable
 from activities.engine.filter_binding import BoundFilter
 from activities.engine.filter_index import find_filter_index
 from activities.engine.rules import Predicate, ident
@@ -46,6 +47,8 @@ class TableFacts:
     """An index that serves the filter and the expiry column together (`filter_index`)."""
     filter_order: tuple[str, ...] = ()
     """Its keys up to the expiry column, when it leads with filter columns."""
+    inherited: bool = False
+    """Whether the plain table may have inheritance children (`refuse_inheritance`)."""
     age_expired: float | None = None
     """The planner's estimate of the rows the age alone selects: read for a filtered rule with
     no index of its own but the expiry column's, whose batches would step over the rest."""
@@ -58,6 +61,22 @@ async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> Table
     async with conn.pipeline():
         reads = await FactReads.send(conn, pred)
     return await reads.facts(conn)
+
+
+async def refuse_inheritance(conn: AsyncConnection[Any], pred: Predicate) -> None:
+    """BadTable where the table has inheritance children: a DELETE of it removes their rows
+    too (PostgreSQL's inheritance), rows of tables the target does not name, which neither the
+    count nor the walk (its pages are the parent's) would account for."""
+    rel = {"rel": ident(pred.table).as_string(conn)}
+    cur = await conn.execute(catalog.inheritance_children(), rel)
+    children = [str(row[0]) for row in await cur.fetchall()]
+    if children:
+        named = ", ".join(children[:5]) + (", ..." if len(children) > 5 else "")
+        raise BadTable(
+            f"table {pred.table} has inheritance children ({named}): a DELETE of it removes "
+            "their rows too, which this target neither names nor counts; name each table as a "
+            "target of its own (a pattern can), or sweep a table without children"
+        )
 
 
 class FactReads:
@@ -101,8 +120,8 @@ class FactReads:
     async def facts(self, conn: AsyncConnection[Any]) -> TableFacts:
         """The facts read (and for a filtered rule, the reads that find its index)."""
         pred = self.pred
-        size = await self._row("sizes") or (0, 0, True, False, False)
-        pages, reltuples, never_analyzed, partitioned, counts = size
+        size = await self._row("sizes") or (0, 0, True, False, False, False)
+        pages, reltuples, never_analyzed, partitioned, counts, inherited = size
         found = await self._row("serving")
         referenced = await self._row("referencing")
         correlated = await self._row("correlating")
@@ -119,6 +138,7 @@ class FactReads:
                 float(correlated[0]) if correlated and correlated[0] is not None else None
             ),
             counts_deletes=bool(counts),
+            inherited=bool(inherited),
             archived=pred.archive is not None,
             row_filter=pred.row_filter,
         )
