@@ -1,6 +1,7 @@
 """A rule misread empties a table: a write time (`created_at`) taken for an expiry because the
-entry has no `max_age`. `check`, a dry run and every sweep say so under the target; a dry run
-that would remove every row of a table says that too, before the sweep that would."""
+entry has no `max_age`, or a `timestamp` column of local times read as UTC. `check`, a dry run
+and every sweep say so under the target; a dry run that would remove every row of a table says
+that too, before the sweep that would."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
@@ -18,6 +20,7 @@ from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
+from tests.conftest import Pools
 from tests.support.activity import activity_env
 from tests.support.procs import Done, clean_env, run_main, worker_config
 from tests.support.rows import HOUR
@@ -133,3 +136,36 @@ async def test_check_says_it_under_the_target_and_a_sweep_reports_it(
     activities = PurgeActivities(TargetRegistry([target]))
     swept = await activity_env().run(activities.purge_target, PurgeStep(name="views", now_ms=NOW))
     assert (swept.removed, swept.advice) == (10, advice)
+
+
+@pytest.mark.parametrize(
+    ("zone", "hours"),
+    [("America/Los_Angeles", "8"), ("Europe/London", "1"), ("UTC", None), ("Etc/GMT", None)],
+)
+async def test_a_timestamp_column_read_as_utc_over_a_local_time_zone_is_said(
+    pg_url: str, schema: str, db: psycopg.Connection[Any], pools: Pools, zone: str, hours: str
+) -> None:
+    """A `timestamp` column's values are read as UTC; over a connection whose TimeZone is not
+    UTC (where `DEFAULT now()` writes local times), a dry run says by how much they may be off
+    and how to say they are UTC. A zone UTC's all year says nothing."""
+    db.execute("CREATE TABLE tokens (id bigint, expires_at timestamp NOT NULL)")
+    db.execute("INSERT INTO tokens VALUES (1, '2027-01-01 00:00'), (2, '2028-01-01 00:00')")
+    url = make_conninfo(pg_url, options=f"-c search_path={schema} -c TimeZone={zone}")
+    target = kinds.expiring(await pools(url), "tokens", TableName("tokens"), "expires_at")
+    activities = PurgeActivities(TargetRegistry([target]))
+
+    dry = await activity_env().run(
+        activities.purge_target, PurgeStep(name="tokens", now_ms=NOW, dry_run=True)
+    )
+
+    if hours is None:
+        assert dry.advice == ""
+    else:
+        assert dry.advice == (
+            "tokens: `expires_at` is timestamp without time zone, read as UTC, but this "
+            f"connection's TimeZone is {zone}: if its values are local times (DEFAULT now(), "
+            f"Django with USE_TZ = False) they are read up to {hours} h off, and west of UTC "
+            f"live rows go early; lengthen `max_age` by {hours}h, or, if they are UTC, connect "
+            "with TimeZone UTC (options=-c TimeZone=UTC in the URL) to say so"
+        )
+    assert dry.removed == 1

@@ -212,6 +212,7 @@ class ExpiryRule:
             row_filter=bound,
             archive=await _archive(conn, self.table, self.archive),
             column_cutoff=cutoff,
+            advice=zone_advice(conn, self.table, self.column, kind),
         )
 
 
@@ -266,7 +267,11 @@ class NewestRelatedRule:
             epoch_columns=((self.column, self.unit),) if kind in MS_TYPES else (),
             row_filter=bound,
             epoch_table=self.related,
-            advice=self._advice(key),
+            advice=" ".join(
+                filter(
+                    None, (self._advice(key), zone_advice(conn, self.related, self.column, kind))
+                )
+            ),
         )
 
     async def _key(self, conn: AsyncConnection[Any]) -> RelatedKey:
@@ -424,6 +429,33 @@ def _cutoff(kind: str, unit: EpochUnit, cutoff_ms: int) -> object:
     # A `timestamp` column is read as UTC: compare it with a naive UTC instant so the
     # session's TimeZone never enters the comparison.
     return (_EPOCH + timedelta(milliseconds=cutoff_ms)).replace(tzinfo=None)
+
+
+#: Two instants of a year, winter and summer: a zone is UTC's only where both are 0 ahead.
+_SEASONS = (datetime(2026, 1, 15, tzinfo=UTC), datetime(2026, 7, 15, tzinfo=UTC))
+
+
+def zone_advice(conn: AsyncConnection[Any], table: TableName, column: str, kind: str) -> str:
+    """Advice for a `timestamp without time zone` column read over a connection whose
+    TimeZone is not UTC: the sweep reads its values as UTC, but values the database fills
+    (`DEFAULT now()`) or an application writes as local times (Django's `USE_TZ = False`) are
+    then hours off, and west of UTC live rows go early. From the TimeZone the server reported
+    at connect: no round trip."""
+    if kind != "timestamp without time zone":
+        return ""
+    zone = conn.info.timezone
+    offsets = {at.astimezone(zone).utcoffset() for at in _SEASONS}
+    if offsets == {timedelta(0)}:
+        return ""
+    hours = max(abs(o or timedelta(0)) for o in offsets) / timedelta(hours=1)
+    name = conn.info.parameter_status("TimeZone") or str(zone)
+    return (
+        f"{table}: `{column}` is timestamp without time zone, read as UTC, but this "
+        f"connection's TimeZone is {name}: if its values are local times (DEFAULT now(), "
+        f"Django with USE_TZ = False) they are read up to {hours:g} h off, and west of UTC "
+        f"live rows go early; lengthen `max_age` by {hours:g}h, or, if they are UTC, connect "
+        "with TimeZone UTC (options=-c TimeZone=UTC in the URL) to say so"
+    )
 
 
 def _instant(kind: str, unit: EpochUnit, value: sql.Composable) -> sql.Composable:

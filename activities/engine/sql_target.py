@@ -154,9 +154,9 @@ class SqlTarget:
                 if expired and not await _any_kept(conn, pred):
                     # Most often a rule misread (a write time taken for an expiry, an age in
                     # the wrong unit): say it before the sweep that would empty the table.
+                    every = f"every one of its {expired} rows" if expired > 1 else "its one row"
                     stats.advice.append(
-                        f"{rule.table}: every one of its {expired} rows would go; no row is "
-                        "kept at this instant"
+                        f"{rule.table}: {every} would go; no row is kept at this instant"
                     )
                 layout = await read_layout(conn, pred) if self.partitions.removes else None
                 for child in layout.expired if layout is not None and layout.judged else []:
