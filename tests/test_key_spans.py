@@ -520,3 +520,47 @@ async def test_a_first_batch_by_the_estimate_that_runs_past_ten_targets_is_rolle
     assert wholes == ["QueryCanceled"]
     assert len(reads) >= 1
     assert "ran past 100 ms (10 times the batch target)" in result.advice
+
+
+@pytest.mark.parametrize("column_type", ["timestamptz", "timestamp"])
+async def test_a_key_python_cannot_hold_goes_with_the_rest(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    column_type: str,
+) -> None:
+    """`-infinity` (an "always expired" stand-in) and a date BC are keys no Python datetime
+    holds: the sweep's batches order by them on the server instead, and they go with the rest
+    (an `infinity` stays: it never expires)."""
+    fixed_batches(monkeypatch, rows=ROWS)
+    db.execute(f"CREATE TABLE stamped (id bigint PRIMARY KEY, seen {column_type})")
+    db.execute("CREATE INDEX ON stamped (seen)")
+    db.execute(
+        "INSERT INTO stamped SELECT 100 + i, %s::timestamptz - i * interval '1 second'"
+        " FROM generate_series(1, 1000) i",
+        (datetime.fromtimestamp(NOW / 1000, UTC),),
+    )
+    db.execute(
+        "INSERT INTO stamped SELECT 10000 + i, %s::timestamptz + i * interval '1 second'"
+        " FROM generate_series(1, 20000) i",
+        (datetime.fromtimestamp(NOW / 1000, UTC),),
+    )
+    db.execute(
+        "INSERT INTO stamped VALUES (1, '-infinity'), (2, '-infinity'), (3, '0044-03-15 BC'),"
+        " (4, 'infinity'), (5, NULL)"
+    )
+    db.execute("VACUUM ANALYZE stamped")
+    target = kinds.expiring(pool, "stamped", TableName("stamped"), "seen")
+    activities = PurgeActivities(TargetRegistry([target]))
+    env = activity_env()
+
+    swept = await env.run(activities.purge_target, PurgeStep(name="stamped", now_ms=NOW))
+
+    assert (swept.strategy, swept.removed) == ("index", 1_003)
+    ledger = db.execute(
+        "SELECT removed FROM purge_progress WHERE run_id = %s", (env.info.workflow_run_id,)
+    ).fetchone()
+    assert ledger == (1_003,)
+    left = db.execute("SELECT id FROM stamped WHERE id < 10").fetchall()
+    assert sorted(left) == [(4,), (5,)]
+    assert db.execute("SELECT count(*) FROM stamped").fetchone() == (20_002,)

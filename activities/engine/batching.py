@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
+import psycopg
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import (
@@ -108,7 +109,15 @@ class BatchSweeper:
         )
         async with self.commits.settled(self._report):
             if self.plan.strategy == "index" and by_key:
-                await self._by_key(pred, result)
+                try:
+                    await self._by_key(pred, result)
+                except psycopg.DataError as err:
+                    if not _unloadable_key(err):
+                        raise
+                    # A key no Python value holds (`-infinity`, a date BC), read at the first
+                    # boundary (the least expired key) before anything of its batch ran: the
+                    # index batches order by the key on the server and never load one.
+                    await self._by_index(pred, result)
             elif self.plan.strategy == "index":
                 await self._by_index(pred, result)
             else:
@@ -428,6 +437,12 @@ async def count_left(
         # lock_timeout under COUNT_LEFT_MS ends the wait first): the sweep's rows are gone
         # either way, and an estimate says so rather than failing it.
         return Backlog(max(int(plan.expired) - removed, 0), estimated=True)
+
+
+def _unloadable_key(err: psycopg.DataError) -> bool:
+    """Whether psycopg refused to load a timestamp or date key into Python (out of its range:
+    `-infinity`, `infinity`, a year BC), rather than the server refusing a statement."""
+    return err.sqlstate is None and ("too small" in str(err) or "too large" in str(err))
 
 
 def first_index_rows(plan: TablePlan) -> int:
