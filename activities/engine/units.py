@@ -99,7 +99,8 @@ def judge_unit(
     if looks in EPOCH_UNITS:
         raise BadTable(
             f"{head}; they look like epoch {_NAMES[looks]}. Nothing was deleted; set "
-            f'unit = "{looks}" on this target (kind expiring)'
+            f'unit = "{looks}" on this target (kind expiring; a built-in kind takes epoch '
+            "milliseconds only: sweep such a table as an expiring entry)"
         )
     if looks in _NAMES:
         raise BadTable(

@@ -26,7 +26,8 @@ def test_seconds_are_told_to_set_the_unit() -> None:
     said = verdict([NOW_MS // 1000 + i for i in range(10)])
     assert said.endswith(
         '; they look like epoch seconds. Nothing was deleted; set unit = "s" '
-        "on this target (kind expiring)"
+        "on this target (kind expiring; a built-in kind takes epoch milliseconds only: sweep "
+        "such a table as an expiring entry)"
     )
 
 
