@@ -169,3 +169,41 @@ async def test_a_timestamp_column_read_as_utc_over_a_local_time_zone_is_said(
             "with TimeZone UTC (options=-c TimeZone=UTC in the URL) to say so"
         )
     assert dry.removed == 1
+
+
+async def test_rows_that_go_by_cascade_are_said_by_a_dry_run(
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
+) -> None:
+    """Another table's rows that reference the target's ON DELETE CASCADE go with its rows, in
+    no count: a dry run says which tables (indexed or not); a NO ACTION key is no such table,
+    and an `age_from` rule's related table is its own."""
+    db.execute("CREATE TABLE sess (id bigint PRIMARY KEY, expires_ms bigint NOT NULL)")
+    db.execute(
+        "CREATE TABLE orders (id bigint, sess bigint REFERENCES sess ON DELETE CASCADE,"
+        " at_ms bigint)"
+    )
+    db.execute("CREATE INDEX ON orders (sess)")
+    db.execute("CREATE TABLE audits (id bigint, sess bigint REFERENCES sess ON DELETE SET NULL)")
+    db.execute(
+        "INSERT INTO sess SELECT g, %s + (g - 5) * %s FROM generate_series(1, 10) g", (NOW, HOUR)
+    )
+    db.execute("INSERT INTO orders SELECT g, g FROM generate_series(1, 10) g")
+    target = kinds.expiring(pool, "sess", TableName("sess"), "expires_ms")
+    related = kinds.expiring(
+        pool, "by_orders", TableName("sess"), "at_ms", age_from=TableName("orders")
+    )
+    activities = PurgeActivities(TargetRegistry([target, related]))
+
+    dry = await activity_env().run(
+        activities.purge_target, PurgeStep(name="sess", now_ms=NOW, dry_run=True)
+    )
+    own = await activity_env().run(
+        activities.purge_target, PurgeStep(name="by_orders", now_ms=NOW, dry_run=True)
+    )
+
+    assert dry.advice == (
+        "sess: orders references it ON DELETE CASCADE: their rows that point at a removed row "
+        "go with it, in no count"
+    )
+    assert "CASCADE" not in own.advice
+    assert db.execute("SELECT count(*) FROM orders").fetchone() == (10,)

@@ -218,6 +218,17 @@ def unindexed_children() -> sql.SQL:
     )
 
 
+def cascading_children() -> sql.SQL:
+    """The tables but `%(own)s` (NULL: none) whose foreign keys reference `%(rel)s` ON DELETE
+    CASCADE, by name: a DELETE of its rows removes theirs too."""
+    return sql.SQL(
+        "SELECT DISTINCT f.conrelid::regclass::text FROM pg_constraint f"
+        " WHERE f.oid IN (" + _DEPENDENT_CONSTRAINTS + ")"
+        " AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = %(rel)s::regclass"
+        " AND f.conrelid IS DISTINCT FROM %(own)s::text::regclass ORDER BY 1"
+    )
+
+
 #: `pg_stats` rows of `%(column)s` of `%(rel)s`, its schema and table names compared with
 #: values: joined to pg_class by name instead, the view is computed for every table of that
 #: name, every tenant's `sessions` (why: docs/decisions/catalog-reads-by-oid.md).

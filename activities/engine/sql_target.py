@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine import catalog
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.batch_sql import count_expired
 from activities.engine.context import SweepContext, ignore_batch, partition_action
@@ -187,8 +188,26 @@ async def _plan_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]
     facts = await read_table_facts(conn, pred)
     if facts.inherited:
         await refuse_inheritance(conn, pred)
-    advice = planned(pred, facts).advice
-    return [advice] if advice else []
+    plan = planned(pred, facts)
+    advice = [plan.advice] if plan.advice else []
+    if plan.referenced:
+        advice += await _cascade_advice(conn, pred)
+    return advice
+
+
+async def _cascade_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
+    """The tables whose rows go with this one's (ON DELETE CASCADE), which no count of the
+    sweep's includes; an `age_from` rule's related table is its own, and expected."""
+    own = ident(pred.epoch_table).as_string(conn) if pred.epoch_table else None
+    names = {"rel": ident(pred.table).as_string(conn), "own": own}
+    cur = await conn.execute(catalog.cascading_children(), names)
+    children = [str(row[0]) for row in await cur.fetchall()]
+    if not children:
+        return []
+    return [
+        f"{pred.table}: {', '.join(children)} reference{'s' if len(children) == 1 else ''} it "
+        "ON DELETE CASCADE: their rows that point at a removed row go with it, in no count"
+    ]
 
 
 async def _any_kept(conn: AsyncConnection[Any], pred: Predicate) -> bool:
