@@ -675,6 +675,27 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     await handle.terminate()
 
 
+async def unpolled_notices(harness: Harness, request: dict[str, Any]) -> list[str]:
+    """`sweep` of `request` until it says a queue has no worker (within a minute), then
+    stopped and its pass terminated: the lines it said so in."""
+    said: list[str] = []
+    noticed = asyncio.Event()
+
+    def say(line: str) -> None:
+        said.append(line)
+        if "no worker polls" in line:
+            noticed.set()
+
+    sweeping = asyncio.create_task(passes.sweep(harness.client, harness.task_queue, request, say))
+    try:
+        await asyncio.wait_for(noticed.wait(), 60)
+    finally:
+        sweeping.cancel()
+        await asyncio.wait([sweeping])
+        await harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}").terminate()
+    return [line for line in said if "no worker polls" in line]
+
+
 async def test_sweep_of_an_edited_config_beside_the_old_worker_says_its_targets_will_fail(
     tmp_path: Path,
     temporal_server: RunningTemporal,
@@ -697,26 +718,8 @@ async def test_sweep_of_an_edited_config_beside_the_old_worker_says_its_targets_
     # The notice after a tenth of a second, not five; the pass waits a minute for a worker,
     # so the notice comes while it waits whatever the machine's pace.
     monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.1)
-    said: list[str] = []
-    noticed = asyncio.Event()
-
-    def say(line: str) -> None:
-        said.append(line)
-        if "no worker polls" in line:
-            noticed.set()
-
     async with harness.run_worker(build_registry(old, harness.pool), config=old):
-        sweeping = asyncio.create_task(
-            passes.sweep(harness.client, harness.task_queue, edited.pass_input(), say)
-        )
-        try:
-            await asyncio.wait_for(noticed.wait(), 60)
-        finally:
-            sweeping.cancel()
-            await asyncio.wait([sweeping])
-            pass_id = f"purge-sweep-{harness.task_queue}"
-            await harness.client.get_workflow_handle(pass_id).terminate()
-    notice = next(line for line in said if "no worker polls" in line)
+        [notice] = await unpolled_notices(harness, edited.pass_input())
     assert notice == (
         f"no worker polls task queue {edited.own_queue!r} (activities): those targets fail as "
         "not taken unless one does within 60 s ([pass] worker_wait); a worker polls only the "
@@ -755,24 +758,7 @@ async def test_sweep_says_so_when_the_worker_stopped_a_moment_ago_though_tempora
     monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.1)
     monkeypatch.setattr(passes, "UNPOLLED_AGAIN_S", 0.2)
     monkeypatch.setattr(passes, "POLLER_GONE_S", 1.0)
-    said: list[str] = []
-    noticed = asyncio.Event()
-
-    def say(line: str) -> None:
-        said.append(line)
-        if "no worker polls" in line:
-            noticed.set()
-
-    sweeping = asyncio.create_task(
-        passes.sweep(harness.client, harness.task_queue, config.pass_input(), say)
-    )
-    try:
-        await asyncio.wait_for(noticed.wait(), 60)
-    finally:
-        sweeping.cancel()
-        await asyncio.wait([sweeping])
-        await harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}").terminate()
-    assert [line for line in said if "no worker polls" in line] == [
+    assert await unpolled_notices(harness, config.pass_input()) == [
         f"no worker polls task queue {harness.task_queue!r} (passes), {config.own_queue!r} "
         "(activities): the pass waits until one does; start `pg-purge run` with this config "
         "(Ctrl-C leaves the pass to it)"
