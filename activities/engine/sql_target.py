@@ -109,7 +109,7 @@ class SqlTarget:
                 await self._access.rights(conn, rule)
                 async with conn.transaction():
                     await self._access.set_timeouts(conn, self.settings.statement_timeout_ms)
-                    advice += await _plan_advice(conn, await self._access.bind(conn, rule, now_ms))
+                    advice += await _plan_checks(conn, await self._access.bind(conn, rule, now_ms))
         return advice
 
     async def count_expired(self, now_ms: int) -> int:
@@ -147,7 +147,7 @@ class SqlTarget:
                 await self._access.set_timeouts(conn, self.settings.time_budget_ms)
                 pred = await self._access.bind(conn, rule, now_ms)
                 await self._access.rights(conn, rule)
-                stats.advice += await _plan_advice(conn, pred)
+                stats.advice += await _plan_checks(conn, pred)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
                 expired = int(row[0]) if row else 0
@@ -180,11 +180,11 @@ def count_expired_and_all(pred: Predicate) -> sql.Composed:
     )
 
 
-async def _plan_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
-    """The advice the sweep's plan of the table gives (an index to create, a rule no index
-    can serve): read from the catalog and an estimate, so that `check` and a dry run give it
-    before the first sweep walks the table; and its refusal of a table with inheritance
-    children, which they then fail as the sweep would."""
+async def _plan_checks(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
+    """What the sweep's plan of the table finds, for `check` and a dry run to say before the
+    first sweep walks the table: its refusal of a table with inheritance children (raised, as
+    the sweep would), its advice (an index to create, a rule no index can serve), and the
+    tables whose rows go by cascade."""
     facts = await read_table_facts(conn, pred)
     if facts.inherited:
         await refuse_inheritance(conn, pred)
