@@ -256,6 +256,7 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
     leaves = await _leaves(conn, [t.oid for t in tables if t.partitioned])
     leaf_indexes = await _indexes(conn, [leaf for found in leaves.values() for leaf in found])
     referenced = await _references(conn, oids)
+    inherited = await _inheritance_children(conn, [t.oid for t in tables if not t.partitioned])
     findings: list[Finding] = []
     skipped: list[str] = []
     for table in tables:
@@ -270,6 +271,14 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
             finding = await _measure(conn, table, candidate, indexes, now_ms, own)
             if finding.source == "expiry" and not finding.problem:
                 finding = _cautioned(finding, table, referenced.get(table.oid, []))
+            children = inherited.get(table.oid)
+            if children and not finding.problem:
+                # As the sweep refuses it (`table_facts.refuse_inheritance`).
+                finding = replace(
+                    finding,
+                    problem=f"it has inheritance children ({', '.join(children)}), whose rows a "
+                    "DELETE of it removes too: a sweep refuses it; name the children instead",
+                )
             findings.append(finding)
     singles, families = group(findings, tables)
     return Discovery(
@@ -394,6 +403,19 @@ async def _references(conn: AsyncConnection[Any], oids: list[int]) -> dict[int, 
     for oid, schema, name, action in await cur.fetchall():
         found[oid].append(f"{schema}.{name} (ON DELETE {_ON_DELETE.get(action, action)})")
     return found
+
+
+async def _inheritance_children(
+    conn: AsyncConnection[Any], oids: list[int]
+) -> dict[int, list[str]]:
+    """For each plain table of `oids` with inheritance children, their names."""
+    cur = await conn.execute(
+        "SELECT inhparent::bigint, array_agg(c ORDER BY c) FROM pg_catalog.pg_inherits,"
+        " LATERAL (SELECT inhrelid::regclass::text) n(c)"
+        " WHERE inhparent = ANY(%s::bigint[]::oid[]) GROUP BY 1",
+        (oids,),
+    )
+    return {int(oid): list(names) for oid, names in await cur.fetchall()}
 
 
 #: Words before an expiry word that still name the row's own expiry (`valid_until`).

@@ -832,3 +832,27 @@ def test_a_config_with_a_bad_entry_still_names_the_database_to_discover(
     config.write_text('database_url = "nope://x"\n[[targets]]\nkind = "nosuch"\n', encoding="utf-8")
     assert worker.main(["discover", "--config", str(config)]) == 2
     assert "database_url: not a PostgreSQL connection string" in capsys.readouterr().err
+
+
+async def test_an_inheritance_parent_is_kept_as_a_comment_its_children_are_entries(
+    database: str,
+) -> None:
+    """A DELETE of an inheritance parent removes its children's rows too, and the sweep
+    refuses such a table: discover says why and prints its children as entries of their own."""
+    run_sql(
+        database,
+        "CREATE TABLE logs (id int, expires_at timestamptz);"
+        " CREATE TABLE logs_keep (note text) INHERITS (logs);"
+        " INSERT INTO logs_keep VALUES (1, now() - interval '1 day', 'kept');",
+    )
+
+    tables = by_table(await discover(database))
+
+    [parent] = tables["logs"]
+    assert parent.problem == (
+        "it has inheritance children (logs_keep), whose rows a DELETE of it removes too: a sweep "
+        "refuses it; name the children instead"
+    )
+    assert not parent.is_target
+    [child] = tables["logs_keep"]
+    assert child.is_target
