@@ -229,9 +229,18 @@ def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[st
         if db != DEFAULT_DATABASE_KEY and queue != task_queue
     }
     elsewhere = sorted({routed[q] for q, kind in idle if kind != workflow and q in routed})
+    waits = passes_idle or "worker_wait_ms" not in request
     fixes = []
     if any(kind == workflow or q not in routed for q, kind in idle):
-        fixes.append("start `pg-purge run` with this config")
+        # With the pass run and only this config's own queue idle, most often a worker of
+        # the config as it was before an edit polls another digest's queue.
+        restart = not waits and not elsewhere
+        fixes.append(
+            "a worker polls only the queue of its own config's targets: start (or restart) "
+            "`pg-purge run` with this config"
+            if restart
+            else "start `pg-purge run` with this config"
+        )
     if elsewhere:
         where = ", ".join(repr(db) for db in elsewhere)
         fixes.append(
@@ -239,7 +248,7 @@ def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[st
             "one's targets there, its url_env in the environment)"
         )
     fix = "; ".join(fixes)
-    if passes_idle or "worker_wait_ms" not in request:
+    if waits:
         return (
             f"no worker polls task queue {named}: the pass waits until one does; {fix} "
             "(Ctrl-C leaves the pass to it)"
@@ -247,9 +256,6 @@ def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[st
     # A worker runs the pass, but none polls its targets' queue: a worker of another config
     # (an older one, before an edit of a target), or none next to a routed database.
     wait_s = int(request["worker_wait_ms"]) // 1000
-    if not elsewhere:
-        fix = "a worker polls only the queue of its own config's targets: start (or restart) "
-        fix += "`pg-purge run` with this config"
     return (
         f"no worker polls task queue {named}: those targets fail as not taken unless one does "
         f"within {wait_s} s ([pass] worker_wait); {fix}"
