@@ -1,7 +1,7 @@
 """A rule misread empties a table: a write time (`created_at`) taken for an expiry because the
 entry has no `max_age`, or a `timestamp` column of local times read as UTC. `check`, a dry run
 and every sweep say so under the target; a dry run that would remove every row of a table says
-that too, before the sweep that would."""
+that too, before the sweep that would, and names the tables whose rows would go by cascade."""
 
 from __future__ import annotations
 
