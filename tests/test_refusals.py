@@ -12,6 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.errors import BadTable
 from activities.errors import BadPurgeTarget
 from activities.sweep import contract_errors
 from purge_config import ConfigError, parse_config
@@ -74,6 +75,68 @@ async def test_a_column_of_seconds_read_as_milliseconds_is_refused_and_nothing_d
     # The fix the message names: the cutoff is converted, the column read as it is.
     assert await sweep(pool, unit="s").purge_expired(now_ms) == 51  # r0..r50: at <= now
     assert keys(db, "events") == {f"r{i}" for i in range(51, 100)}
+
+
+@pytest.mark.parametrize("indexed", [True, False], ids=["indexed", "unindexed"])
+async def test_rows_in_seconds_among_milliseconds_are_refused_and_nothing_deleted(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int, indexed: bool
+) -> None:
+    """A deploy starts writing seconds into a column of milliseconds: a few rows among many,
+    each in 1970 read as ms, expiring in 30 days. With an index on the column they are found
+    though the planner's statistics predate them (below autovacuum's threshold, they are
+    never in its sample); without one, once an ANALYZE has seen them. The sweep, its check and
+    its dry run refuse the table until they are stored in ms; then they stay, and the expired
+    rows go."""
+    db.execute("CREATE TABLE events (key text PRIMARY KEY, at bigint NOT NULL)")
+    if indexed:
+        db.execute("CREATE INDEX ON events (at)")
+    in_ms = {f"r{i}": now_ms + (i - 50) * HOUR for i in range(100)}  # r0..r50 expired
+    in_s = {f"s{i}": (now_ms + 30 * 24 * HOUR) // 1000 + i for i in range(3)}
+    for key, at in in_ms.items():
+        db.execute("INSERT INTO events VALUES (%s, %s)", (key, at))
+    db.execute("ANALYZE events")
+    for key, at in in_s.items():
+        db.execute("INSERT INTO events VALUES (%s, %s)", (key, at))
+    if not indexed:
+        db.execute("ANALYZE events")
+    everything = set(in_ms) | set(in_s)
+
+    message = await refusal(pool, now_ms)
+    with pytest.raises(BadTable) as checked:
+        await sweep(pool).check(now_ms)
+    with pytest.raises(BadTable) as previewed:
+        await sweep(pool).preview(now_ms)
+
+    assert message.startswith(
+        "table events column at: some of its values look like epoch seconds, not milliseconds "
+        f"(e.g. {min(in_s.values())}, which reads as a time before 1973): a sweep would delete "
+        "each such row as long expired. Nothing was deleted; store those values in milliseconds"
+    )
+    assert str(checked.value) == str(previewed.value) == message
+    assert keys(db, "events") == everything
+
+    db.execute("UPDATE events SET at = at * 1000 WHERE key LIKE 's%'")
+    db.execute("ANALYZE events")
+    assert await sweep(pool).purge_expired(now_ms) == 51
+    assert keys(db, "events") == everything - {f"r{i}" for i in range(51)}
+
+
+async def test_small_values_are_no_unit_and_a_column_of_seconds_keeps_a_value_in_ms(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """Below 1e8 a value reads as no instant in any unit (0, -1: "expired now" marks, swept
+    as the rest); a value in ms in a column of seconds reads as far ahead, so it is kept, and
+    refuses nothing."""
+    rows = {f"r{i}": now_ms + (i - 50) * HOUR for i in range(100)}
+    rows |= {"zero": 0, "minus-one": -1, "small": 99_999_999}
+    events(db, rows, analyze=True)
+    assert await sweep(pool).purge_expired(now_ms) == 51 + 3
+
+    db.execute("DROP TABLE events")
+    in_s = {f"r{i}": (now_ms + (i - 50) * HOUR) // 1000 for i in range(100)}
+    events(db, {**in_s, "in-ms": now_ms - HOUR}, analyze=True)
+    assert await sweep(pool, unit="s").purge_expired(now_ms) == 51
+    assert "in-ms" in keys(db, "events")
 
 
 async def test_a_column_of_microseconds_is_refused_and_unit_us_sweeps_it(

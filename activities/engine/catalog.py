@@ -155,6 +155,18 @@ def serving_index() -> sql.SQL:
     )
 
 
+def value_in_range(relation: sql.Identifier, column: str, low: int, high: int) -> sql.Composed:
+    """One value of `column` from `low` up to below `high` (NULL when none), read only where
+    `serving_index` finds an index on `%(rel)s` that leads with `%(column)s`: a probe of that
+    index. Without one it reads no row of the table (the gate is checked first), never a
+    scan."""
+    probe = sql.SQL(
+        "SELECT (SELECT {col} FROM {t} WHERE {col} >= {low} AND {col} < {high} LIMIT 1)"
+        " WHERE EXISTS ("
+    ).format(col=sql.Identifier(column), t=relation, low=sql.Literal(low), high=sql.Literal(high))
+    return sql.Composed([probe, serving_index(), sql.SQL(")")])
+
+
 def btree_indexes() -> sql.SQL:
     """Every valid btree index of the table named by the one positional parameter: (its name
     as EXPLAIN gives it, its name as a statement gives it, whether it is partial, its key

@@ -4,6 +4,12 @@ A column of epoch seconds read as milliseconds puts every row in January 1970: e
 expired and a sweep deletes the table. One in microseconds puts every row thousands of years
 ahead: nothing is ever deleted. Both are caught from a sample of the column's values (the
 planner's statistics when the table was analyzed, else a few hundred rows, never a scan).
+
+Some rows alone in a coarser unit (legacy rows; a deploy that starts writing seconds into a
+column of milliseconds) would each be deleted as long expired, while the rest keep the sample's
+verdict: any such value in the sample refuses the table too, and where an index leads with the
+column, every check probes it for one (`coarse_band`), since the planner's sample may predate
+them.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor
 
-from activities.engine.catalog import column_sample, column_statistics
+from activities.engine.catalog import column_sample, column_statistics, value_in_range
 from activities.engine.errors import BadTable
 from activities.engine.rules import ident
 from purge_config.names import TableName
@@ -35,6 +41,17 @@ SENTINELS = frozenset({2**63 - 1, 2**31 - 1, -(2**63), -(2**31)})
 SAMPLE_ROWS = 200
 
 
+def coarse_band(unit: EpochUnit) -> tuple[int, int] | None:
+    """The values of a column in `unit` that read as instants before 1973 there but as
+    plausible instants in a coarser unit (from 1e8 up to `unit`'s window: seconds in a column
+    of milliseconds, seconds or milliseconds in one of microseconds): a sweep would delete
+    each such row as long expired, where it most likely expires years ahead. None for seconds:
+    nothing is coarser (a finer value in seconds reads as far ahead, and is kept)."""
+    if unit == "s":
+        return None
+    return WINDOW["s"][0], WINDOW[unit][0]
+
+
 async def check_unit(
     conn: AsyncConnection[Any], table: TableName, column: str, unit: EpochUnit
 ) -> None:
@@ -49,9 +66,15 @@ class UnitCheck:
     gives the verdict."""
 
     def __init__(
-        self, table: TableName, column: str, unit: EpochUnit, cur: AsyncCursor[Any]
+        self,
+        table: TableName,
+        column: str,
+        unit: EpochUnit,
+        cur: AsyncCursor[Any],
+        probe: AsyncCursor[Any] | None = None,
     ) -> None:
         self.table, self.column, self.unit, self._cur = table, column, unit, cur
+        self._probe = probe
 
     @classmethod
     async def send(
@@ -60,11 +83,23 @@ class UnitCheck:
         rel = {"rel": ident(table).as_string(conn), "column": column}
         # Prepared: the same text for every table, and pg_stats is a view of many joins.
         read = await conn.execute(column_statistics(), rel, prepare=True)
-        return cls(table, column, unit, read)
+        band = coarse_band(unit)
+        probe = None
+        if band is not None:
+            # The sample is as old as the table's last ANALYZE (autovacuum's waits for a tenth
+            # of the table to change): rows written in a coarser unit since are not in it. An
+            # index on the column finds one at the cost of a probe.
+            probe = await conn.execute(
+                value_in_range(ident(table), column, *band), rel, prepare=True
+            )
+        return cls(table, column, unit, read, probe)
 
     async def judge(self, conn: AsyncConnection[Any]) -> None:
         """BadTable, as `check_unit`; a table never analyzed has a few rows read first."""
         judge_unit(self.table, self.column, self.unit, await self._sample(conn))
+        row = await self._probe.fetchone() if self._probe is not None else None
+        if row and row[0] is not None:
+            raise BadTable(_coarse_refusal(self.table, self.column, self.unit, int(row[0])))
 
     async def _sample(self, conn: AsyncConnection[Any]) -> list[tuple[int, float]]:
         """(value, weight) pairs: the planner's histogram bounds and most common values with
@@ -89,6 +124,10 @@ def judge_unit(
     low, high = WINDOW[unit]
     outside = sum(w for v, w in values if not low <= v <= high)
     if outside / total <= 0.5:
+        band = coarse_band(unit)
+        coarse = [v for v, _ in values if band and band[0] <= v < band[1]]
+        if coarse:
+            raise BadTable(_coarse_refusal(table, column, unit, coarse[0]))
         return
     typical = statistics.median_low(v for v, _ in values)
     looks = _looks_like(typical)
@@ -118,6 +157,20 @@ def judge_unit(
 
 
 _NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _coarse_refusal(table: TableName, column: str, unit: EpochUnit, value: int) -> str:
+    """Why a column mostly in `unit` with `value` (in `coarse_band`) among its values is
+    refused."""
+    looks = _NAMES[_looks_like(value)]
+    return (
+        f"table {table} column {column}: some of its values look like epoch {looks}, not "
+        f"{_NAMES[unit]} (e.g. {value}, which reads as a time before 1973): a sweep would "
+        f"delete each such row as long expired. Nothing was deleted; store those values in "
+        f"{_NAMES[unit]}, as the others are, and ANALYZE the table (the check reads its "
+        f"statistics); or, where the column now holds {looks} throughout, say so with an "
+        "expiring target's unit ="
+    )
 
 
 def _looks_like(value: int) -> str:
