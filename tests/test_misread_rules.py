@@ -207,3 +207,49 @@ async def test_rows_that_go_by_cascade_are_said_by_a_dry_run(
     )
     assert "CASCADE" not in own.advice
     assert db.execute("SELECT count(*) FROM orders").fetchone() == (10,)
+
+
+async def test_a_name_two_schemas_of_the_search_path_hold_is_said(
+    pg_url: str, schema: str, db: psycopg.Connection[Any], pools: Pools
+) -> None:
+    """`table = "tokens"` where the worker role's search_path finds a tokens table in two
+    schemas (by default a schema named like the role comes first): `check` and a dry run say
+    which one the sweep takes, and that one alone is swept. A name with its schema, or one
+    that only one schema holds, says nothing."""
+    first = f"{schema}_first"
+    db.execute(f"CREATE SCHEMA {first}")
+    try:
+        for where in (first, schema):
+            db.execute(f"CREATE TABLE {where}.tokens (id bigint, expires_ms bigint)")
+            db.execute(
+                f"INSERT INTO {where}.tokens VALUES (1, %s), (2, %s), (3, %s)",
+                (NOW - HOUR, NOW, NOW + HOUR),
+            )
+        db.execute(f"CREATE TABLE {schema}.alone (id bigint, expires_ms bigint)")
+        url = make_conninfo(pg_url, options=f"-c search_path={first},{schema}")
+        pool = await pools(url)
+        said = (
+            f"tokens: this role's search_path takes {first}.tokens, not {schema}.tokens; "
+            f'name the schema (table = "{first}.tokens") to say which'
+        )
+
+        def target(table: TableName) -> Any:
+            return kinds.expiring(pool, "tokens", table, "expires_ms")
+
+        async def run(table: TableName, dry_run: bool) -> Any:
+            activities = PurgeActivities(TargetRegistry([target(table)]))
+            step = PurgeStep(name="tokens", now_ms=NOW, dry_run=dry_run)
+            return await activity_env().run(activities.purge_target, step)
+
+        assert await target(TableName("tokens")).check(NOW) == [said]
+        assert (await run(TableName("tokens"), dry_run=True)).advice == said
+        assert await target(TableName("tokens", schema)).check(NOW) == []
+        assert await target(TableName("alone")).check(NOW) == []
+        assert (await run(TableName("tokens"), dry_run=False)).removed == 2
+        remaining = {
+            where: db.execute(f"SELECT count(*) FROM {where}.tokens").fetchone()
+            for where in (first, schema)
+        }
+        assert remaining == {first: (1,), schema: (3,)}
+    finally:
+        db.execute(f"DROP SCHEMA {first} CASCADE")

@@ -279,6 +279,18 @@ def column_sample(relation: sql.Identifier, column: str, rows: int) -> sql.Compo
     )
 
 
+def schemas_holding() -> sql.SQL:
+    """The schemas of the session's search_path, in its order, that hold a table (or a view,
+    a foreign table) named `%(name)s`: an unqualified name is the first's."""
+    return sql.SQL(
+        "SELECT s.name::text FROM unnest(current_schemas(false)) WITH ORDINALITY s(name, o)"
+        " JOIN pg_namespace n ON n.nspname = s.name"
+        " JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = %(name)s"
+        " AND c.relkind IN ('r', 'p', 'v', 'm', 'f')"
+        " ORDER BY s.o"
+    )
+
+
 def inheritance_children() -> sql.SQL:
     """Up to six inheritance children of `%(rel)s`, by name: read only where `table_size` says
     there may be some."""

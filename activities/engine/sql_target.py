@@ -185,7 +185,8 @@ async def _plan_checks(conn: AsyncConnection[Any], pred: Predicate) -> list[str]
     """What the sweep's plan of the table finds, for `check` and a dry run to say before the
     first sweep walks the table: its refusal of a table with inheritance children (raised, as
     the sweep would), its advice (an index to create, a rule no index can serve), and the
-    tables whose rows go by cascade."""
+    tables whose rows go by cascade; and an unqualified name that another schema of the
+    search_path also holds."""
     facts = await read_table_facts(conn, pred)
     if facts.inherited:
         await refuse_inheritance(conn, pred)
@@ -193,7 +194,24 @@ async def _plan_checks(conn: AsyncConnection[Any], pred: Predicate) -> list[str]
     advice = [plan.advice] if plan.advice else []
     if plan.referenced:
         advice += await _cascade_advice(conn, pred)
+    if pred.table.schema is None:
+        advice += await _shadow_advice(conn, pred.table)
     return advice
+
+
+async def _shadow_advice(conn: AsyncConnection[Any], table: TableName) -> list[str]:
+    """Where an unqualified name is found in more than one schema of the role's search_path:
+    which one the sweep takes. The worker's role decides it (its search_path, `"$user"` first
+    by default), which need not be the application's."""
+    cur = await conn.execute(catalog.schemas_holding(), {"name": table.table})
+    schemas = [str(row[0]) for row in await cur.fetchall()]
+    if len(schemas) < 2:
+        return []
+    others = ", ".join(f"{schema}.{table.table}" for schema in schemas[1:])
+    return [
+        f"{table}: this role's search_path takes {schemas[0]}.{table.table}, not {others}; "
+        f'name the schema (table = "{schemas[0]}.{table.table}") to say which'
+    ]
 
 
 async def _cascade_advice(conn: AsyncConnection[Any], pred: Predicate) -> list[str]:
