@@ -21,6 +21,7 @@ import psycopg
 from activities.builtin_kinds import build_match, build_target
 from activities.engine.access import ConnectionSource
 from activities.engine.errors import EngineError
+from activities.engine.rules import ident
 from activities.engine.sql_target import SqlTarget
 from activities.pattern_matches import PatternTargets
 from activities.spread_steps import PatternStep
@@ -66,6 +67,7 @@ async def check_config(
                 pool = await open_pool(url, wait_seconds=wait_s)
                 pools[database] = await stack.enter_async_context(pool)
         verdicts = []
+        swept: list[tuple[Verdict, str, SqlTarget]] = []
         for spec in specs:
             if spec.kind == "python":
                 verdict = Verdict(spec.name, skipped="a python target: its factory's own code")
@@ -79,8 +81,12 @@ async def check_config(
                 verdict = await _check_pattern(spec, pools[spec.database], now_ms)
             else:
                 verdict = Verdict(spec.name)
-                await _check_target(build_target(spec, pools[spec.database]), now_ms, verdict)
+                target = build_target(spec, pools[spec.database])
+                await _check_target(target, now_ms, verdict)
+                assert isinstance(target, SqlTarget)
+                swept.append((verdict, spec.database, target))
             verdicts.append(verdict)
+        await _shared_tables(swept, pools)
     for verdict in verdicts:
         say(_line(verdict))
         for line in verdict.advice:
@@ -103,6 +109,39 @@ async def _check_target(
         # A statement the server refused (a lock held past lock_timeout, a timeout): said as
         # the server said it, on its first line (never a DETAIL, which may quote a row).
         verdict.problems.append(f"{label}{type(err).__name__}: {first_line(err)}")
+
+
+async def _shared_tables(
+    swept: list[tuple[Verdict, str, SqlTarget]], pools: dict[str, ConnectionSource]
+) -> None:
+    """Advice under each target that sweeps, with no filter, a table an earlier one also
+    sweeps with none: a row then goes as soon as either rule holds (the shorter age wins), most
+    often an entry copied and its table left as it was. Tables are told apart as the database
+    resolves their names, so `sessions` and `public.sessions` are one."""
+    seen: dict[tuple[str, int], str] = {}
+    for verdict, database, target in swept:
+        if verdict.problems:
+            continue
+        plain = [rule.table for rule in target.rules if getattr(rule, "row_filter", None) is None]
+        if not plain:
+            continue
+        async with pools[database].connection() as conn:
+            names = [ident(table).as_string(conn) for table in plain]
+            cur = await conn.execute(
+                "SELECT to_regclass(t)::oid FROM unnest(%s::text[]) WITH ORDINALITY u(t, o)"
+                " ORDER BY o",
+                (names,),
+            )
+            oids = [row[0] for row in await cur.fetchall()]
+        for table, oid in zip(plain, oids, strict=True):
+            if oid is None:
+                continue
+            first = seen.setdefault((database, int(oid)), verdict.name)
+            if first != verdict.name:
+                verdict.advice.append(
+                    f"{table} is also swept by {first} with no filter: each of its rows goes "
+                    "as soon as either target's rule holds"
+                )
 
 
 async def _check_pattern(spec: TargetSpec, pool: ConnectionSource, now_ms: int) -> Verdict:

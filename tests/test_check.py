@@ -273,3 +273,43 @@ async def test_check_and_a_dry_run_give_the_index_advice_before_the_first_sweep(
     assert advice.endswith(create), advice
     assert (dry.removed, dry.advice) == (800, advice.removeprefix("        advice: "))
     assert count(db, "audit") == 80000
+
+
+async def test_two_targets_that_sweep_one_table_with_no_filter_are_said(
+    tmp_path: Path, schema_url: str, schema: str, db: psycopg.Connection[Any]
+) -> None:
+    """An entry copied with its table left as it was: two ages on one table, the shorter
+    deleting what the longer keeps. `check` says so under the second, whichever way each names
+    the table; targets on one table told apart by filters, and a table of another name, say
+    nothing."""
+    tokens(db)
+    db.execute("ALTER TABLE tokens ADD COLUMN kind text")
+    db.execute("CREATE TABLE other_tokens (LIKE tokens)")
+
+    def entry(name: str, table: str, extra: str = "") -> str:
+        return (
+            f'[[targets]]\nkind = "expiring"\nname = "{name}"\ntable = "{table}"\n'
+            f'column = "expires_at"\n{extra}\n'
+        )
+
+    targets = (
+        entry("tokens_30d", "tokens", 'max_age = "30d"\n')
+        + entry("tokens_1d", f"{schema}.tokens", 'max_age = "1d"\n')
+        + entry("api", "tokens", 'match = { kind = "api" }\n')
+        + entry("web", "tokens", 'match = { kind = "web" }\n')
+        + entry("others", "other_tokens")
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    done = await check(path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "ok      tokens_30d (1 table)",
+        "ok      tokens_1d (1 table)",
+        f"        advice: {schema}.tokens is also swept by tokens_30d with no filter: each of "
+        "its rows goes as soon as either target's rule holds",
+        "ok      api (1 table)",
+        "ok      web (1 table)",
+        "ok      others (1 table)",
+    ]
