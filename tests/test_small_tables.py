@@ -226,6 +226,36 @@ async def test_a_column_in_seconds_is_refused_as_the_batched_sweep_refuses_it(
         assert rows == 52
 
 
+async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_statement(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+) -> None:
+    """One row in seconds among a dozen in ms, written after the table was analyzed: the small
+    table's first values, read every pass, show it where the statistics cannot; the batched
+    sweep's index probe finds it too. The same one line, and nothing deleted."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1), real_now, live=10)
+        conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
+        conn.execute(
+            sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table(prefix, 0)),
+            ((real_now + 30 * 24 * HOUR_MS) // 1000,),
+        )
+        batched = kinds.expiring(
+            pool, "batched", TableName("sessions", f"{prefix}_0000"), "expires_at"
+        )
+
+        with pytest.raises(ApplicationError) as small:
+            await sweep(registry(pool, prefix), match(prefix, 0), real_now)
+        with pytest.raises(ApplicationError) as refused:
+            await sweep(TargetRegistry([batched]), "batched", real_now)
+
+        assert small.value.type == "BadPurgeTarget"
+        assert str(small.value) == str(refused.value)
+        assert "some of its values look like epoch seconds, not milliseconds" in str(small.value)
+        [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
+        assert rows == 10 + 1  # tenant 0 has no expired row; the one in seconds stayed
+
+
 async def test_a_table_another_sweep_holds_is_left_busy_after_busy_wait(
     pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
 ) -> None:

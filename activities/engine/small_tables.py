@@ -54,7 +54,12 @@ from activities.engine.partition_advice import (
     shared,
 )
 from activities.engine.rules import ExpiryRule, FullBucketRule, Predicate, Rule, ident
-from activities.engine.units import SAMPLE_ROWS, judge_unit, weighted_statistics
+from activities.engine.units import (
+    SAMPLE_ROWS,
+    judge_unit,
+    refuse_coarse,
+    weighted_statistics,
+)
 from activities.progress import SweepStats
 from purge_config.names import TableName
 from purge_config.settings import EpochUnit
@@ -199,6 +204,10 @@ async def _transaction(
                 if name != column[0]:
                     return None
                 judge_unit(rule.table, name, unit, _sample(facts, sample))
+                # The statistics may predate rows in a coarser unit; the first values, read
+                # every pass, are looked at too (units.refuse_coarse).
+                firsts = sample[0] if sample else None
+                refuse_coarse(rule.table, name, unit, (int(v) for v in firsts or []))
             writable = tuple(facts[8:12])
             ledger_ok, shares_ok = usable(writable)
             ledger = ctx.ledger if ledger_ok else None

@@ -15,7 +15,7 @@ them.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -124,10 +124,7 @@ def judge_unit(
     low, high = WINDOW[unit]
     outside = sum(w for v, w in values if not low <= v <= high)
     if outside / total <= 0.5:
-        band = coarse_band(unit)
-        coarse = [v for v, _ in values if band and band[0] <= v < band[1]]
-        if coarse:
-            raise BadTable(_coarse_refusal(table, column, unit, coarse[0]))
+        refuse_coarse(table, column, unit, (v for v, _ in values))
         return
     typical = statistics.median_low(v for v, _ in values)
     looks = _looks_like(typical)
@@ -157,6 +154,16 @@ def judge_unit(
 
 
 _NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def refuse_coarse(table: TableName, column: str, unit: EpochUnit, values: Iterable[int]) -> None:
+    """BadTable when any of `values` of a column in `unit` is in its `coarse_band`."""
+    band = coarse_band(unit)
+    if band is None:
+        return
+    for value in values:
+        if band[0] <= value < band[1]:
+            raise BadTable(_coarse_refusal(table, column, unit, value))
 
 
 def _coarse_refusal(table: TableName, column: str, unit: EpochUnit, value: int) -> str:
