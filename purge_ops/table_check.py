@@ -115,7 +115,7 @@ async def _shared_tables(
     swept: list[tuple[Verdict, str, SqlTarget]], pools: dict[str, ConnectionSource]
 ) -> None:
     """Advice under each target that sweeps, with no filter, a table an earlier one also
-    sweeps with none: a row then goes as soon as either rule holds (the shorter age wins), most
+    sweeps with none: a row then goes as soon as either rule holds (of two ages, the shorter), most
     often an entry copied and its table left as it was. Tables are told apart as the database
     resolves their names, so `sessions` and `public.sessions` are one."""
     seen: dict[tuple[str, int], str] = {}

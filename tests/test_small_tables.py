@@ -190,6 +190,19 @@ async def test_old_passes_rows_go_from_the_ledger_and_the_shares(
     ]
 
 
+async def refused_alike(pool: AsyncConnectionPool[Any], prefix: str, now_ms: int) -> str:
+    """The refusal of tenant 0's table by the one-statement sweep, which the batched sweep
+    refuses with the same line (both BadPurgeTarget)."""
+    batched = kinds.expiring(pool, "batched", TableName("sessions", f"{prefix}_0000"), "expires_at")
+    with pytest.raises(ApplicationError) as small:
+        await sweep(registry(pool, prefix), match(prefix, 0), now_ms)
+    with pytest.raises(ApplicationError) as refused:
+        await sweep(TargetRegistry([batched]), "batched", now_ms)
+    assert (small.value.type, refused.value.type) == ("BadPurgeTarget", "BadPurgeTarget")
+    assert str(small.value) == str(refused.value)
+    return str(small.value)
+
+
 @pytest.mark.parametrize("analyzed", [False, True])
 async def test_a_column_in_seconds_is_refused_as_the_batched_sweep_refuses_it(
     pool: AsyncConnectionPool[Any], pg_url: str, real_now: int, analyzed: bool
@@ -209,19 +222,10 @@ async def test_a_column_in_seconds_is_refused_as_the_batched_sweep_refuses_it(
         )
         if analyzed:
             conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
-        batched = kinds.expiring(
-            pool, "batched", TableName("sessions", f"{prefix}_0000"), "expires_at"
-        )
+        refusal = await refused_alike(pool, prefix, real_now)
 
-        with pytest.raises(ApplicationError) as small:
-            await sweep(registry(pool, prefix), match(prefix, 0), real_now)
-        with pytest.raises(ApplicationError) as refused:
-            await sweep(TargetRegistry([batched]), "batched", real_now)
-
-        assert small.value.type == "BadPurgeTarget"
-        assert str(small.value) == str(refused.value)
-        assert "do not look like epoch milliseconds" in str(small.value)
-        assert "\n" not in str(small.value)
+        assert "do not look like epoch milliseconds" in refusal
+        assert "\n" not in refusal
         [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
         assert rows == 52
 
@@ -240,18 +244,9 @@ async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_s
             sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table(prefix, 0)),
             ((real_now + 30 * 24 * HOUR_MS) // 1000,),
         )
-        batched = kinds.expiring(
-            pool, "batched", TableName("sessions", f"{prefix}_0000"), "expires_at"
-        )
+        refusal = await refused_alike(pool, prefix, real_now)
 
-        with pytest.raises(ApplicationError) as small:
-            await sweep(registry(pool, prefix), match(prefix, 0), real_now)
-        with pytest.raises(ApplicationError) as refused:
-            await sweep(TargetRegistry([batched]), "batched", real_now)
-
-        assert small.value.type == "BadPurgeTarget"
-        assert str(small.value) == str(refused.value)
-        assert "some of its values look like epoch seconds, not milliseconds" in str(small.value)
+        assert "some of its values look like epoch seconds, not milliseconds" in refusal
         [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
         assert rows == 10 + 1  # tenant 0 has no expired row; the one in seconds stayed
 
