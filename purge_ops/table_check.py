@@ -118,28 +118,32 @@ async def _shared_tables(
     sweeps with none: a row then goes as soon as either rule holds (of two ages, the shorter), most
     often an entry copied and its table left as it was. Tables are told apart as the database
     resolves their names, so `sessions` and `public.sessions` are one."""
-    seen: dict[tuple[str, int], str] = {}
-    for verdict, database, target in swept:
-        if verdict.problems:
-            continue
-        plain = [rule.table for rule in target.rules if getattr(rule, "row_filter", None) is None]
-        if not plain:
-            continue
+    plain = [
+        (verdict, database, rule.table)
+        for verdict, database, target in swept
+        if not verdict.problems
+        for rule in target.rules
+        if getattr(rule, "row_filter", None) is None
+    ]
+    for database in dict.fromkeys(database for _, database, _ in plain):
+        tables = [(verdict, table) for verdict, where, table in plain if where == database]
+        # One read a database: each name resolved as its sweep's connection resolves it.
         async with pools[database].connection() as conn:
-            names = [ident(table).as_string(conn) for table in plain]
+            names = [ident(table).as_string(conn) for _, table in tables]
             cur = await conn.execute(
                 "SELECT to_regclass(t)::oid FROM unnest(%s::text[]) WITH ORDINALITY u(t, o)"
                 " ORDER BY o",
                 (names,),
             )
             oids = [row[0] for row in await cur.fetchall()]
-        for table, oid in zip(plain, oids, strict=True):
+        first: dict[int, str] = {}
+        for (verdict, table), oid in zip(tables, oids, strict=True):
             if oid is None:
                 continue
-            first = seen.setdefault((database, int(oid)), verdict.name)
-            if first != verdict.name:
+            earlier = first.setdefault(int(oid), verdict.name)
+            if earlier != verdict.name:
                 verdict.advice.append(
-                    f"{table} is also swept by {first} with no filter: each of its rows goes "
+                    f"{table} is also swept by {earlier} with no filter: each of its rows goes "
                     "as soon as either target's rule holds"
                 )
 

@@ -206,8 +206,7 @@ async def _transaction(
                 judge_unit(rule.table, name, unit, _sample(facts, sample))
                 # The statistics may predate rows in a coarser unit; the first values, read
                 # every pass, are looked at too (units.refuse_coarse).
-                firsts = sample[0] if sample else None
-                refuse_coarse(rule.table, name, unit, (int(v) for v in firsts or []))
+                refuse_coarse(rule.table, name, unit, _firsts(sample))
             writable = tuple(facts[8:12])
             ledger_ok, shares_ok = usable(writable)
             ledger = ctx.ledger if ledger_ok else None
@@ -239,7 +238,12 @@ def _sample(facts: tuple[Any, ...], sample: Any) -> list[tuple[int, float]]:
     statistics, or without them a few of its values."""
     bounds, common, freqs = facts[5], facts[6], facts[7]
     pairs = weighted_statistics(_items(bounds), _items(common), _items(freqs))
-    return pairs or [(int(v), 1.0) for v in (sample[0] if sample else None) or []]
+    return pairs or [(v, 1.0) for v in _firsts(sample)]
+
+
+def _firsts(sample: Any) -> list[int]:
+    """The column's first values, as the path reads them every pass."""
+    return [int(v) for v in (sample[0] if sample else None) or []]
 
 
 def _items(array_text: str | None) -> list[str]:

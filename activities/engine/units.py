@@ -99,7 +99,7 @@ class UnitCheck:
         judge_unit(self.table, self.column, self.unit, await self._sample(conn))
         row = await self._probe.fetchone() if self._probe is not None else None
         if row and row[0] is not None:
-            raise BadTable(_coarse_refusal(self.table, self.column, self.unit, int(row[0])))
+            refuse_coarse(self.table, self.column, self.unit, (int(row[0]),))
 
     async def _sample(self, conn: AsyncConnection[Any]) -> list[tuple[int, float]]:
         """(value, weight) pairs: the planner's histogram bounds and most common values with
@@ -157,27 +157,21 @@ _NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nan
 
 
 def refuse_coarse(table: TableName, column: str, unit: EpochUnit, values: Iterable[int]) -> None:
-    """BadTable when any of `values` of a column in `unit` is in its `coarse_band`."""
+    """BadTable when any of `values` of a column in `unit` is in its `coarse_band`: such a
+    value among the others would be deleted as long expired."""
     band = coarse_band(unit)
     if band is None:
         return
-    for value in values:
-        if band[0] <= value < band[1]:
-            raise BadTable(_coarse_refusal(table, column, unit, value))
-
-
-def _coarse_refusal(table: TableName, column: str, unit: EpochUnit, value: int) -> str:
-    """Why a column mostly in `unit` with `value` (in `coarse_band`) among its values is
-    refused."""
-    looks = _NAMES[_looks_like(value)]
-    return (
-        f"table {table} column {column}: some of its values look like epoch {looks}, not "
-        f"{_NAMES[unit]} (e.g. {value}, which reads as a time before 1973): a sweep would "
-        f"delete each such row as long expired. Nothing was deleted; store those values in "
-        f"{_NAMES[unit]}, as the others are, and ANALYZE the table (the check reads its "
-        f"statistics); or, where the column now holds {looks} throughout, say so with an "
-        "expiring target's unit ="
-    )
+    for value in (v for v in values if band[0] <= v < band[1]):
+        looks = _NAMES[_looks_like(value)]
+        raise BadTable(
+            f"table {table} column {column}: some of its values look like epoch {looks}, not "
+            f"{_NAMES[unit]} (e.g. {value}, which reads as a time before 1973): a sweep would "
+            f"delete each such row as long expired. Nothing was deleted; store those values in "
+            f"{_NAMES[unit]}, as the others are, and ANALYZE the table (the check reads its "
+            f"statistics); or, where the column now holds {looks} throughout, say so with an "
+            "expiring target's unit ="
+        )
 
 
 def _looks_like(value: int) -> str:
