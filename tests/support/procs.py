@@ -9,8 +9,10 @@ One environment cleaner (`clean_env`) for both; one way to start the process (`s
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -105,6 +107,35 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.05)
+
+
+def dev_servers_left(out: str) -> list[str]:
+    """The command lines of the servers a `dev` run's output names (its PostgreSQL by data
+    directory, its Temporal by its two ports) that still run. By process, not by port: another
+    test's server may take a port the moment `dev` frees it."""
+    data_dir = re.search(r"\(data in (\S+)\)", out)
+    server = re.search(r"Temporal dev server at 127\.0\.0\.1:(\d+)", out)
+    ui = re.search(r"Temporal UI: http://127\.0\.0\.1:(\d+)", out)
+    assert data_dir, out
+    assert server, out
+    marks = [["-D", data_dir.group(1)], ["--port", server.group(1)]]
+    if ui:
+        marks[1] += ["--ui-port", ui.group(1)]
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # it ended while we looked
+        if any(_has_pairs(argv, mark) for mark in marks):
+            left.append(" ".join(argv))
+    return left
+
+
+def _has_pairs(argv: list[str], mark: list[str]) -> bool:
+    """Whether every (flag, value) pair of `mark` follows each other in `argv`."""
+    pairs = set(itertools.pairwise(argv))
+    return all((mark[i], mark[i + 1]) in pairs for i in range(0, len(mark), 2))
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
