@@ -105,6 +105,7 @@ from purge_ops import discover as discovery
 from purge_ops.checks import check_passes, check_targets
 from purge_ops.connect import connect_temporal
 from purge_ops.passes import (
+    SweepInterrupted,
     UnreadableHistory,
     passes_json,
     passes_table,
@@ -363,9 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             hint = " (set TEMPORAL_NAMESPACE, or create it: temporal operator namespace create)"
         print(f"{PROG}: Temporal refused: {err.message}{hint}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except SweepInterrupted as err:
         # Only this command stops: a pass it started or waited on goes on in Temporal.
-        went_on = "; the pass goes on in Temporal (`report` shows it)"
+        print(f"{PROG}: interrupted; {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        # Before `sweep` waited on anything, or a second Ctrl-C while it wound down.
+        went_on = "; a pass it started goes on in Temporal (`report` shows it)"
         print(f"{PROG}: interrupted{went_on if opts.command == 'sweep' else ''}", file=sys.stderr)
         return 130
 

@@ -76,6 +76,17 @@ async def running_passes(client: Client, task_queue: str) -> list[WorkflowExecut
     return found
 
 
+class SweepInterrupted(Exception):
+    """`sweep` was stopped (Ctrl-C) while it waited: says what it leaves running in Temporal."""
+
+
+@dataclass
+class _Begun:
+    """What a `sweep` has set going in Temporal so far, for the line Ctrl-C prints."""
+
+    what: str = ""
+
+
 async def sweep(
     client: Client,
     task_queue: str,
@@ -92,11 +103,31 @@ async def sweep(
     input), the pass is started through it: its overlap policy (SKIP) then keeps its own runs
     from starting beside this one. Any other pass (a dry run, some targets, no schedule) starts
     under one fixed id. The exit status: 0 when the pass completed, 1 when it (or any target)
-    failed.
+    failed. Cancelled (Ctrl-C), it raises SweepInterrupted saying whether a pass it started or
+    joined goes on, or none was started.
     """
+    begun = _Begun()
+    try:
+        return await _sweep(client, task_queue, request, say, schedule_id, begun)
+    except asyncio.CancelledError:
+        if begun.what:
+            raise SweepInterrupted(
+                f"{begun.what} goes on in Temporal (`report` shows it)"
+            ) from None
+        raise SweepInterrupted("this sweep had started no pass; none runs for it") from None
+
+
+async def _sweep(
+    client: Client,
+    task_queue: str,
+    request: dict[str, Any],
+    say: Say,
+    schedule_id: str | None,
+    begun: _Begun,
+) -> int:
     handle = await _this_pass_running(client, task_queue, request, say)
     if handle is None and schedule_id is not None:
-        handle = await scheduled_pass(client, schedule_id, request, say, task_queue)
+        handle = await scheduled_pass(client, schedule_id, request, say, task_queue, begun)
     while handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
         # (the visibility query above may not see a pass started a moment ago).
@@ -121,6 +152,7 @@ async def sweep(
             handle = None
         else:
             say(f"started pass {handle.id} on task queue {task_queue!r}")
+    begun.what = f"pass {handle.id}"
     noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
     try:
         result = await handle.result()
@@ -350,7 +382,12 @@ def _another_pass(scheduled: object, request: dict[str, Any]) -> str:
 
 
 async def scheduled_pass(
-    client: Client, schedule_id: str, request: dict[str, Any], say: Say, task_queue: str
+    client: Client,
+    schedule_id: str,
+    request: dict[str, Any],
+    say: Say,
+    task_queue: str,
+    begun: _Begun | None = None,
 ) -> WorkflowHandle[Any, Any] | None:
     """The pass the schedule `schedule_id` starts now, triggered under its own overlap policy
     (or the one it has running); None where there is no such schedule or its input is not
@@ -388,6 +425,9 @@ async def scheduled_pass(
         say(f"schedule {schedule_id} is PAUSED{note}: this sweep runs one pass through it all "
             "the same; the pause stays")  # fmt: skip
     before = set(_started(described.info.recent_actions))
+    if begun is not None:
+        # Said before the call: a trigger the server took as the call was cancelled starts one.
+        begun.what = f"the pass schedule {schedule_id} was triggered to start"
     await schedule.trigger()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + TRIGGER_WAIT_S

@@ -668,11 +668,51 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
         f"no worker polls task queue {harness.task_queue!r} (passes), {own!r} (activities): "
         "the pass waits until one does"
     ) in out
-    assert out.rstrip().endswith("interrupted; the pass goes on in Temporal (`report` shows it)")
+    pass_id = f"purge-sweep-{harness.task_queue}"
+    assert out.rstrip().endswith(
+        f"interrupted; pass {pass_id} goes on in Temporal (`report` shows it)"
+    )
     assert "Traceback" not in out
-    handle = harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}")
+    handle = harness.client.get_workflow_handle(pass_id)
     assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
     await handle.terminate()
+
+
+@pytest.mark.waits
+async def test_ctrl_c_while_sweep_waits_out_another_pass_says_it_started_none(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
+) -> None:
+    """A dry run holds the pass id (no worker runs it): `sweep` says it waits for that pass
+    to end, and Ctrl-C then says no pass of its own was started, and none was: the dry run
+    is the only run under the id, untouched."""
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    dry = {**load_config(config).pass_input(), "dry_run": True}
+    pass_id = f"purge-sweep-{harness.task_queue}"
+    theirs = await harness.client.start_workflow(
+        "Purge", dry, id=pass_id, task_queue=harness.task_queue
+    )
+    log = tmp_path / "sweep.log"
+    sweeping = start(
+        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
+    )
+    try:
+        await asyncio.to_thread(
+            wait_for, lambda: "waiting for it to end" in log.read_text(), 60, "sweep to wait"
+        )
+        sweeping.send_signal(signal.SIGINT)
+        status = await asyncio.to_thread(sweeping.wait, 30)
+    finally:
+        stop(sweeping)
+
+    out = log.read_text()
+    assert status == 130, out
+    assert "(it is a dry run); waiting for it to end, then starting this one" in out
+    assert out.rstrip().endswith("interrupted; this sweep had started no pass; none runs for it")
+    assert "goes on" not in out
+    latest = await harness.client.get_workflow_handle(pass_id).describe()
+    assert latest.run_id == theirs.result_run_id
+    assert latest.status == WorkflowExecutionStatus.RUNNING
+    await theirs.terminate()
 
 
 async def unpolled_notices(harness: Harness, request: dict[str, Any]) -> list[str]:
