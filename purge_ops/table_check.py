@@ -32,6 +32,8 @@ from purge_ops.connect import open_pool
 
 #: The failing matches of one pattern a check names; past them it counts.
 NAMED_FAILURES = 20
+#: The tables two targets share that one line of advice names; past them it counts.
+SHARED_NAMED = 3
 
 
 @dataclass
@@ -78,13 +80,13 @@ async def check_config(
                     "configs have it)",
                 )
             elif spec.pattern is not None:
-                verdict = await _check_pattern(spec, pools[spec.database], now_ms)
+                verdict = await _check_pattern(spec, pools[spec.database], now_ms, swept)
             else:
                 verdict = Verdict(spec.name)
                 target = build_target(spec, pools[spec.database])
-                await _check_target(target, now_ms, verdict)
-                assert isinstance(target, SqlTarget)
-                swept.append((verdict, spec.database, target))
+                checked = await _check_target(target, now_ms, verdict)
+                if checked is not None:
+                    swept.append((verdict, spec.database, checked))
             verdicts.append(verdict)
         await _shared_tables(swept, pools)
     for verdict in verdicts:
@@ -96,8 +98,9 @@ async def check_config(
 
 async def _check_target(
     target: object, now_ms: int, verdict: Verdict, match: str | None = None
-) -> None:
-    """`target` checked into `verdict`; a pattern's `match` named in what is wrong."""
+) -> SqlTarget | None:
+    """`target` checked into `verdict`, and returned where a pass would sweep it; a pattern's
+    `match` named in what is wrong."""
     assert isinstance(target, SqlTarget)  # every kind but python is built as one
     verdict.tables += len(target.rules)
     label = f"{match}: " if match else ""
@@ -109,22 +112,27 @@ async def _check_target(
         # A statement the server refused (a lock held past lock_timeout, a timeout): said as
         # the server said it, on its first line (never a DETAIL, which may quote a row).
         verdict.problems.append(f"{label}{type(err).__name__}: {first_line(err)}")
+    else:
+        return target
+    return None
 
 
 async def _shared_tables(
     swept: list[tuple[Verdict, str, SqlTarget]], pools: dict[str, ConnectionSource]
 ) -> None:
     """Advice under each target that sweeps, with no filter, a table an earlier one also
-    sweeps with none: a row then goes as soon as either rule holds (of two ages, the shorter), most
-    often an entry copied and its table left as it was. Tables are told apart as the database
-    resolves their names, so `sessions` and `public.sessions` are one."""
+    sweeps with none (a listed target or a pattern's match alike): a row then goes as soon as
+    either rule holds (of two ages, the shorter), most often an entry copied and its table left
+    as it was. Tables are told apart as the database resolves their names, so `sessions` and
+    `public.sessions` are one."""
     plain = [
         (verdict, database, rule.table)
         for verdict, database, target in swept
-        if not verdict.problems
         for rule in target.rules
         if getattr(rule, "row_filter", None) is None
     ]
+    # Per target, per earlier target: the tables they share, said in one line.
+    shared: dict[tuple[str, str], tuple[Verdict, list[str]]] = {}
     for database in dict.fromkeys(database for _, database, _ in plain):
         tables = [(verdict, table) for verdict, where, table in plain if where == database]
         # One read a database: each name resolved as its sweep's connection resolves it.
@@ -136,27 +144,48 @@ async def _shared_tables(
                 (names,),
             )
             oids = [row[0] for row in await cur.fetchall()]
-        first: dict[int, str] = {}
+        seen: dict[int, list[str]] = {}
         for (verdict, table), oid in zip(tables, oids, strict=True):
             if oid is None:
                 continue
-            earlier = first.setdefault(int(oid), verdict.name)
-            if earlier != verdict.name:
-                verdict.advice.append(
-                    f"{table} is also swept by {earlier} with no filter: each of its rows goes "
-                    "as soon as either target's rule holds"
-                )
+            names_of = seen.setdefault(int(oid), [])
+            for earlier in names_of:
+                if earlier != verdict.name:
+                    shared.setdefault((verdict.name, earlier), (verdict, []))[1].append(str(table))
+            if verdict.name not in names_of:
+                names_of.append(verdict.name)
+    for (_, earlier), (verdict, both) in shared.items():
+        if len(both) == 1:
+            verdict.advice.append(
+                f"{both[0]} is also swept by {earlier} with no filter: each of its rows goes "
+                "as soon as either target's rule holds"
+            )
+            continue
+        shown = ", ".join(both[:SHARED_NAMED])
+        more = f" and {len(both) - SHARED_NAMED} more" if len(both) > SHARED_NAMED else ""
+        verdict.advice.append(
+            f"{len(both)} of its tables ({shown}{more}) are also swept by {earlier} with no "
+            "filter: each of their rows goes as soon as either target's rule holds"
+        )
 
 
-async def _check_pattern(spec: TargetSpec, pool: ConnectionSource, now_ms: int) -> Verdict:
-    """Every table the pattern matches now, each as a listed target is checked."""
+async def _check_pattern(
+    spec: TargetSpec,
+    pool: ConnectionSource,
+    now_ms: int,
+    swept: list[tuple[Verdict, str, SqlTarget]],
+) -> Verdict:
+    """Every table the pattern matches now, each as a listed target is checked; those a pass
+    would sweep added to `swept`."""
     patterns = PatternTargets([(spec, pool)], build_match)
     verdict = Verdict(spec.name)
     after: list[str] = []
     while True:
         page = await patterns.expand(PatternStep(spec.name, now_ms, after=after))
         for name in page.matches:
-            await _check_target(patterns.resolve(name), now_ms, verdict, name)
+            target = await _check_target(patterns.resolve(name), now_ms, verdict, name)
+            if target is not None:
+                swept.append((verdict, spec.database, target))
         if not page.more:
             break
         after = page.last

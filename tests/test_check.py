@@ -4,6 +4,7 @@ before its first delete, with nothing deleted or counted and Temporal never aske
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,42 @@ async def test_a_pattern_is_checked_table_by_table_naming_each_that_fails(
     assert done.stdout.splitlines() == [
         "FAILED  ck (3 tables): ck@ck_1: table ck_1 has no column 'expires_at' (did you mean "
         "'expired_at'?)"
+    ]
+
+
+async def test_a_pattern_and_the_targets_that_sweep_its_tables_too_are_said(
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """A pattern's matches are compared with listed targets and other patterns as listed
+    tables are: under the pattern, the one table a listed target before it sweeps too; under a
+    second pattern over the same tables, one line counting what the two share."""
+    for n in range(5):
+        db.execute(f"CREATE TABLE ck_{n} (id bigint PRIMARY KEY, expires_at timestamptz)")
+
+    def entry(name: str, table: str) -> str:
+        return (
+            f'[[targets]]\nkind = "expiring"\nname = "{name}"\ntable = "{table}"\n'
+            'column = "expires_at"\n'
+        )
+
+    targets = entry("one", "ck_2") + entry("ck", "ck_*") + entry("ck_again", "ck_*")
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    done = await check(path)
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Pattern matches are named as the pattern finds them, schema-qualified.
+    lines = [re.sub(r"\b\w+\.(ck_\d)", r"\1", line) for line in done.stdout.splitlines()]
+    assert lines == [
+        "ok      one (1 table)",
+        "ok      ck (5 tables)",
+        "        advice: ck_2 is also swept by one with no filter: each of its rows goes as soon "
+        "as either target's rule holds",
+        "ok      ck_again (5 tables)",
+        "        advice: 5 of its tables (ck_0, ck_1, ck_2 and 2 more) are also swept by ck with "
+        "no filter: each of their rows goes as soon as either target's rule holds",
+        "        advice: ck_2 is also swept by one with no filter: each of its rows goes as soon "
+        "as either target's rule holds",
     ]
 
 
