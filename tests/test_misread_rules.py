@@ -253,3 +253,76 @@ async def test_a_name_two_schemas_of_the_search_path_hold_is_said(
         assert remaining == {first: (1,), schema: (3,)}
     finally:
         db.execute(f"DROP SCHEMA {first} CASCADE")
+
+
+async def test_triggers_and_rules_that_may_keep_a_deleted_row_are_said(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """A BEFORE DELETE trigger that keeps some rows (returns NULL), and a soft-delete rule (ON
+    DELETE DO INSTEAD UPDATE): `check` and a dry run name them, since the dry run counts the
+    rows they keep and the sweep, exact, does not. An AFTER DELETE trigger (an audit) and a
+    disabled trigger keep nothing and say nothing."""
+    db.execute("CREATE TABLE held (id bigint PRIMARY KEY, expires_ms bigint, pinned bool)")
+    db.execute(
+        "INSERT INTO held SELECT g, %s + (g - 6) * %s, g <= 2 FROM generate_series(1, 10) g",
+        (NOW, HOUR),
+    )
+    db.execute(
+        "CREATE FUNCTION keep_pinned() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN IF OLD.pinned THEN RETURN NULL; END IF; RETURN OLD; END $$"
+    )
+    db.execute(
+        "CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN OLD; END $$"
+    )
+    db.execute(
+        "CREATE TRIGGER keep BEFORE DELETE ON held FOR EACH ROW EXECUTE FUNCTION keep_pinned()"
+    )
+    db.execute("CREATE TRIGGER audit AFTER DELETE ON held FOR EACH ROW EXECUTE FUNCTION noop()")
+    db.execute("CREATE TABLE soft (id bigint PRIMARY KEY, expires_ms bigint, gone bool)")
+    db.execute(
+        "INSERT INTO soft SELECT g, %s + (g - 6) * %s, false FROM generate_series(1, 10) g",
+        (NOW, HOUR),
+    )
+    db.execute(
+        "CREATE RULE soft_delete AS ON DELETE TO soft"
+        " DO INSTEAD UPDATE soft SET gone = true WHERE id = OLD.id"
+    )
+    db.execute("CREATE TABLE quiet (id bigint PRIMARY KEY, expires_ms bigint)")
+    db.execute(
+        "CREATE TRIGGER off BEFORE DELETE ON quiet FOR EACH ROW EXECUTE FUNCTION keep_pinned()"
+    )
+    db.execute("ALTER TABLE quiet DISABLE TRIGGER off")
+    db.execute("CREATE TRIGGER audit AFTER DELETE ON quiet FOR EACH ROW EXECUTE FUNCTION noop()")
+
+    def target(table: str) -> Any:
+        return kinds.expiring(pool, table, TableName(table), "expires_ms")
+
+    async def run(table: str, dry_run: bool) -> Any:
+        activities = PurgeActivities(TargetRegistry([target(table)]))
+        step = PurgeStep(name=table, now_ms=NOW, dry_run=dry_run)
+        return await activity_env().run(activities.purge_target, step)
+
+    held = (
+        "held: its BEFORE DELETE trigger keep may keep rows the sweep deletes: a dry run counts "
+        "them, the sweep's count does not, and they stay expired pass after pass"
+    )
+    soft = (
+        "soft: its rule soft_delete (ON DELETE DO INSTEAD) may keep rows the sweep deletes: a "
+        "dry run counts them, the sweep's count does not, and they stay expired pass after pass"
+    )
+    assert await target("held").check(NOW) == [held]
+    assert await target("soft").check(NOW) == [soft]
+    assert await target("quiet").check(NOW) == []
+    dry = await run("held", dry_run=True)
+    assert (dry.removed, dry.advice) == (6, held)
+    swept = await run("held", dry_run=False)
+    assert swept.removed == 4  # the two pinned rows kept by the trigger, and not counted
+    assert db.execute(
+        "SELECT id FROM held WHERE expires_ms <= %s ORDER BY id", (NOW,)
+    ).fetchall() == [(1,), (2,)]
+    # The rule turns the sweep's DELETE into its UPDATE: nothing goes, nothing is counted.
+    assert (await run("soft", dry_run=False)).removed == 0
+    assert db.execute("SELECT count(*) FILTER (WHERE gone), count(*) FROM soft").fetchone() == (
+        6,
+        10,
+    )

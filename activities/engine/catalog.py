@@ -241,6 +241,20 @@ def cascading_children() -> sql.SQL:
     )
 
 
+def delete_vetoes() -> sql.SQL:
+    """What may keep a row a DELETE of `%(rel)s` names, by kind and name: its enabled BEFORE
+    DELETE row triggers (one that returns NULL keeps the row; a soft delete updates it
+    instead) and its DO INSTEAD rules on DELETE. tgtype's bits: ROW 1, BEFORE 2, DELETE 8."""
+    return sql.SQL(
+        "SELECT 'trigger', t.tgname::text FROM pg_trigger t"
+        " WHERE t.tgrelid = %(rel)s::regclass AND NOT t.tgisinternal"
+        " AND t.tgenabled IN ('O', 'A') AND t.tgtype & 11 = 11"
+        " UNION ALL SELECT 'rule', r.rulename::text FROM pg_rewrite r"
+        " WHERE r.ev_class = %(rel)s::regclass AND r.ev_type = '4' AND r.is_instead"
+        " ORDER BY 1 DESC, 2"
+    )
+
+
 #: `pg_stats` rows of `%(column)s` of `%(rel)s`, its schema and table names compared with
 #: values: joined to pg_class by name instead, the view is computed for every table of that
 #: name, every tenant's `sessions` (why: docs/decisions/catalog-reads-by-oid.md).

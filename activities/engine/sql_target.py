@@ -194,6 +194,7 @@ async def _plan_checks(conn: AsyncConnection[Any], pred: Predicate) -> list[str]
     advice = [plan.advice] if plan.advice else []
     if plan.referenced:
         advice += await _cascade_advice(conn, pred)
+    advice += await _veto_advice(conn, pred.table)
     if pred.table.schema is None:
         advice += await _shadow_advice(conn, pred.table)
     return advice
@@ -211,6 +212,26 @@ async def _shadow_advice(conn: AsyncConnection[Any], table: TableName) -> list[s
     return [
         f"{table}: this role's search_path takes {schemas[0]}.{table.table}, not {others}; "
         f'name the schema (table = "{schemas[0]}.{table.table}") to say which'
+    ]
+
+
+async def _veto_advice(conn: AsyncConnection[Any], table: TableName) -> list[str]:
+    """The triggers and rules that may keep a row the sweep's DELETE names: the sweep counts
+    what went (its command tag), `check` and a dry run what expired, so the two differ by the
+    rows they keep, and those rows stay expired pass after pass."""
+    cur = await conn.execute(catalog.delete_vetoes(), {"rel": ident(table).as_string(conn)})
+    found = [(str(kind), str(name)) for kind, name in await cur.fetchall()]
+    if not found:
+        return []
+    named = ", ".join(
+        f"BEFORE DELETE trigger {name}"
+        if kind == "trigger"
+        else f"rule {name} (ON DELETE DO INSTEAD)"
+        for kind, name in found
+    )
+    return [
+        f"{table}: its {named} may keep rows the sweep deletes: a dry run counts them, the "
+        "sweep's count does not, and they stay expired pass after pass"
     ]
 
 
