@@ -8,6 +8,7 @@ the cancellation reaches it there, whatever the machine's speed."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -17,9 +18,13 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
 from activities import builtin_kinds as kinds
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
+from purge_config.file import parse_config
 from tests.conftest import Harness
 from tests.support.history import cancel_once_scheduled, events
 from tests.support.rows import HOUR
+from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 
 #: A queue no worker polls: the routed target's activity waits there until cancelled.
 NOWHERE = "purge-nowhere"
@@ -103,3 +108,62 @@ async def test_a_spread_pass_cancelled_while_it_expands_a_pattern_starts_no_chil
     )
     assert history[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED
     assert harness.db.execute("SELECT key FROM x_idempotency").fetchall() == [("old",)]
+
+
+class Gate:
+    """A listed target that holds its child workflow until the test lets it go."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        self.reached = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def purge_expired(self, now_ms: int) -> int:
+        self.reached.set()
+        await self.release.wait()
+        return 0
+
+
+async def test_a_spread_pass_cancelled_while_a_child_sweeps_ends_cancelled(
+    pg_url: str, harness: Harness
+) -> None:
+    """Cancelled while its child sweeps (the gate first, the tenants behind it in that
+    child), the pass ends cancelled, not failed with the child's targets, and no tenant's row
+    is deleted: the cancellation reaches the child, which starts nothing after the gate."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(2), harness.now_ms)
+        before = counts(conn, prefix, harness.now_ms, range(2))
+        config = parse_config(
+            {
+                "targets": [
+                    {"kind": "python", "factory": "tests.support.gate:targets"},
+                    {
+                        "kind": "expiring",
+                        "name": "sessions",
+                        "table": f"{prefix}_*.sessions",
+                        "column": "expires_at",
+                    },
+                ]
+            }
+        )
+        gate = Gate()
+        registry = TargetRegistry([gate], patterns=build_registry(config, harness.pool).patterns)
+        request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
+        workflow_id = f"purge-cancel-{uuid.uuid4()}"
+        async with harness.run_worker(registry):
+            handle = await harness.client.start_workflow(
+                "Purge", request, id=workflow_id, task_queue=harness.task_queue
+            )
+            await asyncio.wait_for(gate.reached.wait(), 60)
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError) as ended:
+                await handle.result()
+            gate.release.set()
+        history = await events(harness.client, workflow_id)
+        after = counts(conn, prefix, harness.now_ms, range(2))
+
+    assert isinstance(ended.value.cause, CancelledError), ended.value.cause
+    assert history[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CANCELED
+    assert after == before
