@@ -651,6 +651,10 @@ def _last_sweep_row(sweep: PurgeSweep, whole: bool) -> list[object]:
         if whole
         else []
     )
+    if sweep.strategy == "custom":
+        # An application's own target: its count is what it returned, and nothing of what it
+        # left was measured (the entry's zeros are defaults, not readings), as `sweep` shows.
+        return [sweep.name, sweep.removed, sweep.strategy, *parts, "", "", "", "", "its own"]
     return [
         sweep.name,
         removed_text(sweep),

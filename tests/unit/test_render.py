@@ -8,10 +8,12 @@ a backlog (tests/test_leftovers.py), archives (tests/test_archive.py), partition
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import pytest
 
 from activities.results import FailedTarget, PurgeReport, PurgeSweep
+from purge_ops.passes import PassSummary, latest_table
 from purge_ops.render import NAMES_SHOWN, human_duration, oldest_text, report_table, table
 
 NOW = 1_700_000_000_000
@@ -145,3 +147,23 @@ class TestReportTable:
             "567 rows deleted at the edge"
         ) in text.splitlines()
         assert "app.p_10" not in text
+
+
+class TestLastSweeps:
+    def test_an_own_targets_last_sweep_shows_its_count_and_nothing_it_did_not_measure(
+        self,
+    ) -> None:
+        """`report`'s last-sweep table, as `sweep`'s: an application's own target (strategy
+        custom) returned its count and nothing else was read, so its backlog, oldest expired
+        and dead cells stay blank and its count is its own, not one the package calls exact;
+        a built-in target's zeros beside it are readings and shown."""
+        own = PurgeSweep(name="tmp_uploads", removed=500, strategy="custom")
+        built_in = PurgeSweep(name="sessions", removed=25, strategy="index", batches=1)
+        done = PassSummary(
+            "p", datetime.now(UTC), 1.0, "completed", PurgeReport(swept=[own, built_in], now_ms=NOW)
+        )
+
+        text = latest_table([done], ["tmp_uploads", "sessions"])
+
+        assert re.fullmatch(r"tmp_uploads\s+500\s+custom\s+its own", row_of(text, "tmp_uploads"))
+        assert re.fullmatch(r"sessions\s+25\s+index\s+0\s+0\s+0%\s+exact", row_of(text, "sessions"))
