@@ -351,6 +351,14 @@ def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any
     # the check of `name` below, and would otherwise break the one-line message here.
     if isinstance(name_hint, str) and TARGET_NAME.fullmatch(name_hint):
         at = f"{at} ({name_hint})"
+    fixed = sorted(FIXED_KEYS & set(raw)) if kind in PRESETS else []
+    if fixed:
+        # Said with the reason: "unknown key" reads like a typo of a key `expiring` takes.
+        preset = PRESETS[kind]
+        raise ConfigError(
+            f"{at}: {fixed[0]}: a preset fixes its framework's column ({preset.table}."
+            f"{preset.column}) and its type; for another column, write an `expiring` entry"
+        )
     no_unknown(at, "", raw, _ENTRY_KEYS[kind])
     if kind in PRESETS:
         return at, "expiring", expand(at, kind, raw)

@@ -125,9 +125,13 @@ def test_every_key_of_an_entry_overrides_the_presets() -> None:
 
 
 @pytest.mark.parametrize("key", ["column", "unit"])
-def test_the_frameworks_column_is_not_a_key(key: str) -> None:
-    with pytest.raises(ConfigError, match=rf"#1: {key}: unknown key"):
+def test_the_frameworks_column_is_not_a_key_and_the_refusal_says_why(key: str) -> None:
+    with pytest.raises(ConfigError) as refused:
         spec(f'kind = "django_sessions"\n{key} = "ms"')
+    assert str(refused.value).endswith(
+        f"#1: {key}: a preset fixes its framework's column (django_session.expire_date) and "
+        "its type; for another column, write an `expiring` entry"
+    )
 
 
 def test_a_config_of_presets_loads(tmp_path: Path) -> None:
