@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypedDict
 
-from purge_config.errors import ConfigError, first_line
+from purge_config.errors import ConfigError, did_you_mean, first_line
 from purge_config.filters import FILTER_KEYS, RowFilter, archive_table, parse_filter
 from purge_config.fleet import DATABASE_NAME
 from purge_config.kinds import BUILTIN_KINDS, KINDS
@@ -345,7 +345,8 @@ def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any
     if kind is None:
         raise ConfigError(f"{at}: kind: missing; want one of {', '.join(KINDS)}")
     if kind not in KINDS:
-        raise ConfigError(f"{at}: kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+        hint = did_you_mean(kind, KINDS) if isinstance(kind, str) else ""
+        raise ConfigError(f"{at}: kind: must be one of {', '.join(KINDS)}, got {kind!r}{hint}")
     name_hint = raw.get("name")
     # Only a valid name labels the entry: an invalid one (a newline, say) is shown, quoted, by
     # the check of `name` below, and would otherwise break the one-line message here.

@@ -76,17 +76,20 @@ async def test_targets_that_a_pass_would_sweep_are_ok_and_nothing_is_deleted(
 
 
 async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
-    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+    tmp_path: Path, schema_url: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:
-    """A misspelt column, a table that is not there, an id column taken for the expiry, and a
-    python target (its own code's to check), beside a good one: each said in one line, the
-    status 1, every row still there."""
+    """A misspelt column, a table that is not there (misspelt, in another case, in a schema
+    named), an id column taken for the expiry, and a python target (its own code's to check),
+    beside a good one: each said in one line, the status 1, every row still there."""
     tokens(db)
     targets = (
         TOKENS
         + TOKENS.replace('"tokens"\ntable', '"typo"\ntable').replace("expires_at", "expire_at")
         + TOKENS.replace('"tokens"\ntable', '"ids"\ntable').replace("expires_at", "user_id")
         + TOKENS.replace('"tokens"\ntable = "tokens"', '"gone"\ntable = "tokenz"')
+        + TOKENS.replace('"tokens"\ntable = "tokens"', '"case"\ntable = "Tokens"')
+        + TOKENS.replace('"tokens"\ntable = "tokens"', f'"named"\ntable = "{schema}.tokns"')
+        + TOKENS.replace('"tokens"\ntable = "tokens"', '"far"\ntable = "sessions_zz"')
         + '[[targets]]\nkind = "python"\nfactory = "tests.support.apptargets:targets"\n'
     )
     path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
@@ -95,7 +98,7 @@ async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
 
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert lines[:4] == [
+    assert lines[:7] == [
         "ok      tokens (1 table)",
         "FAILED  typo (1 table): table tokens has no column 'expire_at' (did you mean "
         "'expires_at'?)",
@@ -103,11 +106,17 @@ async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
         "milliseconds (e.g. 100005, which reads as a time before 1973), nor like an instant in "
         "any unit (s, ms, us, ns). Nothing was deleted; is user_id the column that says when a "
         "row expires? (An expiring target names it with column =.)",
-        'FAILED  gone (1 table): table tokenz does not exist (looked for "tokenz")',
+        'FAILED  gone (1 table): table tokenz does not exist (looked for "tokenz") (did you '
+        "mean 'tokens'?)",
+        'FAILED  case (1 table): table Tokens does not exist (looked for "Tokens") (did you '
+        "mean 'tokens'? names are case-sensitive)",
+        f'FAILED  named (1 table): table {schema}.tokns does not exist (looked for "{schema}".'
+        f"\"tokns\") (did you mean '{schema}.tokens'?)",
+        'FAILED  far (1 table): table sessions_zz does not exist (looked for "sessions_zz")',
     ]
-    assert lines[4].startswith("skipped "), lines
-    assert lines[4].endswith(": a python target: its factory's own code"), lines
-    assert len(lines) == 5, lines
+    assert lines[7].startswith("skipped "), lines
+    assert lines[7].endswith(": a python target: its factory's own code"), lines
+    assert len(lines) == 8, lines
     assert done.stderr == ""
     assert count(db, "tokens") == 10
 

@@ -305,6 +305,17 @@ def schemas_holding() -> sql.SQL:
     )
 
 
+def table_names_in() -> sql.SQL:
+    """Up to 5,000 names of tables in schema `%(schema)s`, or, where it is NULL, in the
+    session's search_path: the names a misspelt table is compared with (read only when a
+    table was not found)."""
+    return sql.SQL(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.relkind IN ('r', 'p') AND n.nspname = ANY(CASE WHEN %(schema)s::name IS NULL"
+        " THEN current_schemas(false) ELSE ARRAY[%(schema)s::name] END) ORDER BY 1 LIMIT 5000"
+    )
+
+
 def inheritance_children() -> sql.SQL:
     """Up to six inheritance children of `%(rel)s`, by name: read only where `table_size` says
     there may be some."""

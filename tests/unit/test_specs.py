@@ -53,3 +53,18 @@ class TestPartitionMode:
     def test_another_mode_is_refused_naming_it(self, mode: object) -> None:
         with pytest.raises(ConfigError, match=rf"partitions: must be one of .*got {mode!r}"):
             parse_config({"targets": [{**EXPIRING, "partitions": mode}]}, env={})
+
+
+@pytest.mark.parametrize(
+    ("kind", "hint"),
+    [
+        ("expirng", " (did you mean 'expiring'?)"),
+        ("django_session", " (did you mean 'django_sessions'?)"),
+        ("zzz", ""),
+        (7, ""),
+    ],
+)
+def test_an_unknown_kind_is_refused_with_the_nearest_one(kind: object, hint: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"targets": [{**EXPIRING, "kind": kind}]})
+    assert str(refused.value).endswith(f", got {kind!r}{hint}"), refused.value
