@@ -179,6 +179,29 @@ MISFITS = {
 }
 
 
+async def test_a_misspelt_archive_gets_the_nearest_name_before_the_table_to_create(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
+) -> None:
+    """`archive_table = "ARC.audit_logs"` beside ARC.audit_log: the refusal names the table
+    most likely meant before the CREATE TABLE it offers (as the docs make one: identity
+    included), and nothing moves."""
+    make_audit(db, arc)
+    fill_audit(db, 100, expired_every=2)
+    misspelt = TableName("audit_logs", arc)
+    target = kinds.expiring(pool, "audit", AUDIT, "created_at", HOUR, archive=misspelt)
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await target.purge_expired(NOW)
+
+    assert refused.value.message == (
+        f"archive table {arc}.audit_logs of audit_log does not exist (looked for "
+        f'"{arc}"."audit_logs") (did you mean \'{arc}.audit_log\'?); the sweep never creates '
+        f'it: create it, e.g. CREATE TABLE "{arc}"."audit_logs" (LIKE "audit_log" INCLUDING '
+        "IDENTITY); nothing was deleted"
+    )
+    assert db.execute("SELECT count(*) FROM audit_log").fetchone() == (100,)
+
+
 @pytest.mark.parametrize(("ddl", "message"), MISFITS.values(), ids=MISFITS.keys())
 async def test_an_archive_that_does_not_fit_fails_the_target_before_anything_moves(
     db: psycopg.Connection[Any],

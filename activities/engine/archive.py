@@ -17,6 +17,7 @@ from psycopg import AsyncConnection, errors, sql
 
 from activities.engine import catalog
 from activities.engine.errors import BadTable, MissingRights
+from activities.engine.nearest import nearest_table
 from purge_config.names import TableName
 
 
@@ -64,10 +65,13 @@ async def bind_archive(
     assert row is not None
     source_oid, archive_oid, relkind, may_insert, role = row
     if archive_oid is None:
+        # A misspelt name is the likelier mistake than a table not made: said first.
+        near = await nearest_table(conn, archive)
         raise BadTable(
             f"archive table {archive} of {source} does not exist (looked for "
-            f"{names['arc']}); the sweep never creates it: create it, e.g. "
-            f"CREATE TABLE {names['arc']} (LIKE {names['src']}); nothing was deleted"
+            f"{names['arc']}){near}; the sweep never creates it: create it, e.g. "
+            f"CREATE TABLE {names['arc']} (LIKE {names['src']} INCLUDING IDENTITY); nothing "
+            "was deleted"
         )
     if relkind not in ("r", "p"):
         raise BadTable(f"archive {archive} of {source} is not a table (relkind {relkind!r})")

@@ -6,7 +6,6 @@ reads the server's clock: rows written from the application's clock are measured
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from activities.engine.archive import Archive, bind_archive
 from activities.engine.column_memory import assume, remember
 from activities.engine.errors import BadTable
 from activities.engine.filter_binding import BoundFilter, bind_filter
+from activities.engine.nearest import nearest_table
 from purge_config.errors import did_you_mean
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
@@ -514,25 +514,12 @@ async def column_types(conn: AsyncConnection[Any], table: TableName) -> dict[str
     if columns is None:
         rows = await cur.fetchall()
         if not rows:
-            hint = await _nearest_table(conn, table)
+            hint = await nearest_table(conn, table)
             raise BadTable(f"table {table} does not exist (looked for {qualified}){hint}")
         if rows[0][2] not in ("r", "p"):
             raise BadTable(f"{table} is not a table (relkind {rows[0][2]!r})")
         columns = remember(conn, qualified, rows)
     return {name: kind for name, kind, _ in columns}
-
-
-async def _nearest_table(conn: AsyncConnection[Any], table: TableName) -> str:
-    """` (did you mean 'x'?)` for the table of that schema (or of the search_path) nearest a
-    name that was not found; a name that differs only in case says that names are exact."""
-    cur = await conn.execute(catalog.table_names_in(), {"schema": table.schema})
-    names = [str(row[0]) for row in await cur.fetchall()]
-    same = [name for name in names if name.lower() == table.table.lower()]
-    near = same or difflib.get_close_matches(table.table, names, n=1)
-    if not near:
-        return ""
-    named = str(TableName(near[0], table.schema))
-    return f" (did you mean {named!r}?{' names are case-sensitive' if same else ''})"
 
 
 def _require(table: TableName, types: dict[str, str], column: str, accepts: tuple[str, ...]) -> str:
