@@ -102,8 +102,9 @@ class SqlTarget:
         MissingRights), found with nothing deleted or counted: each table bound to its rule
         (columns, their types, epoch units), the rights to take partitions out where
         `partitions` does, and the role's rights on each table (`TableAccess.rights`). The
-        advice a pass would give of them, its plan's (a missing index) included, and the
-        tables whose rows go with theirs by cascade (`_plan_checks`)."""
+        advice a pass would give of them, its plan's (a missing index) included, the tables
+        whose rows go with theirs by cascade, and the triggers and rules that may keep a row
+        the sweep deletes (`_plan_checks`)."""
         advice = await self._access.check(self.rules, now_ms)
         for rule in self.rules:
             async with self._access.connection(rule) as conn:
