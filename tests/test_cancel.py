@@ -22,6 +22,7 @@ from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from purge_config.file import parse_config
 from tests.conftest import Harness
+from tests.support.gate import HeldGate
 from tests.support.history import cancel_once_scheduled, events
 from tests.support.rows import HOUR
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
@@ -110,21 +111,6 @@ async def test_a_spread_pass_cancelled_while_it_expands_a_pattern_starts_no_chil
     assert harness.db.execute("SELECT key FROM x_idempotency").fetchall() == [("old",)]
 
 
-class Gate:
-    """A listed target that holds its child workflow until the test lets it go."""
-
-    name = "gate"
-
-    def __init__(self) -> None:
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def purge_expired(self, now_ms: int) -> int:
-        self.reached.set()
-        await self.release.wait()
-        return 0
-
-
 async def test_a_spread_pass_cancelled_while_a_child_sweeps_ends_cancelled(
     pg_url: str, harness: Harness
 ) -> None:
@@ -148,7 +134,7 @@ async def test_a_spread_pass_cancelled_while_a_child_sweeps_ends_cancelled(
                 ]
             }
         )
-        gate = Gate()
+        gate = HeldGate()
         registry = TargetRegistry([gate], patterns=build_registry(config, harness.pool).patterns)
         request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
         workflow_id = f"purge-cancel-{uuid.uuid4()}"

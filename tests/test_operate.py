@@ -639,6 +639,25 @@ def test_a_pattern_overlaps_each_of_its_tables_named_by_hand(
     assert sweeps_any({"targets": theirs}, {"targets": ours}) is overlap
 
 
+async def ctrl_c_once_said(
+    config: Path, temporal_server: RunningTemporal, tmp_path: Path, said: str
+) -> tuple[int, str]:
+    """`sweep` of `config` as a process, Ctrl-C (SIGINT) once it has said `said` while still
+    running: its exit status and all it printed."""
+    log = tmp_path / "sweep.log"
+    sweeping = start(
+        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
+    )
+    try:
+        await asyncio.to_thread(wait_for, lambda: said in log.read_text(), 60, f"sweep: {said}")
+        assert sweeping.poll() is None
+        sweeping.send_signal(signal.SIGINT)
+        status = await asyncio.to_thread(sweeping.wait, 30)
+    finally:
+        stop(sweeping)
+    return status, log.read_text()
+
+
 @pytest.mark.waits
 async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     tmp_path: Path, temporal_server: RunningTemporal, harness: Harness
@@ -648,21 +667,9 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     the pass it started is still there for a worker to run."""
     config = config_file(tmp_path, harness.url, harness.task_queue)
     own = load_config(config).own_queue
-    log = tmp_path / "sweep.log"
-    sweeping = start(
-        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
-    )
-    try:
-        await asyncio.to_thread(
-            wait_for, lambda: "no worker polls" in log.read_text(), 60, "sweep to say so"
-        )
-        assert sweeping.poll() is None
-        sweeping.send_signal(signal.SIGINT)
-        status = await asyncio.to_thread(sweeping.wait, 30)
-    finally:
-        stop(sweeping)
 
-    out = log.read_text()
+    status, out = await ctrl_c_once_said(config, temporal_server, tmp_path, "no worker polls")
+
     assert status == 130, out
     assert (
         f"no worker polls task queue {harness.task_queue!r} (passes), {own!r} (activities): "
@@ -691,20 +698,9 @@ async def test_ctrl_c_while_sweep_waits_out_another_pass_says_it_started_none(
     theirs = await harness.client.start_workflow(
         "Purge", dry, id=pass_id, task_queue=harness.task_queue
     )
-    log = tmp_path / "sweep.log"
-    sweeping = start(
-        ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
-    )
-    try:
-        await asyncio.to_thread(
-            wait_for, lambda: "waiting for it to end" in log.read_text(), 60, "sweep to wait"
-        )
-        sweeping.send_signal(signal.SIGINT)
-        status = await asyncio.to_thread(sweeping.wait, 30)
-    finally:
-        stop(sweeping)
 
-    out = log.read_text()
+    status, out = await ctrl_c_once_said(config, temporal_server, tmp_path, "waiting for it to end")
+
     assert status == 130, out
     assert "(it is a dry run); waiting for it to end, then starting this one" in out
     assert out.rstrip().endswith("interrupted; this sweep had started no pass; none runs for it")

@@ -20,6 +20,7 @@ from activities.results import FailedTarget
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.passes import child_records
 from tests.conftest import Harness
+from tests.support.gate import HeldGate
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main
@@ -186,21 +187,6 @@ async def test_a_matched_table_without_the_column_fails_alone(
         assert "expires_at" in failures[0].message
 
 
-class Gate:
-    """A target that holds the pass until the test lets it go."""
-
-    name = "gate"
-
-    def __init__(self) -> None:
-        self.reached = asyncio.Event()
-        self.release = asyncio.Event()
-
-    async def purge_expired(self, now_ms: int) -> int:
-        self.reached.set()
-        await self.release.wait()
-        return 0
-
-
 async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes(
     pg_url: str,
     harness: Harness,
@@ -223,7 +209,7 @@ async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes
                 ]
             }
         )
-        gate = Gate()
+        gate = HeldGate()
         patterns = build_registry(config, harness.pool).patterns
         registry = TargetRegistry([gate], patterns=patterns)
         # The gate first, one target at a time: the tenants wait behind it, matched already.
