@@ -18,14 +18,16 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
 from activities import builtin_kinds as kinds
-from activities.builtin_kinds import build_registry
-from activities.registry import TargetRegistry
-from purge_config.file import parse_config
 from tests.conftest import Harness
-from tests.support.gate import HeldGate
 from tests.support.history import cancel_once_scheduled, events
 from tests.support.rows import HOUR
-from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
+from tests.support.tenants import (
+    counts,
+    create_tenants,
+    gated_tenants,
+    tenant_prefix,
+    tenant_schemas,
+)
 
 #: A queue no worker polls: the routed target's activity waits there until cancelled.
 NOWHERE = "purge-nowhere"
@@ -121,21 +123,7 @@ async def test_a_spread_pass_cancelled_while_a_child_sweeps_ends_cancelled(
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(2), harness.now_ms)
         before = counts(conn, prefix, harness.now_ms, range(2))
-        config = parse_config(
-            {
-                "targets": [
-                    {"kind": "python", "factory": "tests.support.gate:targets"},
-                    {
-                        "kind": "expiring",
-                        "name": "sessions",
-                        "table": f"{prefix}_*.sessions",
-                        "column": "expires_at",
-                    },
-                ]
-            }
-        )
-        gate = HeldGate()
-        registry = TargetRegistry([gate], patterns=build_registry(config, harness.pool).patterns)
+        gate, registry = gated_tenants(prefix, harness.pool)
         request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
         workflow_id = f"purge-cancel-{uuid.uuid4()}"
         async with harness.run_worker(registry):

@@ -15,12 +15,10 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 
 from activities.builtin_kinds import build_registry
-from activities.registry import TargetRegistry
 from activities.results import FailedTarget
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.passes import child_records
 from tests.conftest import Harness
-from tests.support.gate import HeldGate
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main
@@ -30,6 +28,7 @@ from tests.support.tenants import (
     counts,
     create_tenants,
     expired_of,
+    gated_tenants,
     tenant_prefix,
     tenant_schemas,
 )
@@ -196,22 +195,7 @@ async def test_a_tenant_dropped_mid_pass_is_reported_gone_and_the_pass_completes
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(4), harness.now_ms)
-        config = parse_config(
-            {
-                "targets": [
-                    {"kind": "python", "factory": "tests.support.gate:targets"},
-                    {
-                        "kind": "expiring",
-                        "name": "sessions",
-                        "table": f"{prefix}_*.sessions",
-                        "column": "expires_at",
-                    },
-                ]
-            }
-        )
-        gate = HeldGate()
-        patterns = build_registry(config, harness.pool).patterns
-        registry = TargetRegistry([gate], patterns=patterns)
+        gate, registry = gated_tenants(prefix, harness.pool)
         # The gate first, one target at a time: the tenants wait behind it, matched already.
         request = {"targets": ["gate", "sessions"], "patterns": ["sessions"]}
         async with harness.run_worker(registry):

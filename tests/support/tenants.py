@@ -9,6 +9,12 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from activities.builtin_kinds import build_registry
+from activities.registry import TargetRegistry
+from purge_config.file import parse_config
+from tests.support.gate import HeldGate
 
 HOUR_MS = 3_600_000
 
@@ -93,3 +99,24 @@ def tenant_schemas(url: str, prefix: str) -> Iterator[psycopg.Connection[Any]]:
             yield conn
         finally:
             drop_tenants(conn, prefix)
+
+
+def gated_tenants(prefix: str, pool: AsyncConnectionPool[Any]) -> tuple[HeldGate, TargetRegistry]:
+    """A held `gate` target and the pattern `sessions` over `PREFIX_*.sessions`: a pass of
+    `{"targets": ["gate", "sessions"], "patterns": ["sessions"]}` is held at the gate with
+    the tenants matched, behind it in its child."""
+    config = parse_config(
+        {
+            "targets": [
+                {"kind": "python", "factory": "tests.support.gate:targets"},
+                {
+                    "kind": "expiring",
+                    "name": "sessions",
+                    "table": f"{prefix}_*.sessions",
+                    "column": "expires_at",
+                },
+            ]
+        }
+    )
+    gate = HeldGate()
+    return gate, TargetRegistry([gate], patterns=build_registry(config, pool).patterns)
