@@ -387,11 +387,11 @@ async def scheduled_pass(
     request: dict[str, Any],
     say: Say,
     task_queue: str,
-    begun: _Begun | None = None,
+    begun: _Begun,
 ) -> WorkflowHandle[Any, Any] | None:
     """The pass the schedule `schedule_id` starts now, triggered under its own overlap policy
     (or the one it has running); None where there is no such schedule or its input is not
-    `request` (then `sweep` starts a pass of its own)."""
+    `request` (then `sweep` starts a pass of its own). `begun` says so from the trigger on."""
     schedule = client.get_schedule_handle(schedule_id)
     try:
         described = await schedule.describe()
@@ -425,9 +425,8 @@ async def scheduled_pass(
         say(f"schedule {schedule_id} is PAUSED{note}: this sweep runs one pass through it all "
             "the same; the pause stays")  # fmt: skip
     before = set(_started(described.info.recent_actions))
-    if begun is not None:
-        # Said before the call: a trigger the server took as the call was cancelled starts one.
-        begun.what = f"the pass schedule {schedule_id} was triggered to start"
+    # Said before the call: a trigger the server took as the call was cancelled starts one.
+    begun.what = f"the pass schedule {schedule_id} was triggered to start"
     await schedule.trigger()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + TRIGGER_WAIT_S
