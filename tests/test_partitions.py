@@ -674,6 +674,77 @@ async def test_enough_partitions_ahead_warn_of_nothing(
     assert "begin after" not in result.advice
 
 
+async def test_one_partition_ahead_is_counted_in_the_singular(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    make_events(db, days=range(-6, 2))
+
+    result = await sweep(events(pool))
+
+    assert "only 1 partition begins after this pass's instant" in result.advice
+
+
+async def test_a_last_range_ending_over_a_year_ahead_warns_of_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    # One partition ahead, but it runs 400 days: no insert fails within a year.
+    make_events(db, days=range(-6, 1))
+    far = f"FROM ({DAY0 + DAY}) TO ({DAY0 + 400 * DAY})"
+    db.execute(f"CREATE TABLE p_far PARTITION OF events FOR VALUES {far}")
+
+    result = await sweep(events(pool))
+
+    assert "begin" not in result.advice
+    assert result.removed == EXPIRED_ROWS
+
+
+@pytest.mark.parametrize("far", [True, False])
+async def test_a_timestamp_range_is_judged_against_a_year_ahead_too(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], far: bool
+) -> None:
+    # The walk's table: one old range and one from the day before the instant to 2100 (or to
+    # a week after it).
+    end = "'2100-01-01'" if far else f"to_timestamp({NOW} / 1000.0) + interval '7 days'"
+    day_before = f"to_timestamp({NOW} / 1000.0) - interval '1 day'"
+    db.execute(
+        "CREATE TABLE pg1 (id bigint, expires_at timestamptz) PARTITION BY RANGE (expires_at)"
+    )
+    db.execute(
+        f"CREATE TABLE pg1_old PARTITION OF pg1 FOR VALUES FROM ('2000-01-01') TO ({day_before})"
+    )
+    db.execute(f"CREATE TABLE pg1_new PARTITION OF pg1 FOR VALUES FROM ({day_before}) TO ({end})")
+    target = kinds.expiring(
+        pool, "pg1", TableName("pg1"), "expires_at", 0, partitions=PartitionPolicy("drop")
+    )
+
+    result = await sweep(target)
+
+    assert ("only 0 partitions begin after" in result.advice) is not far
+
+
+@pytest.mark.parametrize("held", [True, False])
+async def test_a_default_partition_holding_the_next_range_says_the_create_waits_for_its_rows(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], held: bool
+) -> None:
+    make_events(db, default=True, days=range(-6, 1))
+    if held:  # a row of tomorrow, which no range takes
+        db.execute("INSERT INTO events VALUES (-1, %s, 'tomorrow')", (DAY0 + DAY + 5,))
+
+    result = await sweep(events(pool))
+
+    bound = f"FOR VALUES FROM ('{DAY0 + DAY}') TO ('{DAY0 + 2 * DAY}')"
+    assert f"CREATE TABLE ... PARTITION OF events {bound}" in result.advice
+    said = "p_default (the DEFAULT partition) already holds rows of that range"
+    assert (said in result.advice) is held
+    # What the advice says of PostgreSQL: the CREATE it names fails while the row is there.
+    create = f"CREATE TABLE p_p1 PARTITION OF events {bound}"
+    if held:
+        with pytest.raises(psycopg.errors.CheckViolation), db.transaction():
+            db.execute(create)
+    else:
+        db.execute(create)
+
+
 @pytest.mark.parametrize("rate_min_rows", [99, 100])
 async def test_a_plain_table_losing_a_large_share_is_told_to_partition(
     db: psycopg.Connection[Any],

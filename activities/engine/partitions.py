@@ -85,8 +85,11 @@ class Layout:
     children: tuple[Child, ...]
     leaves: tuple[Leaf, ...]
     next_bound: str = ""
-    """When fewer than two partitions begin after the pass's instant: the bound of the next one
-    to create, `FROM ('x') TO ('y')`."""
+    """When fewer than two partitions begin after the pass's instant and the last range ends
+    within a year of it: the bound of the next one to create, `FROM ('x') TO ('y')`."""
+    next_blocked_by: TableName | None = None
+    """The DEFAULT partition, when it already holds rows of `next_bound`'s range: PostgreSQL
+    refuses to create that partition until they leave it."""
 
     @property
     def expired(self) -> list[Child]:
@@ -127,10 +130,10 @@ async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | N
         for oid, schema, name, bound, pending, owner_, owned_ in await listed.fetchall()
     ]
     tree = await grown.fetchall()
-    next_bound = ""
+    next_bound, blocked_by = "", None
     if judged and key_ is not None and children:
         children = await _judge(conn, key_, children)
-        next_bound = await _next_bound(conn, key_, children)
+        next_bound, blocked_by = await _next_bound(conn, key_, children)
     parents = {int(oid): int(parent) for oid, parent, *_ in tree}
     tops = {c.oid for c in children}
     leaves = []
@@ -151,6 +154,7 @@ async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | N
         children=tuple(children),
         leaves=tuple(leaves),
         next_bound=next_bound,
+        next_blocked_by=blocked_by,
     )
 
 
@@ -204,28 +208,40 @@ async def _judge(conn: AsyncConnection[Any], key: RangeKey, children: list[Child
     return out
 
 
-async def _next_bound(conn: AsyncConnection[Any], key: RangeKey, children: list[Child]) -> str:
-    """The bound of the partition to create when fewer than AHEAD_WANTED begin after now: from
-    the greatest upper bound, as wide as the partition ending there. Empty when enough lie
-    ahead, or a MAXVALUE partition takes every later row anyway."""
+async def _next_bound(
+    conn: AsyncConnection[Any], key: RangeKey, children: list[Child]
+) -> tuple[str, TableName | None]:
+    """The bound of the partition to create when fewer than AHEAD_WANTED begin after now and
+    the last range ends within a year (`RangeKey.horizon`): from the greatest upper bound, as
+    wide as the partition ending there; and the DEFAULT partition when it already holds rows of
+    that range. Empty when enough lie ahead, or a MAXVALUE partition takes every later row
+    anyway."""
     current = [c for c in children if not c.pending]
     if sum(c.ahead for c in current) >= AHEAD_WANTED or any(c.unbounded_above for c in current):
-        return ""
+        return "", None
     pairs = [range_bounds(c.bound) for c in current]
     finite = [p for p in pairs if p is not None and p[0] is not None and p[1] is not None]
     if not finite:
-        return ""
+        return "", None
     try:
         cur = await conn.execute(
             bound_after(key.sql_type),
-            {"lo": [p[0] for p in finite], "hi": [p[1] for p in finite]},
+            {"lo": [p[0] for p in finite], "hi": [p[1] for p in finite], "horizon": key.horizon},
         )
         row = await cur.fetchone()
     except errors.DataError:
-        return ""  # the next range would overflow the type: nothing sensible to name
-    if row is None:
-        return ""
-    return f"FROM ('{row[0]}') TO ('{row[1]}')"
+        return "", None  # the next range would overflow the type: nothing sensible to name
+    if row is None or row[2]:
+        return "", None  # no range, or the last one ends more than a year ahead
+    lo, hi = row[0], row[1]
+    default = next((c for c in current if c.is_default), None)
+    blocked_by = None
+    if default is not None:
+        held = await conn.execute(
+            rows_in_range(default.table, key.column, key.sql_type), {"lo": lo, "hi": hi}
+        )
+        blocked_by = default.table if (await held.fetchone() or (False,))[0] else None
+    return f"FROM ('{lo}') TO ('{hi}')", blocked_by
 
 
 def _plus(value: object, step: object) -> object:
@@ -299,9 +315,9 @@ def bounds_judged(sql_type: str) -> sql.Composed:
 
 
 def bound_after(sql_type: str) -> sql.Composed:
-    """One row: the greatest of the `%(hi)s` bounds, and the upper bound of a next partition
-    as wide as the one ending there (in months and days for a timestamp, so a monthly
-    partition is followed by a month)."""
+    """One row: the greatest of the `%(hi)s` bounds, the upper bound of a next partition as
+    wide as the one ending there (in months and days for a timestamp, so a monthly partition is
+    followed by a month), and whether that greatest bound lies past `%(horizon)s`."""
     t = _BOUND_TYPES[sql_type]
     width = (
         sql.SQL("b.hi::{t} - b.lo::{t}")
@@ -309,7 +325,18 @@ def bound_after(sql_type: str) -> sql.Composed:
         else sql.SQL("age(b.hi::{t}, b.lo::{t})")
     ).format(t=t)
     return sql.SQL(
-        "SELECT b.hi::{t}::text, (b.hi::{t} + {width})::text"
+        "SELECT b.hi::{t}::text, (b.hi::{t} + {width})::text, b.hi::{t} > %(horizon)s"
         " FROM unnest(%(lo)s::text[], %(hi)s::text[]) AS b(lo, hi)"
         " ORDER BY b.hi::{t} DESC LIMIT 1"
     ).format(t=t, width=width)
+
+
+def rows_in_range(table: TableName, column: str, sql_type: str) -> sql.Composed:
+    """One row: whether `table` holds a row whose `column` lies in [`%(lo)s`, `%(hi)s`), the
+    bounds as printed texts, read in the column's type (one probe of its index where it has
+    one)."""
+    t = _BOUND_TYPES[sql_type]
+    col = sql.Identifier(column)
+    return sql.SQL(
+        "SELECT EXISTS (SELECT FROM {table} WHERE {col} >= %(lo)s::{t} AND {col} < %(hi)s::{t})"
+    ).format(table=ident(table), col=col, t=t)

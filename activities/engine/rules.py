@@ -32,6 +32,9 @@ INSTANT_TYPES = ("timestamp with time zone", "timestamp without time zone")
 NUMBER_TYPES = ("double precision", "real", "numeric", "bigint", "integer")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: How far past the pass's instant a partitioned table's ranges must reach for it to be warned
+#: of nothing, however few partitions begin after the instant: a year (`RangeKey.horizon`).
+AHEAD_HORIZON_MS = 366 * 24 * 3600 * 1000
 
 
 #: Milliseconds per unit of an integer epoch column.
@@ -70,6 +73,9 @@ class RangeKey:
     values up to `b - step`, so it is wholly expired when `b - step <= cutoff`."""
     now: object
     """The pass's instant as a value of that type: partitions that begin after it are ahead."""
+    horizon: object
+    """A year after the instant, as a value of that type: a table whose ranges reach past it
+    needs no new partition soon, however few begin after the instant."""
 
 
 @dataclass(frozen=True)
@@ -199,9 +205,11 @@ class ExpiryRule:
         # The instant in the column's unit too: partitions ahead of it are judged in that unit.
         # A filter or an archive means a partition's bounds cannot say all its rows may go
         # (or go without their copy): then no partition leaves whole.
-        now = _in_unit(now_ms, self.unit) if kind in MS_TYPES else now_ms
+        now, horizon = now_ms, now_ms + AHEAD_HORIZON_MS
+        if kind in MS_TYPES:
+            now, horizon = _in_unit(now, self.unit), _in_unit(horizon, self.unit)
         whole = self.row_filter is None and self.archive is None
-        key = _range_key(self.column, kind, cutoff, now) if whole else None
+        key = _range_key(self.column, kind, cutoff, now, horizon) if whole else None
         return Predicate(
             self.table,
             where,
@@ -484,14 +492,15 @@ async def _filtered(
     return sql.SQL("{} AND {}").format(where, bound.where), bound
 
 
-def _range_key(column: str, kind: str, cutoff: object, now_ms: int) -> RangeKey:
+def _range_key(column: str, kind: str, cutoff: object, now_ms: int, horizon_ms: int) -> RangeKey:
     if isinstance(cutoff, datetime):
         now = _EPOCH + timedelta(milliseconds=now_ms)
+        horizon = _EPOCH + timedelta(milliseconds=horizon_ms)
         if cutoff.tzinfo is None:
-            now = now.replace(tzinfo=None)
+            now, horizon = now.replace(tzinfo=None), horizon.replace(tzinfo=None)
         sql_type = "timestamptz" if kind == "timestamp with time zone" else "timestamp"
-        return RangeKey(column, sql_type, cutoff, timedelta(microseconds=1), now)
-    return RangeKey(column, kind, cutoff, 1, now_ms)
+        return RangeKey(column, sql_type, cutoff, timedelta(microseconds=1), now, horizon)
+    return RangeKey(column, kind, cutoff, 1, now_ms, horizon_ms)
 
 
 async def _archive(

@@ -165,12 +165,20 @@ class TableSweeper:
 
 def _ahead_warning(pred: Predicate, layout: Layout) -> str:
     ahead = sum(c.ahead for c in layout.children if not c.pending)
-    return (
-        f"{pred.table}: only {ahead} partition{'s' if ahead != 1 else ''} begin after this "
-        f"pass's instant; inserts fail once rows pass the last range{_default_note(layout)}: "
-        f"create the next one, CREATE TABLE ... PARTITION OF {pred.table} FOR VALUES "
-        f"{layout.next_bound}"
+    begin = "partition begins" if ahead == 1 else "partitions begin"
+    warning = (
+        f"{pred.table}: only {ahead} {begin} after this pass's instant and the last range ends "
+        f"within a year; inserts fail once rows pass it{_default_note(layout)}: create the "
+        f"next one, CREATE TABLE ... PARTITION OF {pred.table} FOR VALUES {layout.next_bound}"
     )
+    if layout.next_blocked_by is not None:
+        warning += (
+            f"; {layout.next_blocked_by} (the DEFAULT partition) already holds rows of that "
+            "range, and PostgreSQL refuses the CREATE until they leave it: in one transaction, "
+            "DETACH it, create the partition, move those rows into it, ATTACH it again as "
+            "DEFAULT"
+        )
+    return warning
 
 
 def _default_note(layout: Layout) -> str:
