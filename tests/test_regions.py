@@ -253,11 +253,14 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
         assert failed["name"] == "x_idempotency@us"
         assert failed["type"] == "NoPurgeWorker"
         assert f"task queue {config.routed_queues['us']!r} (database 'us')" in failed["message"]
+        assert "each worker says at start which queues it polls" in failed["message"]
         assert [s["name"] for s in report["swept"]] == ["x_idempotency@eu"]
         assert left(regions["eu"], real_now) == (0, 1)
         assert left(regions["us"], real_now) == (us_expired, 1)
 
         await us.start()
+        # The queue the failure named is the one the right worker says at start it polls.
+        assert f"also polling task queue {config.routed_queues['us']!r}" in caplog.text
         result = await run_pass(client, task_queue, config.pass_input())
     finally:
         await eu.stop()

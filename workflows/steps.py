@@ -110,7 +110,8 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
         "NoPurgeWorker",
         f"{took} task queue {route.queue!r} (database {route.database!r}) {waited}; "
         "start a worker whose config names that database and says the same of its targets there "
-        "as the config that started this pass (the queue's digest names them)",
+        "as the config that started this pass (the queue's digest names them; each worker "
+        "says at start which queues it polls)",
     )
 
 
