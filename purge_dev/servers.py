@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -404,6 +404,7 @@ class TemporalDevServer(_Child):
         db_filename: Path | None = None,
         headless: bool = True,
         dynamic_config: Mapping[str, str] | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.log_dir = log_dir
         ports = free_ports(4)
@@ -416,6 +417,8 @@ class TemporalDevServer(_Child):
         self.dynamic_config = dict(dynamic_config or {})
         """Server settings (`--dynamic-config-value KEY=VALUE`), for tests that need other than
         the defaults."""
+        self.namespaces = tuple(namespaces)
+        """Namespaces it creates as it starts, beside `default`."""
 
     @property
     def address(self) -> str:
@@ -445,6 +448,8 @@ class TemporalDevServer(_Child):
             argv += ["--db-filename", str(self.db_filename)]
         for key, value in self.dynamic_config.items():
             argv += ["--dynamic-config-value", f"{key}={value}"]
+        for namespace in self.namespaces:
+            argv += ["--namespace", namespace]
         self._spawn(argv, self.log_dir / "temporal.log")
         self._wait_ready(timeout)
         return self

@@ -3,9 +3,9 @@
 - `/metrics`: the Temporal runtime's Prometheus output (the SDK's metrics and ours), which the
   runtime serves on a loopback port of its own; this server passes it on.
 - `/livez`: 200 while this event loop answers and every worker's pollers run.
-- `/readyz`: 200 when Temporal and every database this worker sweeps answered within
-  `READY_WITHIN`; else 503 and one line naming what did not (a database by its config name,
-  `default` for `database_url`), never a URL.
+- `/readyz`: 200 when Temporal (its namespace found) and every database this worker sweeps
+  answered within `READY_WITHIN`; else 503 and one line naming what did not (a database by its
+  config name, `default` for `database_url`; the namespace by name), never a URL.
 
 A tiny HTTP/1.1 server on `asyncio.start_server`, so the port needs no dependency. It reads the
 request line and skips the headers (bounded in size and time), acts on the method and the path
@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 
 import psycopg
-from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.api.enums.v1 import NamespaceState
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, GetSystemInfoRequest
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from purge_ops.connect import APPLICATION_NAME
@@ -92,14 +94,28 @@ class Health:
             return reason
 
     async def _temporal(self, client: Client) -> str | None:
+        # The namespace, not only the server: a worker whose namespace is gone (a dev server
+        # restarted without it, a namespace deleted) polls on and logs only the SDK's retries.
+        namespace = DescribeNamespaceRequest(namespace=client.namespace)
         try:
             async with asyncio.timeout(self.ready_within):
-                await client.workflow_service.get_system_info(GetSystemInfoRequest())
+                try:
+                    found = await client.workflow_service.describe_namespace(namespace)
+                except RPCError as err:
+                    if err.status == RPCStatusCode.NOT_FOUND:
+                        return f"namespace {client.namespace!r} not found on Temporal"
+                    if err.status != RPCStatusCode.PERMISSION_DENIED:
+                        raise
+                    # A key that may not describe its namespace: the server's answer will do.
+                    await client.workflow_service.get_system_info(GetSystemInfoRequest())
+                    return None
         except TimeoutError:
             return f"Temporal did not answer within {self.ready_within:g} s"
         except Exception as err:
             # The error's text may name the server's address: its kind says enough.
             return f"Temporal did not answer ({type(err).__name__})"
+        if found.namespace_info.state == NamespaceState.NAMESPACE_STATE_DELETED:
+            return f"namespace {client.namespace!r} is being deleted on Temporal"
         return None
 
     async def _database(self, name: str, url: str) -> str | None:

@@ -96,6 +96,31 @@ class TestProbes:
         assert re.fullmatch(reason, ready.body), ready.body
         assert "database" not in ready.body
 
+    @pytest.mark.waits
+    async def test_readyz_names_the_namespace_when_the_server_no_longer_has_it(
+        self, tmp_path: Path, schema_url: str, task_queue: str
+    ) -> None:
+        """The dev server restarted without the worker's namespace: the server answers, the
+        worker polls on, and /readyz says the namespace is gone."""
+        [port] = free_ports(1)
+        config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
+        with running_temporal("purge-test-probe-ns-", namespaces=["vanishing"]) as temporal:
+            async with worker(config, temporal, port, TEMPORAL_NAMESPACE="vanishing"):
+                assert (await http(port, "/readyz")).status == 200
+                temporal.stop(immediate=True)  # in memory: its namespaces go with it
+                temporal.namespaces = ()
+                await asyncio.to_thread(temporal.start)
+                for _ in range(100):  # past the reuse of the answer from before the restart
+                    ready = await http(port, "/readyz")
+                    if "namespace" in ready.body:
+                        break
+                    await asyncio.sleep(0.1)
+                live = await http(port, "/livez")
+
+        assert ready.status == 503
+        assert ready.body == "not ready: namespace 'vanishing' not found on Temporal\n"
+        assert live.status == 200
+
 
 class TestRequests:
     """What the port accepts: GET of three paths, nothing read from the request but those."""

