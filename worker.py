@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Literal, NoReturn
 
 PROG = "pg-purge"
 
@@ -620,14 +620,17 @@ async def _report_schedules(client: Client, config: PurgeConfig, last: int) -> i
 
 
 async def _run(config: PurgeConfig, opts: argparse.Namespace) -> int:
-    ensure_schedule = opts.schedule or any(s.ensure for s in config.schedules)
-    if ensure_schedule:
+    # `--schedule` writes every schedule of the config; else each that says `ensure = true`.
+    ensure: bool | Literal["ensured"] = opts.schedule or (
+        "ensured" if any(s.ensure for s in config.schedules) else False
+    )
+    if ensure:
         check_targets(config, "every pass of the schedule it writes at start would sweep nothing")
     if config.needs_default_database:
         config.require_database_url()
     await run_worker(
         config,
-        ensure_schedule=ensure_schedule,
+        ensure_schedule=ensure,
         metrics=opts.metrics or config.metrics,
         max_sweeps=opts.max_sweeps,
     )

@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
@@ -124,7 +124,7 @@ async def run_worker(
     *,
     stop: asyncio.Event | None = None,
     temporal_address: str | None = None,
-    ensure_schedule: bool = False,
+    ensure_schedule: bool | Literal["ensured"] = False,
     metrics: str | None = None,
     max_sweeps: int | None = None,
 ) -> None:
@@ -132,11 +132,12 @@ async def run_worker(
 
     It polls what `config_workers` names: the config's task queue for passes (and the
     activities of passes typed by hand), the queue of its own targets' activities, and the
-    queue of every routed database whose URL it has. With
-    `ensure_schedule`, create or update the config's schedule first, so a deployment needs no
-    separate step; with `metrics` (HOST:PORT), serve Prometheus metrics there, and the probes
-    `/livez` and `/readyz` (`purge_ops.probes`); with `max_sweeps`, run at most that many
-    activities at once on each queue it polls (the SDK's `max_concurrent_activities`).
+    queue of every routed database whose URL it has. With `ensure_schedule`, create or update
+    the config's schedules first (`"ensured"`: only those that say `ensure = true`), so a
+    deployment needs no separate step; with `metrics` (HOST:PORT), serve Prometheus metrics
+    there, and the probes `/livez` and `/readyz` (`purge_ops.probes`); with `max_sweeps`, run
+    at most that many activities at once on each queue it polls (the SDK's
+    `max_concurrent_activities`).
     """
     url = config.require_database_url() if config.needs_default_database else None
     url = url or config.database_url
@@ -161,7 +162,8 @@ async def run_worker(
             await require_namespace(client)
             health.client = client
             if ensure_schedule:
-                for outcome in await schedule.ensure_schedules(client, config):
+                only = ensure_schedule == "ensured"
+                for outcome in await schedule.ensure_schedules(client, config, only):
                     log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)

@@ -121,10 +121,14 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
     )
 
 
-async def ensure_schedules(client: Client, config: PurgeConfig) -> list[ScheduleOutcome]:
-    """Create or update every schedule of the config (`[schedule]`, or each `[schedules.NAME]`)."""
+async def ensure_schedules(
+    client: Client, config: PurgeConfig, only_ensured: bool = False
+) -> list[ScheduleOutcome]:
+    """Create or update every schedule of the config (`[schedule]`, or each `[schedules.NAME]`);
+    with `only_ensured`, only those that say `ensure = true` (a `run` without `--schedule`)."""
     searchable = await namespace_defines(client)
-    outcomes = [await _ensure(client, config, spec, searchable) for spec in config.schedules]
+    specs = [s for s in config.schedules if s.ensure or not only_ensured]
+    outcomes = [await _ensure(client, config, spec, searchable) for spec in specs]
     return outcomes + await _left_behind(client, config)
 
 

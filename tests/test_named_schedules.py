@@ -6,6 +6,7 @@ keeps meaning what it meant (its pass input and fingerprint unchanged)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import ScheduleActionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities import builtin_kinds as kinds
 from purge_config import parse_config
@@ -23,7 +25,7 @@ from purge_config.file import load_config
 from purge_ops.schedule import fingerprint
 from tests.conftest import Harness
 from tests.support.passes import listed, quiet_cron, run_pass
-from tests.support.procs import clean_env, run_main, worker_config
+from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
 
@@ -261,6 +263,38 @@ async def test_report_keeps_apart_two_schedules_whose_ids_prefix_each_other(
     hot_part, _, eu_part = report.stdout.partition(f"schedule daily ({eu_id}")
     assert re.findall(r"purge-hot-\S+-1\b", hot_part) == [f"{hot_id}-1"], report.stdout
     assert re.findall(r"purge-hot-\S+-1\b", eu_part) == [f"{eu_id}-1"], report.stdout
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("flag", [False, True])
+async def test_run_writes_the_schedules_that_say_ensure_and_with_schedule_every_one(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, flag: bool
+) -> None:
+    """`ensure = true` under one `[schedules.NAME]` is that schedule's: `run` writes it and
+    leaves the other be; `run --schedule` writes both."""
+    path, hot_id, daily_id = two_schedules(tmp_path, harness)
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace("[schedules.hot]\n", "[schedules.hot]\nensure = true\n"))
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    log = tmp_path / "worker.log"
+    worker = start_worker(path, env, log, *(["--schedule"] if flag else []))
+    try:
+        wait_for(lambda: "worker on task queue" in log.read_text(), 60, "the worker's start")
+        written: dict[str, object] = {}
+        for schedule_id in (hot_id, daily_id):
+            try:
+                await harness.client.get_schedule_handle(schedule_id).describe()
+                written[schedule_id] = "written"
+            except RPCError as err:
+                written[schedule_id] = err.status
+    finally:
+        stop(worker)
+        for schedule_id in (hot_id, daily_id):
+            with contextlib.suppress(RPCError):
+                await harness.client.get_schedule_handle(schedule_id).delete()
+
+    assert written == {hot_id: "written", daily_id: "written" if flag else RPCStatusCode.NOT_FOUND}
+    assert f"created schedule {hot_id}" in log.read_text()
 
 
 async def test_a_schedule_dropped_from_the_config_is_said_to_be_left_behind(
