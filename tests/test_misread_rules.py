@@ -147,7 +147,8 @@ async def test_a_timestamp_column_read_as_utc_over_a_local_time_zone_is_said(
 ) -> None:
     """A `timestamp` column's values are read as UTC; over a connection whose TimeZone is not
     UTC (where `DEFAULT now()` writes local times), a dry run says by how much they may be off
-    and how to say they are UTC. A zone UTC's all year says nothing."""
+    and how to say they are UTC, and the sweep says it too. A zone UTC's all year says
+    nothing."""
     db.execute("CREATE TABLE tokens (id bigint, expires_at timestamp NOT NULL)")
     db.execute("INSERT INTO tokens VALUES (1, '2027-01-01 00:00'), (2, '2028-01-01 00:00')")
     url = make_conninfo(pg_url, options=f"-c search_path={schema} -c TimeZone={zone}")
@@ -169,6 +170,8 @@ async def test_a_timestamp_column_read_as_utc_over_a_local_time_zone_is_said(
             "with TimeZone UTC (options=-c TimeZone=UTC in the URL) to say so"
         )
     assert dry.removed == 1
+    swept = await activity_env().run(activities.purge_target, PurgeStep(name="tokens", now_ms=NOW))
+    assert (swept.removed, swept.advice) == (1, dry.advice)
 
 
 async def test_rows_that_go_by_cascade_are_said_by_a_dry_run(

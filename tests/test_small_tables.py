@@ -104,6 +104,39 @@ async def logged_pool(
 _STATEMENT = re.compile(r" LOG:  (?:statement|execute [^:]*): (.*)")
 
 
+async def test_a_small_timestamp_table_over_a_local_time_zone_is_said_as_a_listed_one_is(
+    db: psycopg.Connection[Any], pg_url: str, schema: str, real_now: int
+) -> None:
+    """A pattern's small table whose `timestamp` column is read as UTC over a connection whose
+    TimeZone is not UTC: its one-statement sweep says by how much local times would be off, as
+    the batched sweep and a dry run do."""
+    prefix = tenant_prefix()
+    options = f"-c search_path={schema} -c TimeZone=America/Los_Angeles"
+    local = await open_pool(make_conninfo(pg_url, options=options))
+    with tenant_schemas(pg_url, prefix) as conn:
+        tenant = sql.Identifier(f"{prefix}_0001")
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(tenant))
+        conn.execute(
+            sql.SQL("CREATE TABLE {}.sessions (id bigint, expires_at timestamp NOT NULL)").format(
+                tenant
+            )
+        )
+        conn.execute(
+            sql.SQL("INSERT INTO {}.sessions VALUES (1, '2000-01-01'), (2, '2999-01-01')").format(
+                tenant
+            )
+        )
+        try:
+            swept, _ = await sweep(registry(local, prefix), match(prefix, 1), real_now)
+        finally:
+            await local.close()
+
+    assert (swept.removed, swept.strategy) == (1, "single")
+    said = "`expires_at` is timestamp without time zone, read as UTC, but this connection's "
+    assert said + "TimeZone is America/Los_Angeles" in swept.advice
+    assert "read up to 8 h off" in swept.advice
+
+
 async def test_a_small_table_costs_six_statements_as_the_server_counts_them(
     pg_server: EmbeddedPostgres,
     logged_pool: AsyncConnectionPool[Any],

@@ -308,7 +308,9 @@ def _record(ctx: SweepContext, done: _Done) -> SmallSweep:
     # deleted are exactly the rows left; its deletes are the views' dead tuples, with theirs.
     left = Leftover(0, max(int(before) - removed, 0), int(done.facts[3]) + removed)
     stats.live_rows, stats.dead_rows = left.live, left.dead
-    advice = [vacuum_advice(done.pred, removed, left)]
+    # What binding the rule said first (a `timestamp` read as UTC over a local TimeZone), as
+    # the batched sweep's plan says it.
+    advice = [done.pred.advice, vacuum_advice(done.pred, removed, left)]
     key = done.pred.range_key
     if done.shares and passes and key is not None:
         day = share_passes(passes)
