@@ -174,10 +174,13 @@ def pass_budget_left(budget_ms: int | None, info: activity.Info) -> int | None:
     the pass scheduled the target, and every attempt gets the same: a retry, after an attempt
     that ran into its time budget's last minute and failed, would get it whole again, and five
     attempts could run a pass into the next one's. So it loses what passed from the target's
-    first scheduling to this attempt's start, both the server's clock. Not for a local activity
-    (a small table's one statement): its retries run within one workflow task's deadline."""
-    if budget_ms is None or info.is_local:
-        return budget_ms
+    first scheduling to this attempt's start, both the server's clock; for a local activity (a
+    pattern's small table) the worker's, whose SDK gives every retry the first attempt's
+    scheduled time as well. A small table can have grown past one statement since the pattern
+    matched it, and is then swept in batches inside that local activity: its retries, too, must
+    not run past the pass."""
+    if budget_ms is None or info.scheduled_time.timestamp() <= 0:
+        return budget_ms  # no scheduled time given (an unset field reads as the epoch)
     spent_ms = int((info.started_time - info.scheduled_time).total_seconds() * 1000)
     # None left: the sweep stops before its first batch, as out of time, reporting its backlog.
     return max(0, budget_ms - max(0, spent_ms))

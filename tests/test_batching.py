@@ -556,19 +556,24 @@ async def test_auth_out_of_time_on_its_first_table_leaves_the_second_for_the_nex
     assert (await kinds.auth(pool).sweep(NOW)).removed == 1
 
 
+@pytest.mark.parametrize("local", [False, True])
 async def test_a_retry_sweeps_only_what_is_left_of_the_pass_budget(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], local: bool
 ) -> None:
     """Every attempt is handed the budget the pass had left when it scheduled the target; what
     passed since (earlier attempts, their backoff, waiting in the queue) is spent. A retry that
-    starts past it deletes nothing and reports the backlog; one inside it sweeps."""
+    starts past it deletes nothing and reports the backlog; one inside it sweeps. A local
+    activity (a pattern's small table) alike: the SDK gives its retries the first attempt's
+    scheduled time too, on the worker's clock."""
     db.execute("INSERT INTO x_idempotency VALUES ('late', null, %s)", (NOW - 1,))
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool)]))
     step = PurgeStep(name="x_idempotency", now_ms=NOW, budget_ms=60_000)
     scheduled = datetime(2026, 12, 6, 10, 0, tzinfo=UTC)
 
     def attempt_started(after: timedelta) -> ActivityEnvironment:
-        return activity_env(attempt=2, scheduled_time=scheduled, started_time=scheduled + after)
+        return activity_env(
+            attempt=2, scheduled_time=scheduled, started_time=scheduled + after, is_local=local
+        )
 
     past: PurgeSweep = await attempt_started(timedelta(minutes=2)).run(
         activities.purge_target, step
