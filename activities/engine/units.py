@@ -28,7 +28,7 @@ from purge_config.names import TableName
 from purge_config.settings import EPOCH_UNITS, EpochUnit
 
 #: The plausible instants in each unit, as exact integers: from 1e11 ms (1973) to 1e14 ms (the
-#: year 5138). Below, an instant is in 1973 or before; above, after the year 5000.
+#: year 5138). Below, an instant is in 1973 or before; above, after the year 5138.
 WINDOW = {
     "s": (10**8, 10**11),
     "ms": (10**11, 10**14),
@@ -184,7 +184,7 @@ def _looks_like(value: int) -> str:
 def _reads_as(value: int, unit: EpochUnit) -> str:
     if value < WINDOW[unit][0]:
         return "a time before 1973"
-    return "a time after the year 5000"
+    return "a time after the year 5138"
 
 
 def weighted_statistics(
