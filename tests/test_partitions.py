@@ -418,12 +418,18 @@ async def test_a_role_without_ownership_fails_once_naming_the_grant_and_detaches
     assert (count(db), children(db)) == (total, before)
 
 
+@pytest.mark.parametrize("full_default", [False, True])
 async def test_delete_mode_works_with_select_and_delete_on_the_parent_alone(
-    db: psycopg.Connection[Any], schema_url: str, role: str
+    db: psycopg.Connection[Any], schema_url: str, role: str, full_default: bool
 ) -> None:
     """Privileges on a partitioned table do not reach its partitions by name: the sweep then
-    goes through the parent, and says which grant would let it sweep partition by partition."""
-    total = make_events(db)
+    goes through the parent, and says which grant would let it sweep partition by partition.
+    With no partition ahead and a DEFAULT one holding tomorrow's row, the warning's look into
+    the DEFAULT partition goes through the parent too."""
+    total = make_events(db, default=full_default, days=range(-6, 1) if full_default else DAYS)
+    if full_default:
+        db.execute("INSERT INTO events VALUES (-1, %s, 'tomorrow')", (DAY0 + DAY + 5,))
+        total += 1
     db.execute(f'GRANT SELECT, DELETE ON events TO "{role}"')
     pool = await open_pool(make_conninfo(schema_url, user=role))
     try:
@@ -434,6 +440,8 @@ async def test_delete_mode_works_with_select_and_delete_on_the_parent_alone(
     assert result.removed == EXPIRED_ROWS
     assert count(db) == total - EXPIRED_ROWS
     assert "GRANT SELECT, DELETE on each partition" in result.advice
+    said = "p_default (the DEFAULT partition) already holds rows of that range"
+    assert (said in result.advice) is full_default
 
 
 async def test_guards_count_partition_rows_and_refuse_before_the_first_detach(

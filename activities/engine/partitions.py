@@ -133,7 +133,7 @@ async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | N
     next_bound, blocked_by = "", None
     if judged and key_ is not None and children:
         children = await _judge(conn, key_, children)
-        next_bound, blocked_by = await _next_bound(conn, key_, children)
+        next_bound, blocked_by = await _next_bound(conn, pred.table, key_, children)
     parents = {int(oid): int(parent) for oid, parent, *_ in tree}
     tops = {c.oid for c in children}
     leaves = []
@@ -209,7 +209,7 @@ async def _judge(conn: AsyncConnection[Any], key: RangeKey, children: list[Child
 
 
 async def _next_bound(
-    conn: AsyncConnection[Any], key: RangeKey, children: list[Child]
+    conn: AsyncConnection[Any], table: TableName, key: RangeKey, children: list[Child]
 ) -> tuple[str, TableName | None]:
     """The bound of the partition to create when fewer than AHEAD_WANTED begin after now and
     the last range ends within a year (`RangeKey.horizon`): from the greatest upper bound, as
@@ -237,8 +237,10 @@ async def _next_bound(
     default = next((c for c in current if c.is_default), None)
     blocked_by = None
     if default is not None:
+        # Through the table itself, whose rights the sweep has (a role may not read a partition
+        # by its own name): no range takes rows past the greatest bound, so any are DEFAULT's.
         held = await conn.execute(
-            rows_in_range(default.table, key.column, key.sql_type), {"lo": lo, "hi": hi}
+            rows_in_range(table, key.column, key.sql_type), {"lo": lo, "hi": hi}
         )
         blocked_by = default.table if (await held.fetchone() or (False,))[0] else None
     return f"FROM ('{lo}') TO ('{hi}')", blocked_by
