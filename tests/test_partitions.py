@@ -84,6 +84,18 @@ def make_events(
     return len(days) * ROWS_PER_DAY
 
 
+#: What the warning says when the DEFAULT partition holds rows of the range it proposes.
+DEFAULT_HOLDS = "p_default (the DEFAULT partition) already holds rows of that range"
+
+
+def tomorrow_in_default(db: psycopg.Connection[Any]) -> int:
+    """The events table with no partition ahead of NOW and a DEFAULT partition holding a row
+    of tomorrow, which no range takes; returns its rows."""
+    total = make_events(db, default=True, days=range(-6, 1))
+    db.execute("INSERT INTO events VALUES (-1, %s, 'tomorrow')", (DAY0 + DAY + 5,))
+    return total + 1
+
+
 def events(
     pool: AsyncConnectionPool[Any], mode: str = "drop", schema: str = "", **kw: Any
 ) -> SqlTarget:
@@ -426,10 +438,7 @@ async def test_delete_mode_works_with_select_and_delete_on_the_parent_alone(
     goes through the parent, and says which grant would let it sweep partition by partition.
     With no partition ahead and a DEFAULT one holding tomorrow's row, the warning's look into
     the DEFAULT partition goes through the parent too."""
-    total = make_events(db, default=full_default, days=range(-6, 1) if full_default else DAYS)
-    if full_default:
-        db.execute("INSERT INTO events VALUES (-1, %s, 'tomorrow')", (DAY0 + DAY + 5,))
-        total += 1
+    total = tomorrow_in_default(db) if full_default else make_events(db)
     db.execute(f'GRANT SELECT, DELETE ON events TO "{role}"')
     pool = await open_pool(make_conninfo(schema_url, user=role))
     try:
@@ -440,8 +449,7 @@ async def test_delete_mode_works_with_select_and_delete_on_the_parent_alone(
     assert result.removed == EXPIRED_ROWS
     assert count(db) == total - EXPIRED_ROWS
     assert "GRANT SELECT, DELETE on each partition" in result.advice
-    said = "p_default (the DEFAULT partition) already holds rows of that range"
-    assert (said in result.advice) is full_default
+    assert (DEFAULT_HOLDS in result.advice) is full_default
 
 
 async def test_guards_count_partition_rows_and_refuse_before_the_first_detach(
@@ -734,16 +742,16 @@ async def test_a_timestamp_range_is_judged_against_a_year_ahead_too(
 async def test_a_default_partition_holding_the_next_range_says_the_create_waits_for_its_rows(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], held: bool
 ) -> None:
-    make_events(db, default=True, days=range(-6, 1))
-    if held:  # a row of tomorrow, which no range takes
-        db.execute("INSERT INTO events VALUES (-1, %s, 'tomorrow')", (DAY0 + DAY + 5,))
+    if held:
+        tomorrow_in_default(db)
+    else:
+        make_events(db, default=True, days=range(-6, 1))
 
     result = await sweep(events(pool))
 
     bound = f"FOR VALUES FROM ('{DAY0 + DAY}') TO ('{DAY0 + 2 * DAY}')"
     assert f"CREATE TABLE ... PARTITION OF events {bound}" in result.advice
-    said = "p_default (the DEFAULT partition) already holds rows of that range"
-    assert (said in result.advice) is held
+    assert (DEFAULT_HOLDS in result.advice) is held
     # What the advice says of PostgreSQL: the CREATE it names fails while the row is there.
     create = f"CREATE TABLE p_p1 PARTITION OF events {bound}"
     if held:
