@@ -8,6 +8,7 @@ from typing import Any
 
 from psycopg import sql
 
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.small_tables import SMALL_PAGES
 from activities.errors import BadPurgeTarget
 from activities.registry import PurgeTarget
@@ -111,7 +112,7 @@ class PatternTargets:
         async with pool.connection() as conn:
             # One round trip: pipelined up to one Sync, the setting and the read are one
             # implicit transaction, the setting local to it.
-            async with conn.pipeline():
+            async with settled_pipeline(conn):
                 await conn.execute(HASH_JOINS)
                 cur = await conn.execute(query, params)
             rows = await cur.fetchall()

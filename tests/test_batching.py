@@ -32,6 +32,7 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from purge_ops.render import ESTIMATED_BACKLOG_NOTE, report_table
 from tests.support.activity import activity_env
+from tests.support.late_results import results_late
 from tests.support.pace import durable_every, fixed_batches, until_a_sweep_waits
 from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW, keys
@@ -768,6 +769,39 @@ async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
     left = keys(db, spec.tables[0])
     assert "k0" in left
     assert not {f"k{i}" for i in range(expired_every, 4_000, expired_every)} & left
+
+
+async def test_a_whole_batch_whose_timeout_leaves_results_owed_rolls_back_and_the_sweep_goes_on(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The red CI run made certain: the first batch, which takes every expired row, runs past
+    its statement_timeout on a held row, and psycopg's read of what the server still owes finds
+    it late (its pipeline exit fails while busy). The batch must still be rolled back whole and
+    the sweep go on by boundary reads: the held row, renewed meanwhile, kept, the rest gone."""
+    spec = KINDS_UNDER_RENEWAL["idempotency"]
+    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": 3_999}
+    for statement in spec.fill:
+        db.execute(statement.replace("i % 2 = 0", "i % 20 = 0").format(**values))
+    analyze(db, spec.tables[0])
+    late_results = results_late(monkeypatch)
+
+    with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
+        assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
+        sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
+        while not late_results.late:  # the whole batch timed out, the rest found late
+            assert not sweeping.done(), "no batch ran past its statement_timeout"
+            await asyncio.sleep(0.01)
+        await until_a_sweep_waits(db, sweeping, holder=client)  # a boundary batch now
+        client.commit()
+        stats = await sweeping
+
+    assert stats.strategy == "index"
+    left = keys(db, spec.tables[0])
+    assert "k0" in left
+    assert not {f"k{i}" for i in range(20, 4_000, 20)} & left
 
 
 # -- the plan check --------------------------------------------------------------------------

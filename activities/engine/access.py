@@ -17,6 +17,7 @@ from activities.engine.column_memory import TypesAhead, TypesChanged, assumed_ty
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.planning import TablePlan, planned
 from activities.engine.rules import Predicate, Rule, ident, written_column_advice
 from activities.engine.table_facts import FactReads, refuse_inheritance, unindexed_children
@@ -151,7 +152,7 @@ class TableAccess:
         # statement after it fails), so any exit but a return with True releases it.
         tried = False
         try:
-            async with conn.pipeline():
+            async with settled_pipeline(conn):
                 if ahead is not None:
                     await ahead.send(conn)
                 await conn.execute(
@@ -204,7 +205,7 @@ class TableAccess:
         try:
             # One round trip: pipelined up to one Sync, the timeouts and the lock are one implicit
             # transaction. The lock is the session's: it outlives that transaction.
-            async with conn.pipeline():
+            async with settled_pipeline(conn):
                 await conn.execute(
                     local_timeouts(generic=True),
                     (self.settings.busy_wait_ms or 1, self.settings.busy_wait_ms + 1000),

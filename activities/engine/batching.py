@@ -42,6 +42,7 @@ from activities.engine.keyset import (
 from activities.engine.ledger import BatchTally, Done, LazyCommits
 from activities.engine.leftover import GAVE_UP
 from activities.engine.pacing import Pacer
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.planning import TablePlan, keyset_batches
 from activities.engine.rules import Predicate
 from activities.progress import SweepStats
@@ -375,7 +376,7 @@ class BatchSweeper:
         """A plain DELETE, counted by its tag, its count then added to the ledger (see
         `_counting`); committed lazily when `lazy` (`ledger.LazyCommits`)."""
         started = time.perf_counter()
-        async with self.conn.pipeline():
+        async with settled_pipeline(self.conn):
             await self.conn.execute(*self.tally.begin(self.settings, walk, lazy=lazy))
             cur = await self.conn.execute(statement, params)
             added = await self.tally.add(self.conn, cur)
@@ -396,7 +397,7 @@ class BatchSweeper:
         # fails; the timeouts, local to it, hold for the DELETE). Not conn.transaction():
         # psycopg waits for the BEGIN's and the COMMIT's replies even in a pipeline, 4 round
         # trips a batch (why: docs/decisions/server-count.md).
-        async with self.conn.pipeline():
+        async with settled_pipeline(self.conn):
             await self.conn.execute(
                 local_timeouts(walk, lazy=lazy),
                 (self.settings.lock_timeout_ms, self.settings.statement_timeout_ms),

@@ -36,6 +36,7 @@ from activities.engine.batch_sql import local_timeouts
 from activities.engine.context import SweepContext
 from activities.engine.ledger import add_partitions, count_partition, mark_key, marked
 from activities.engine.partitions import Layout
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import ident
 from activities.progress import SweepStats
 from purge_config.names import TableName
@@ -196,7 +197,7 @@ class PartitionRemover:
         With `detach_from`, a plain detach comes first in the same transaction."""
         counted = []
         total = None
-        async with self.conn.pipeline(), self.conn.transaction():
+        async with settled_pipeline(self.conn), self.conn.transaction():
             # The counts read whole partitions: give them the sweep's time budget.
             await self.conn.execute(
                 local_timeouts(), (self.settings.lock_timeout_ms, self.settings.time_budget_ms)

@@ -42,6 +42,7 @@ from activities.engine.batch_sql import (
     tie_walk,
 )
 from activities.engine.ledger import BatchTally, LazyCommits, lazy_commit
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import Predicate
 from purge_config.settings import SweepSettings
 
@@ -101,7 +102,7 @@ async def run_key_batch(
     sweep left sends no flush of its own."""
     started = time.perf_counter()
     params = {**keyed.pred.params, **tally.params}
-    async with conn.pipeline():
+    async with settled_pipeline(conn):
         # Its statements prepared at once, planned once for all batches (local_timeouts).
         await conn.execute(*tally.begin(settings, generic=True), prepare=True)
         boundary = await conn.execute(
@@ -341,7 +342,7 @@ async def _plain_batch(
     beside the batch's figures (None without one)."""
     started = time.perf_counter()
     params = {**params, **tally.params}
-    async with conn.pipeline():
+    async with settled_pipeline(conn):
         await conn.execute(
             *tally.begin(settings, generic=True, lazy=lazy, flush=flush, by_index=by_index),
             prepare=True,

@@ -46,6 +46,7 @@ from psycopg import AsyncConnection, AsyncCursor, sql
 from activities.engine.batch_sql import local_timeouts, pipeline_flush
 from activities.engine.partition_advice import WINDOW_MS as SHARES_WINDOW_MS
 from activities.engine.partition_advice import shares_expire
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import ident
 from activities.engine.sessions import session_key
 from activities.progress import LedgerKey
@@ -114,7 +115,7 @@ class Ledger:
         ahead = self.ahead(conn, settings)
         if ahead is not None:
             try:
-                async with conn.pipeline():
+                async with settled_pipeline(conn):
                     await ahead.send(conn)
                 opened = await ahead.opened()
             except LEDGER_GONE:
@@ -146,7 +147,7 @@ class Ledger:
         if not ledger and not shares:
             return Opened(None, False)
         # One round trip: pipelined up to one Sync, these are one implicit transaction.
-        async with conn.pipeline():
+        async with settled_pipeline(conn):
             expiry = await self._expire(conn, settings, row)
             cur = await conn.execute(
                 ledger_entry() if ledger else pipeline_flush(), self.params, prepare=True
@@ -161,7 +162,7 @@ class Ledger:
         database on this worker), given what `ledger_writable` returned (`writable`)."""
         if not any(usable(writable)) or _expiry_key(conn, writable, self.key) in _EXPIRED:
             return
-        async with conn.pipeline():
+        async with settled_pipeline(conn):
             expiry = await self._expire(conn, settings, writable)
         _expired(expiry)
 
@@ -202,7 +203,7 @@ class Ledger:
     async def mark(self, conn: AsyncConnection[Any], keys: list[str]) -> None:
         """Mark every partition of `keys` as being taken out by this pass, in one commit and
         one round trip (pipelined: the BEGIN, every mark and the COMMIT up to one Sync)."""
-        async with conn.pipeline(), conn.transaction():
+        async with settled_pipeline(conn), conn.transaction():
             for key in keys:
                 await conn.execute(partition_mark(), {**self.params, "mark": key})
 

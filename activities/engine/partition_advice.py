@@ -26,6 +26,7 @@ from activities.engine.leftover import (
     report_limits,
     table_tuples,
 )
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.planning import TablePlan
 from activities.engine.rules import Predicate, ident
 
@@ -159,7 +160,7 @@ async def _recorded(
         # implicit transaction. Its commit does not wait for its WAL to reach disk (0.5-1 ms
         # of a table's sweep here, fsync on): a server crash that lost the row would only leave
         # the day's advice one pass short; nothing reported or counted depends on it.
-        async with conn.pipeline():
+        async with settled_pipeline(conn):
             # A wait for a lock ends in LockNotAvailable, before the statement's own limit.
             await conn.execute(
                 local_timeouts(lazy=True), report_limits(RECORD_TIMEOUT_MS), prepare=True

@@ -18,6 +18,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, errors, sql
 
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import Predicate, RangeKey, ident
 from purge_config.names import TableName
 
@@ -115,7 +116,7 @@ async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | N
     """The table's partitions as of now, judged against `pred`; None for a plain table."""
     rel = {"rel": ident(pred.table).as_string(conn)}
     # The key, the children and the tree in one round trip: none needs another's answer.
-    async with conn.pipeline():
+    async with settled_pipeline(conn):
         keyed = await conn.execute(partition_key(), rel)
         listed = await conn.execute(partition_children(), rel)
         grown = await conn.execute(partition_tree(), rel)

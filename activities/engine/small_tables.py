@@ -53,6 +53,7 @@ from activities.engine.partition_advice import (
     share_passes,
     shared,
 )
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import ExpiryRule, FullBucketRule, Predicate, Rule, ident
 from activities.engine.units import (
     SAMPLE_ROWS,
@@ -186,7 +187,7 @@ async def _transaction(
     try:
         # One implicit transaction, up to the pipeline's Sync: its reads flushed in one round
         # trip by the rule's own read of its columns, its statement and the commit in another.
-        async with conn.pipeline():
+        async with settled_pipeline(conn):
             locked = await conn.execute(try_lock_in_transaction(), params)
             reading = await conn.execute(facts_read, params, prepare=True)
             sampling = await conn.execute(sample_read)

@@ -12,6 +12,7 @@ from activities.engine import catalog
 from activities.engine.errors import BadTable
 from activities.engine.filter_binding import BoundFilter
 from activities.engine.filter_index import find_filter_index
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import Predicate, ident
 from purge_config.names import TableName
 
@@ -58,7 +59,7 @@ async def read_table_facts(conn: AsyncConnection[Any], pred: Predicate) -> Table
     """Read what planning needs of `pred`'s table: one pipelined round trip, and for a filtered
     rule a few more to find the index that serves it."""
     # The catalog reads do not depend on one another: one pipelined round trip, not five.
-    async with conn.pipeline():
+    async with settled_pipeline(conn):
         reads = await FactReads.send(conn, pred)
     return await reads.facts(conn)
 
