@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from psycopg import AsyncConnection, DatabaseError, Error, generators, pq
+from psycopg import AsyncConnection, DatabaseError, Error, OperationalError, generators, pq
 from psycopg.abc import PQGen
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,19 @@ def _statement_error(exc: Error) -> Error:
 
 
 def _to_sync(pgconn: pq.abc.PGconn) -> PQGen[None]:
-    """Read and drop what the server still owes an aborted pipeline, up to the Sync's result,
-    then leave pipeline mode."""
+    """Read and drop what the server still owes an aborted pipeline, up to its last Sync's
+    result, then leave pipeline mode."""
     while pgconn.pipeline_status != _OFF:
         results = yield from generators.fetch_many(pgconn)
-        if not results or any(r.status == _SYNC for r in results):
-            # Nothing more is owed (a bare end of results), or the Sync's result came: leaving
-            # pipeline mode fails (OperationalError) only if libpq still waits for something.
-            if not results and pgconn.is_busy():
-                continue
+        if results and not any(r.status == _SYNC for r in results):
+            continue  # a statement's replies (or its PIPELINE_ABORTED): dropped
+        if not results and pgconn.is_busy():
+            continue  # the end of one statement's replies; the next are awaited
+        try:
             pgconn.exit_pipeline_mode()
+        except OperationalError:
+            if not results:
+                # Nothing came, nothing is awaited, yet libpq will not leave: not a state
+                # this can read its way out of (and reading on would never wait).
+                raise
+            # A Sync's result with more owed behind it (a transaction's own Sync): read on.
