@@ -33,7 +33,13 @@ from purge_ops.connect import open_pool
 from purge_ops.render import ESTIMATED_BACKLOG_NOTE, report_table
 from tests.support.activity import activity_env
 from tests.support.late_results import results_late
-from tests.support.pace import durable_every, fixed_batches, until_a_sweep_waits
+from tests.support.pace import (
+    budget_clock,
+    cut_short_at,
+    durable_every,
+    fixed_batches,
+    until_a_sweep_waits,
+)
 from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW, keys
 
@@ -437,11 +443,15 @@ def slow_deletes(db: psycopg.Connection[Any], table: str, ms: float = 1.0, only:
 
 @pytest.mark.waits
 async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_continues(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """At the config's smallest budget (1s), on tables that take longer: the index sweep's
-    backlog is exactly the expired rows left, the walk's is estimated from the density it met,
-    each flagged for what it is, and the next pass removes the rest."""
+    """At the config's smallest budget (1s), spent while each sweep's first batch waits on a
+    row: the index sweep's backlog is exactly the expired rows left, the walk's is estimated
+    from the density it met, each flagged for what it is, and the next pass removes the
+    rest."""
     [spec] = parse_config(
         {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
     ).targets
@@ -453,15 +463,26 @@ async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_conti
         "CREATE TABLE heap AS SELECT key, repeat('x', 800) AS pad, expires_at_ms FROM x_idempotency"
     )
     analyze(db, "heap")
-    slow_deletes(db, "x_idempotency")
-    slow_deletes(db, "heap")
+    clock = budget_clock(monkeypatch)
 
-    cut_short = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
+    cut_short = await cut_short_at(
+        db,
+        schema_url,
+        "x_idempotency",
+        "k0",
+        clock,
+        lambda: kinds.idempotency(pool, settings=spec.settings).sweep(NOW),
+    )
     heap = kinds.expiring(pool, "heap", TableName("heap"), "expires_at_ms", settings=spec.settings)
     # Through the activity: the flag reaches the result, and the report marks the estimate.
     activities = PurgeActivities(TargetRegistry([heap]))
-    walked: PurgeSweep = await activity_env().run(
-        activities.purge_target, PurgeStep(name="heap", now_ms=NOW)
+    walked: PurgeSweep = await cut_short_at(
+        db,
+        schema_url,
+        "heap",
+        "k0",
+        clock,
+        lambda: activity_env().run(activities.purge_target, PurgeStep(name="heap", now_ms=NOW)),
     )
 
     def left(table: str) -> int:
@@ -481,7 +502,6 @@ async def test_time_budget_ends_the_sweep_with_a_backlog_and_the_next_pass_conti
     assert f"~{walked.backlog}" in shown
     assert ESTIMATED_BACKLOG_NOTE in shown
 
-    db.execute("DROP TRIGGER slow ON x_idempotency")
     finished = await kinds.idempotency(pool, settings=spec.settings).sweep(NOW)
     assert (finished.removed, finished.backlog) == (expired - cut_short.removed, 0)
     assert left("x_idempotency") == 0

@@ -35,12 +35,11 @@ from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.pace import fixed_batches
+from tests.support.pace import budget_clock, cut_short_at, fixed_batches
 from tests.support.passes import listed, run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
 from tests.support.servers import RunningTemporal
-from tests.test_batching import slow_deletes
 from tests.test_fleet import hold_table_lock
 
 NOW = PAST_NOW
@@ -281,21 +280,31 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
 
 @pytest.mark.waits
 async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them(
-    temporal_server: RunningTemporal, harness: Harness
+    temporal_server: RunningTemporal, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep that finds its table held by another sweep measured nothing: it must not set
     the backlog to 0 and the oldest expired row's age to 0, clearing an alert that fires on
     what the last real sweep left."""
     expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)  # by index
-    slow_deletes(harness.db, "x_idempotency")
     [port] = free_ports(1)
     metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
     patient = SweepSettings(busy_wait_ms=200)
     registry = TargetRegistry([kinds.idempotency(harness.pool, settings=patient)])
-    # Cut short by the pass's budget, so it leaves a backlog the gauges report.
-    request = {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 300}
+    clock = budget_clock(monkeypatch)
+    request = {"targets": ["x_idempotency"], "max_concurrent": 1, "budget_ms": 60_000}
     async with new_worker(metered, registry, harness.task_queue):
-        [cut_short] = (await run_pass(metered, harness.task_queue, request))["swept"]
+        # Cut short by the pass's budget at its first batch, so it leaves a backlog the gauges
+        # report.
+        [cut_short] = (
+            await cut_short_at(
+                harness.db,
+                harness.url,
+                "x_idempotency",
+                "k0",
+                clock,
+                lambda: run_pass(metered, harness.task_queue, request),
+            )
+        )["swept"]
         after_sweep = scrape(port)
         with psycopg.connect(harness.url, autocommit=True) as other:
             hold_table_lock(other, "x_idempotency")

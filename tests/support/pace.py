@@ -20,13 +20,15 @@ import itertools
 import os
 import time
 import types
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 
 from activities.engine import batching, context, ledger
+
+T = TypeVar("T")
 
 PACES = {"fast": 1 / 50, "slow": 50.0}
 """What a batch's measured duration is multiplied by under PURGE_TEST_PACE."""
@@ -147,3 +149,24 @@ async def until_a_sweep_waits(
     while not waiting_sweeps(db, holder):
         assert not running.done(), "the sweep never waited for the lock"
         await asyncio.sleep(0.01)
+
+
+async def cut_short_at(
+    db: psycopg.Connection[Any],
+    url: str,
+    table: str,
+    key: str,
+    clock: HandClock,
+    start: Callable[[], Awaitable[T]],
+    seconds: float = 3_600,
+) -> T:
+    """What `start()` returns when its sweep runs out of time at a moment this chooses: the row
+    of `table` whose `key` column is `key` held locked, the sweep started, and once its batch
+    waits there, `seconds` of `clock` (`budget_clock`) spent and the row let go: that batch
+    commits, and a sweep whose budget is below `seconds` finds it gone before the next. However
+    fast or slow the machine, the sweep has then removed rows and left some."""
+    with row_locked(url, table, key) as holder:
+        running = asyncio.ensure_future(start())
+        await until_a_sweep_waits(db, running, holder=holder)
+        clock.spend(seconds)
+    return await running
