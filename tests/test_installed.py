@@ -206,3 +206,18 @@ def test_with_ours_first_the_applications_import_activities_gets_ours(installed:
     assert worker_ok == "worker-ok"
     assert done.returncode == 1
     assert "ModuleNotFoundError: No module named 'activities.charge'" in done.stderr
+
+
+def test_with_an_applications_worker_module_first_the_command_fails_on_its_import(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """operating.md's one case the start's check cannot catch: a module named `worker` first on
+    the path is imported in place of ours (its top-level code runs), and the command fails with
+    Python's ImportError, not the one line."""
+    (tmp_path / "worker.py").write_text("print('the application worker ran')\n")
+    done = _start(installed, installed.script, "--help", pythonpath=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout == "the application worker ran\n"
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("ImportError: cannot import name 'cli' from 'worker'"), last
+    assert str(tmp_path / "worker.py") in last

@@ -75,16 +75,3 @@ async def test_a_cancelled_statement_whose_rest_comes_late_is_raised_and_the_con
     assert await again.fetchone() == (2,)
     assert await tx.fetchone() == ("0",)
     assert await prepared(conn) == 2
-
-
-async def test_a_cancelled_statement_with_its_results_in_time_keeps_the_prepared_statements(
-    held: None, conn: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
-) -> None:
-    """The settling (and its DEALLOCATE ALL) only where psycopg left the connection busy."""
-    async with settled_pipeline(conn):
-        await conn.execute("SELECT 3", prepare=True)
-    with pytest.raises(errors.QueryCanceled):
-        await cancelled_in_pipeline(conn)
-    assert conn.pgconn.pipeline_status == pq.PipelineStatus.OFF
-    assert await prepared(conn) >= 1  # SELECT 3's, and the timeout's once it was prepared
-    assert "left owing results" not in caplog.text
