@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 from temporalio import activity
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -24,7 +24,7 @@ from activities import builtin_kinds as kinds
 from purge_config.file import load_config, parse_config
 from tests.conftest import Harness
 from tests.support.history import child_ids, events
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, run_pass, until_polled
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -354,10 +354,15 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
     workflow_id = f"purge-deploy-{uuid.uuid4()}"
     async with harness.run_worker([]):
         async with Worker(harness.client, task_queue=own, activities=[leaves_after_its_heartbeat]):
+            # Its poll waiting on the server before the pass schedules: the first attempt is
+            # taken at once, whatever worker_wait's one second would allow a slow start.
+            await until_polled(harness.client, own, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
             failing = asyncio.create_task(
                 failed_pass(harness.client, harness.task_queue, request, workflow_id)
             )
-            await began.wait()
+            beginning = asyncio.ensure_future(began.wait())
+            await asyncio.wait([beginning, failing], return_when=asyncio.FIRST_COMPLETED)
+            assert began.is_set(), f"the pass ended before its attempt began: {failing.result()}"
         error = await failing
 
     [failed] = error.details[0]["failed"]

@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Schedule,
     ScheduleActionStartWorkflow,
@@ -49,7 +47,7 @@ from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
-from tests.support.passes import listed, run_pass
+from tests.support.passes import listed, listed_pollers, run_pass, until_polled
 from tests.support.procs import (
     REPO,
     Done,
@@ -755,23 +753,17 @@ async def test_sweep_of_an_edited_config_beside_the_old_worker_says_its_targets_
     # so the notice comes while it waits whatever the machine's pace.
     monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.1)
     async with harness.run_worker(build_registry(old, harness.pool), config=old):
+        # The old worker's polls reach the server first: the notice then names only the
+        # edited config's queue, however slowly the worker started.
+        await until_polled(
+            harness.client, harness.task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+        )
         [notice] = await unpolled_notices(harness, edited.pass_input())
     assert notice == (
         f"no worker polls task queue {edited.own_queue!r} (activities): those targets fail as "
         "not taken unless one does within 60 s ([pass] worker_wait); a worker polls only the "
         "queue of its own config's targets: start (or restart) `pg-purge run` with this config"
     )
-
-
-async def listed_pollers(harness: Harness, queue: str, kind: TaskQueueType.ValueType) -> int:
-    described = await harness.client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=harness.client.namespace,
-            task_queue=TaskQueue(name=queue),
-            task_queue_type=kind,
-        )
-    )
-    return len(described.pollers)
 
 
 async def test_sweep_says_so_when_the_worker_stopped_a_moment_ago_though_temporal_lists_it(
@@ -785,15 +777,22 @@ async def test_sweep_says_so_when_the_worker_stopped_a_moment_ago_though_tempora
     worker's long poll ever is (POLLER_GONE_S; a second here, so the moment comes at once)."""
     config = load_config(config_file(tmp_path, harness.url, harness.task_queue))
     workflow = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+    activity = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
     async with harness.run_worker(build_registry(config, harness.pool), config=config):
-        async with asyncio.timeout(60):
-            while not await listed_pollers(harness, harness.task_queue, workflow):
-                await asyncio.sleep(0.05)
+        await until_polled(harness.client, harness.task_queue, workflow)
+        await until_polled(harness.client, config.own_queue, activity)
     # The worker has stopped; Temporal still lists it: the queue looks polled.
-    assert await listed_pollers(harness, harness.task_queue, workflow) > 0
+    assert await listed_pollers(harness.client, harness.task_queue, workflow) > 0
     monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.1)
     monkeypatch.setattr(passes, "UNPOLLED_AGAIN_S", 0.2)
     monkeypatch.setattr(passes, "POLLER_GONE_S", 1.0)
+    # Each queue's last poll a second old before the pass starts, not one crossing that age
+    # while the other has not yet: the first notice names both.
+    async with asyncio.timeout(60):
+        while (
+            len(await passes._unpolled(harness.client, harness.task_queue, config.pass_input())) < 2
+        ):
+            await asyncio.sleep(0.1)
     assert await unpolled_notices(harness, config.pass_input()) == [
         f"no worker polls task queue {harness.task_queue!r} (passes), {config.own_queue!r} "
         "(activities): the pass waits until one does; start `pg-purge run` with this config "

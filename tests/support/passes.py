@@ -9,6 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -127,3 +130,21 @@ async def listed(client: Client, query: str, count: int = 1) -> list[WorkflowExe
                 f"in {LISTING_WAIT_S:.0f} s"
             )
         await asyncio.sleep(0.05)
+
+
+async def listed_pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> int:
+    """How many pollers Temporal lists on `queue` for `kind` (workflow or activity tasks)."""
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind
+        )
+    )
+    return len(described.pollers)
+
+
+async def until_polled(client: Client, queue: str, kind: TaskQueueType.ValueType) -> None:
+    """Returns once a worker's poll of `queue` has reached the server (within a minute): a task
+    put there from then on is taken at once, however slowly the worker started."""
+    async with asyncio.timeout(60):
+        while not await listed_pollers(client, queue, kind):
+            await asyncio.sleep(0.05)
