@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import re
-import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -239,28 +238,30 @@ def scrape(port: int) -> dict[str, float]:
 async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     temporal_server: RunningTemporal,
     harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The config's smallest budget (1s) on a table whose deletes take a millisecond a row:
+    """The config's smallest budget (1s), spent while the sweep's first batch waits on a row:
     the pass ends with a backlog, and the gauges say how many rows are left and how long the
     oldest has waited; a target that fails counts once in purge_target_failures."""
     expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)
-    harness.db.execute(
-        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$BEGIN PERFORM pg_sleep(0.001); RETURN OLD; END$$"
-    )
-    harness.db.execute(
-        "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
-        " EXECUTE FUNCTION slow_delete()"
-    )
+    clock = budget_clock(monkeypatch)
     [spec] = parse_config(
         {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
     ).targets
     [port] = free_ports(1)
     metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
     registry = TargetRegistry([kinds.idempotency(harness.pool, settings=spec.settings)])
+    request = {"targets": ["x_idempotency", "nowhere"]}
     async with new_worker(metered, registry, harness.task_queue):
         with pytest.raises(Exception, match="failed"):
-            await run_pass(metered, harness.task_queue, {"targets": ["x_idempotency", "nowhere"]})
+            await cut_short_at(
+                harness.db,
+                harness.url,
+                "x_idempotency",
+                "k0",
+                clock,
+                lambda: run_pass(metered, harness.task_queue, request),
+            )
     metrics = scrape(port)
 
     left = harness.db.execute(
@@ -392,7 +393,9 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
     # the first batch would take at once): walked, 50 a batch.
     batch = 50 if ends == "cut short" else 1_000
     fixed_batches(monkeypatch, rows=batch)
-    settings = SweepSettings(time_budget_ms=300, lock_timeout_ms=100)
+    # A budget no machine spends on its own; `cut short` spends it by hand after its first batch.
+    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=100)
+    clock = budget_clock(monkeypatch)
     holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
     holder.execute("SET lock_timeout = '5s'")  # a hook inside a batch would fail, not hang
 
@@ -400,7 +403,7 @@ async def test_reads_after_a_sweep_behind_a_table_held_by_ddl_fall_back_and_the_
         if progress.batches == 1:  # committed; for all but `cut short`, the last
             holder.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
             if ends == "cut short":
-                time.sleep(settings.time_budget_ms / 1000)
+                clock.spend(3_600)
 
     try:
         stats = await kinds.idempotency(pool, settings=settings).sweep(
