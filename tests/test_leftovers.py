@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
 
 import worker
 from activities import builtin_kinds as kinds
@@ -34,7 +35,7 @@ from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.pace import budget_clock, cut_short_at, fixed_batches
+from tests.support.pace import HandClock, budget_clock, cut_short_at, fixed_batches
 from tests.support.passes import listed, run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
@@ -234,6 +235,21 @@ def scrape(port: int) -> dict[str, float]:
     }
 
 
+async def pass_out_of_time_at_k0(
+    harness: Harness, client: Client, request: dict[str, Any], clock: HandClock
+) -> dict[str, Any]:
+    """The result of a pass of `request` whose x_idempotency sweep runs out of time once its
+    first batch, held at row k0, commits (`cut_short_at`)."""
+    return await cut_short_at(
+        harness.db,
+        harness.url,
+        "x_idempotency",
+        "k0",
+        clock,
+        lambda: run_pass(client, harness.task_queue, request),
+    )
+
+
 @pytest.mark.waits
 async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     temporal_server: RunningTemporal,
@@ -254,14 +270,7 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     request = {"targets": ["x_idempotency", "nowhere"]}
     async with new_worker(metered, registry, harness.task_queue):
         with pytest.raises(Exception, match="failed"):
-            await cut_short_at(
-                harness.db,
-                harness.url,
-                "x_idempotency",
-                "k0",
-                clock,
-                lambda: run_pass(metered, harness.task_queue, request),
-            )
+            await pass_out_of_time_at_k0(harness, metered, request, clock)
     metrics = scrape(port)
 
     left = harness.db.execute(
@@ -296,16 +305,7 @@ async def test_a_busy_sweep_leaves_the_backlog_gauges_as_the_last_sweep_set_them
     async with new_worker(metered, registry, harness.task_queue):
         # Cut short by the pass's budget at its first batch, so it leaves a backlog the gauges
         # report.
-        [cut_short] = (
-            await cut_short_at(
-                harness.db,
-                harness.url,
-                "x_idempotency",
-                "k0",
-                clock,
-                lambda: run_pass(metered, harness.task_queue, request),
-            )
-        )["swept"]
+        [cut_short] = (await pass_out_of_time_at_k0(harness, metered, request, clock))["swept"]
         after_sweep = scrape(port)
         with psycopg.connect(harness.url, autocommit=True) as other:
             hold_table_lock(other, "x_idempotency")
