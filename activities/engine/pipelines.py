@@ -3,13 +3,14 @@ statement when a statement in it fails.
 
 A batch that runs past its statement_timeout is rolled back whole and its caller goes on (a
 narrower span, the boundary read). That holds only if the connection is back out of pipeline
-mode with nothing owed when the error reaches the caller. psycopg's pipeline exit reads the
-results the server still owes until its read finds none waiting; when the last of them (the
-Sync's) arrives after that read, as it can on a loaded machine, the exit fails with
-`OperationalError: cannot exit pipeline mode while busy` (or "with uncollected results") in
-place of the statement's own error, and the connection stays in pipeline mode: the caller's
-fallback then fails too, or, worse, reads an old statement's results as its own. Seen once in
-CI (psycopg 3.3.9, libpq 18).
+mode with nothing owed when the error reaches the caller. Once in CI (psycopg 3.3.9, libpq 18,
+a loaded machine) psycopg's pipeline exit failed with `OperationalError: cannot exit pipeline
+mode while busy` in place of the statement's own error, the connection left in pipeline mode
+with replies still owed: the caller's fallback then fails too, or, worse, a later pipeline
+reads an old statement's replies as its own. As far as psycopg's code shows, its exit reads
+the owed replies only until a read finds none waiting, so a reply that arrives after that read
+is left; the exact interleaving was not reproduced, and tests make it happen by making that
+read find nothing (tests/support/late_results.py).
 
 `settled_pipeline` reads what is still owed up to the Sync's result, leaves pipeline mode, and
 raises the statement's own error (so `except QueryCanceled` still catches it). The statements
