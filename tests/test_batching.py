@@ -11,7 +11,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -751,6 +751,34 @@ async def test_rows_renewed_during_the_sweep_are_never_deleted(
     assert stats.strategy == ("index" if spec.expired_every > 5 else "range")
 
 
+async def renewed_while_a_batch_waits(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    kind: str,
+    expired_every: int,
+    first: Callable[[asyncio.Task[Any]], Awaitable[None]] | None = None,
+) -> tuple[Any, set[str]]:
+    """`kind`'s table with every `expired_every`-th of 4,000 rows expired, swept while a client
+    renews the expired row k0 and holds it; once a batch waits on it (after `first`, given the
+    running sweep, returns), the renewal commits. The sweep's stats and the keys left."""
+    spec = KINDS_UNDER_RENEWAL[kind]
+    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": 3_999}
+    for statement in spec.fill:
+        db.execute(statement.replace("i % 2 = 0", f"i % {expired_every} = 0").format(**values))
+    analyze(db, spec.tables[0])
+
+    with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
+        assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
+        sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
+        if first is not None:
+            await first(sweeping)
+        await until_a_sweep_waits(db, sweeping, holder=client)
+        client.commit()
+        stats = await sweeping
+    return stats, keys(db, spec.tables[0])
+
+
 @pytest.mark.parametrize(
     ("kind", "expired_every", "strategy"),
     [
@@ -772,21 +800,9 @@ async def test_a_row_renewed_while_its_batch_waits_on_the_lock_is_kept(
     """The race made certain: a client holds an expired row mid-renewal, the sweep's batch
     reaches it and waits for the lock, the renewal commits; the batch must re-check the row's
     new version and keep it. (A batch that deleted by key would lose it.)"""
-    spec = KINDS_UNDER_RENEWAL[kind]
-    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": 3_999}
-    for statement in spec.fill:
-        db.execute(statement.replace("i % 2 = 0", f"i % {expired_every} = 0").format(**values))
-    analyze(db, spec.tables[0])
-
-    with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
-        assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
-        sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
-        await until_a_sweep_waits(db, sweeping, holder=client)
-        client.commit()
-        stats = await sweeping
+    stats, left = await renewed_while_a_batch_waits(db, pool, schema_url, kind, expired_every)
 
     assert stats.strategy == strategy
-    left = keys(db, spec.tables[0])
     assert "k0" in left
     assert not {f"k{i}" for i in range(expired_every, 4_000, expired_every)} & left
 
@@ -801,25 +817,18 @@ async def test_a_whole_batch_whose_timeout_leaves_results_owed_rolls_back_and_th
     its statement_timeout on a held row, and psycopg's read of what the server still owes finds
     it late (its pipeline exit fails while busy). The batch must still be rolled back whole and
     the sweep go on by boundary reads: the held row, renewed meanwhile, kept, the rest gone."""
-    spec = KINDS_UNDER_RENEWAL["idempotency"]
-    values = {"old": NOW - HOUR, "new": NOW + HOUR, "now": NOW, "last": 3_999}
-    for statement in spec.fill:
-        db.execute(statement.replace("i % 2 = 0", "i % 20 = 0").format(**values))
-    analyze(db, spec.tables[0])
     late_results = results_late(monkeypatch)
 
-    with psycopg.connect(schema_url) as client:  # not autocommit: the renewal stays open
-        assert client.execute(spec.renew[0].format(**values), ("k0",)).rowcount == 1
-        sweeping = asyncio.create_task(spec.target(pool).sweep(NOW))
+    async def the_whole_batch_timed_out(sweeping: asyncio.Task[Any]) -> None:
         while not late_results.late:  # the whole batch timed out, the rest found late
             assert not sweeping.done(), "no batch ran past its statement_timeout"
             await asyncio.sleep(0.01)
-        await until_a_sweep_waits(db, sweeping, holder=client)  # a boundary batch now
-        client.commit()
-        stats = await sweeping
+
+    stats, left = await renewed_while_a_batch_waits(
+        db, pool, schema_url, "idempotency", 20, first=the_whole_batch_timed_out
+    )
 
     assert stats.strategy == "index"
-    left = keys(db, spec.tables[0])
     assert "k0" in left
     assert not {f"k{i}" for i in range(20, 4_000, 20)} & left
 

@@ -1,10 +1,10 @@
 """The moment a statement's error in a pipeline meets a read that finds the rest not yet there.
 
-psycopg's pipeline exit reads the results the server owes until a read finds none waiting; on
-a loaded machine the Sync's result can arrive after that read, and the exit then fails with
-"cannot exit pipeline mode while busy" in place of the statement's error (seen once in CI).
-`LateResults` makes that moment happen on any machine: the read after a statement's error finds
-nothing, once per error, as if the rest were late (see activities.engine.pipelines).
+Once in CI psycopg's pipeline exit failed with "cannot exit pipeline mode while busy" in place of
+the statement's error; as far as its code shows, its exit reads the results the server owes
+until a read finds none waiting, so one that arrives after that read is left (see
+activities.engine.pipelines). `LateResults` makes that moment happen on any machine: the read
+after a statement's error finds nothing, once per error, as if the rest were late.
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ class LateResults:
     """psycopg's pipeline reads, with the one after each statement error finding nothing."""
 
     def __init__(self) -> None:
-        self.errors = 0
-        """Statement errors a pipeline read."""
         self.late = 0
-        """Reads made to find nothing after one."""
+        """Reads made to find nothing after a statement's error."""
         self._owed = False
 
     def fetch_many(self, pgconn: Any) -> PQGen[list[Any]]:
@@ -32,9 +30,7 @@ class LateResults:
             self.late += 1
             return []
         results = yield from generators.fetch_many(pgconn)
-        if any(r.status == pq.ExecStatus.FATAL_ERROR for r in results):
-            self.errors += 1
-            self._owed = True
+        self._owed = any(r.status == pq.ExecStatus.FATAL_ERROR for r in results)
         return results
 
 
