@@ -156,8 +156,9 @@ async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budge
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pass hands each target what is left of its budget: a sweep whose own time budget is
-    10 minutes, in a pass of one, stops once a minute is spent, with a backlog (without the
-    hand-off it would go on, its own budget far from spent, and take every row)."""
+    10 minutes, in a pass of one minute, stops once two minutes pass on the hand clock, with a
+    backlog (without the hand-off it would go on, its own budget far from spent, and take every
+    row)."""
     expired = 12_000
     harness.db.execute(
         "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i <= %s THEN %s ELSE %s END"
