@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from temporalio.client import Client
 
 from activities import metrics
 from purge_ops.ports import free_ports
+from tests.support.pace import HandClock, budget_clock, cut_short_at
 from tests.support.passes import run_pass
 from tests.support.probes import http, samples, scrape, worker
 from tests.support.procs import REPO, worker_config
@@ -24,7 +26,6 @@ from tests.support.rows import HOUR, idempotency_rows
 from tests.support.servers import RunningTemporal
 from tests.support.source import parse
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
-from tests.test_batching import slow_deletes
 from tests.test_fleet import hold_table_lock
 
 TARGETS = '[[targets]]\nkind = "idempotency"\n\n[[targets]]\nkind = "auth"\n'
@@ -220,13 +221,13 @@ SWEEP_GAUGES = (
     "purge_batch_p95_seconds",
     "purge_target_last_sweep_timestamp_seconds",
 )
-#: Expired rows for the first sweep, each taking SLOW_MS to delete: 2 s of deletes, so a pass
-#: of PASS_BUDGET_MS ends it with a backlog and every gauge away from 0. Their expiries are
-#: scattered over the heap, so the first batch is 500 rows (FIRST_ROWS) whatever the table's
-#: statistics say, not the whole table.
+#: Expired rows for the first sweep. Their expiries are scattered over the heap, so its first
+#: batch is 500 rows (FIRST_ROWS) whatever the table's statistics say, not the whole table; the
+#: sweep runs out of its pass's budget while that batch waits on the oldest row
+#: (`cut_short_at`), so on any machine it ends with rows removed and a backlog.
 EXPIRED = 2_000
-SLOW_MS = 1.0
-PASS_BUDGET_MS = 500
+#: A budget no machine spends on its own: the hand clock spends it (`budget_clock`).
+PASS_BUDGET_MS = 60_000
 
 
 def scattered(i: int) -> int:
@@ -242,35 +243,63 @@ def gauges(page: Page, target: str) -> dict[str, float]:
     return {name: value(page, name, target=target) for name in SWEEP_GAUGES}
 
 
+@dataclass(frozen=True)
+class Held:
+    """The row a sweep's first batch reaches first: `table`'s row whose `column` is `key`."""
+
+    table: str
+    column: str
+    key: object
+
+
 async def swept_with_a_backlog(
     client: Client,
     task_queue: str,
     port: int,
     target: str,
-    arrange: Callable[[], None],
+    arrange: Callable[[], Held],
+    db: psycopg.Connection[Any],
+    url: str,
+    clock: HandClock,
 ) -> dict[str, float]:
     """A real sweep of `target` (its rows made by `arrange`) that its pass's budget ends with
-    rows left: its gauges as served, each checked away from 0, so a later write shows."""
-    arrange()
-    result = await run_pass(
-        client,
-        task_queue,
-        {"targets": [target], "max_concurrent": 1, "budget_ms": PASS_BUDGET_MS},
+    rows left, spent by `clock` while its first batch waits on `arrange`'s row: its gauges as
+    served, each checked away from 0, so a later write shows."""
+    held = arrange()
+    result = await cut_short_at(
+        db,
+        url,
+        held.table,
+        held.key,
+        clock,
+        lambda: run_pass(
+            client,
+            task_queue,
+            {"targets": [target], "max_concurrent": 1, "budget_ms": PASS_BUDGET_MS},
+        ),
+        column=held.column,
     )
     [sweep] = result["swept"]
-    assert (sweep["status"], sweep["backlog"] > 0) == ("ok", True), str(sweep)
+    assert (sweep["status"], sweep["removed"] > 0, sweep["backlog"] > 0) == ("ok", True, True), str(
+        sweep
+    )
     served = gauges(await scrape(port), target)
     assert all(v > 0 for v in served.values()), served
     return served
 
 
-def expired_idempotency_rows(db: psycopg.Connection[Any], now_ms: int) -> Callable[[], None]:
-    def arrange() -> None:
+def expired_idempotency_rows(db: psycopg.Connection[Any], now_ms: int) -> Callable[[], Held]:
+    def arrange() -> Held:
         idempotency_rows(db, {f"old{i}": now_ms - scattered(i) for i in range(EXPIRED)})
         idempotency_rows(db, {"live": now_ms + HOUR})
-        slow_deletes(db, "x_idempotency", ms=SLOW_MS)
+        return Held("x_idempotency", "key", f"old{oldest()}")
 
     return arrange
+
+
+def oldest() -> int:
+    """The `i` whose row `scattered` makes the oldest."""
+    return max(range(EXPIRED), key=scattered)
 
 
 async def not_run_leaves_the_gauges(
@@ -303,13 +332,17 @@ class TestSweepsThatDidNotRun:
         task_queue: str,
         db: psycopg.Connection[Any],
         real_now: int,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
+        clock = budget_clock(monkeypatch)
         [port] = free_ports(1)
         targets = NO_WAIT + TARGETS
         config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
         async with worker(config, temporal_server, port):
             arrange = expired_idempotency_rows(db, real_now)
-            before = await swept_with_a_backlog(client, task_queue, port, "x_idempotency", arrange)
+            before = await swept_with_a_backlog(
+                client, task_queue, port, "x_idempotency", arrange, db, schema_url, clock
+            )
             with psycopg.connect(schema_url, autocommit=True) as other:
                 hold_table_lock(other, "x_idempotency")
                 await not_run_leaves_the_gauges(
@@ -330,8 +363,10 @@ class TestSweepsThatDidNotRun:
         schema_url: str,
         task_queue: str,
         real_now: int,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """A pattern's match swept, then its tenant dropped: the next sweep of it is `gone`."""
+        clock = budget_clock(monkeypatch)
         prefix = tenant_prefix()
         tenant = f"{prefix}_0000"
         match = f"sessions@{tenant}"
@@ -343,7 +378,7 @@ class TestSweepsThatDidNotRun:
         config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, targets)
         with tenant_schemas(schema_url, prefix) as conn:
 
-            def arrange() -> None:
+            def arrange() -> Held:
                 create_tenants(conn, prefix, range(1), real_now)
                 sessions = sql.Identifier(tenant, "sessions")
                 with conn.cursor() as cur:
@@ -351,10 +386,17 @@ class TestSweepsThatDidNotRun:
                         sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(sessions),
                         [(real_now - scattered(i),) for i in range(EXPIRED)],
                     )
-                slow_deletes(conn, sessions.as_string(conn), ms=SLOW_MS)
+                    cur.execute(
+                        sql.SQL("SELECT id FROM {} WHERE expires_at = %s").format(sessions),
+                        (real_now - scattered(oldest()),),
+                    )
+                    [(key,)] = cur.fetchall()
+                return Held(sessions.as_string(conn), "id", key)
 
             async with worker(config, temporal_server, port):
-                before = await swept_with_a_backlog(client, task_queue, port, match, arrange)
+                before = await swept_with_a_backlog(
+                    client, task_queue, port, match, arrange, conn, schema_url, clock
+                )
                 conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(tenant)))
                 await not_run_leaves_the_gauges(
                     client,
@@ -375,15 +417,19 @@ class TestSweepsThatDidNotRun:
         task_queue: str,
         db: psycopg.Connection[Any],
         real_now: int,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """x_auth first, one at a time, spends the pass's 1 ms budget: x_idempotency is skipped
         by the workflow, which starts no activity for it, so no worker writes its gauges."""
+        clock = budget_clock(monkeypatch)
         [port] = free_ports(1)
         config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
         spent = {"targets": ["x_auth", "x_idempotency"], "max_concurrent": 1, "budget_ms": 1}
         async with worker(config, temporal_server, port):
             arrange = expired_idempotency_rows(db, real_now)
-            before = await swept_with_a_backlog(client, task_queue, port, "x_idempotency", arrange)
+            before = await swept_with_a_backlog(
+                client, task_queue, port, "x_idempotency", arrange, db, schema_url, clock
+            )
             await not_run_leaves_the_gauges(
                 client,
                 task_queue,

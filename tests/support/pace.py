@@ -100,12 +100,14 @@ def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @contextlib.contextmanager
-def row_locked(url: str, table: str, key: str) -> Iterator[psycopg.Connection[Any]]:
-    """Another session holding the row of `table` whose `key` column is `key` locked (FOR
-    UPDATE, changing nothing) until the block ends: a batch that reaches it waits there."""
+def row_locked(
+    url: str, table: str, key: object, column: str = "key"
+) -> Iterator[psycopg.Connection[Any]]:
+    """Another session holding the row of `table` whose `column` is `key` locked (FOR UPDATE,
+    changing nothing) until the block ends: a batch that reaches it waits there."""
     with psycopg.connect(url, autocommit=True) as holder:
         holder.execute("BEGIN")
-        locked = holder.execute(f"SELECT 1 FROM {table} WHERE key = %s FOR UPDATE", (key,))
+        locked = holder.execute(f"SELECT 1 FROM {table} WHERE {column} = %s FOR UPDATE", (key,))
         assert locked.fetchone(), f"no row {key!r} in {table} to lock"
         try:
             yield holder
@@ -155,17 +157,18 @@ async def cut_short_at(
     db: psycopg.Connection[Any],
     url: str,
     table: str,
-    key: str,
+    key: object,
     clock: HandClock,
     start: Callable[[], Awaitable[T]],
     seconds: float = 3_600,
+    column: str = "key",
 ) -> T:
     """What `start()` returns when its sweep runs out of time at a moment this chooses: the row
-    of `table` whose `key` column is `key` held locked, the sweep started, and once its batch
+    of `table` whose `column` is `key` held locked, the sweep started, and once its batch
     waits there, `seconds` of `clock` (`budget_clock`) spent and the row let go: that batch
     commits, and a sweep whose budget is below `seconds` finds it gone before the next. However
     fast or slow the machine, the sweep has then removed rows and left some."""
-    with row_locked(url, table, key) as holder:
+    with row_locked(url, table, key, column) as holder:
         running = asyncio.ensure_future(start())
         await until_a_sweep_waits(db, running, holder=holder)
         clock.spend(seconds)
