@@ -344,18 +344,20 @@ async def test_analyze_after_that_runs_past_statement_timeout_warns_and_sweeps(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
     """ANALYZE made slow for certain: an expression index whose function, replaced once the
-    index is built, sleeps a millisecond on each row ANALYZE samples (the sweep's DELETEs never
-    call it). ANALYZE runs past statement_timeout and is cancelled; the sweep ends ok with its
-    rows counted, not analyzed, and says why, once."""
+    index is built, sleeps 10 ms on each row ANALYZE samples (the sweep's DELETEs never call
+    it): 50 s for the 5,000 rows left. ANALYZE runs past a statement_timeout of a second and is
+    cancelled; the sweep ends ok with its rows counted, not analyzed, and says why, once. (A
+    second, not less: the sweep's own reads and batches run under it too, and must not meet it
+    on a slow machine.)"""
     fill(db, "x_idempotency", 10_000, 2, NOW)
     db.execute("CREATE FUNCTION slow_key(k text) RETURNS text IMMUTABLE LANGUAGE sql AS 'SELECT k'")
     db.execute("CREATE INDEX ON x_idempotency (slow_key(key))")
     db.execute(
         "CREATE OR REPLACE FUNCTION slow_key(k text) RETURNS text IMMUTABLE LANGUAGE plpgsql "
-        "AS $$ BEGIN PERFORM pg_sleep(0.001); RETURN k; END $$"
+        "AS $$ BEGIN PERFORM pg_sleep(0.01); RETURN k; END $$"
     )
     result: PurgeSweep = await sweep_of(
-        pool, analyze_after=True, batch_target="10ms", statement_timeout="100ms"
+        pool, analyze_after=True, batch_target="10ms", statement_timeout="1s"
     )
 
     assert (result.status, result.removed) == ("ok", 5_000)
@@ -363,7 +365,7 @@ async def test_analyze_after_that_runs_past_statement_timeout_warns_and_sweeps(
     assert result.advice.count("not analyzed") == 1
     assert (
         "x_idempotency: not analyzed after the sweep: ANALYZE ran past statement_timeout "
-        "(100 ms); statistics left as they were"
+        "(1000 ms); statistics left as they were"
     ) in result.advice
 
 
