@@ -12,22 +12,25 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import WorkflowHandle
+from temporalio.converter import DataConverter
 
 from activities import builtin_kinds as kinds
+from purge_config.settings import SweepSettings
 from tests.conftest import Harness
 from tests.support.dead_worker import QUICK_RETRY_NOTICED_AFTER, notice_the_dead_worker_sooner
 from tests.support.history import events, target_runs
-from tests.support.pace import fixed_batches
+from tests.support.pace import durable_every, fixed_batches, row_locked, until_a_sweep_waits
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
-from tests.test_batching import slow_deletes
 
 TARGETS = """
 [[targets]]
@@ -141,45 +144,68 @@ async def test_sigkilled_worker_is_replaced_and_the_pass_resumes_at_its_target(
 
 
 @pytest.mark.waits
-async def test_worker_sends_sweep_progress_at_least_once_a_second(
+async def test_the_server_has_a_waiting_sweeps_progress_within_seconds(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A retry resumes from the last progress the server got: with the SDK's default throttle
     (12 s here) a killed worker's last 12 s of deleted rows would be missing from the report's
-    count. Observed on the server: while a pass's sweep runs its batches for seconds, the running
-    activity's last heartbeat, as the server stamped it, is never two seconds older than the
-    moment it was asked for. (Asked at some moment, not compared with the one seen before: a
-    describe that took a second on a busy machine would have missed a heartbeat between.)"""
-    # 2,000 expired rows among 20,000, in no order (index batches), each taking 2 ms to delete,
-    # in batches of 200: ten batches of 0.4 s, whatever the first batch's size would be.
+    count; the worker's is one second (`runner.HEARTBEAT_THROTTLE`). The sweep is held at a row
+    after a few committed batches (with a lock timeout longer than the test), and from the
+    moment it waits there the server holds their rows as the attempt's progress within
+    SEEN_WITHIN seconds: six times the worker's throttle, half the SDK's (checked: at the SDK's
+    default the server still has the first batch's rows after 6 s). From a moment the test
+    makes, not at samples taken while batches run: a batch slowed by a busy machine is no
+    missed heartbeat."""
+    # 2,000 expired rows among 20,000, each older than the next key's: index batches of 200
+    # take k2000 down towards k1000 first, and the one that reaches k1000 waits there. Each
+    # batch commits and beats on its own.
     harness.db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
-        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s ELSE %s END"
+        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
         " FROM generate_series(1, 20_000) i ORDER BY random()",
         (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
     harness.db.execute("ANALYZE x_idempotency")
-    slow_deletes(harness.db, "x_idempotency", ms=2.0)
     fixed_batches(monkeypatch, rows=200)
-    seen: list[tuple[datetime, datetime]] = []  # (asked at, the last heartbeat then)
-    async with harness.run_worker([kinds.idempotency(harness.pool)]):
-        handle = await harness.client.start_workflow(
-            "Purge",
-            {"targets": ["x_idempotency"]},
-            id=f"purge-beats-{uuid.uuid4()}",
-            task_queue=harness.task_queue,
-        )
-        result = asyncio.ensure_future(handle.result())
-        while not result.done():
-            asked = datetime.now(UTC)
-            described = await handle.describe()
-            for running in described.raw_description.pending_activities:
-                if running.HasField("last_heartbeat_time"):
-                    seen.append((asked, running.last_heartbeat_time.ToDatetime(UTC)))
-            await asyncio.sleep(0.1)
+    durable_every(monkeypatch, 1)
+    # The batch at k1000 waits there for as long as the test holds it (not the default 2 s):
+    # an attempt that gave up would send its progress on its way out, whatever the throttle.
+    patient = SweepSettings(lock_timeout_ms=600_000)
+    async with harness.run_worker([kinds.idempotency(harness.pool, settings=patient)]):
+        with row_locked(harness.url, "x_idempotency", "k1000") as holder:
+            handle = await harness.client.start_workflow(
+                "Purge",
+                {"targets": ["x_idempotency"]},
+                id=f"purge-beats-{uuid.uuid4()}",
+                task_queue=harness.task_queue,
+            )
+            result = asyncio.ensure_future(handle.result())
+            await until_a_sweep_waits(harness.db, result, holder)
+            waiting_since = time.monotonic()
+            [(left,)] = harness.db.execute(
+                "SELECT count(*) FROM x_idempotency WHERE expires_at_ms < %s", (harness.now_ms,)
+            ).fetchall()
+            committed = 2_000 - left
+            assert committed > 0  # the batches before k1000's (about five)
+            while (reported := await server_progress(handle)) != committed:
+                waited = time.monotonic() - waiting_since
+                assert waited < SEEN_WITHIN, f"after {waited:.1f} s the server has {reported}"
+                await asyncio.sleep(0.1)
         report = await result
 
     assert report["swept"][0]["removed"] == 2_000
-    assert len({beat for _, beat in seen}) >= 3, seen  # one, with the SDK's default throttle
-    ages = [(asked - beat).total_seconds() for asked, beat in seen]
-    assert max(ages) < 2.0, ages
+
+
+#: How soon (seconds) the server holds a waiting sweep's progress: between the worker's throttle
+#: (1 s) and the SDK's default (12 s), far from each.
+SEEN_WITHIN = 6.0
+
+
+async def server_progress(handle: WorkflowHandle[Any, Any]) -> int | None:
+    """The rows the pass's running sweep last reported removed, as the server holds them."""
+    described = await handle.describe()
+    for running in described.raw_description.pending_activities:
+        if running.HasField("heartbeat_details"):
+            [details] = await DataConverter.default.decode(running.heartbeat_details.payloads)
+            return int(details["removed"])
+    return None
