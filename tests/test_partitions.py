@@ -490,7 +490,8 @@ async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_co
     Attempt 2 of the same pass completes it (FINALIZE), drops it and the rest, and counts each
     partition's rows exactly once."""
     total = make_events(db)
-    target = events(pool)
+    # The detach waits out the reader for as long as the test takes to find it, not 2 s.
+    target = events(pool, settings=SweepSettings(lock_timeout_ms=120_000))
     run_id = "run-interrupted"
     beats: list[dict[str, Any]] = []
     first = activity_env(workflow_run_id=run_id)
@@ -505,7 +506,7 @@ async def test_an_interrupted_concurrent_detach_is_finalized_by_the_retry_and_co
                 PurgeStep(name="events", now_ms=NOW),
             )
         )
-        backend = await _waiting_detach(db, reader)
+        backend = await _waiting_detach(db, reader, attempt)
         db.execute("SELECT pg_terminate_backend(%s)", (backend,))
         with pytest.raises(psycopg.OperationalError):
             await attempt
@@ -542,13 +543,17 @@ async def _detach_done(db: psycopg.Connection[Any], backend: int) -> None:
 
 
 async def _waiting_detach(
-    db: psycopg.Connection[Any], reader: psycopg.Connection[Any], tries: int = 1500
+    db: psycopg.Connection[Any],
+    reader: psycopg.Connection[Any],
+    running: asyncio.Future[Any] | None = None,
+    tries: int = 1500,
 ) -> int:
     """The backend of the DETACH ... CONCURRENTLY of a partition in `db`'s schema waiting out
-    `reader`'s older snapshot (which the test holds: it waits as long as it takes). On a
-    shared server another test's detach can wait on `reader` too (it waits out every older
-    snapshot in the database), and this test's on another test's reader: only the one blocked
-    by `reader` that names this schema's partition is this test's."""
+    `reader`'s older snapshot (which the test holds: it waits as long as it takes, under a
+    lock_timeout longer than the test). On a shared server another test's detach can wait on
+    `reader` too (it waits out every older snapshot in the database), and this test's on
+    another test's reader: only the one blocked by `reader` that names this schema's partition
+    is this test's. Fails at once if `running` (the sweep) ends first."""
     for _ in range(tries):
         row = db.execute(
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'virtualxid'"
@@ -558,6 +563,8 @@ async def _waiting_detach(
         ).fetchone()
         if row:
             return int(row[0])
+        if running is not None and running.done():
+            raise AssertionError(f"the sweep ended before its detach waited: {running.result()}")
         await asyncio.sleep(0.02)
     raise AssertionError("the detach never waited")
 
@@ -818,6 +825,8 @@ table = "events"
 column = "at_ms"
 max_age = "3d"
 partitions = "drop"
+# The first detach waits out the test's reader until the worker is killed, not 2 s.
+lock_timeout = "60s"
 """
 
 
