@@ -37,6 +37,7 @@ from tests.support.pace import (
     budget_clock,
     cut_short_at,
     durable_every,
+    durations_as_measured,
     fixed_batches,
     until_a_sweep_waits,
 )
@@ -119,7 +120,10 @@ async def test_a_batch_quicker_than_its_target_grows_the_next_and_a_slower_one_s
     """Sizing by duration, in the direction of the target: under a 10 s target (far longer than
     any batch takes) the second batch of a walk is larger than the first; when every DELETE
     takes 60 ms or more (a statement trigger sleeps) against a 1 ms target, it is smaller. The
-    direction of a resize, not a count of batches: how many a table takes is the machine's."""
+    direction of a resize, not a count of batches: how many a table takes is the machine's.
+    Durations as measured under any PURGE_TEST_PACE: scaled fifty times, a slow machine's first
+    batch could pass the 10 s target, and a 60 ms sleep come within twice the 1 ms one."""
+    durations_as_measured(monkeypatch)
     durable_every(monkeypatch, 1)  # every batch reported as it commits
     fill_idempotency(db, 40_000, expired_every=2)
     analyze(db, "x_idempotency")

@@ -27,15 +27,12 @@ from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
-from tests.support.pace import fixed_batches
+from tests.support.pace import durations_as_measured, fixed_batches
 from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW
 
 NOW = PAST_NOW
 ROWS = 200
-#: The engine's own resize, taken before `machine_pace` can scale batch times: a sleep in the
-#: server lasts as long on a machine fifty times faster.
-RESIZE = batching._resize
 
 
 def boundary_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -388,8 +385,8 @@ async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     """One slow row (0.2 s, far past twice the 15 ms target on any machine) in the middle of
     4,000 even keys: the span that meets it is followed by one of half its width, so about half
     its rows, whatever each batch's size was before. The moment is the sleep, which no
-    machine's speed shortens: batch times are taken as they are (`RESIZE`)."""
-    monkeypatch.setattr(batching, "_resize", RESIZE)
+    machine's speed shortens: batch times are taken as they are."""
+    durations_as_measured(monkeypatch)
     monkeypatch.setattr(batching, "FIRST_ROWS", ROWS)
     monkeypatch.setattr(batching, "ROWS_RANGE", (50, 2 * ROWS))
     fill(db, 4_000, 40_000, spacing_ms=1_000)

@@ -76,6 +76,17 @@ def durable_every(monkeypatch: pytest.MonkeyPatch, batches: int) -> None:
     monkeypatch.setattr(ledger, "DURABLE_EVERY_S", batches)
 
 
+#: The engine's own resize, taken before `machine_pace` can scale batch times.
+ENGINE_RESIZE = batching._resize
+
+
+def durations_as_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches sized by their durations as measured, whatever PURGE_TEST_PACE says: for a test
+    whose durations are made by a sleep in the server (it lasts as long on any machine), and
+    which a pace's scaling would only blur."""
+    monkeypatch.setattr(batching, "_resize", ENGINE_RESIZE)
+
+
 def machine_pace(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under PURGE_TEST_PACE=fast every batch is sized as if it had taken a fiftieth of its
     time: a table ends in a few large batches, all inside one durable point, as on a machine
