@@ -6,33 +6,39 @@ pass completes either way (real Temporal, real PostgreSQL)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from datetime import timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
+from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
-from tests.support.passes import run_pass, run_pass_beside_older
+from tests.support.passes import failed_pass, run_pass, run_pass_beside_older
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 from tests.test_small_together import LARGE_ROWS, make_large
 from tests.test_tenants import pattern_config
+from workflows import spread
 
 TENANTS = 5
 
 
-async def queues(harness: Harness, workflow_id: str) -> tuple[list[str], list[str], int]:
+async def queues(client: Client, workflow_id: str) -> tuple[list[str], list[str], int]:
     """(the task queue each child was started on, the task queue of each activity its runs
     scheduled, the sweeps its runs ran as local activities)."""
-    parent = await events(harness.client, workflow_id)
+    parent = await events(client, workflow_id)
     started = [
         e.start_child_workflow_execution_initiated_event_attributes.task_queue.name
         for e in parent
         if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
     ]
-    runs = await child_runs(harness.client, parent)
+    runs = await child_runs(client, parent)
     scheduled = [attrs.task_queue.name for attrs in scheduled_in(runs)]
     local = sum(len(local_sweeps(h)) for r in runs.values() for h in r)
     return started, scheduled, local
@@ -57,7 +63,7 @@ async def test_a_child_runs_on_the_queue_of_its_databases_activities(
             result = await run_pass(
                 harness.client, harness.task_queue, config.pass_input(), workflow_id
             )
-            started, scheduled, local = await queues(harness, workflow_id)
+            started, scheduled, local = await queues(harness.client, workflow_id)
 
         assert result["statuses"] == {"ok": TENANTS}
         assert all(expired == 0 for expired, _ in counts(conn, prefix, harness.now_ms).values())
@@ -89,9 +95,64 @@ async def test_beside_an_older_worker_that_runs_no_children_they_stay_on_the_pas
         result = await run_pass_beside_older(
             harness.client, harness.task_queue, config, registry, older, workflow_id
         )
-        started, scheduled, local = await queues(harness, workflow_id)
+        started, scheduled, local = await queues(harness.client, workflow_id)
 
         assert result["statuses"] == {"ok": TENANTS}
         assert all(expired == 0 for expired, _ in counts(conn, prefix, harness.now_ms).values())
     assert started == [harness.task_queue]
     assert (scheduled, local) == ([config.own_queue] * TENANTS, 0)
+
+
+@pytest.mark.waits
+async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bound(
+    pg_url: str, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The own queue's worker read the pattern's matches and said it runs children, then left
+    that queue's workflows (here: it polls activities only, as a worker whose workflow poller
+    is gone): the child placed there is never taken. Its execution timeout, the pass's deadline
+    and CHUNK_GRACE, ends it: the pass reports every match failed as `child failed`, deletes
+    nothing, and ends. The bound is made short (a pass of 5 s, a grace of 1 s; workflows run
+    outside the sandbox, which would import the module's own 30 minutes afresh); the
+    time-skipping server cannot stand in, since it does not skip while a workflow task waits
+    for a worker."""
+    monkeypatch.setattr(spread, "CHUNK_GRACE", timedelta(seconds=1))
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
+        before = counts(conn, prefix, harness.now_ms)
+        config = harness.adopt(pattern_config(prefix))
+        config = dataclasses.replace(
+            config, limits=dataclasses.replace(config.limits, budget_ms=5_000)
+        )
+        assert config.own_queue is not None
+        registry = build_registry(config, harness.pool)
+        said_so = PurgeActivities(registry, runs_chunks=True)
+        regional = Worker(
+            harness.client,
+            task_queue=config.own_queue,
+            activities=[said_so.purge_target, said_so.expand_pattern],
+        )
+        workflow_id = f"purge-chunk-left-{uuid.uuid4()}"
+        central = new_worker(
+            harness.client,
+            registry,
+            harness.task_queue,
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        )
+        async with central, regional:
+            failure = await failed_pass(
+                harness.client, harness.task_queue, config.pass_input(), workflow_id
+            )
+        left = counts(conn, prefix, harness.now_ms)
+
+    report = failure.details[0]
+    assert report["swept"] == []
+    assert len(report["failed"]) == TENANTS, report["failed"]
+    assert all("child failed" in f["message"] for f in report["failed"]), report["failed"]
+    assert left == before  # nothing deleted
+    started, _, _ = await queues(harness.client, workflow_id)
+    assert started == [config.own_queue]  # placed on the queue whose worker said so
+    [[child]] = (
+        await child_runs(harness.client, await events(harness.client, workflow_id))
+    ).values()
+    assert child[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT
