@@ -10,7 +10,6 @@ import itertools
 import random
 import re
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -537,14 +536,16 @@ async def test_a_backlog_count_that_runs_out_of_time_is_the_plans_estimate_and_s
     expired = expired_left(db)
     assert planned < expired
     # The count waits for the lock past its own timeout, well inside the lock timeout.
-    settings = SweepSettings(time_budget_ms=1_000, lock_timeout_ms=3 * batching.COUNT_LEFT_MS)
+    # A budget no machine spends before its first batch; the hand clock spends it after.
+    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=3 * batching.COUNT_LEFT_MS)
+    clock = budget_clock(monkeypatch)
     holder = psycopg.connect(schema_url)  # not autocommit: its lock stays until it commits
 
     def lock_and_spend_the_budget(progress: Any) -> None:
         # After the first batch (committed): the sweep's next step is the count of what is left.
         if progress.batches == 1:
             holder.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
-            time.sleep(settings.time_budget_ms / 1000)
+            clock.spend(3_600)
 
     def waiting() -> list[str]:
         rows = db.execute(
