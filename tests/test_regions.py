@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
 
 from activities.builtin_kinds import build_registry
@@ -29,7 +29,7 @@ from purge_ops.runner import run_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, run_pass, until_polled
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -139,6 +139,7 @@ class RegionWorker:
             tomllib.loads(region_toml(task_queue, (region,))), env={f"{region.upper()}_URL": url}
         )
         self.polls = f"also polling task queue '{task_queue}-{region}' for the activities of "
+        self.region = region
         self.address = address
         self.caplog = caplog
         self.stopping = asyncio.Event()
@@ -152,6 +153,11 @@ class RegionWorker:
         while self.polls not in self.caplog.text:  # logged once every queue is polled
             assert not self.task.done(), f"the worker stopped: {self.task.exception()!r}"
             await asyncio.sleep(0.02)
+        # Logged as its pollers start, not once a poll reached the server: a pass started now,
+        # under a short worker_wait, would race the worker's first poll of its region's queue.
+        client = await Client.connect(self.address)
+        queue = self.config.routed_queues[self.region]
+        await until_polled(client, queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         return self
 
     async def stop(self) -> None:
