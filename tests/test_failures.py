@@ -186,13 +186,15 @@ async def test_a_retried_failure_raised_deep_in_a_stack_keeps_its_message_on_the
     )
     failure = None
     async with harness.run_worker([Deep()]):
-        for _ in range(500):
-            described = await handle.describe()
-            pending = described.raw_description.pending_activities
-            if pending and pending[0].HasField("last_failure"):
-                failure = pending[0].last_failure
-                break
-            await asyncio.sleep(0.02)
+        # Until the first attempt's failure is on the server, however slow the machine (the
+        # retries' 2 s and more between attempts keep the activity pending meanwhile).
+        async with asyncio.timeout(120):
+            while failure is None:
+                described = await handle.describe()
+                pending = described.raw_description.pending_activities
+                if pending and pending[0].HasField("last_failure"):
+                    failure = pending[0].last_failure
+                await asyncio.sleep(0.02)
         await handle.terminate("the failure was read")
 
     assert failure is not None, "the activity never failed"

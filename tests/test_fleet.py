@@ -220,7 +220,7 @@ async def test_a_table_another_sweep_holds_is_reported_busy_and_nothing_is_delet
 
     assert (busy.status, busy.removed) == ("busy", 0)
     assert "another sweep held x_idempotency" in busy.reason
-    assert 0.3 <= waited < 5
+    assert waited >= 0.3  # it waited busy_wait for the lock (a ceiling would time the machine)
     assert keys(db, "x_idempotency") == {"old", "new"}
     # The other sweep's session ended: its lock went with it, and the next sweep runs.
     done: PurgeSweep = await activity_env().run(activities.purge_target, step)
