@@ -11,12 +11,14 @@ from typing import Any
 
 import psycopg
 import pytest
-from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.enums.v1 import PendingActivityState, TaskQueueType
+from temporalio.client import WorkflowExecutionStatus
 
 from purge_config import parse_config
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
+from tests.support.passes import listed_pollers
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -87,12 +89,14 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     toml = "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n" + targets_toml()
     config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, toml)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
-    request = parse_config(
+    parsed = parse_config(
         {"database_url": harness.url, "task_queue": harness.task_queue, "pass": limits,
          "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
                      for t in TABLES]},
         env={},
-    ).pass_input()  # fmt: skip
+    )  # fmt: skip
+    request = parsed.pass_input()
+    assert parsed.own_queue is not None
     # Without a cap one worker's pollers may take all eight (they did once, in CI); with four
     # slots each, the second worker must take the four the first cannot.
     workers = [
@@ -103,6 +107,12 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         for n in range(2):
             log = tmp_path / f"worker-{n}.log"
             wait_for(lambda log=log: "worker on task queue" in log.read_text(), 60, "a worker")
+        # Both workers' activity polls on the server before the pass: the first to poll would
+        # otherwise take its four and the next four as it finishes them, however fast.
+        async with asyncio.timeout(60):
+            kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+            while await listed_pollers(harness.client, parsed.own_queue, kind) < 2:
+                await asyncio.sleep(0.05)
         fill(harness.db, harness.now_ms)
         shared = f"purge-shared-{uuid.uuid4()}"
         first = await harness.client.execute_workflow(
@@ -117,11 +127,11 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         )
         victim = identity(workers[1])
         sweeping: list[str] = []
-        for _ in range(600):
-            sweeping = await sweeping_on(handle, victim)
-            if sweeping:
-                break
-            await asyncio.sleep(0.05)
+        async with asyncio.timeout(60):
+            while not (sweeping := await sweeping_on(handle, victim)):
+                described = await handle.describe()
+                assert described.status == WorkflowExecutionStatus.RUNNING, "the pass ended"
+                await asyncio.sleep(0.05)
         assert sweeping, f"{victim} never swept a target of the pass"
         workers[1].send_signal(signal.SIGKILL)
         workers[1].wait(10)
