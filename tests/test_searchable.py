@@ -10,6 +10,7 @@ session's server would change every other test's passes.
 from __future__ import annotations
 
 import subprocess
+import time
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -56,15 +57,27 @@ CREATE = [
 def searchable_server() -> Iterator[TemporalDevServer]:
     """A dev server whose `default` namespace defines the pass's search attributes."""
     with running_temporal("purge-test-searchable-") as server:
-        address = server.address
         for command in CREATE:
-            subprocess.run(
-                [venv_executable("temporal"), *CREATE_COMMAND, *command, "--address", address],
-                check=True,
-                capture_output=True,
-                timeout=60,
-            )
+            created(server.address, command)
         yield server
+
+
+def created(address: str, command: list[str]) -> None:
+    """`temporal operator search-attribute create` `command`, tried again for up to a minute:
+    on a loaded machine a server just started may refuse or time out the first call (CI saw
+    exit 1), and a retry of a call the server did carry out finds the attribute there."""
+    deadline = time.monotonic() + 60
+    while True:
+        done = subprocess.run(
+            [venv_executable("temporal"), *CREATE_COMMAND, *command, "--address", address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode == 0 or "already exists" in done.stderr:
+            return
+        assert time.monotonic() < deadline, f"{command}: {done.stderr.strip()}"
+        time.sleep(0.5)
 
 
 @pytest.fixture
