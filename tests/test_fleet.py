@@ -18,8 +18,10 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
 
 from activities import builtin_kinds as kinds
 from activities.engine import partition_advice
@@ -40,12 +42,15 @@ from purge_ops.runner import activity_worker, new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.history import events, scheduled_targets
-from tests.support.pace import budget_clock, cut_short_at
-from tests.support.passes import failed_pass, run_pass, run_pass_beside
+from tests.support.history import kinds as event_kinds
+from tests.support.pace import budget_clock, cut_short_at, row_locked
+from tests.support.passes import failed_pass, run_pass, run_pass_beside, until_polled
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
 from tests.test_batching import slow_deletes
+from workflows.chunk import PurgeChunkWorkflow
+from workflows.purge import PurgeWorkflow
 
 NOW = PAST_NOW
 
@@ -185,6 +190,68 @@ async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budge
     assert sweep["status"] == "ok"
     assert 0 < sweep["removed"] < expired
     assert sweep["backlog"] == expired - sweep["removed"]
+
+
+@pytest.mark.waits
+async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
+    harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --max-sweeps 1` under a pass of two tables at once and a 1 s worker_wait: the sweep
+    the worker takes first waits on a held row far past that, so the other's activity is not
+    taken within worker_wait, though the queue's one worker is only busy. It is held, then sent
+    again once the first is done (a worker took an activity of its queue since it was sent):
+    both tables swept, nothing failed. (Before BUSY_RESENT it failed as NoPurgeWorker, and the
+    queue's later targets with it.)"""
+    tables = ["held_0", "held_1"]
+    for table in tables:
+        harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
+        harness.db.execute(
+            f"INSERT INTO {table} SELECT 'k' || i, %s FROM generate_series(1, 10) i",
+            (harness.now_ms - HOUR,),
+        )
+    config = parse_config(
+        {"database_url": harness.url, "task_queue": harness.task_queue,
+         "pass": {"max_concurrent": 2, "max_per_database": 2, "worker_wait": "1s"},
+         # Each sweep waits on its held row as long as the test holds it, not 2 s.
+         "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at",
+                      "lock_timeout": "60s"} for t in tables]},
+        env={},
+    )  # fmt: skip
+    assert config.own_queue is not None
+    use_env(monkeypatch, clean_env())
+    workflow_id = f"purge-busy-worker-{uuid.uuid4()}"
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        runner.run_worker(config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1)
+    )
+    try:
+        await until_polled(harness.client, config.own_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        with row_locked(harness.url, tables[0], "k1"), row_locked(harness.url, tables[1], "k1"):
+            handle = await harness.client.start_workflow(
+                "Purge", config.pass_input(), id=workflow_id, task_queue=harness.task_queue
+            )
+            # The moment: one sweep held on its row, the other's activity timed out unstarted.
+            async with asyncio.timeout(60):
+                while "ACTIVITY_TASK_TIMED_OUT" not in event_kinds(
+                    await events(harness.client, workflow_id)
+                ):
+                    assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
+                    await asyncio.sleep(0.05)
+        result = await asyncio.wait_for(handle.result(), 60)
+    finally:
+        stop.set()
+        await worker
+
+    assert result["failed"] == [], result
+    assert {s["name"]: (s["status"], s["removed"]) for s in result["swept"]} == dict.fromkeys(
+        tables, ("ok", 10)
+    )
+    history = event_kinds(await events(harness.client, workflow_id))
+    assert history.count("ACTIVITY_TASK_SCHEDULED") == 3  # one table's sweep sent twice
+    assert history.count("ACTIVITY_TASK_TIMED_OUT") == 1
+    # The new shape replays on this release's workflows (its patch marker among its events).
+    recorded = await harness.client.get_workflow_handle(workflow_id).fetch_history()
+    await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(recorded)
 
 
 def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:

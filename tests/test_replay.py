@@ -293,6 +293,19 @@ def is_unpolled(shape: Shape) -> None:
     assert shape.failure == "PurgeTargetsFailed"
 
 
+def is_busy_resent(shape: Shape) -> None:
+    """A pass of two targets at once on a queue whose one worker runs one sweep at a time: the
+    second target's activity timed out unstarted behind the first (held on a row), then, once
+    the first completed, was sent again, behind the marker, and taken: the pass completes."""
+    assert shape.events.count("ACTIVITY_TASK_TIMED_OUT") == 1
+    assert shape.events.count("MARKER_RECORDED") == 2  # the concurrent pass's, the resend's
+    [again] = [name for name in set(shape.scheduled) if shape.scheduled.count(name) == 2]
+    assert shape.scheduled == [*sorted(set(shape.scheduled)), again]
+    assert shape.failure is None
+    assert shape.result is not None
+    assert shape.result["failed"] == []
+
+
 def is_spread_unpolled(shape: Shape) -> None:
     """A spread pass whose pattern's routed queue no worker polls: the expansion there failed
     by its schedule-to-start timeout; the marker; the plain target on that queue failed with
@@ -328,6 +341,7 @@ def is_spread_cancelled(shape: Shape) -> None:
 
 
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "busy-resent": is_busy_resent,
     "cancelled": is_cancelled,
     "spread-cancelled": is_spread_cancelled,
     "spread-unpolled": is_spread_unpolled,

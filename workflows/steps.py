@@ -4,8 +4,9 @@ under limits and a deadline. Deterministic, no I/O: called only from workflow co
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -133,6 +134,14 @@ def began_before(details: Sequence[Any]) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Untaken:
+    """A target whose activity no worker of its queue took within worker_wait, and none had
+    begun: that queue's workers may be absent, or only busy (`sweep_limited` tells which)."""
+
+    failed: FailedTarget
+
+
 async def sweep_one(
     name: str,
     now_ms: int,
@@ -143,6 +152,23 @@ async def sweep_one(
 ) -> Outcome:
     """One target's activity; its failure (after its retries) as the report names it. `local`:
     as a local activity, run by the worker that runs this workflow (see workflows.chunk)."""
+    outcome = await _swept_or_untaken(name, now_ms, dry_run, budget_ms, route, local)
+    if isinstance(outcome, Untaken):
+        TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
+        return outcome.failed
+    return outcome
+
+
+async def _swept_or_untaken(
+    name: str,
+    now_ms: int,
+    dry_run: bool,
+    budget_ms: int | None,
+    route: Route | None,
+    local: bool,
+) -> Outcome | Untaken:
+    """`sweep_one`'s outcome, or `Untaken` (its failure not yet counted) where no worker took
+    the activity and none had begun it."""
     step = PurgeStep(name=name, now_ms=now_ms, dry_run=dry_run, budget_ms=budget_ms)
     try:
         if local:
@@ -170,10 +196,23 @@ async def sweep_one(
         # One target failing must not keep the others from being swept. An activity task's
         # failure comes wrapped in an ActivityError; a local activity's is its cause itself.
         failure = (isinstance(err, ActivityError) and unpolled(err, route)) or failure_of(err)
+        failed = FailedTarget(name=name, type=failure.type, message=failure.message)
+        if isinstance(err, ActivityError) and _never_taken(err):
+            return Untaken(failed)
         # Once per pass and target, for an alert on a target failing pass after pass.
         # Metrics issue no command (and are skipped on replay): histories are unchanged.
         TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
-        return FailedTarget(name=name, type=failure.type, message=failure.message)
+        return failed
+
+
+def _never_taken(err: ActivityError) -> bool:
+    """Whether `err` is an activity's schedule-to-start timeout with no attempt begun."""
+    cause = err.cause
+    return (
+        isinstance(cause, TimeoutError)
+        and cause.type == TimeoutType.SCHEDULE_TO_START
+        and not began_before(cause.last_heartbeat_details)
+    )
 
 
 def skipped(name: str, dry_run: bool, budget_ms: int | None) -> PurgeSweep:
@@ -207,15 +246,33 @@ async def sweep_limited(
 ) -> list[Outcome]:
     """Up to `most` targets at once, at most `per_database` on one database, started in input
     order; each handed what is left until `deadline`, and those not started by then reported
-    skipped; as local activities where `local`. Outcomes in input order."""
+    skipped; as local activities where `local`. Outcomes in input order.
+
+    A target no worker of its queue took within worker_wait failed as `NoPurgeWorker` in a run
+    before BUSY_RESENT; under it, that wait tells busy workers from absent ones. Sent again if
+    a worker took another activity of that queue after this one was sent (its workers are only
+    busy: `--max-sweeps` below `max_concurrent`, two passes at once, a deploy's dip); held
+    while others of that queue are still out; failed only once none of them was taken."""
     outcomes: dict[str, Outcome] = {}
     waiting = list(names)
     position = {name: i for i, name in enumerate(names)}
-    running: dict[asyncio.Task[Outcome], str] = {}
+    running: dict[asyncio.Task[Outcome | Untaken], str] = {}
     busy: Counter[str] = Counter()
     # Task queues whose activity no worker took within worker_wait in this run: waiting that
     # long again for each of their other targets would spend the budget a worker_wait at a time.
     unpolled_queues: set[str] = set()
+    # Per task queue, the activities of this run a worker took (their outcome came from one);
+    # per target, that count when it was last sent.
+    taken: Counter[str] = Counter()
+    taken_when_sent: dict[str, int] = {}
+    held: defaultdict[str, list[Untaken]] = defaultdict(list)
+
+    def failed_untaken(queue: str, untaken: list[Untaken]) -> None:
+        unpolled_queues.add(queue)
+        for each in [*held.pop(queue, []), *untaken]:
+            TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": each.failed.name})
+            outcomes[each.failed.name] = each.failed
+
     while waiting or running:
         left_ms = ms_until(deadline)
         if left_ms <= 0:
@@ -239,22 +296,54 @@ async def sweep_limited(
                 continue  # a later target on another database may start instead
             waiting.remove(name)
             busy[database] += 1
+            taken_when_sent[name] = taken[route.queue] if route else 0
             task = asyncio.ensure_future(
-                sweep_one(name, now_ms, dry_run, left_ms, route_of(name), local)
+                _swept_or_untaken(name, now_ms, dry_run, left_ms, route, local)
             )
             running[task] = name
         if not running:
             continue
         done, _ = await workflow.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
+        resend: list[str] = []
         # In input order, whatever order they finished in: replay sees the same.
         for task in sorted(done, key=lambda t: position[running[t]]):
             name = running.pop(task)
             busy[database_of(name)] -= 1
-            outcome = outcomes[name] = task.result()
+            outcome = task.result()
             route = route_of(name)
-            if isinstance(outcome, FailedTarget) and outcome.type == "NoPurgeWorker" and route:
-                unpolled_queues.add(route.queue)
+            if isinstance(outcome, Untaken):
+                assert route is not None  # only a routed activity has a schedule-to-start bound
+                queue = route.queue
+                if not workflow.patched(BUSY_RESENT):
+                    failed_untaken(queue, [outcome])
+                elif taken[queue] > taken_when_sent[name]:
+                    resend.append(name)  # a worker took one of its queue's since: busy
+                elif any(_queue_of(route_of(other)) == queue for other in running.values()):
+                    held[queue].append(outcome)  # its queue's others may yet be taken
+                else:
+                    failed_untaken(queue, [outcome])
+                continue
+            outcomes[name] = outcome
+            if route is None:
+                continue
+            if isinstance(outcome, FailedTarget) and outcome.type == "NoPurgeWorker":
+                failed_untaken(route.queue, [])  # begun, then its retry not taken: gone
+            else:
+                taken[route.queue] += 1
+                resend += [each.failed.name for each in held.pop(route.queue, [])]
+        waiting[:0] = sorted(resend, key=position.__getitem__)
     return [outcomes[name] for name in names]
+
+
+def _queue_of(route: Route | None) -> str | None:
+    return route.queue if route else None
+
+
+#: The patch under which a target no worker took within worker_wait is sent again when its
+#: queue's workers took another activity since (busy, not absent); a run before it failed it
+#: as `NoPurgeWorker` at once. Asked only when such a timeout comes, so every other history is
+#: unchanged.
+BUSY_RESENT = "busy-queue-resent"
 
 
 #: The patch that marks a run that fails at once the targets of a task queue no worker took an
