@@ -332,6 +332,10 @@ async def sweep_limited(
                 taken[route.queue] += 1
                 resend += [each.failed.name for each in held.pop(route.queue, [])]
         waiting[:0] = sorted(resend, key=position.__getitem__)
+    # Held targets whose queue's last activity out was sent again and then not started by the
+    # deadline: nothing of their queue was taken after they were sent.
+    for queue in list(held):
+        failed_untaken(queue, [])
     return [outcomes[name] for name in names]
 
 
