@@ -153,10 +153,7 @@ async def sweep_one(
     """One target's activity; its failure (after its retries) as the report names it. `local`:
     as a local activity, run by the worker that runs this workflow (see workflows.chunk)."""
     outcome = await _swept_or_untaken(name, now_ms, dry_run, budget_ms, route, local)
-    if isinstance(outcome, Untaken):
-        TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
-        return outcome.failed
-    return outcome
+    return counted(outcome.failed) if isinstance(outcome, Untaken) else outcome
 
 
 async def _swept_or_untaken(
@@ -199,10 +196,14 @@ async def _swept_or_untaken(
         failed = FailedTarget(name=name, type=failure.type, message=failure.message)
         if isinstance(err, ActivityError) and _never_taken(err):
             return Untaken(failed)
-        # Once per pass and target, for an alert on a target failing pass after pass.
-        # Metrics issue no command (and are skipped on replay): histories are unchanged.
-        TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
-        return failed
+        return counted(failed)
+
+
+def counted(failed: FailedTarget) -> FailedTarget:
+    """`failed`, counted once per pass and target for an alert on a target failing pass after
+    pass. Metrics issue no command (and are skipped on replay): histories are unchanged."""
+    TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": failed.name})
+    return failed
 
 
 def _never_taken(err: ActivityError) -> bool:
@@ -270,8 +271,7 @@ async def sweep_limited(
     def failed_untaken(queue: str, untaken: list[Untaken]) -> None:
         unpolled_queues.add(queue)
         for each in [*held.pop(queue, []), *untaken]:
-            TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": each.failed.name})
-            outcomes[each.failed.name] = each.failed
+            outcomes[each.failed.name] = counted(each.failed)
 
     while waiting or running:
         left_ms = ms_until(deadline)
@@ -357,11 +357,12 @@ UNPOLLED_ONCE = "unpolled-queue-once"
 
 def not_tried(name: str, route: Route) -> FailedTarget:
     """A target of a task queue from which no worker took an activity earlier in this run."""
-    TARGET_FAILURES.on(workflow.metric_meter()).add(1, {"target": name})
-    return FailedTarget(
-        name=name,
-        type="NoPurgeWorker",
-        message=f"not tried: no worker took an activity from task queue {route.queue!r} within "
-        f"{route.worker_wait_ms // 1000} s earlier in this pass, so this pass waits no longer "
-        "for it; the next pass tries again",
+    return counted(
+        FailedTarget(
+            name=name,
+            type="NoPurgeWorker",
+            message=f"not tried: no worker took an activity from task queue {route.queue!r} "
+            f"within {route.worker_wait_ms // 1000} s earlier in this pass, so this pass waits "
+            "no longer for it; the next pass tries again",
+        )
     )
