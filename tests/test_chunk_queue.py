@@ -13,14 +13,14 @@ from datetime import timedelta
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner
 
 from activities.builtin_kinds import build_registry
 from activities.sweep import PurgeActivities
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
-from tests.support.passes import failed_pass, run_pass, run_pass_beside_older
+from tests.support.passes import failed_pass, own_queue_worker, run_pass, run_pass_beside_older
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 from tests.test_small_together import LARGE_ROWS, make_large
 from tests.test_tenants import pattern_config
@@ -127,11 +127,7 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
         assert config.own_queue is not None
         registry = build_registry(config, harness.pool)
         said_so = PurgeActivities(registry, runs_chunks=True)
-        regional = Worker(
-            harness.client,
-            task_queue=config.own_queue,
-            activities=[said_so.purge_target, said_so.expand_pattern],
-        )
+        regional = own_queue_worker(harness.client, config.own_queue, said_so)
         workflow_id = f"purge-chunk-left-{uuid.uuid4()}"
         central = new_worker(
             harness.client,

@@ -52,7 +52,7 @@ from tests.support.history import (
 )
 from tests.support.old_workflows import PurgeChunkBeforeLocal
 from tests.support.pace import until_a_sweep_waits, waiting_sweeps
-from tests.support.passes import run_pass, run_pass_beside
+from tests.support.passes import own_queue_worker, run_pass, run_pass_beside
 from tests.support.procs import (
     clean_env,
     identity,
@@ -93,12 +93,7 @@ async def test_a_child_an_earlier_release_began_keeps_its_activity_tasks(
         assert cfg.own_queue is not None
         registry = build_registry(cfg, harness.pool)
         acts = PurgeActivities(registry, runs_chunks=True)
-        older = Worker(
-            harness.client,
-            task_queue=cfg.own_queue,
-            workflows=[PurgeChunkBeforeLocal],
-            activities=[acts.purge_target, acts.expand_pattern],
-        )
+        older = own_queue_worker(harness.client, cfg.own_queue, acts, [PurgeChunkBeforeLocal])
         workflow_id = f"purge-local-{uuid.uuid4()}"
         async with new_worker(harness.client, registry, harness.task_queue), older:
             result = await run_pass(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -64,6 +64,21 @@ async def run_pass_beside(
         await running
 
 
+def own_queue_worker(
+    client: Client, queue: str, activities: PurgeActivities, workflows: Sequence[type] = ()
+) -> Worker:
+    """A worker of a config's own `queue` as a test builds it, not as this release's
+    `activity_worker` does: `activities`' sweeps and expansions, and `workflows` (none: it runs
+    no child there, as a release before `PurgeChunk` ran on every queue, or one whose workflow
+    poller is gone)."""
+    return Worker(
+        client,
+        task_queue=queue,
+        workflows=list(workflows),
+        activities=[activities.purge_target, activities.expand_pattern],
+    )
+
+
 async def run_pass_beside_older(
     client: Client,
     task_queue: str,
@@ -76,10 +91,10 @@ async def run_pass_beside_older(
     activities of its own queue on a worker of an older one: `older`'s, with no workflows (as a
     release before `PurgeChunk` ran on every queue built it)."""
     assert config.own_queue is not None
-    older_worker = Worker(
-        client, task_queue=config.own_queue, activities=[older.purge_target, older.expand_pattern]
-    )
-    async with new_worker(client, registry, task_queue), older_worker:
+    async with (
+        new_worker(client, registry, task_queue),
+        own_queue_worker(client, config.own_queue, older),
+    ):
         return await run_pass(client, task_queue, config.pass_input(), workflow_id)
 
 
