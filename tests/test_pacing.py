@@ -113,10 +113,12 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
 async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_with_the_reason(
     quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The application's WAL counts against the cap too: 1 MB made by another session after the
-    sweep's first batch is four seconds at 256kB/s, past the 2 s budget, so the sweep stops
-    there at once and reports the rest as backlog, saying why. The moment is the pacer's second
-    check, before the second batch, on any machine."""
+    """The application's WAL counts against the cap too: 8 MB made by another session after the
+    sweep's first batch is over thirty seconds at 256kB/s, past the 10 s budget, so the sweep
+    stops there at once and reports the rest as backlog, saying why. The moment is the pacer's
+    second check, before the second batch, on any machine: the budget is the pacer's real clock,
+    and a first batch on a slow machine takes a fraction of it, where a 2 s budget could run out
+    before the check (then the reason would be the budget's)."""
     with psycopg.connect(quiet_server.url(), autocommit=True) as db:
         expired = fill(db, 10_000)
         in_four_batches(db, monkeypatch)
@@ -129,7 +131,7 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
             checks += 1
             if checks == 2:
                 start = wal(db)
-                while wal(db) - start < 1024 * 1024:
+                while wal(db) - start < 8 * 1024 * 1024:
                     db.execute(
                         "INSERT INTO elsewhere SELECT repeat('x', 100) FROM generate_series(1, 999)"
                     )
@@ -139,7 +141,7 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
         pool = await open_pool(quiet_server.url())
         try:
             target = kinds.idempotency(
-                pool, settings=settings(max_wal_rate="256kB/s", time_budget="2s")
+                pool, settings=settings(max_wal_rate="256kB/s", time_budget="10s")
             )
             stats = await target.sweep(NOW)
         finally:

@@ -20,11 +20,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 #: The heartbeat timeout a killed attempt gets, so the server times it out within this of being
 #: told. The retry on the new worker keeps it too: it heartbeats as it starts, then every 3 s
-#: even inside one long statement (activities.sweep.HEARTBEAT_EVERY_S), so a live attempt is
-#: never timed out by it.
-NOTICED_AFTER = Duration(seconds=5)
-#: Enough where the retry is known to be quick (no statement of a second).
-QUICK_RETRY_NOTICED_AFTER = Duration(seconds=2)
+#: even inside one long statement (activities.sweep.HEARTBEAT_EVERY_S), each sent within the
+#: worker's 1 s throttle; 10 s leaves a loaded machine six seconds of stall before a live
+#: attempt would be timed out and retried (an extra attempt the tests count).
+NOTICED_AFTER = Duration(seconds=10)
+#: Where the retry is known to be quick (no statement of a second): it heartbeats as it starts
+#: and is done within its first beat's interval, so this need only outlast a slow start.
+QUICK_RETRY_NOTICED_AFTER = Duration(seconds=5)
 
 
 async def notice_the_dead_worker_sooner(
