@@ -163,8 +163,11 @@ async def run_worker(
             health.client = client
             if ensure_schedule:
                 only = ensure_schedule == "ensured"
-                for outcome in await schedule.ensure_schedules(client, config, only):
-                    log.info("%s %s", outcome.action, outcome.summary.replace("\n", "; "))
+                outcomes = await schedule.ensure_schedules(client, config, only, by_worker=True)
+                for outcome in outcomes:
+                    # A schedule left as it is was not this worker's to write: said as a warning.
+                    level = logging.WARNING if outcome.action == "left as it is" else logging.INFO
+                    log.log(level, "%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
             await _poll(client, config, registry, health, stop, url, max_sweeps)

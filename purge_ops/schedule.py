@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -31,8 +32,11 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError
 
+from activities.errors import BadPurgeInput
+from activities.input_checks import parse_input
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
+from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_ops.namespace_check import namespace_defines
 
 WORKFLOW_TYPE = "Purge"
@@ -47,7 +51,8 @@ class ScheduleOutcome:
     """What `ensure_schedule` did, and the schedule as the server now describes it."""
 
     action: str
-    """`created`, `updated`, `unchanged` or `left behind`."""
+    """`created`, `updated`, `unchanged`, `left as it is` (a worker's config narrower than the
+    schedule) or `left behind`."""
     summary: str
     """What will run, when: the config's schedule and the server's next fire times."""
 
@@ -122,13 +127,19 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
 
 
 async def ensure_schedules(
-    client: Client, config: PurgeConfig, only_ensured: bool = False
+    client: Client, config: PurgeConfig, only_ensured: bool = False, by_worker: bool = False
 ) -> list[ScheduleOutcome]:
     """Create or update every schedule of the config (`[schedule]`, or each `[schedules.NAME]`);
-    with `only_ensured`, only those that say `ensure = true` (a `run` without `--schedule`)."""
+    with `only_ensured`, only those that say `ensure = true` (a `run` without `--schedule`).
+
+    `by_worker` (a worker writing it as it starts): a schedule whose passes sweep a database
+    this config gives no target is left as it is (`left as it is`), since a worker with a
+    narrower config (one region's, next to its databases) would otherwise drop every other
+    database's targets from every pass. `pg-purge schedule`, typed by an operator, writes it
+    and says which databases it drops."""
     searchable = await namespace_defines(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
-    outcomes = [await _ensure(client, config, spec, searchable) for spec in specs]
+    outcomes = [await _ensure(client, config, spec, searchable, by_worker) for spec in specs]
     return outcomes + await _left_behind(client, config)
 
 
@@ -163,13 +174,14 @@ async def _left_behind(client: Client, config: PurgeConfig) -> list[ScheduleOutc
 
 
 async def _ensure(
-    client: Client, config: PurgeConfig, spec: ScheduleConfig, searchable: bool
+    client: Client, config: PurgeConfig, spec: ScheduleConfig, searchable: bool, by_worker: bool
 ) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs; safe to run from many workers
     at once (the loser of a create race updates, which is idempotent)."""
     want = desired(config, spec, searchable)
     schedule_id = spec.id
     was_on = config.task_queue
+    dropped: dict[str, int] = {}
     try:
         handle = await client.create_schedule(schedule_id, want)
         action = "created"
@@ -185,8 +197,18 @@ async def _ensure(
                 f"it is; give this config's schedule another id (`id` under [schedule])"
             ) from None
         was_on = held.task_queue
-        if matches(current.schedule, want, client.data_converter.payload_converter):
+        converter = client.data_converter.payload_converter
+        dropped = _dropped(held, config.scheduled_input(spec), converter)
+        if matches(current.schedule, want, converter):
             action = "unchanged"
+        elif dropped and by_worker:
+            return ScheduleOutcome(
+                "left as it is",
+                f"schedule {schedule_id}: its passes sweep {_said(dropped)}, which this config "
+                "names no target of; a worker writes no schedule that would drop them. Write it "
+                "from the config that names every database of the pass (`pg-purge schedule`), "
+                "or give this config's schedule another `id` under [schedule]",
+            )
         else:
 
             def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
@@ -206,7 +228,44 @@ async def _ensure(
             f"\nmoved from task queue {was_on!r}: if another config's schedule has this "
             "id, give one of them another `id` under [schedule]"
         )
+    if action == "updated" and dropped:
+        summary += f"\ndrops {_said(dropped)}: its passes no longer sweep them"
     return ScheduleOutcome(action=action, summary=summary)
+
+
+def _dropped(
+    held: ScheduleActionStartWorkflow, want: dict[str, object], converter: PayloadConverter
+) -> dict[str, int]:
+    """The databases whose targets the schedule's passes sweep and `want`'s would not, each with
+    how many targets it loses; empty when the held input does not read as a pass's (a hand
+    edit: replacing it is the config's to do)."""
+    if len(held.args) != 1:
+        return {}
+    raw = held.args[0]
+    try:
+        had = _databases(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
+        keeps = _databases(want)
+    except BadPurgeInput:
+        return {}
+    return {db: count for db, count in had.items() if db not in keeps}
+
+
+def _databases(raw: object) -> Counter[str]:
+    """How many of a pass input's targets each database has (`_default`: `database_url`'s)."""
+    order = parse_input(raw)
+    return Counter(order.databases.get(name) or DEFAULT_DATABASE_KEY for name in order.targets)
+
+
+def _said(dropped: dict[str, int]) -> str:
+    """`database eu's 2 targets`, `databases eu, us (5 targets)`."""
+    total = sum(dropped.values())
+    named = ", ".join(
+        "the default database" if db == DEFAULT_DATABASE_KEY else db for db in sorted(dropped)
+    )
+    targets = f"{total} target{'s' if total != 1 else ''}"
+    if len(dropped) == 1:
+        return f"{targets} on {'' if named.startswith('the ') else 'database '}{named}"
+    return f"{targets} on databases {named}"
 
 
 class ScheduleConflict(Exception):

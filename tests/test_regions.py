@@ -19,13 +19,14 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from temporalio.api.enums.v1 import EventType, TaskQueueType
-from temporalio.client import Client
+from temporalio.client import Client, ScheduleActionStartWorkflow
 
 from activities.builtin_kinds import build_registry
 from activities.results import PurgeReport
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
 from purge_ops.runner import run_worker
+from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
@@ -445,3 +446,78 @@ async def test_a_pass_typed_by_hand_without_routes_says_why_a_routed_target_is_n
         "pass's input does not route it to that database's workers (a pass typed by hand needs "
         'the config\'s "databases" and "queues": `pg-purge schedule --print-input` prints them)'
     )
+
+
+async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedule_as_it_is(
+    client: Client,
+    temporal_server: RunningTemporal,
+    task_queue: str,
+    regions: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A worker next to eu started with `--schedule` (its config names eu alone, with the same
+    schedule id) beside the scheduler's schedule over eu and the default database: writing its
+    own would drop the default database's target from every pass, so it leaves the schedule as
+    it is and warns. `pg-purge schedule` from that config, typed by an operator, writes it and
+    says what it drops."""
+    schedule_id = f"purge-regions-{uuid.uuid4().hex[:8]}"
+    block = f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+    central = parse_config(
+        tomllib.loads(
+            f"database_url = {regions['us']!r}\n"
+            + region_toml(task_queue, ("eu",))
+            + '[[targets]]\nkind = "idempotency"\n'
+            + block
+        ),
+        env={},
+    )
+    regional = parse_config(
+        tomllib.loads(region_toml(task_queue, ("eu",)) + block), env={"EU_URL": regions["eu"]}
+    )
+    handle = client.get_schedule_handle(schedule_id)
+
+    async def targets() -> list[str]:
+        action = (await handle.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        [arg] = action.args
+        held = client.data_converter.payload_converter.from_payload(arg)
+        return list(held["targets"])
+
+    [made] = await ensure_schedules(client, central)
+    try:
+        assert made.action == "created"
+        caplog.set_level(logging.INFO, logger="purge.worker")
+        stopping = asyncio.Event()
+        worker = asyncio.create_task(
+            run_worker(
+                regional,
+                stop=stopping,
+                temporal_address=temporal_server.address,
+                ensure_schedule=True,
+            )
+        )
+        try:
+            while "also polling task queue" not in caplog.text:  # past the schedule's write
+                assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
+                await asyncio.sleep(0.02)
+        finally:
+            stopping.set()
+            await worker
+        [left] = [r for r in caplog.records if r.getMessage().startswith("left as it is")]
+        assert left.levelno == logging.WARNING
+        assert left.getMessage() == (
+            f"left as it is schedule {schedule_id}: its passes sweep 1 target on the default "
+            "database, which this config names no target of; a worker writes no schedule that "
+            "would drop them. Write it from the config that names every database of the pass "
+            "(`pg-purge schedule`), or give this config's schedule another `id` under [schedule]"
+        )
+        assert await targets() == ["x_idempotency@eu", "x_idempotency"]
+
+        [written] = await ensure_schedules(client, regional)
+        assert written.action == "updated"
+        assert written.summary.endswith(
+            "\ndrops 1 target on the default database: its passes no longer sweep them"
+        )
+        assert await targets() == ["x_idempotency@eu"]
+    finally:
+        await handle.delete()
