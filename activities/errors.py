@@ -40,6 +40,13 @@ class BadPurgeInput(PurgeError):
     """A workflow input or activity step that does not have the documented shape."""
 
 
+class NewerPurgeFormat(Exception):
+    """A workflow input or activity step of a later release's format, with keys this release
+    does not know (`activities.input_checks.FORMAT`). Not an `ApplicationError`, on purpose: in
+    the workflow it fails the workflow task, which Temporal retries until a worker of that
+    release takes it; in an activity it is a retried failure (of `TARGET_RETRY`'s attempts)."""
+
+
 class PurgeGuardRefused(PurgeError):
     """A target's guard (max_rows, max_fraction, max_clock_jump) refused its sweep."""
 

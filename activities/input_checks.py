@@ -15,7 +15,7 @@ from dataclasses import fields
 from typing import Any
 
 from activities.clock import check_now_ms
-from activities.errors import BadPurgeInput
+from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.inputs import PurgeInput, PurgeStep
 from purge_config.fleet import DATABASE_NAME, MAX_TARGETS_PER_PASS
 from purge_config.names import QUEUE_NAME, STEP_NAME
@@ -34,9 +34,16 @@ INPUT_KEYS = (
     "run_size",
     "queues",
     "worker_wait_ms",
+    "format",
 )
 #: The keys a step may have.
-STEP_KEYS = ("name", "now_ms", "dry_run", "budget_ms")
+STEP_KEYS = ("name", "now_ms", "dry_run", "budget_ms", "format")
+#: The format of the inputs and steps this release reads. A later release that adds a key an
+#: older worker must not ignore sends `format` above this beside it: a worker of this release
+#: then leaves that input or step to a worker of the later release (`NewerPurgeFormat`, which
+#: Temporal retries) instead of refusing it as a bad input, which would fail the pass mid-deploy.
+#: No sender of this release writes `format`: a release before it would refuse the key.
+FORMAT = 1
 #: A pass's budget is at most a day: any longer is a unit mistake.
 MAX_BUDGET_MS = 86_400_000
 
@@ -176,7 +183,18 @@ def _queues(raw: dict[Any, Any]) -> dict[str, str]:
 
 
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
+    sent = raw.get("format", FORMAT)
+    if isinstance(sent, bool) or not isinstance(sent, int) or sent < 1:
+        raise BadPurgeInput(f"{what} 'format' must be a whole number from 1, got {_show(sent)}")
     unknown = sorted(str(key) for key in raw if key not in allowed)
+    if sent > FORMAT:
+        # Said to be a later release's (a typo sends no format): it may mean more by a key this
+        # release knows, too, so it is not read here at all.
+        new = f"; keys new to it: {_masked(repr(unknown))}" if unknown else ""
+        raise NewerPurgeFormat(
+            f"{what} of format {sent}, from a later release (this worker reads format {FORMAT}"
+            f"{new}): left to a worker of that release"
+        )
     if unknown:
         shown = _masked(repr(unknown))
         raise BadPurgeInput(f"{what} has unknown keys {shown}, allowed: {', '.join(allowed)}")

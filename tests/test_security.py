@@ -214,10 +214,11 @@ async def histories(temporal_address: str, task_queue: str) -> dict[str, str]:
         ({"name": "x_idempotency"}, "must be an integer of epoch milliseconds, got None"),
         ({"name": 7, "now_ms": 1_700_000_000_000}, "not a target name"),
         ({"name": "x_idempotency", "now_ms": 1_700_000_000_000, "force": 1}, "unknown keys"),
+        ({"name": "x_idempotency", "now_ms": 1_700_000_000_000, "format": 1.5}, "'format' must"),
         (["x_idempotency", 1_700_000_000_000], "step must be an object"),
     ],
     ids=["negative", "seconds", "microseconds", "fraction", "string", "bool", "missing",
-         "name-not-string", "unknown-key", "not-an-object"],
+         "name-not-string", "unknown-key", "bad-format", "not-an-object"],
 )  # fmt: skip
 async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_nothing(
     harness: Harness,
@@ -238,6 +239,34 @@ async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_n
     assert outcome["retryable"] is False
     assert complaint in outcome["message"]
     assert "\n" not in outcome["message"]
+    assert keys(harness.db, "x_idempotency") == {"a", "b"}
+
+
+@pytest.mark.waits
+async def test_a_step_of_a_later_release_s_format_is_retried_not_refused_and_deletes_nothing(
+    harness: Harness,
+) -> None:
+    """A step a later release sent (`format` 2, a key this release does not know) reaching a
+    worker of this release mid-deploy: a retried failure that names the format, so a worker of
+    that release may take a retry; never a refusal that fails the target, nor a sweep that
+    ignores what it does not know. (The caller here stops after three attempts.)"""
+    idempotency_rows(harness.db, {"a": 1, "b": 2})
+    step = {"name": "x_idempotency", "now_ms": 1_700_000_000_000, "format": 2, "new_key": 1}
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
+    async with Worker(
+        harness.client, task_queue=harness.task_queue, workflows=[DirectCaller],
+        activities=[activities.purge_target],
+    ):  # fmt: skip
+        outcome = await harness.client.execute_workflow(
+            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=harness.task_queue
+        )
+
+    assert outcome == {
+        "type": "NewerPurgeFormat",
+        "message": "step of format 2, from a later release (this worker reads format 1; keys "
+        "new to it: ['new_key']): left to a worker of that release",
+        "retryable": True,
+    }
     assert keys(harness.db, "x_idempotency") == {"a", "b"}
 
 

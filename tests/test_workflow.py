@@ -3,6 +3,7 @@ PostgreSQL server: the report, the one clock, duplicates, dry runs, bad input.""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from datetime import timedelta
@@ -11,16 +12,23 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
-from temporalio.client import WorkflowFailureError
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import WorkflowTaskFailedEventAttributes
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
+from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
 from purge_config.fleet import MAX_TARGETS_PER_PASS
 from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
+from tests.support.later_release import LATER_FORMAT, NEW_KEY, LaterPurge
 from tests.support.passes import FAIL_WITHIN_S, failed_pass, run_pass
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
+from workflows.chunk import PurgeChunkWorkflow
 
 
 def builtins(pool: AsyncConnectionPool[Any]) -> list[Any]:
@@ -167,6 +175,8 @@ async def test_empty_target_list_is_a_pass_that_removes_nothing(
         ({"targets": ["x_auth; DROP TABLE x"]}, "not a target name"),
         ({"targets": ["x_auth"], "dryrun": True}, "unknown keys ['dryrun']"),
         ({"targets": ["x_auth"], "dry_run": "yes"}, "'dry_run' must be true or false"),
+        ({"targets": ["x_auth"], "format": "2"}, "'format' must be a whole number from 1"),
+        ({"targets": ["x_auth"], "format": 0}, "'format' must be a whole number from 1"),
         ({}, "no 'targets'"),
         (["x_auth"], "must be an object"),
         ({"targets": ["t"] * (MAX_TARGETS_PER_PASS + 1)}, f"at most {MAX_TARGETS_PER_PASS}"),
@@ -180,7 +190,8 @@ async def test_empty_target_list_is_a_pass_that_removes_nothing(
         ),
         ({"targets": ["x_auth"], "postgresql://app:s3cret@db/app": 1}, "'postgresql://app:***@db"),
     ],
-    ids=["not-a-list", "not-a-string", "not-a-name", "unknown-key", "bad-dry-run", "no-targets",
+    ids=["not-a-list", "not-a-string", "not-a-name", "unknown-key", "bad-dry-run", "format-string",
+         "format-zero", "no-targets",
          "not-an-object", "too-many", "patterns-of-lists", "patterns-of-objects",
          "databases-with-a-password", "key-with-a-password"],
 )  # fmt: skip
@@ -198,6 +209,61 @@ async def test_bad_input_fails_the_pass_at_once_with_one_clear_error(
     assert "\n" not in error.message
     assert "s3cret" not in error.message
     assert scheduled_targets(harness.client, await events(harness.client, workflow_id)) == []
+
+
+@pytest.mark.waits
+async def test_a_pass_of_a_later_release_s_format_waits_for_a_worker_of_that_release(
+    harness: Harness,
+) -> None:
+    """Mid-deploy, a pass whose input a later release wrote (a key this release does not know,
+    sent with `format` 2) reaches a worker of this release first: it fails the workflow task,
+    not the pass, and deletes nothing; Temporal retries the task, and a worker of the later
+    release that starts then runs the pass to the end. A typo (no format) still fails the pass
+    at once (`test_bad_input_fails_the_pass_at_once_with_one_clear_error`)."""
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    request = {"targets": ["x_idempotency"], "format": LATER_FORMAT, NEW_KEY: True}
+    registry = builtins(harness.pool)
+    workflow_id = f"purge-{uuid.uuid4()}"
+    async with harness.run_worker(registry):
+        handle = await harness.client.start_workflow(
+            "Purge", request, id=workflow_id, task_queue=harness.task_queue
+        )
+        failed = await _first_task_failure(harness, workflow_id)
+    assert failed.failure.message == (
+        "input of format 2, from a later release (this worker reads format 1; keys new to it: "
+        "['new_key']): left to a worker of that release"
+    )
+    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    assert keys(harness.db, "x_idempotency") == {"old", "new"}
+
+    activities = PurgeActivities(TargetRegistry(registry))
+    async with Worker(
+        harness.client,
+        task_queue=harness.task_queue,
+        workflows=[LaterPurge, PurgeChunkWorkflow],
+        activities=[activities.purge_target],
+    ):
+        result = await handle.result()
+    assert [(s["name"], s["status"], s["removed"]) for s in result["swept"]] == [
+        ("x_idempotency", "ok", 1)
+    ]
+    assert keys(harness.db, "x_idempotency") == {"new"}
+
+
+async def _first_task_failure(
+    harness: Harness, workflow_id: str
+) -> WorkflowTaskFailedEventAttributes:
+    """The first failed workflow task of the run, once the server has it (within a minute);
+    fails at once if the run ended instead."""
+    for _ in range(600):
+        for event in await events(harness.client, workflow_id):
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                return event.workflow_task_failed_event_attributes
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_FAILED:
+                ended = event.workflow_execution_failed_event_attributes.failure.message
+                raise AssertionError(f"the pass failed: {ended}")
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no workflow task of {workflow_id} failed within a minute")
 
 
 @pytest.mark.parametrize("args", [[], [{"targets": ["x_auth"]}, {"targets": ["x_idempotency"]}]])
