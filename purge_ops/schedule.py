@@ -32,7 +32,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError
 
-from activities.errors import BadPurgeInput
+from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.input_checks import parse_input
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
@@ -237,15 +237,17 @@ def _dropped(
     held: ScheduleActionStartWorkflow, want: dict[str, object], converter: PayloadConverter
 ) -> dict[str, int]:
     """The databases whose targets the schedule's passes sweep and `want`'s would not, each with
-    how many targets it loses; empty when the held input does not read as a pass's (a hand
-    edit: replacing it is the config's to do)."""
+    how many targets it loses; empty when the held input does not read as a pass's of this
+    release (a hand edit, or a later release's: replacing it is the config's to do)."""
     if len(held.args) != 1:
         return {}
     raw = held.args[0]
     try:
         had = _databases(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
         keeps = _databases(want)
-    except BadPurgeInput:
+    except (BadPurgeInput, NewerPurgeFormat):
+        # A later release's input (its `format`) is not read here: as before the guard, the
+        # worker's config writes over it (the last worker to start wins, docs/fleets.md).
         return {}
     return {db: count for db, count in had.items() if db not in keeps}
 
