@@ -32,7 +32,6 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError
 
-from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.input_checks import parse_input
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
@@ -51,8 +50,8 @@ class ScheduleOutcome:
     """What `ensure_schedule` did, and the schedule as the server now describes it."""
 
     action: str
-    """`created`, `updated`, `unchanged`, `left as it is` (a worker's config narrower than the
-    schedule) or `left behind`."""
+    """`created`, `updated`, `unchanged`, `left as it is` (a regional worker's config, naming no
+    target on a database the schedule's passes sweep) or `left behind`."""
     summary: str
     """What will run, when: the config's schedule and the server's next fire times."""
 
@@ -132,11 +131,12 @@ async def ensure_schedules(
     """Create or update every schedule of the config (`[schedule]`, or each `[schedules.NAME]`);
     with `only_ensured`, only those that say `ensure = true` (a `run` without `--schedule`).
 
-    `by_worker` (a worker writing it as it starts): a schedule whose passes sweep a database
-    this config gives no target is left as it is (`left as it is`), since a worker with a
-    narrower config (one region's, next to its databases) would otherwise drop every other
-    database's targets from every pass. `pg-purge schedule`, typed by an operator, writes it
-    and says which databases it drops."""
+    `by_worker` (a worker writing it as it starts): where the config is a regional worker's
+    (every target on a database queue of its own) and the schedule's passes sweep a database
+    it names no target on, the schedule is left as it is (`left as it is`): writing it would
+    drop every other database's targets from every pass. `pg-purge schedule`, typed by an
+    operator, and a worker of a config with targets of its own write it and say which
+    databases it drops."""
     searchable = await namespace_defines(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
     outcomes = [await _ensure(client, config, spec, searchable, by_worker) for spec in specs]
@@ -181,7 +181,7 @@ async def _ensure(
     want = desired(config, spec, searchable)
     schedule_id = spec.id
     was_on = config.task_queue
-    dropped: dict[str, int] = {}
+    dropped: dict[str, int] = {}  # what an update takes from the schedule's passes, said
     try:
         handle = await client.create_schedule(schedule_id, want)
         action = "created"
@@ -198,18 +198,20 @@ async def _ensure(
             ) from None
         was_on = held.task_queue
         converter = client.data_converter.payload_converter
-        dropped = _dropped(held, config.scheduled_input(spec), converter)
         if matches(current.schedule, want, converter):
             action = "unchanged"
-        elif dropped and by_worker:
-            return ScheduleOutcome(
-                "left as it is",
-                f"schedule {schedule_id}: its passes sweep {_said(dropped)}, which this config "
-                "names no target of; a worker writes no schedule that would drop them. Write it "
-                "from the config that names every database of the pass (`pg-purge schedule`), "
-                "or give this config's schedule another `id` under [schedule]",
-            )
         else:
+            dropped = _dropped(held, config.scheduled_input(spec), converter)
+            if dropped and _regional(config, by_worker):
+                return ScheduleOutcome(
+                    "left as it is",
+                    f"schedule {schedule_id}: its passes sweep {_said(dropped)}, which this "
+                    "config names no target on, and every target of this config has a database "
+                    "queue of its own (a regional worker's config): a worker writes no schedule "
+                    "that would drop them. Write it with `pg-purge schedule` from the config "
+                    "that names every database of the pass (from this one, if it drops them on "
+                    "purpose), or give this config's schedule another `id` under [schedule]",
+                )
 
             def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
                 # Replace what the config owns; keep the state an operator owns (a pause, its
@@ -245,9 +247,10 @@ def _dropped(
     try:
         had = _databases(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
         keeps = _databases(want)
-    except (BadPurgeInput, NewerPurgeFormat):
-        # A later release's input (its `format`) is not read here: as before the guard, the
-        # worker's config writes over it (the last worker to start wins, docs/fleets.md).
+    except Exception:
+        # Not a pass's input this release reads (a hand edit, another encoding, a later
+        # release's `format`): reading it must not stop a worker's start, and as before the
+        # guard, the config writes over it.
         return {}
     return {db: count for db, count in had.items() if db not in keeps}
 
@@ -258,16 +261,22 @@ def _databases(raw: object) -> Counter[str]:
     return Counter(order.databases.get(name) or DEFAULT_DATABASE_KEY for name in order.targets)
 
 
+def _regional(config: PurgeConfig, by_worker: bool) -> bool:
+    """Whether the guard holds: a worker writing the schedule as it starts, whose every target
+    has a database queue of its own (`own_queue` None: a regional worker's config, which names
+    only its own databases). A config with targets of its own is the scheduler's kind, and may
+    drop a database on purpose (one retired) at a deploy, as any other change."""
+    return by_worker and config.own_queue is None
+
+
 def _said(dropped: dict[str, int]) -> str:
-    """`database eu's 2 targets`, `databases eu, us (5 targets)`."""
+    """`2 targets on database eu`, `5 targets on the default database and databases eu, us`."""
     total = sum(dropped.values())
-    named = ", ".join(
-        "the default database" if db == DEFAULT_DATABASE_KEY else db for db in sorted(dropped)
-    )
-    targets = f"{total} target{'s' if total != 1 else ''}"
-    if len(dropped) == 1:
-        return f"{targets} on {'' if named.startswith('the ') else 'database '}{named}"
-    return f"{targets} on databases {named}"
+    named = sorted(db for db in dropped if db != DEFAULT_DATABASE_KEY)
+    places = ["the default database"] if DEFAULT_DATABASE_KEY in dropped else []
+    if named:
+        places.append(f"database{'s' if len(named) > 1 else ''} {', '.join(named)}")
+    return f"{total} target{'s' if total != 1 else ''} on {' and '.join(places)}"
 
 
 class ScheduleConflict(Exception):

@@ -31,7 +31,7 @@ from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import failed_pass, run_pass, until_polled
-from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
+from tests.support.procs import clean_env, identity, run_main, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
 
@@ -449,6 +449,7 @@ async def test_a_pass_typed_by_hand_without_routes_says_why_a_routed_target_is_n
 
 
 async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedule_as_it_is(
+    tmp_path: Path,
     client: Client,
     temporal_server: RunningTemporal,
     task_queue: str,
@@ -459,21 +460,20 @@ async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedu
     schedule id) beside the scheduler's schedule over eu and the default database: writing its
     own would drop the default database's target from every pass, so it leaves the schedule as
     it is and warns. `pg-purge schedule` from that config, typed by an operator, writes it and
-    says what it drops."""
+    says what it drops; so does a worker of a config with targets of its own (the scheduler's
+    kind, which may retire a database at a deploy)."""
     schedule_id = f"purge-regions-{uuid.uuid4().hex[:8]}"
     block = f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
-    central = parse_config(
-        tomllib.loads(
-            f"database_url = {regions['us']!r}\n"
-            + region_toml(task_queue, ("eu",))
-            + '[[targets]]\nkind = "idempotency"\n'
-            + block
-        ),
-        env={},
+    central_toml = (
+        f"database_url = {regions['us']!r}\n"
+        + region_toml(task_queue, ("eu",))
+        + '[[targets]]\nkind = "idempotency"\n'
+        + block
     )
-    regional = parse_config(
-        tomllib.loads(region_toml(task_queue, ("eu",)) + block), env={"EU_URL": regions["eu"]}
-    )
+    central = parse_config(tomllib.loads(central_toml), env={})
+    regional_toml = tmp_path / "eu.toml"
+    regional_toml.write_text(region_toml(task_queue, ("eu",)) + block, encoding="utf-8")
+    regional = parse_config(tomllib.loads(regional_toml.read_text()), env={"EU_URL": regions["eu"]})
     handle = client.get_schedule_handle(schedule_id)
 
     async def targets() -> list[str]:
@@ -507,17 +507,41 @@ async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedu
         assert left.levelno == logging.WARNING
         assert left.getMessage() == (
             f"left as it is schedule {schedule_id}: its passes sweep 1 target on the default "
-            "database, which this config names no target of; a worker writes no schedule that "
-            "would drop them. Write it from the config that names every database of the pass "
-            "(`pg-purge schedule`), or give this config's schedule another `id` under [schedule]"
+            "database, which this config names no target on, and every target of this config "
+            "has a database queue of its own (a regional worker's config): a worker writes no "
+            "schedule that would drop them. Write it with `pg-purge schedule` from the config "
+            "that names every database of the pass (from this one, if it drops them on "
+            "purpose), or give this config's schedule another `id` under [schedule]"
         )
         assert await targets() == ["x_idempotency@eu", "x_idempotency"]
 
-        [written] = await ensure_schedules(client, regional)
-        assert written.action == "updated"
-        assert written.summary.endswith(
-            "\ndrops 1 target on the default database: its passes no longer sweep them"
+        env = clean_env(TEMPORAL_ADDRESS=temporal_server.address, EU_URL=regions["eu"])
+        done = await asyncio.to_thread(
+            run_main, "schedule", "--config", str(regional_toml), env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"updated schedule {schedule_id}: ")
+        assert "\ndrops 1 target on the default database: its passes no longer sweep them\n" in (
+            done.stdout
         )
         assert await targets() == ["x_idempotency@eu"]
+
+        # The scheduler's kind of config (a target of its own) drops eu at a deploy.
+        await ensure_schedules(client, central)
+        retired = parse_config(
+            tomllib.loads(
+                f"database_url = {regions['us']!r}\n"
+                + f'task_queue = "{task_queue}"\n'
+                + '[[targets]]\nkind = "idempotency"\n'
+                + block
+            ),
+            env={},
+        )
+        [by_its_worker] = await ensure_schedules(client, retired, by_worker=True)
+        assert by_its_worker.action == "updated"
+        assert by_its_worker.summary.endswith(
+            "\ndrops 1 target on database eu: its passes no longer sweep them"
+        )
+        assert await targets() == ["x_idempotency"]
     finally:
         await handle.delete()

@@ -9,7 +9,7 @@ from typing import Any
 from temporalio.client import ScheduleActionStartWorkflow
 from temporalio.converter import DataConverter
 
-from purge_ops.schedule import _dropped
+from purge_ops.schedule import _dropped, _said
 
 CONVERTER = DataConverter.default.payload_converter
 
@@ -55,4 +55,18 @@ def test_an_input_this_release_does_not_read_is_not_guarded() -> None:
     regional = {"targets": ["a@eu"], "databases": {"a@eu": "eu"}}
     assert _dropped(held(later), regional, CONVERTER) == {}
     assert _dropped(held({"targets": "a@eu"}), regional, CONVERTER) == {}
-    assert _dropped(held([CENTRAL, CENTRAL]), regional, CONVERTER) == {}
+    two = held(CENTRAL)
+    two.args = [CENTRAL, CENTRAL]
+    assert _dropped(two, regional, CONVERTER) == {}
+    # A payload no converter reads (an encoding of someone else's codec): the start goes on.
+    foreign = payload(CENTRAL)
+    foreign.args[0].metadata["encoding"] = b"binary/encrypted"
+    assert _dropped(foreign, regional, CONVERTER) == {}
+
+
+def test_what_is_dropped_is_said_by_database() -> None:
+    assert _said({"eu": 2}) == "2 targets on database eu"
+    assert _said({"_default": 1}) == "1 target on the default database"
+    assert _said({"us": 1, "_default": 3, "eu": 1}) == (
+        "5 targets on the default database and databases eu, us"
+    )
