@@ -41,10 +41,11 @@ class BadPurgeInput(PurgeError):
 
 
 class NewerPurgeFormat(Exception):
-    """A workflow input or activity step of a later release's format, with keys this release
-    does not know (`activities.input_checks.FORMAT`). Not an `ApplicationError`, on purpose: in
-    the workflow it fails the workflow task, which Temporal retries until a worker of that
-    release takes it; in an activity it is a retried failure (of `TARGET_RETRY`'s attempts)."""
+    """A workflow input or activity step that says it is of a later release's format (`format`
+    above `activities.input_checks.FORMAT`), whatever its keys. Not an `ApplicationError`, on
+    purpose: in the workflow it fails the workflow task, which Temporal retries until a worker
+    of that release takes it; in an activity it is a retried failure (of `TARGET_RETRY`'s
+    attempts)."""
 
 
 class PurgeGuardRefused(PurgeError):

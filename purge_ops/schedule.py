@@ -240,7 +240,8 @@ def _dropped(
 ) -> dict[str, int]:
     """The databases whose targets the schedule's passes sweep and `want`'s would not, each with
     how many targets it loses; empty when the held input does not read as a pass's of this
-    release (a hand edit, or a later release's: replacing it is the config's to do)."""
+    release (a hand edit, another encoding, a later release's: replacing it is the config's to
+    do)."""
     if len(held.args) != 1:
         return {}
     raw = held.args[0]

@@ -202,6 +202,20 @@ async def histories(temporal_address: str, task_queue: str) -> dict[str, str]:
 # -- bad steps sent to the activity directly -------------------------------------------------
 
 
+async def sent_straight(harness: Harness, step: Any) -> dict[str, Any]:
+    """`step` sent to the `purge_target` activity by another caller's workflow (`DirectCaller`),
+    on a worker with the idempotency target: what the activity's last attempt ended with."""
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
+    async with Worker(
+        harness.client, task_queue=harness.task_queue, workflows=[DirectCaller],
+        activities=[activities.purge_target],
+    ):  # fmt: skip
+        outcome: dict[str, Any] = await harness.client.execute_workflow(
+            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=harness.task_queue
+        )
+    return outcome
+
+
 @pytest.mark.parametrize(
     ("step", "complaint"),
     [
@@ -226,14 +240,7 @@ async def test_a_bad_step_sent_straight_to_the_activity_is_refused_and_deletes_n
     complaint: str,
 ) -> None:
     idempotency_rows(harness.db, {"a": 1, "b": 2})  # expired at any plausible instant
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
-    async with Worker(
-        harness.client, task_queue=harness.task_queue, workflows=[DirectCaller],
-        activities=[activities.purge_target],
-    ):  # fmt: skip
-        outcome = await harness.client.execute_workflow(
-            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=harness.task_queue
-        )
+    outcome = await sent_straight(harness, step)
 
     assert outcome["type"] == "BadPurgeInput", outcome
     assert outcome["retryable"] is False
@@ -252,14 +259,7 @@ async def test_a_step_of_a_later_release_s_format_is_retried_not_refused_and_del
     ignores what it does not know. (The caller here stops after three attempts.)"""
     idempotency_rows(harness.db, {"a": 1, "b": 2})
     step = {"name": "x_idempotency", "now_ms": 1_700_000_000_000, "format": 2, "new_key": 1}
-    activities = PurgeActivities(TargetRegistry([kinds.idempotency(harness.pool)]))
-    async with Worker(
-        harness.client, task_queue=harness.task_queue, workflows=[DirectCaller],
-        activities=[activities.purge_target],
-    ):  # fmt: skip
-        outcome = await harness.client.execute_workflow(
-            "DirectCaller", step, id=f"direct-{uuid.uuid4()}", task_queue=harness.task_queue
-        )
+    outcome = await sent_straight(harness, step)
 
     assert outcome == {
         "type": "NewerPurgeFormat",
