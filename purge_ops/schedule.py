@@ -201,7 +201,9 @@ async def _ensure(
         if matches(current.schedule, want, converter):
             action = "unchanged"
         else:
-            dropped = _dropped(held, config.scheduled_input(spec), converter)
+            wanted = want.action
+            assert isinstance(wanted, ScheduleActionStartWorkflow)  # as desired() made it
+            dropped = _dropped(held, wanted.args[0], converter)  # the input it already built
             if dropped and _regional(config, by_worker):
                 return ScheduleOutcome(
                     "left as it is",
@@ -236,7 +238,7 @@ async def _ensure(
 
 
 def _dropped(
-    held: ScheduleActionStartWorkflow, want: dict[str, object], converter: PayloadConverter
+    held: ScheduleActionStartWorkflow, want: object, converter: PayloadConverter
 ) -> dict[str, int]:
     """The databases whose targets the schedule's passes sweep and `want`'s would not, each with
     how many targets it loses; empty when the held input does not read as a pass's of this
