@@ -11,11 +11,16 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import psycopg
 import pytest
 from temporalio.client import Client
 
 from purge_config.file import load_config
+from purge_ops import probes as probing
+from purge_ops.connect import APPLICATION_NAME
 from purge_ops.ports import free_ports
 from purge_ops.probes import Health, ProbeServer, loopback_port
 from purge_ops.runner import new_worker, run_worker
@@ -193,6 +198,44 @@ async def test_livez_fails_when_a_worker_has_stopped(client: Client, task_queue:
         assert (await http(port, "/livez")).status == 200
     finally:
         await probes.close()
+
+
+async def test_a_flood_of_readyz_probes_costs_a_database_one_connection_a_second(
+    client: Client, task_queue: str, schema_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Probes at any rate cost each database at most one connection a second: callers at once
+    share one check, and its answer is reused for READY_REUSE. The probes' clock is the test's,
+    so the second passes when the test says, however slow the machine."""
+    from activities.registry import TargetRegistry
+
+    now = [1000.0]
+    monkeypatch.setattr(probing, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    opened: list[str] = []
+    connect = psycopg.AsyncConnection.connect
+
+    async def counting(conninfo: str = "", **kwargs: Any) -> Any:
+        if kwargs.get("application_name") == f"{APPLICATION_NAME}-probe":
+            opened.append(conninfo)
+        return await connect(conninfo, **kwargs)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", counting)
+    real = new_worker(client, TargetRegistry([]), task_queue)
+    health = Health(databases={"default": schema_url}, client=client, workers=[real])
+    async with real:
+        async with asyncio.timeout(30):
+            while await health.ready() == "starting":
+                await asyncio.sleep(0.01)
+        opened.clear()
+        now[0] += probing.READY_REUSE * 2  # the answer of the wait above is stale
+
+        assert await asyncio.gather(*(health.ready() for _ in range(20))) == [None] * 20
+        assert len(opened) == 1
+        now[0] += probing.READY_REUSE / 2
+        assert await health.ready() is None
+        assert len(opened) == 1
+        now[0] += probing.READY_REUSE  # a second and a half after that check
+        assert await health.ready() is None
+        assert len(opened) == 2
 
 
 @pytest.mark.waits
