@@ -833,6 +833,7 @@ async def test_a_whole_batch_whose_timeout_leaves_results_owed_rolls_back_and_th
         db, pool, schema_url, "idempotency", 20, first=the_whole_batch_timed_out
     )
 
+    assert any("that batch was rolled back" in advice for advice in stats.advice)
     assert stats.strategy == "index"
     assert "k0" in left
     assert not {f"k{i}" for i in range(20, 4_000, 20)} & left

@@ -18,7 +18,7 @@ from purge_config import parse_config
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
-from tests.support.passes import listed_pollers
+from tests.support.passes import until_polled
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -109,10 +109,8 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
             wait_for(lambda log=log: "worker on task queue" in log.read_text(), 60, "a worker")
         # Both workers' activity polls on the server before the pass: the first to poll would
         # otherwise take its four and the next four as it finishes them, however fast.
-        async with asyncio.timeout(60):
-            kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
-            while await listed_pollers(harness.client, parsed.own_queue, kind) < 2:
-                await asyncio.sleep(0.05)
+        kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+        await until_polled(harness.client, parsed.own_queue, kind, at_least=2)
         fill(harness.db, harness.now_ms)
         shared = f"purge-shared-{uuid.uuid4()}"
         first = await harness.client.execute_workflow(
@@ -126,13 +124,11 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
             "Purge", request, id=killed, task_queue=harness.task_queue
         )
         victim = identity(workers[1])
-        sweeping: list[str] = []
-        async with asyncio.timeout(60):
-            while not (sweeping := await sweeping_on(handle, victim)):
+        async with asyncio.timeout(60):  # until the victim sweeps a target of the pass
+            while not await sweeping_on(handle, victim):
                 described = await handle.describe()
                 assert described.status == WorkflowExecutionStatus.RUNNING, "the pass ended"
                 await asyncio.sleep(0.05)
-        assert sweeping, f"{victim} never swept a target of the pass"
         workers[1].send_signal(signal.SIGKILL)
         workers[1].wait(10)
         await notice_the_dead_worker_sooner(harness.client, killed)

@@ -10,7 +10,6 @@ a SIGKILL leaves (the fault suite, `pytest -m slow`, does it with real processes
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 from dataclasses import replace
@@ -417,7 +416,7 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     beats: list[dict[str, Any]] = []
     env = activity_env()
     env.on_heartbeat = lambda *d: beats.append(d[0]) if "batch_ms" in d[0] else None
-    patient = dataclasses.replace(TINY, lock_timeout_ms=60_000)
+    patient = replace(TINY, lock_timeout_ms=60_000)
     activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=patient)]))
     with row_locked(schema_url, "x_idempotency", "k20000"):
         sweep = asyncio.ensure_future(

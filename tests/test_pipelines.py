@@ -13,6 +13,7 @@ from psycopg import errors, pq
 
 from activities.engine.pipelines import settled_pipeline
 from tests.support.late_results import results_late
+from tests.support.pace import row_locked
 
 HELD = "SELECT k FROM held WHERE k = 1 FOR UPDATE"
 """Waits on the row the test holds: under a 10 ms statement_timeout, always cancelled."""
@@ -23,8 +24,7 @@ def held(db: psycopg.Connection[Any], schema_url: str) -> Iterator[None]:
     """A row another session holds locked until the test ends."""
     db.execute("CREATE TABLE held (k int PRIMARY KEY)")
     db.execute("INSERT INTO held VALUES (1)")
-    with psycopg.connect(schema_url) as holder:
-        holder.execute(HELD)
+    with row_locked(schema_url, "held", 1, column="k"):
         yield
 
 
@@ -71,7 +71,7 @@ async def test_a_cancelled_statement_whose_rest_comes_late_is_raised_and_the_con
     monkeypatch.undo()
     async with settled_pipeline(conn):
         again = await conn.execute("SELECT 2", prepare=True)
-        tx = await conn.execute("SELECT set_config('statement_timeout', '0', true)", prepare=True)
+        tx = await conn.execute("SELECT set_config('statement_timeout', '10', true)", prepare=True)
     assert await again.fetchone() == (2,)
-    assert await tx.fetchone() == ("0",)
+    assert await tx.fetchone() == ("10ms",)
     assert await prepared(conn) == 2

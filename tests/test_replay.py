@@ -298,6 +298,9 @@ def is_busy_resent(shape: Shape) -> None:
     second target's activity timed out unstarted behind the first (held on a row), then, once
     the first completed, was sent again, behind the marker, and taken: the pass completes."""
     assert shape.events.count("ACTIVITY_TASK_TIMED_OUT") == 1
+    assert shape.events.count("ACTIVITY_TASK_STARTED") == 2  # the timed-out one never started
+    resent = len(shape.events) - 1 - shape.events[::-1].index("ACTIVITY_TASK_SCHEDULED")
+    assert shape.events.index("ACTIVITY_TASK_COMPLETED") < resent  # after the first completed
     assert shape.events.count("MARKER_RECORDED") == 2  # the concurrent pass's, the resend's
     [again] = [name for name in set(shape.scheduled) if shape.scheduled.count(name) == 2]
     assert shape.scheduled == [*sorted(set(shape.scheduled)), again]

@@ -16,7 +16,6 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import WorkflowTaskFailedEventAttributes
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
@@ -26,7 +25,7 @@ from tests.conftest import Harness
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
 from tests.support.later_release import LATER_FORMAT, NEW_KEY, LaterPurge
-from tests.support.passes import FAIL_WITHIN_S, failed_pass, run_pass
+from tests.support.passes import FAIL_WITHIN_S, failed_pass, own_queue_worker, run_pass
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 from workflows.chunk import PurgeChunkWorkflow
 
@@ -237,12 +236,10 @@ async def test_a_pass_of_a_later_release_s_format_waits_for_a_worker_of_that_rel
     assert keys(harness.db, "x_idempotency") == {"old", "new"}
 
     activities = PurgeActivities(TargetRegistry(registry))
-    async with Worker(
-        harness.client,
-        task_queue=harness.task_queue,
-        workflows=[LaterPurge, PurgeChunkWorkflow],
-        activities=[activities.purge_target],
-    ):
+    later = own_queue_worker(
+        harness.client, harness.task_queue, activities, [LaterPurge, PurgeChunkWorkflow]
+    )
+    async with later:
         result = await handle.result()
     assert [(s["name"], s["status"], s["removed"]) for s in result["swept"]] == [
         ("x_idempotency", "ok", 1)

@@ -157,9 +157,11 @@ async def listed_pollers(client: Client, queue: str, kind: TaskQueueType.ValueTy
     return len(described.pollers)
 
 
-async def until_polled(client: Client, queue: str, kind: TaskQueueType.ValueType) -> None:
-    """Returns once a worker's poll of `queue` has reached the server (within a minute): a task
-    put there from then on is taken at once, however slowly the worker started."""
+async def until_polled(
+    client: Client, queue: str, kind: TaskQueueType.ValueType, at_least: int = 1
+) -> None:
+    """Returns once `at_least` workers' polls of `queue` have reached the server (within a
+    minute): a task put there from then on is taken at once, however slowly they started."""
     async with asyncio.timeout(60):
-        while not await listed_pollers(client, queue, kind):
+        while await listed_pollers(client, queue, kind) < at_least:
             await asyncio.sleep(0.05)
