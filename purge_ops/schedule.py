@@ -4,7 +4,10 @@ Policies are chosen for a retention sweep, not left at the SDK's defaults:
 - overlap SKIP: one live pass; a slow pass makes the next one wait for the hour after, not pile up;
 - catch-up window of about one period: after an outage at most one missed pass runs late (the
   default of a year would replay every missed hour);
-- a small jitter, so many deployments sharing a cluster (or a database) do not all fire at :23:00.
+- a small jitter, so many deployments sharing a cluster (or a database) do not all fire at :23:00;
+- an execution timeout on each pass, its budget and PASS_GRACE: a pass that cannot go on (a
+  workflow task no worker of the running release can run) ends by itself, where overlap SKIP
+  would otherwise skip every firing behind it.
 """
 
 from __future__ import annotations
@@ -37,12 +40,25 @@ from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
 from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_ops.namespace_check import namespace_defines
+from workflows.spread import CHUNK_GRACE
 
 WORKFLOW_TYPE = "Purge"
 #: The action memo key holding the fingerprint of the config the schedule was made from. In the
 #: action, not the schedule's note: an operator's pause note must neither be lost nor read as a
 #: change, and each scheduled pass then carries the fingerprint of the config that started it.
 MEMO_KEY = "purge_config"
+#: How long a scheduled pass may run past its budget before Temporal ends it: its children's own
+#: bound (the deadline and CHUNK_GRACE, `workflows.spread`) and ten minutes to report. Its
+#: sweeps stop at the budget, so a pass still running then is one that cannot go on: a workflow
+#: task that no worker of the release running can run (after a rollback, a later release's
+#: `format`; a nondeterminism error), or an activity no worker takes. Overlap SKIP would skip
+#: every firing behind it until an operator terminated it; timed out, it lets the next one run.
+PASS_GRACE = CHUNK_GRACE + timedelta(minutes=10)
+
+
+def pass_timeout(config: PurgeConfig, spec: ScheduleConfig) -> timedelta:
+    """The execution timeout of each pass `spec` starts: its budget and PASS_GRACE."""
+    return timedelta(milliseconds=config.scheduled_input(spec)["budget_ms"]) + PASS_GRACE
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,7 @@ def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False)
             # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
             id=spec.id,
             task_queue=config.task_queue,
+            execution_timeout=pass_timeout(config, spec),
             memo={MEMO_KEY: fingerprint(config, spec, searchable)},
             typed_search_attributes=at_start() if searchable else TypedSearchAttributes.empty,
         ),
@@ -94,6 +111,8 @@ def fingerprint(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = Fa
         "input": config.scheduled_input(spec),
         "workflow": WORKFLOW_TYPE,
         "overlap": "skip",
+        # Since the passes' execution timeout: a schedule made before it is updated once.
+        "pass_grace_ms": PASS_GRACE // timedelta(milliseconds=1),
     }
     if searchable:
         # Only when set: a schedule made before the attributes existed stays `unchanged`
@@ -117,6 +136,7 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
         and action.workflow == wanted.workflow
         and action.task_queue == wanted.task_queue
         and action.id == wanted.id
+        and action.execution_timeout == wanted.execution_timeout
         and current.policy.overlap == want.policy.overlap
         and current.policy.catchup_window == want.policy.catchup_window
         and (current.spec.jitter or timedelta(0)) == (want.spec.jitter or timedelta(0))
@@ -306,5 +326,12 @@ def summarize(config: PurgeConfig, spec: ScheduleConfig, described: ScheduleDesc
         f"starts {WORKFLOW_TYPE} on task queue {config.task_queue!r} "
         f"with targets {list(spec.targets) or config.target_names}; overlap SKIP, "
         f"catch-up window {timedelta(milliseconds=spec.catchup_window_ms)}, "
-        f"jitter {timedelta(milliseconds=spec.jitter_ms)}\nnext runs: {runs or 'none'}"
+        f"jitter {timedelta(milliseconds=spec.jitter_ms)}, "
+        f"{_timeout_said(described)}\nnext runs: {runs or 'none'}"
     )
+
+
+def _timeout_said(described: ScheduleDescription) -> str:
+    """The execution timeout of the passes the server's schedule starts, as said."""
+    timeout = getattr(described.schedule.action, "execution_timeout", None)
+    return f"a pass runs at most {timeout}" if timeout else "no limit on how long a pass runs"

@@ -41,9 +41,11 @@ from activities.sweep import PurgeActivities
 from purge_config.file import load_config
 from purge_dev.servers import venv_executable
 from purge_ops import passes
+from purge_ops import schedule as schedules
 from purge_ops.passes import summarize, sweeps_any
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
+from purge_ops.schedule import MEMO_KEY, desired, ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
@@ -140,9 +142,85 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     assert schedule.spec.jitter == timedelta(seconds=30)
     assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
     assert schedule.policy.catchup_window == timedelta(hours=1)
+    # Each pass ends by itself 40 minutes past its budget (a pass that cannot go on:
+    # test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs).
+    assert action.execution_timeout == timedelta(minutes=90)  # type: ignore[union-attr]
+    assert "jitter 0:00:30, a pass runs at most 1:30:00\n" in done.stdout
     assert described.info.next_action_times
     assert all(t.minute == 23 for t in described.info.next_action_times)
     await harness.client.get_schedule_handle(schedule_id).delete()
+
+
+async def test_a_schedule_made_before_the_pass_timeout_is_updated_once_to_carry_it(
+    tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, schedule_id: str
+) -> None:
+    """A schedule an earlier release made (its passes with no execution timeout, its digest of
+    then) is updated to carry the timeout, then left unchanged."""
+    path = config_file(
+        tmp_path, harness.url, harness.task_queue, f'[schedule]\nid = "{schedule_id}"\n'
+    )
+    config = load_config(path)
+    (spec,) = config.schedules
+    before = desired(config, spec)
+    assert isinstance(before.action, ScheduleActionStartWorkflow)
+    before.action.execution_timeout = None
+    before.action.memo = {MEMO_KEY: "an earlier release's digest"}
+    handle = await harness.client.create_schedule(schedule_id, before)
+    try:
+        updated = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(path))
+        assert updated.stdout.startswith(f"updated schedule {schedule_id}:"), updated.stdout
+        action = (await handle.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        assert action.execution_timeout == timedelta(minutes=90)
+        again = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(path))
+        assert again.stdout.startswith(f"unchanged schedule {schedule_id}:"), again.stdout
+    finally:
+        await handle.delete()
+
+
+@pytest.mark.slow  # 11 s of waiting for the timeout: .ci/run's slow suite runs it
+async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
+    tmp_path: Path, harness: Harness, schedule_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No worker polls the schedule's task queue, so its pass cannot go on, as one whose
+    workflow task no worker of the release running can run: the firing behind it is skipped
+    (overlap SKIP), then the pass times out at its budget and PASS_GRACE, and the next firing
+    starts a pass. PASS_GRACE is made a second and the budget the least there is, 10 s."""
+    monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(seconds=1))
+    nobody = f"{harness.task_queue}-unpolled"
+    budget = f'[schedule]\nid = "{schedule_id}"\n[pass]\nbudget = "10s"\n'
+    config = load_config(config_file(tmp_path, harness.url, nobody, budget))
+    await ensure_schedules(harness.client, config)
+    handle = harness.client.get_schedule_handle(schedule_id)
+
+    async def actions(count: int) -> list[Any]:
+        # Two minutes only keep a broken schedule from hanging the run.
+        async with asyncio.timeout(120):
+            while len(taken := (await handle.describe()).info.recent_actions) < count:
+                await asyncio.sleep(0.05)
+        return [each.action for each in taken]
+
+    try:
+        await handle.trigger()
+        [first] = await actions(1)
+        stuck = harness.client.get_workflow_handle(
+            first.workflow_id, run_id=first.first_execution_run_id
+        )
+        assert (await stuck.describe()).status == WorkflowExecutionStatus.RUNNING
+        await handle.trigger()
+        async with asyncio.timeout(120):
+            while not (await handle.describe()).info.num_actions_skipped_overlap:
+                await asyncio.sleep(0.05)
+        async with asyncio.timeout(120):
+            while (await stuck.describe()).status == WorkflowExecutionStatus.RUNNING:
+                await asyncio.sleep(0.2)
+        assert (await stuck.describe()).status == WorkflowExecutionStatus.TIMED_OUT
+        await handle.trigger()
+        _, second = await actions(2)
+    finally:
+        await handle.delete()
+    assert second.workflow_id != first.workflow_id
+    await harness.client.get_workflow_handle(second.workflow_id).terminate("test done")
 
 
 async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
@@ -307,10 +385,12 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
             # The trigger's pass, or one the README's `23 * * * *` started on its own first
             # (a test run over minute 23): either is the README's schedule firing a pass.
             started = described.info.recent_actions[0].action
-            result = await harness.client.get_workflow_handle(
+            fired = harness.client.get_workflow_handle(
                 started.workflow_id,  # type: ignore[attr-defined]
                 run_id=started.first_execution_run_id,  # type: ignore[attr-defined]
-            ).result()
+            )
+            result = await fired.result()
+            ran = (await fired.describe()).raw_description.execution_config
     finally:
         subprocess.run(
             [temporal, "schedule", "delete", "--schedule-id", schedule_id, *address],
@@ -319,6 +399,7 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
         )
 
     assert started.workflow_id.startswith(f"{schedule_id}-")  # type: ignore[attr-defined]
+    assert ran.workflow_execution_timeout.ToTimedelta() == timedelta(minutes=90)
     assert [s["name"] for s in result["swept"]] == ["x_idempotency", "x_rate_limit", "x_auth"]
     assert keys(harness.db, "x_idempotency") == {"new"}
     assert keys(harness.db, "x_auth_failures") == set()
