@@ -5,7 +5,7 @@ Policies are chosen for a retention sweep, not left at the SDK's defaults:
 - catch-up window of about one period: after an outage at most one missed pass runs late (the
   default of a year would replay every missed hour);
 - a small jitter, so many deployments sharing a cluster (or a database) do not all fire at :23:00;
-- an execution timeout on each pass, its budget and PASS_GRACE: a pass that cannot go on (a
+- an execution timeout on each pass (`pass_timeout`): a pass that cannot go on (a
   workflow task no worker of the running release can run) ends by itself, where overlap SKIP
   would otherwise skip every firing behind it.
 """
@@ -47,18 +47,22 @@ WORKFLOW_TYPE = "Purge"
 #: action, not the schedule's note: an operator's pause note must neither be lost nor read as a
 #: change, and each scheduled pass then carries the fingerprint of the config that started it.
 MEMO_KEY = "purge_config"
-#: How long a scheduled pass may run past its budget before Temporal ends it: its children's own
-#: bound (the deadline and CHUNK_GRACE, `workflows.spread`) and ten minutes to report. Its
-#: sweeps stop at the budget, so a pass still running then is one that cannot go on: a workflow
-#: task that no worker of the release running can run (after a rollback, a later release's
-#: `format`; a nondeterminism error), or an activity no worker takes. Overlap SKIP would skip
-#: every firing behind it until an operator terminated it; timed out, it lets the next one run.
+#: How long a scheduled pass may run past its budget and its `[pass] worker_wait` (an activity
+#: sent as the budget ends may wait that long before it fails as `NoPurgeWorker`, which the pass
+#: reports) before Temporal ends it: the bound of its children on a database's queue (the
+#: deadline and CHUNK_GRACE, `workflows.spread`) and ten minutes to report. Its sweeps stop at
+#: the budget, so a pass still running then is one that cannot go on: a workflow task that no
+#: worker of the release running can run (after a rollback, a later release's `format`; a
+#: nondeterminism error). Overlap SKIP would skip every firing behind it until an operator
+#: terminated it; timed out, it lets the next one run.
 PASS_GRACE = CHUNK_GRACE + timedelta(minutes=10)
 
 
 def pass_timeout(config: PurgeConfig, spec: ScheduleConfig) -> timedelta:
-    """The execution timeout of each pass `spec` starts: its budget and PASS_GRACE."""
-    return timedelta(milliseconds=config.scheduled_input(spec)["budget_ms"]) + PASS_GRACE
+    """The execution timeout of each pass `spec` starts: its budget, its worker_wait and
+    PASS_GRACE (95 minutes for the default hourly schedule)."""
+    budget_ms = config.scheduled_input(spec)["budget_ms"]
+    return timedelta(milliseconds=budget_ms + config.limits.worker_wait_ms) + PASS_GRACE
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,9 @@ def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False)
 
 
 def fingerprint(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> str:
-    """A digest of everything the schedule is made from: equal configs, equal schedules."""
+    """A digest of everything the schedule is made from: equal configs, equal schedules. (The
+    passes' execution timeout follows from the input's budget and worker_wait; a schedule made
+    before it, with this digest and no timeout, is told apart by `matches`.)"""
     material: dict[str, object] = {
         "cron": spec.cron,
         "time_zone": spec.time_zone,
@@ -111,8 +117,6 @@ def fingerprint(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = Fa
         "input": config.scheduled_input(spec),
         "workflow": WORKFLOW_TYPE,
         "overlap": "skip",
-        # Since the passes' execution timeout: a schedule made before it is updated once.
-        "pass_grace_ms": PASS_GRACE // timedelta(milliseconds=1),
     }
     if searchable:
         # Only when set: a schedule made before the attributes existed stays `unchanged`

@@ -67,9 +67,8 @@ def test_each_named_schedule_passes_its_own_targets_with_a_budget_of_its_own_per
 
 
 def test_the_single_schedule_keeps_its_input_and_its_fingerprint() -> None:
-    """A config with `[schedule]` makes the schedule it made before named schedules: same input,
-    and the digest of then with one key more, the passes' timeout's grace: a schedule deployed
-    before it is updated once, to carry the timeout (tests/test_operate.py)."""
+    """A config with `[schedule]` makes the schedule it made before: same input, same digest,
+    so a deployed schedule stays `unchanged`."""
     config = parse_config(tomllib.loads('[schedule]\ncron = "23 * * * *"\n' + TARGETS), env=ENV)
 
     (only,) = config.schedules
@@ -85,7 +84,6 @@ def test_the_single_schedule_keeps_its_input_and_its_fingerprint() -> None:
         "input": config.pass_input(),
         "workflow": "Purge",
         "overlap": "skip",
-        "pass_grace_ms": 40 * 60_000,
     }
     digest = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
     assert fingerprint(config, only) == digest
