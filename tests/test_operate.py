@@ -146,8 +146,8 @@ async def test_schedule_is_created_with_the_cron_and_retention_policies(
     assert schedule.spec.jitter == timedelta(seconds=30)
     assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
     assert schedule.policy.catchup_window == timedelta(hours=1)
-    # Each pass ends by itself 40 minutes past its budget (a pass that cannot go on:
-    # test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs).
+    # Each pass ends by itself 45 minutes past its budget, its worker_wait and 40 (a pass that
+    # cannot go on: test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs).
     assert action.execution_timeout == timedelta(minutes=95)  # type: ignore[union-attr]
     assert "jitter 0:00:30, a pass runs at most 1:35:00\n" in done.stdout
     assert described.info.next_action_times
@@ -188,9 +188,10 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
 ) -> None:
     """No worker polls the schedule's task queue, so its pass cannot go on, as one whose
     workflow task no worker of the release running can run: the firing behind it is skipped
-    (overlap SKIP), then the pass times out at its budget, worker_wait and PASS_GRACE, and the
-    next firing starts a pass. PASS_GRACE is made a second, the budget and worker_wait the
-    least they may be (10 s and 1 s), and the cron one that fires once a year."""
+    (overlap SKIP), then the pass, whose execution timeout is its budget, worker_wait and
+    PASS_GRACE, times out, and the next firing starts a pass. PASS_GRACE is made a second, the
+    budget and worker_wait the least they may be (10 s and 1 s), and the cron one that fires
+    once a year."""
     monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(seconds=1))
     nobody = f"{harness.task_queue}-unpolled"
     short = (
@@ -208,17 +209,21 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
                 await asyncio.sleep(0.05)
         return now
 
+    second: ScheduleActionExecutionStartWorkflow | None = None
     try:
+        # Back to back: the scheduler takes the second while the first's pass runs, however
+        # slow the machine (the pass is timed out 12 s after it starts).
         await handle.trigger()
-        fired = await described(lambda d: len(d.info.recent_actions) == 1)
-        first = fired.info.recent_actions[0].action
+        await handle.trigger()
+        fired = await described(lambda d: d.info.num_actions_skipped_overlap == 1)
+        [taken] = fired.info.recent_actions
+        first = taken.action
         assert isinstance(first, ScheduleActionExecutionStartWorkflow)
         stuck = harness.client.get_workflow_handle(
             first.workflow_id, run_id=first.first_execution_run_id
         )
-        assert (await stuck.describe()).status == WorkflowExecutionStatus.RUNNING
-        await handle.trigger()
-        await described(lambda d: d.info.num_actions_skipped_overlap == 1)
+        timeout = (await stuck.describe()).raw_description.execution_config
+        assert timeout.workflow_execution_timeout.ToTimedelta() == timedelta(seconds=12)
         async with asyncio.timeout(120):
             while (await stuck.describe()).status == WorkflowExecutionStatus.RUNNING:
                 await asyncio.sleep(0.2)
@@ -227,13 +232,15 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
         await described(lambda d: not d.info.running_actions)
         await handle.trigger()
         fired = await described(lambda d: len(d.info.recent_actions) == 2)
+        later = fired.info.recent_actions[1].action
+        assert isinstance(later, ScheduleActionExecutionStartWorkflow)
+        second = later
+        assert second.workflow_id != first.workflow_id
     finally:
         await handle.delete()
-    second = fired.info.recent_actions[1].action
-    assert isinstance(second, ScheduleActionExecutionStartWorkflow)
-    assert second.workflow_id != first.workflow_id
-    with contextlib.suppress(RPCError):  # it times out by itself a few seconds on
-        await harness.client.get_workflow_handle(second.workflow_id).terminate("test done")
+        if second is not None:
+            with contextlib.suppress(RPCError):  # it times out by itself 12 s on
+                await harness.client.get_workflow_handle(second.workflow_id).terminate("done")
 
 
 async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
