@@ -17,6 +17,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio.api.common.v1 import Payload
 from temporalio.client import (
@@ -58,11 +59,11 @@ MEMO_KEY = "purge_config"
 PASS_GRACE = CHUNK_GRACE + timedelta(minutes=10)
 
 
-def pass_timeout(config: PurgeConfig, spec: ScheduleConfig) -> timedelta:
-    """The execution timeout of each pass `spec` starts: its budget, its worker_wait and
-    PASS_GRACE (95 minutes for the default hourly schedule)."""
-    budget_ms = config.scheduled_input(spec)["budget_ms"]
-    return timedelta(milliseconds=budget_ms + config.limits.worker_wait_ms) + PASS_GRACE
+def pass_timeout(config: PurgeConfig, request: dict[str, Any]) -> timedelta:
+    """The execution timeout of each pass a schedule starts with `request` (the config's
+    `scheduled_input`): its budget, the config's worker_wait and PASS_GRACE (95 minutes for the
+    default hourly schedule)."""
+    return timedelta(milliseconds=request["budget_ms"] + config.limits.worker_wait_ms) + PASS_GRACE
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,15 @@ class ScheduleOutcome:
 def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> Schedule:
     """The schedule `spec` of the config; with `searchable`, its passes start with the search
     attributes they record (`activities.search_attributes`)."""
+    request = config.scheduled_input(spec)
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             WORKFLOW_TYPE,
-            config.scheduled_input(spec),
+            request,
             # Temporal appends the fire time: purge-hourly-2026-11-29T11:23:00Z.
             id=spec.id,
             task_queue=config.task_queue,
-            execution_timeout=pass_timeout(config, spec),
+            execution_timeout=pass_timeout(config, request),
             memo={MEMO_KEY: fingerprint(config, spec, searchable)},
             typed_search_attributes=at_start() if searchable else TypedSearchAttributes.empty,
         ),
