@@ -17,7 +17,7 @@ import signal
 import subprocess
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,6 @@ from temporalio.client import (
     Schedule,
     ScheduleActionExecutionStartWorkflow,
     ScheduleActionStartWorkflow,
-    ScheduleDescription,
     ScheduleOverlapPolicy,
     ScheduleRange,
     ScheduleSpec,
@@ -53,7 +52,14 @@ from purge_ops.schedule import desired, ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
-from tests.support.passes import listed, listed_pollers, run_pass, until_polled
+from tests.support.passes import (
+    listed,
+    listed_pollers,
+    quiet_cron,
+    run_pass,
+    until_described,
+    until_polled,
+)
 from tests.support.procs import (
     REPO,
     Done,
@@ -190,24 +196,16 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
     workflow task no worker of the release running can run: the firing behind it is skipped
     (overlap SKIP), then the pass, whose execution timeout is its budget, worker_wait and
     PASS_GRACE, times out, and the next firing starts a pass. PASS_GRACE is made a second, the
-    budget and worker_wait the least they may be (10 s and 1 s), and the cron one that fires
-    once a year."""
+    budget and worker_wait the least they may be (10 s and 1 s), and the cron `quiet_cron`'s."""
     monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(seconds=1))
     nobody = f"{harness.task_queue}-unpolled"
     short = (
-        f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+        f'[schedule]\nid = "{schedule_id}"\ncron = "{quiet_cron()}"\n'
         '[pass]\nbudget = "10s"\nworker_wait = "1s"\n'
     )
     config = load_config(config_file(tmp_path, harness.url, nobody, short))
     await ensure_schedules(harness.client, config)
     handle = harness.client.get_schedule_handle(schedule_id)
-
-    async def described(done: Callable[[ScheduleDescription], bool]) -> ScheduleDescription:
-        # Two minutes only keep a broken schedule from hanging the run.
-        async with asyncio.timeout(120):
-            while not done(now := await handle.describe()):
-                await asyncio.sleep(0.05)
-        return now
 
     second: ScheduleActionExecutionStartWorkflow | None = None
     try:
@@ -215,7 +213,7 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
         # slow the machine (the pass is timed out 12 s after it starts).
         await handle.trigger()
         await handle.trigger()
-        fired = await described(lambda d: d.info.num_actions_skipped_overlap == 1)
+        fired = await until_described(handle, lambda d: d.info.num_actions_skipped_overlap == 1)
         [taken] = fired.info.recent_actions
         first = taken.action
         assert isinstance(first, ScheduleActionExecutionStartWorkflow)
@@ -229,9 +227,9 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
                 await asyncio.sleep(0.2)
         assert (await stuck.describe()).status == WorkflowExecutionStatus.TIMED_OUT
         # Once the schedule knows its pass ended, the next firing starts one.
-        await described(lambda d: not d.info.running_actions)
+        await until_described(handle, lambda d: not d.info.running_actions)
         await handle.trigger()
-        fired = await described(lambda d: len(d.info.recent_actions) == 2)
+        fired = await until_described(handle, lambda d: len(d.info.recent_actions) == 2)
         later = fired.info.recent_actions[1].action
         assert isinstance(later, ScheduleActionExecutionStartWorkflow)
         second = later
@@ -397,11 +395,9 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
         )
         # The README's schedule starts passes on the `purge` queue, not the test's own.
         async with new_worker(harness.client, registry, "purge"):
-            for _ in range(200):
-                described = await handle.describe()
-                if described.info.recent_actions:
-                    break
-                await asyncio.sleep(0.1)
+            described = await until_described(
+                handle, lambda d: bool(d.info.recent_actions), within_s=20
+            )
             # The trigger's pass, or one the README's `23 * * * *` started on its own first
             # (a test run over minute 23): either is the README's schedule firing a pass.
             started = described.info.recent_actions[0].action
@@ -582,8 +578,7 @@ async def test_a_temporal_cli_schedule_of_the_printed_input_routes_as_the_config
                        check=True)  # fmt: skip
         handle = harness.client.get_schedule_handle(schedule_id)
         async with harness.run_worker([kinds.idempotency(harness.pool)], config=cfg):
-            while not (described := await handle.describe()).info.recent_actions:
-                await asyncio.sleep(0.1)
+            described = await until_described(handle, lambda d: bool(d.info.recent_actions))
             started: Any = described.info.recent_actions[0].action
             result = await harness.client.get_workflow_handle(started.workflow_id).result()
     finally:

@@ -12,7 +12,13 @@ import pytest
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
+from temporalio.client import (
+    Client,
+    ScheduleDescription,
+    ScheduleHandle,
+    WorkflowExecution,
+    WorkflowFailureError,
+)
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
@@ -165,3 +171,15 @@ async def until_polled(
     async with asyncio.timeout(60):
         while await listed_pollers(client, queue, kind) < at_least:
             await asyncio.sleep(0.05)
+
+
+async def until_described(
+    handle: ScheduleHandle, done: Callable[[ScheduleDescription], bool], within_s: float = 120.0
+) -> ScheduleDescription:
+    """The schedule's description once `done` holds of it: what its scheduler has taken in
+    (triggers, skips, its passes' ends) reaches the description a moment later, most on a
+    loaded machine. `within_s` only keeps a broken schedule from hanging the run."""
+    async with asyncio.timeout(within_s):
+        while not done(described := await handle.describe()):
+            await asyncio.sleep(0.05)
+    return described
