@@ -11,7 +11,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner
 
@@ -20,7 +20,13 @@ from activities.sweep import PurgeActivities
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
-from tests.support.passes import failed_pass, own_queue_worker, run_pass, run_pass_beside_older
+from tests.support.passes import (
+    failed_pass,
+    own_queue_worker,
+    run_pass,
+    run_pass_beside_older,
+    until_polled,
+)
 from tests.support.tenants import counts, create_tenants, tenant_prefix, tenant_schemas
 from tests.test_small_together import LARGE_ROWS, make_large
 from tests.test_tenants import pattern_config
@@ -136,6 +142,14 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
             workflow_runner=UnsandboxedWorkflowRunner(),
         )
         async with central, regional:
+            # Both polling before the pass starts: its 5 s go to the pass's own steps (the
+            # expansion, the child's placement), not to a worker's first poll.
+            await until_polled(
+                harness.client, harness.task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
+            )
+            await until_polled(
+                harness.client, config.own_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+            )
             failure = await failed_pass(
                 harness.client, harness.task_queue, config.pass_input(), workflow_id
             )

@@ -196,7 +196,7 @@ async def test_a_built_in_sweep_ends_by_the_pass_budget_below_its_own_time_budge
 async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
     harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`run --max-sweeps 1` under a pass of two tables at once and a 1 s worker_wait: the sweep
+    """`run --max-sweeps 1` under a pass of two tables at once and a 3 s worker_wait: the sweep
     the worker takes first waits on a held row far past that, so the other's activity is not
     taken within worker_wait, though the queue's one worker is only busy. It is held, then sent
     again once the first is done (a worker took an activity of its queue since it was sent):
@@ -211,7 +211,9 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
         )
     config = parse_config(
         {"database_url": harness.url, "task_queue": harness.task_queue,
-         "pass": {"max_concurrent": 2, "max_per_database": 2, "worker_wait": "1s"},
+         # 3 s, not 1: the resent sweep must be taken within it too, by a worker whose one
+         # slot was freed a moment before; a stall of that long on a loaded machine is rare.
+         "pass": {"max_concurrent": 2, "max_per_database": 2, "worker_wait": "3s"},
          # Each sweep waits on its held row as long as the test holds it, not 2 s.
          "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at",
                       "lock_timeout": "60s"} for t in tables]},

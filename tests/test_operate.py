@@ -395,9 +395,7 @@ async def test_readme_temporal_cli_schedule_fires_a_pass_when_triggered(
         )
         # The README's schedule starts passes on the `purge` queue, not the test's own.
         async with new_worker(harness.client, registry, "purge"):
-            described = await until_described(
-                handle, lambda d: bool(d.info.recent_actions), within_s=20
-            )
+            described = await until_described(handle, lambda d: bool(d.info.recent_actions))
             # The trigger's pass, or one the README's `23 * * * *` started on its own first
             # (a test run over minute 23): either is the README's schedule firing a pass.
             started = described.info.recent_actions[0].action

@@ -8,7 +8,6 @@ import concurrent.futures
 import re
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,11 +114,11 @@ class TestProbes:
                 temporal.stop(immediate=True)  # in memory: its namespaces go with it
                 temporal.namespaces = ()
                 await asyncio.to_thread(temporal.start)
-                for _ in range(100):  # past the reuse of the answer from before the restart
-                    ready = await http(port, "/readyz")
-                    if "namespace" in ready.body:
-                        break
-                    await asyncio.sleep(0.1)
+                # Past the reuse of the answer from before the restart, and the client's
+                # reconnection, however long that takes.
+                async with asyncio.timeout(60):
+                    while "namespace" not in (ready := await http(port, "/readyz")).body:
+                        await asyncio.sleep(0.1)
                 live = await http(port, "/livez")
 
         assert ready.status == 503
@@ -251,10 +250,10 @@ async def test_livez_is_answered_by_the_worker_s_own_event_loop(
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             probe = pool.submit(livez_from_a_thread, port, 1.0, sent)
             # The worker's loop (this test's too) stuck, as by a blocking call, from before the
-            # probe is sent until well after its second of waiting for an answer has run out.
+            # probe is sent until its second of waiting for an answer has run out: blocked on
+            # the probe itself, so no stall of the probe's thread can outlast the block.
             assert sent.wait(30), "the probe was never sent"
-            time.sleep(1.5)
-            assert probe.result() is None
+            assert probe.result(timeout=60) is None
         assert (await http(port, "/livez")).status == 200  # the loop free again
 
 

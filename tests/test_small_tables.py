@@ -33,6 +33,7 @@ from purge_config.names import TableName
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
+from tests.support.pace import until_a_sweep_waits
 from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
 
 #: What the server receives for one small table (issue 37's goal: at most 8): the lock tried
@@ -410,17 +411,9 @@ async def test_a_cancelled_sweep_finishes_its_statement_and_reports_it_first(
         running = asyncio.ensure_future(
             env.run(PurgeActivities(targets).purge_target, PurgeStep(match(prefix, 2), real_now))
         )
-        for _ in range(200):
-            waiting = db.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'WITH found%%' AND %s = ANY(pg_blocking_pids(pid))",
-                (holder.info.backend_pid,),
-            ).fetchone()
-            if waiting and waiting[0]:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the sweep's statement never waited for the held row")
+        # However long the sweep takes to get there: it fails fast if it ended instead.
+        async with asyncio.timeout(60):
+            await until_a_sweep_waits(db, running, holder)
         env.cancel()
         await asyncio.sleep(0.2)
         holder.rollback()
