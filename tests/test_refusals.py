@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
@@ -18,7 +19,7 @@ from activities.sweep import contract_errors
 from purge_config import ConfigError, parse_config
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
-from tests.conftest import Harness
+from tests.conftest import Harness, Pools
 from tests.support.passes import failed_pass
 from tests.support.rows import FROZEN_CLOCKS, HOUR, keys
 
@@ -379,3 +380,46 @@ async def test_a_walk_of_a_referenced_table_keeps_the_child_tables_indexes(
         " AND indexrelname <> 'child_pkey'"  # this schema's child: other tests' schemas stay
     ).fetchone() or [0]
     assert scans >= 5  # one lookup per cascaded delete, through the index
+
+
+@pytest.mark.parametrize("refusal", ["no DELETE right", "inheritance", "unindexed child"])
+async def test_a_target_refused_for_its_second_table_has_not_swept_its_first(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    pools: Pools,
+    pg_url: str,
+    schema: str,
+    role: str,
+    refusal: str,
+) -> None:
+    """`auth` sweeps x_auth_failures, then x_auth_lockouts. What the lockouts' own sweep
+    would refuse only once it got there (a DELETE right the role lacks, inheritance children,
+    a child table with no index under refuse_unindexed_children) is found before the first
+    table is swept: the target fails and neither table loses a row."""
+    now_ms = 1_800_000_000_000
+    for i in range(3):
+        db.execute(
+            "INSERT INTO x_auth_failures (key, at_ms, expires_at_ms) VALUES (%s, %s, %s)",
+            (f"f{i}", now_ms - 2 * HOUR, now_ms - HOUR),
+        )
+        db.execute("INSERT INTO x_auth_lockouts VALUES (%s, %s)", (f"l{i}", now_ms - HOUR))
+    settings = SweepSettings()
+    if refusal == "no DELETE right":
+        db.execute(f'GRANT SELECT, DELETE ON x_auth_failures TO "{role}"')
+        db.execute(f'GRANT SELECT ON x_auth_lockouts TO "{role}"')
+        pool = await pools(make_conninfo(pg_url, user=role, options=f"-c search_path={schema}"))
+        said = f'role {role} lacks DELETE on "x_auth_lockouts"'
+    elif refusal == "inheritance":
+        db.execute("CREATE TABLE lockouts_old () INHERITS (x_auth_lockouts)")
+        said = "table x_auth_lockouts has inheritance children (lockouts_old)"
+    else:
+        db.execute("CREATE TABLE holds (id bigint, key text REFERENCES x_auth_lockouts)")
+        settings = SweepSettings(refuse_unindexed_children=True)
+        said = "refuse_unindexed_children is set: nothing deleted"
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await kinds.auth(pool, settings=settings).sweep(now_ms)
+
+    assert said in refused.value.message
+    assert len(keys(db, "x_auth_failures")) == 3
+    assert len(keys(db, "x_auth_lockouts")) == 3

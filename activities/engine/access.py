@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import AsyncConnection, errors, sql
 
+from activities.engine import catalog
 from activities.engine.batch_sql import local_timeouts
 from activities.engine.column_memory import TypesAhead, TypesChanged, assumed_types
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
@@ -49,10 +50,12 @@ class TableAccess:
         self.settings = settings
         self.partitions = partitions
 
-    async def check(self, rules: list[Rule], now_ms: int) -> list[str]:
+    async def check(self, rules: list[Rule], now_ms: int, sweeping: bool = False) -> list[str]:
         """Before anything is deleted: each table's epoch columns in their unit; and with
         `partitions` set to drop or detach, refuse a role that could not finish what it starts
-        (MissingRights, BadTable). The advice: where the setting can do nothing (a plain table,
+        (MissingRights, BadTable). With `sweeping` (a sweep of several tables, before its
+        first), also what each table's own sweep would refuse only once reached
+        (`refuse_table`). The advice: where the setting can do nothing (a plain table,
         another key, a rule that is not one column's comparison), and a write time taken for
         an expiry (`written_column_advice`)."""
         advice = []
@@ -63,6 +66,8 @@ class TableAccess:
             async with self.connection(rule) as conn, conn.transaction():
                 await self.set_timeouts(conn, self.settings.statement_timeout_ms)
                 pred = await self.bind(conn, rule, now_ms)
+                if sweeping:
+                    await self.refuse_table(conn, rule, pred)
                 if not self.partitions.removes:
                     continue
                 layout = await read_layout(conn, pred)
@@ -70,6 +75,22 @@ class TableAccess:
             if inert:
                 advice.append(inert)
         return advice
+
+    async def refuse_table(self, conn: AsyncConnection[Any], rule: Rule, pred: Predicate) -> None:
+        """What one table's sweep refuses only once it reaches the table, raised with nothing
+        deleted: a right its first DELETE would miss (`rights`), inheritance children
+        (`refuse_inheritance`), and with `refuse_unindexed_children` a child table whose
+        foreign key has no index. For a target of several tables, all asked before the first
+        is swept: one refused for its second table must not have swept its first."""
+        await self.rights(conn, rule)
+        cur = await conn.execute(catalog.table_size(), {"rel": ident(pred.table).as_string(conn)})
+        size = await cur.fetchone()
+        if size is not None and size[5]:  # inheritance children, as `table_facts` reads them
+            await refuse_inheritance(conn, pred)
+        if self.settings.refuse_unindexed_children:
+            children = await unindexed_children(conn, pred)
+            if children:
+                raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
 
     async def rights(self, conn: AsyncConnection[Any], rule: Rule) -> None:
         """MissingRights unless the role may SELECT and DELETE the rule's table, SELECT a

@@ -69,9 +69,12 @@ class TargetSweeper:
             self._resumed(small, stats)
         # One table checks itself once locked; several are all checked before the first delete:
         # a target refused for its second table (a column in the wrong unit, rights its
-        # partitions need) must not have swept its first.
+        # partitions or its DELETE need, inheritance children, an unindexed child table with
+        # refuse_unindexed_children) must not have swept its first.
         if several:
-            stats.advice += await self.access.check(self.rules[progress.table :], ctx.now_ms)
+            stats.advice += await self.access.check(
+                self.rules[progress.table :], ctx.now_ms, sweeping=True
+            )
         for index, rule in enumerate(self.rules):
             if index < progress.table:
                 continue  # finished by an earlier attempt
