@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from activities.errors import (
@@ -110,21 +111,13 @@ class TargetRegistry:
     def resolve(self, name: str) -> PurgeTarget:
         """The target called `name`. Factories are asked every time, even when a fixed target
         has the name, so a factory target that shadows another is refused, never run. A
-        factory that raises fails only the names no fixed target or pattern gives
-        (`TargetFactoryFailed`, naming it): the others are found, its error logged."""
-        try:
-            dynamic = self._from_factories()
-        except TargetFactoryFailed as err:
-            fixed = self._targets.get(name)
-            if fixed is None and self.patterns is not None:
-                fixed = self.patterns.resolve(name)
-            if fixed is None and name not in self.elsewhere:
-                raise
-            log.warning("%s; target %s is not a factory's", err.message, name)
-            if fixed is not None:
-                return fixed
-            dynamic = {}  # a target of another database's workers: said so below
-        found = self._targets.get(name) or dynamic.get(name)
+        factory that raises, or returns what is not a target, fails only the names no fixed
+        target, pattern or other factory gives (`TargetFactoryFailed`, naming it): the
+        others are found, its error logged. Two targets under one name fail that name alone."""
+        asked = self._from_factories()
+        if name in asked.clashes:
+            raise DuplicatePurgeTarget(asked.clashes[name])
+        found = self._targets.get(name) or asked.found.get(name)
         if found is None and self.patterns is not None:
             found = self.patterns.resolve(name)
             if found is None and self.patterns.is_pattern(name):
@@ -132,6 +125,11 @@ class TargetRegistry:
                     f"target {name!r} is a table pattern: a pass expands it into its matches "
                     f"when the input lists it under 'patterns' (pg-purge sweep does)"
                 )
+        if asked.failed:
+            failed = "; ".join(asked.failed)
+            if found is None and name not in self.elsewhere:
+                raise TargetFactoryFailed(failed)
+            log.warning("%s; target %s is not that factory's", failed, name)
         if found is None and name in self.elsewhere:
             database = self.elsewhere[name]
             raise UnknownPurgeTarget(
@@ -142,16 +140,13 @@ class TargetRegistry:
             )
         if found is None:
             wild = [f"{p}@..." for p in self.patterns.names] if self.patterns else []
-            known = sorted({*self._targets, *dynamic, *wild})
-            asked = ""
-            if self._factories:
-                # A factory that gave nothing is most often one whose store is never built in
-                # the worker's process (docs/own-targets.md).
-                given = ", ".join(sorted(dynamic)) or "no target"
-                asked = f" ({', '.join(map(_describe, self._factories))}, asked now, gave {given})"
+            known = sorted({*self._targets, *asked.found, *wild})
+            # A factory that gave nothing is most often one whose store is never built in the
+            # worker's process (docs/own-targets.md).
+            said = f" ({'; '.join(asked.gave)})" if asked.gave else ""
             raise UnknownPurgeTarget(
                 f"no target named {name!r} on this worker; it knows: {', '.join(known) or 'none'}"
-                + asked
+                + said
             )
         return found
 
@@ -164,27 +159,48 @@ class TargetRegistry:
             text += f" and {count} target {'factory' if count == 1 else 'factories'}"
         return text
 
-    def _from_factories(self) -> dict[str, PurgeTarget]:
-        found: dict[str, PurgeTarget] = {}
+    def _from_factories(self) -> _Asked:
+        """Every factory asked, each on its own: one that fails leaves the others' targets."""
+        asked = _Asked()
         for factory in self._factories:
+            described = _describe(factory)
             try:
                 made = list(factory())
             except Exception as err:
-                raise TargetFactoryFailed(
-                    f"target factory {_describe(factory)} raised {type(err).__name__}: {err}"
-                ) from err
+                asked.failed.append(
+                    f"target factory {described} raised {type(err).__name__}: {err}"
+                )
+                continue
+            strays = [target for target in made if not isinstance(target, PurgeTarget)]
+            if strays:
+                asked.failed.append(
+                    f"target factory {described} returned {strays[0]!r}, which has no name and "
+                    "purge_expired"
+                )
+                continue
             for target in made:
-                if not isinstance(target, PurgeTarget):
-                    raise BadPurgeTarget(
-                        f"factory {_describe(factory)} returned {target!r}, "
-                        "which has no name and purge_expired"
+                if target.name in asked.found or target.name in self._targets:
+                    asked.clashes[target.name] = (
+                        f"two targets are named {target.name!r} (one from {described})"
                     )
-                if target.name in found or target.name in self._targets:
-                    raise DuplicatePurgeTarget(
-                        f"two targets are named {target.name!r} (one from {_describe(factory)})"
-                    )
-                found[target.name] = target
-        return found
+                asked.found[target.name] = target
+            names = ", ".join(sorted(target.name for target in made)) or "no target"
+            asked.gave.append(f"{described}, asked now, gave {names}")
+        return asked
+
+
+@dataclass
+class _Asked:
+    """What the factories gave when asked for one step."""
+
+    found: dict[str, PurgeTarget] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    """One line for each factory that raised or returned what is not a target."""
+    gave: list[str] = field(default_factory=list)
+    """For each other factory, the names it gave."""
+    clashes: dict[str, str] = field(default_factory=dict)
+    """The names two targets share (a factory's and a fixed one's, or two factories'), with
+    the refusal that names them."""
 
 
 def _describe(factory: TargetFactory) -> str:

@@ -189,3 +189,72 @@ async def test_the_docs_factory_builds_its_own_pool_under_a_worker_of_its_config
     assert [(s["name"], s["removed"]) for s in dry["swept"]] == [("tmp_uploads", 1)]
     assert [(s["name"], s["removed"]) for s in swept["swept"]] == [("tmp_uploads", 1)]
     assert keys(harness.db, "tmp_uploads") == {"open"}
+
+
+class Named:
+    """A target as an application writes one: a name and purge_expired. The registry's own
+    tests need no more, since none of them deletes."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def purge_expired(self, now_ms: int) -> int:
+        raise AssertionError("found, never run here")
+
+
+def raising_factory() -> list[Any]:
+    raise KeyError("PURGE_TEST_UNSET_SETTING")
+
+
+def stray_factory() -> list[Any]:
+    return [Named("strays_neighbour"), {"name": "not a target"}]
+
+
+def test_a_broken_factory_leaves_the_other_factories_targets_found(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """One factory raises, one returns what is not a target: the names they alone could give
+    fail, naming both, and every other factory's target and every fixed one is still found."""
+    from activities import builtin_kinds as kinds
+    from activities.errors import TargetFactoryFailed
+
+    fixed = kinds.idempotency(pool)
+    mine = Named("tmp_uploads")
+    registry = TargetRegistry([fixed], [raising_factory, stray_factory, lambda: [mine]])
+
+    assert registry.resolve("tmp_uploads") is mine
+    assert registry.resolve("x_idempotency") is fixed
+    with pytest.raises(TargetFactoryFailed) as failed:
+        registry.resolve("strays_neighbour")
+    assert failed.value.message == (
+        "target factory tests.test_python_targets:raising_factory raised KeyError: "
+        "'PURGE_TEST_UNSET_SETTING'; target factory tests.test_python_targets:stray_factory "
+        "returned {'name': 'not a target'}, which has no name and purge_expired"
+    )
+
+
+def test_a_name_two_targets_give_fails_alone_and_each_factory_says_what_it_gave(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A factory's target under a fixed target's name: that name is refused (neither runs), the
+    factory's other names are found; a name none gives lists what each factory gave."""
+    from activities import builtin_kinds as kinds
+    from activities.errors import DuplicatePurgeTarget, UnknownPurgeTarget
+
+    mine = Named("tmp_uploads")
+
+    def shadowing() -> list[Any]:
+        return [Named("x_idempotency"), mine]
+
+    registry = TargetRegistry([kinds.idempotency(pool)], [shadowing, list])
+
+    with pytest.raises(DuplicatePurgeTarget, match="two targets are named 'x_idempotency'"):
+        registry.resolve("x_idempotency")
+    assert registry.resolve("tmp_uploads") is mine
+    with pytest.raises(UnknownPurgeTarget) as unknown:
+        registry.resolve("nobody")
+    assert unknown.value.message.endswith(
+        "(tests.test_python_targets:test_a_name_two_targets_give_fails_alone_and_each_factory_"
+        "says_what_it_gave.<locals>.shadowing, asked now, gave tmp_uploads, x_idempotency; "
+        "builtins:list, asked now, gave no target)"
+    )
