@@ -703,3 +703,21 @@ async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(
     assert len(spans) == 3
     for (_, previous_end), (start, _) in itertools.pairwise(spans):
         assert start >= previous_end, spans
+
+
+@pytest.mark.parametrize("per_database", [2, 6])
+async def test_a_worker_s_pools_hold_four_or_its_own_config_s_max_per_database(
+    schema_url: str, per_database: int
+) -> None:
+    """fleets.md: each of a worker's pools (the default database's and a named one's) holds
+    `max(4, max_per_database)` sessions by the worker's own `[pass]`, whatever a pass asks."""
+    config = parse_config(
+        {"database_url": schema_url, "pass": {"max_per_database": per_database},
+         "databases": {"eu": {"url": schema_url}},
+         "targets": [{"kind": "idempotency"}, {"kind": "idempotency", "name": "eu_keys",
+                      "database": "eu"}]},
+        env={},
+    )  # fmt: skip
+    async with runner._pools(config, schema_url) as (pool, named):
+        assert pool is not None
+        assert pool.max_size == named["eu"]._pool.max_size == max(4, per_database)
