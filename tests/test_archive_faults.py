@@ -4,8 +4,11 @@ and its archive together hold every original row exactly once, each column as it
 archive exactly the expired ones; the count (from the ledger) is exact and equals what moved.
 
 Each batch's DELETE feeds its INSERT in one statement, so whatever dies, a row is in one table
-or the other, never both and never neither: these tests kill at random instants of a sweep of
-1 ms batches and check every row.
+or the other, never both and never neither: these tests kill at random points of a sweep of
+1 ms batches and check every row. Each point is made to happen, not hoped for: a trigger on the
+archive (`Gate`) holds the sweep's batch, its rows moved but not committed, once the archive
+has taken a chosen number of rows, until the fault has struck (a whole sweep took 0.19 s on a
+fast moment of this machine, faster than a watch of the archive could strike).
 """
 
 from __future__ import annotations
@@ -128,39 +131,85 @@ def check(db: psycopg.Connection[Any], archive: str, expired: int) -> None:
     assert counts == (expired, expired)
 
 
-class Watch:
-    """A connection of the test's own counting archived rows, reconnecting after a crash."""
+class Gate:
+    """The archive's gate: a row trigger that counts the rows the archive takes, committed or
+    not, and holds the batch that would take one past `hold` (sleeping in the trigger: the
+    batch's rows are moved, uncommitted) until the hold is raised. A connection of the test's
+    own sets it and sees the held batch, reconnecting after a crash."""
 
     def __init__(self, url: str, archive: str) -> None:
         self.url, self.archive = url, archive
         self.conn: psycopg.AsyncConnection[Any] | None = None
 
-    async def archived(self) -> int | None:
-        try:
-            if self.conn is None:
-                self.conn = await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, connect_timeout=2
-                )
-            cur = await self.conn.execute(
-                sql.SQL("SELECT count(*) FROM {}.audit_log").format(sql.Identifier(self.archive))
-            )
-            row = await cur.fetchone()
-            return int(row[0]) if row else 0
-        except psycopg.OperationalError:
-            await self.close()
-            return None
+    @staticmethod
+    def create(db: psycopg.Connection[Any], archive: str) -> None:
+        schema = sql.Identifier(archive)
+        db.execute(sql.SQL("CREATE TABLE {}.gate_count (taken bigint NOT NULL)").format(schema))
+        db.execute(sql.SQL("CREATE TABLE {}.gate_hold (hold bigint)").format(schema))
+        db.execute(sql.SQL("INSERT INTO {}.gate_count VALUES (0)").format(schema))
+        db.execute(sql.SQL("INSERT INTO {}.gate_hold VALUES (NULL)").format(schema))
+        # The count's row is the held batch's to update, so the hold is a table of its own
+        # that the test updates while the batch waits. A worker killed while its batch waits
+        # leaves a session that notices its client gone within 100 ms and rolls back.
+        db.execute(
+            sql.SQL(
+                "CREATE FUNCTION {s}.gate() RETURNS trigger LANGUAGE plpgsql"
+                " SET client_connection_check_interval = 100 AS $$"
+                " DECLARE n bigint; BEGIN"
+                " UPDATE {s}.gate_count SET taken = taken + 1 RETURNING taken INTO n;"
+                " WHILE n > coalesce((SELECT hold FROM {s}.gate_hold), n) LOOP"
+                " PERFORM pg_sleep(0.005); END LOOP;"
+                " RETURN NEW; END $$"
+            ).format(s=schema)
+        )
+        db.execute(
+            sql.SQL(
+                "CREATE TRIGGER gate BEFORE INSERT ON {s}.audit_log"
+                " FOR EACH ROW EXECUTE FUNCTION {s}.gate()"
+            ).format(s=schema)
+        )
 
-    async def until(self, rows: int, done: asyncio.Future[Any]) -> bool:
-        """Wait until the archive holds `rows`; False if the pass ended first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PASS_TIMEOUT
-        while not done.done():
-            seen = await self.archived()
-            if seen is not None and seen >= rows:
-                return True
-            assert loop.time() < deadline, f"hang: {seen} of {rows} archived"
-            await asyncio.sleep(0.003)
-        return False
+    async def _run(self, query: sql.Composable, params: tuple[Any, ...] = ()) -> Any:
+        """One statement on the gate's connection, retried over a server's restart (a minute)."""
+        async with asyncio.timeout(60):
+            while True:
+                try:
+                    if self.conn is None:
+                        self.conn = await psycopg.AsyncConnection.connect(
+                            self.url, autocommit=True, connect_timeout=2
+                        )
+                    cur = await self.conn.execute(query, params)
+                    return await cur.fetchone() if cur.description else None
+                except psycopg.OperationalError:
+                    await self.close()
+                    await asyncio.sleep(0.05)
+
+    async def reset(self, hold: int) -> None:
+        """A pass's first hold, the count at 0 (the archive emptied for it)."""
+        schema = sql.Identifier(self.archive)
+        await self._run(sql.SQL("UPDATE {}.gate_count SET taken = 0").format(schema))
+        await self.set(hold)
+
+    async def set(self, hold: int | None) -> None:
+        """Hold the batch that would take the archive past `hold` rows; None lets all go."""
+        query = sql.SQL("UPDATE {}.gate_hold SET hold = %s").format(sql.Identifier(self.archive))
+        await self._run(query, (hold,))
+
+    async def now(self) -> Any:
+        """The server's clock, to tell sessions started after a fault from those before it."""
+        return (await self._run(sql.SQL("SELECT clock_timestamp()")))[0]
+
+    async def until_held(self, done: asyncio.Future[Any], since: Any | None) -> None:
+        """Returns once a sweep's batch (a session named temporal-pg-purge, started after
+        `since` when given) sleeps in the gate; fails if the pass ended first."""
+        query = sql.SQL(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'temporal-pg-purge'"
+            " AND wait_event = 'PgSleep' AND (%s::timestamptz IS NULL OR backend_start > %s)"
+        )
+        async with asyncio.timeout(PASS_TIMEOUT):
+            while not (await self._run(query, (since, since)))[0]:
+                assert not done.done(), f"the pass ended before its sweep reached the gate: {done}"
+                await asyncio.sleep(0.01)
 
     async def close(self) -> None:
         if self.conn is not None:
@@ -197,23 +246,29 @@ async def run_pass(
     task_queue: str,
     fault: Callable[[str], Any],
     faults: int,
-    watch: Watch,
+    gate: Gate,
     expired: int,
     rng: random.Random,
 ) -> dict[str, Any]:
-    """A pass of `audit`, with `fault` injected at `faults` random points of its sweep: each
-    once a random share of the expired rows has moved, then up to 30 ms later."""
+    """A pass of `audit`, with `fault` injected at `faults` random points of its sweep: at each,
+    once the archive has taken a random share of the expired rows, the batch that would take
+    more held in the gate, its rows moved and not committed, until the fault has struck."""
+    holds = sorted(int(expired * rng.uniform(0.05, 0.9)) for _ in range(faults))
+    await gate.reset(holds[0])
     handle = await client.start_workflow(
         "Purge", {"targets": ["audit"]}, id=f"purge-archive-{uuid.uuid4()}", task_queue=task_queue
     )
     result = asyncio.ensure_future(handle.result())
     try:
-        points = sorted(rng.uniform(0.05, 0.9) for _ in range(faults))
-        for point in points:
-            if not await watch.until(int(expired * point), result):
-                break
-            await asyncio.sleep(rng.uniform(0, 0.03))
+        since = None
+        for hold in holds:
+            await gate.set(hold)
+            # A session from before the last fault (a killed worker's, until it notices) is
+            # not the sweep that goes on.
+            await gate.until_held(result, since)
+            since = await gate.now()
             await fault(handle.id)
+        await gate.set(None)
         out: dict[str, Any] = await asyncio.wait_for(result, PASS_TIMEOUT)
         return out
     finally:
@@ -231,11 +286,12 @@ async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
 ) -> None:
     archive = f"{harness.schema}_archive"
     create(harness.db, archive)
+    Gate.create(harness.db, archive)
     config = worker_config(
         tmp_path / "purge.toml", harness.url, harness.task_queue, target_toml(archive)
     )
     workers = fleet(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
-    watch = Watch(harness.url, archive)
+    gate = Gate(harness.url, archive)
     kills = 0
 
     async def kill(workflow_id: str) -> None:
@@ -251,15 +307,15 @@ async def test_worker_sigkilled_mid_archive_leaves_every_row_once(
             if not workers.alive:
                 workers.start()
             result = await run_pass(
-                harness.client, harness.task_queue, kill, KILLS_PER_PASS, watch, expired, rng
+                harness.client, harness.task_queue, kill, KILLS_PER_PASS, gate, expired, rng
             )
             [swept] = result["swept"]
             assert (swept["removed"], swept["archived"]) == (expired, expired), swept
             check(harness.db, archive, expired)
     finally:
-        await watch.close()
+        await gate.close()
         harness.db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(archive)))
-    assert kills >= 3
+    assert kills == 2 * KILLS_PER_PASS
 
 
 @pytest.fixture(scope="module")
@@ -285,11 +341,12 @@ async def test_postgres_crashed_mid_archive_leaves_every_row_once(
     with psycopg.connect(url, autocommit=True) as db:
         db.execute(reference_ddl())  # purge_progress: the count stays exact through crashes
         create(db, archive)
+        Gate.create(db, archive)
         expired = fill(db, archive, rng)
     config = worker_config(tmp_path / "purge.toml", url, task_queue, target_toml(archive))
     workers = fleet(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
     worker = workers.start()
-    watch = Watch(url, archive)
+    gate = Gate(url, archive)
     crashes = 0
 
     async def crash(_workflow_id: str) -> None:
@@ -300,12 +357,12 @@ async def test_postgres_crashed_mid_archive_leaves_every_row_once(
         await asyncio.to_thread(own_postgres.start)
 
     try:
-        result = await run_pass(client, task_queue, crash, CRASHES_PER_PASS, watch, expired, rng)
+        result = await run_pass(client, task_queue, crash, CRASHES_PER_PASS, gate, expired, rng)
     finally:
-        await watch.close()
+        await gate.close()
     [swept] = result["swept"]
     assert (swept["removed"], swept["archived"]) == (expired, expired), swept
     with psycopg.connect(url, autocommit=True) as db:
         check(db, archive, expired)
-    assert crashes >= 2
+    assert crashes == CRASHES_PER_PASS
     assert worker.poll() is None, "the worker did not ride through the crashes"
