@@ -115,6 +115,10 @@ class TargetRegistry:
         target, pattern or other factory gives (`TargetFactoryFailed`, naming it): the
         others are found, its error logged. Two targets under one name fail that name alone."""
         asked = self._from_factories()
+        failed = "; ".join(message for message, _ in asked.failed)
+        if failed:
+            # Whatever this step meets next: the factory's own error, with its traceback.
+            log.warning("%s (asked for target %s)", failed, name, exc_info=asked.failed[0][1])
         if name in asked.clashes:
             raise DuplicatePurgeTarget(asked.clashes[name])
         found = self._targets.get(name) or asked.found.get(name)
@@ -125,11 +129,8 @@ class TargetRegistry:
                     f"target {name!r} is a table pattern: a pass expands it into its matches "
                     f"when the input lists it under 'patterns' (pg-purge sweep does)"
                 )
-        if asked.failed:
-            failed = "; ".join(asked.failed)
-            if found is None and name not in self.elsewhere:
-                raise TargetFactoryFailed(failed)
-            log.warning("%s; target %s is not that factory's", failed, name)
+        if failed and found is None and name not in self.elsewhere:
+            raise TargetFactoryFailed(failed) from asked.failed[0][1]
         if found is None and name in self.elsewhere:
             database = self.elsewhere[name]
             raise UnknownPurgeTarget(
@@ -167,16 +168,16 @@ class TargetRegistry:
             try:
                 made = list(factory())
             except Exception as err:
-                asked.failed.append(
-                    f"target factory {described} raised {type(err).__name__}: {err}"
-                )
+                said = f"target factory {described} raised {type(err).__name__}: {err}"
+                asked.failed.append((said, err))
                 continue
             strays = [target for target in made if not isinstance(target, PurgeTarget)]
             if strays:
-                asked.failed.append(
+                said = (
                     f"target factory {described} returned {strays[0]!r}, which has no name and "
                     "purge_expired"
                 )
+                asked.failed.append((said, None))
                 continue
             for target in made:
                 if target.name in asked.found or target.name in self._targets:
@@ -194,8 +195,9 @@ class _Asked:
     """What the factories gave when asked for one step."""
 
     found: dict[str, PurgeTarget] = field(default_factory=dict)
-    failed: list[str] = field(default_factory=list)
-    """One line for each factory that raised or returned what is not a target."""
+    failed: list[tuple[str, Exception | None]] = field(default_factory=list)
+    """One line for each factory that raised (with its error) or returned what is not a
+    target."""
     gave: list[str] = field(default_factory=list)
     """For each other factory, the names it gave."""
     clashes: dict[str, str] = field(default_factory=dict)

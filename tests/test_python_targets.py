@@ -3,6 +3,7 @@ The factory is called when a step needs it, so a store built after the worker st
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -211,10 +212,11 @@ def stray_factory() -> list[Any]:
 
 
 def test_a_broken_factory_leaves_the_other_factories_targets_found(
-    pool: AsyncConnectionPool[Any],
+    pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """One factory raises, one returns what is not a target: the names they alone could give
-    fail, naming both, and every other factory's target and every fixed one is still found."""
+    fail, naming both, and every other factory's target and every fixed one is still found,
+    the factories' errors logged with the raising one's traceback."""
     from activities import builtin_kinds as kinds
     from activities.errors import TargetFactoryFailed
 
@@ -222,7 +224,13 @@ def test_a_broken_factory_leaves_the_other_factories_targets_found(
     mine = Named("tmp_uploads")
     registry = TargetRegistry([fixed], [raising_factory, stray_factory, lambda: [mine]])
 
-    assert registry.resolve("tmp_uploads") is mine
+    with caplog.at_level(logging.WARNING, logger="purge.targets"):
+        assert registry.resolve("tmp_uploads") is mine
+    [logged] = caplog.records
+    assert "raising_factory raised KeyError" in logged.getMessage()
+    assert "stray_factory returned" in logged.getMessage()
+    assert logged.exc_info is not None
+    assert logged.exc_info[0] is KeyError
     assert registry.resolve("x_idempotency") is fixed
     with pytest.raises(TargetFactoryFailed) as failed:
         registry.resolve("strays_neighbour")
