@@ -55,9 +55,8 @@ class PurgeGuardRefused(PurgeError):
 class TargetFactoryFailed(PurgeError):
     """A `python` target's factory raised, or returned what is not a target, while a step
     looked for a name no other target gives: named, as the factory's own error does not say
-    where it came from. Not retried: a factory's
-    error (a setting its module reads, missing) comes back the same a second later, and the
-    next pass asks it again."""
+    where it came from. Not retried: a factory's error (a setting its module reads, missing)
+    comes back the same a second later, and the next pass asks it again."""
 
 
 class PurgeTargetsFailed(PurgeError):

@@ -116,9 +116,12 @@ class TargetRegistry:
         others are found, its error logged. Two targets under one name fail that name alone."""
         asked = self._from_factories()
         failed = "; ".join(message for message, _ in asked.failed)
+        # The first factory's own error, with its traceback (none for one that returned a
+        # non-target).
+        raised = next((err for _, err in asked.failed if err is not None), None)
         if failed:
-            # Whatever this step meets next: the factory's own error, with its traceback.
-            log.warning("%s (asked for target %s)", failed, name, exc_info=asked.failed[0][1])
+            # Whatever this step meets next: logged here.
+            log.warning("%s (asked for target %s)", failed, name, exc_info=raised)
         if name in asked.clashes:
             raise DuplicatePurgeTarget(asked.clashes[name])
         found = self._targets.get(name) or asked.found.get(name)
@@ -130,7 +133,7 @@ class TargetRegistry:
                     f"when the input lists it under 'patterns' (pg-purge sweep does)"
                 )
         if failed and found is None and name not in self.elsewhere:
-            raise TargetFactoryFailed(failed) from asked.failed[0][1]
+            raise TargetFactoryFailed(failed) from raised
         if found is None and name in self.elsewhere:
             database = self.elsewhere[name]
             raise UnknownPurgeTarget(

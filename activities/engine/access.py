@@ -88,9 +88,7 @@ class TableAccess:
         if size is not None and size[5]:  # inheritance children, as `table_facts` reads them
             await refuse_inheritance(conn, pred)
         if self.settings.refuse_unindexed_children:
-            children = await unindexed_children(conn, pred)
-            if children:
-                raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
+            refuse_children(await unindexed_children(conn, pred))
 
     async def rights(self, conn: AsyncConnection[Any], rule: Rule) -> None:
         """MissingRights unless the role may SELECT and DELETE the rule's table, SELECT a
@@ -202,8 +200,8 @@ class TableAccess:
                 # none: one catalog read fewer before their first batch).
                 children = await unindexed_children(conn, pred) if plan.referenced else ""
             row = await taken.fetchone()
-            if children and self.settings.refuse_unindexed_children:
-                raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
+            if self.settings.refuse_unindexed_children:
+                refuse_children(children)
         except BaseException:
             if tried:
                 await self.unlock(conn)
@@ -280,6 +278,14 @@ class TableAccess:
                 f"table {rule.table}: {first_line(err)}; the worker's role needs "
                 "SELECT and DELETE on it"
             ) from err
+
+
+def refuse_children(children: str) -> None:
+    """SweepRefused when `unindexed_children` named a child table, under
+    refuse_unindexed_children: at the table's plan, or for every table of a target before its
+    first is swept."""
+    if children:
+        raise SweepRefused(f"{children}; refuse_unindexed_children is set: nothing deleted")
 
 
 #: The rights of `wanted` (table, privilege) the session's role lacks, with the role's name.
