@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow
 
 TABLES = [f"events_{i}" for i in range(8)]
 ROWS = 1_000  # 500 expired rows whose deletes take 2 ms each: a second a table
+#: The advisory lock every row's delete waits for while the test holds it.
+GATE = 4_242
 
 
 def targets_toml() -> str:
@@ -74,9 +76,13 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
     """Eight targets, eight at once, on two workers that each run at most four (`--max-sweeps
     4`): both workers sweep (the history names both). Then a second pass, one worker SIGKILLed
     while it sweeps: its target is retried on the other, and every count is exact."""
+    # Each deleted row takes 2 ms, and waits for the gate (GATE, a shared advisory lock) the
+    # test holds from before the second pass until its kill: however slowly the test sees the
+    # victim sweep, the victim cannot finish a target before it is killed.
     harness.db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
+        " $$BEGIN PERFORM pg_sleep(0.002);"
+        f" PERFORM pg_advisory_xact_lock_shared({GATE}); RETURN OLD; END$$"
     )
     for table in TABLES:
         harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
@@ -103,6 +109,7 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         start_worker(config, env, tmp_path / f"worker-{n}.log", "--max-sweeps", "4")
         for n in range(2)
     ]
+    gate = psycopg.connect(harness.url, autocommit=True)
     try:
         for n in range(2):
             log = tmp_path / f"worker-{n}.log"
@@ -119,6 +126,7 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
         assert started_by(await events(harness.client, shared)) == {identity(w) for w in workers}
 
         fill(harness.db, harness.now_ms)
+        gate.execute("SELECT pg_advisory_lock(%s)", (GATE,))
         killed = f"purge-killed-{uuid.uuid4()}"
         handle = await harness.client.start_workflow(
             "Purge", request, id=killed, task_queue=harness.task_queue
@@ -131,9 +139,13 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
                 await asyncio.sleep(0.05)
         workers[1].send_signal(signal.SIGKILL)
         workers[1].wait(10)
+        # A batch held at the gate past lock_timeout (2 s) fails and is retried: counts stay
+        # exact either way.
+        gate.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
         await notice_the_dead_worker_sooner(harness.client, killed)
         second = await asyncio.wait_for(handle.result(), 120)
     finally:
+        gate.close()
         for proc in workers:
             stop(proc)
 

@@ -22,6 +22,7 @@ from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client, ScheduleActionStartWorkflow
 
 from activities.builtin_kinds import build_registry
+from activities.engine.batching import FIRST_ROWS
 from activities.results import PurgeReport
 from activities.schema import reference_ddl
 from purge_config.file import PurgeConfig, parse_config
@@ -278,6 +279,20 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
     }
 
 
+#: The advisory lock the regional kill test's deletes wait for once past the first batch.
+KILL_GATE = 4_243
+
+
+def held_at_gate(gate: psycopg.Connection[Any]) -> bool:
+    """Whether a session waits for KILL_GATE (a bigint advisory key: its low half in objid)."""
+    row = gate.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        " AND objid = %s AND objsubid = 1",
+        (KILL_GATE,),
+    ).fetchone()
+    return bool(row and row[0])
+
+
 @pytest.mark.slow
 async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
     tmp_path: Path,
@@ -293,6 +308,9 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
 
     # 3,000 expired keys among 30,000, in no order (index batches, small ones), each taking a
     # millisecond to delete: seconds of short batches, each committed with its ledger count.
+    # Past the first batch's rows (FIRST_ROWS: no order, so no more), each row's delete waits
+    # for a gate (an advisory lock) the test holds until its kill: the kill lands with a batch
+    # committed and the next one held, however slow this machine.
     with psycopg.connect(regions["eu"], autocommit=True) as conn:
         conn.execute(
             "INSERT INTO x_idempotency (key, expires_at_ms)"
@@ -302,6 +320,15 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
         )
         conn.execute("ANALYZE x_idempotency")
         slow_deletes(conn, "x_idempotency")
+        conn.execute("CREATE SEQUENCE deleted_rows")
+        conn.execute(
+            "CREATE OR REPLACE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN PERFORM pg_sleep(0.001);"
+            f" IF nextval('deleted_rows') > {FIRST_ROWS + 100} THEN"
+            f" PERFORM pg_advisory_xact_lock_shared({KILL_GATE}); END IF; RETURN OLD; END$$"
+        )
+    gate = psycopg.connect(regions["eu"], autocommit=True)
+    gate.execute("SELECT pg_advisory_lock(%s)", (KILL_GATE,))
     add_rows(regions["us"], real_now)
     first = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "1")
     second = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "2")
@@ -314,13 +341,17 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
         handle = await client.start_workflow(
             "Purge", config.pass_input(), id=workflow_id, task_queue=task_queue
         )
-        wait_for(lambda: left(regions["eu"], real_now)[0] < 2700, 120, "the sweep to delete")
+        wait_for(lambda: held_at_gate(gate), 120, "a batch to wait at the gate")
+        assert left(regions["eu"], real_now)[0] < 3000, "no batch committed before the gate"
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
+        # The killed worker's held batch (and one held past lock_timeout, retried) go on.
+        gate.execute("SELECT pg_advisory_unlock(%s)", (KILL_GATE,))
         second.start()
         await notice_the_dead_worker_sooner(client, workflow_id)
         result = await handle.result()
     finally:
+        gate.close()
         for worker in (first, second, us):
             worker.stop()
     removed = {s["name"]: s for s in result["swept"]}
