@@ -27,7 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
-from purge_config.errors import ConfigError
+from purge_config.errors import ConfigError, server_details, without_row_values
 
 log = logging.getLogger("purge.connect")
 
@@ -52,16 +52,20 @@ STACK_TRACE_KEPT = 800
 
 class TrimmedStackFailures(DefaultFailureConverter):
     """Failures as Temporal's default converter makes them, each stack trace in the cause
-    chain cut to its last STACK_TRACE_KEPT characters; messages and types untouched."""
+    chain cut to its last STACK_TRACE_KEPT characters, and each message without a server
+    error's DETAIL (`without_row_values`: it may quote a row's values, which must not reach a
+    history); types untouched."""
 
     def to_failure(
         self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure
     ) -> None:
         super().to_failure(exception, payload_converter, failure)
+        details = server_details(exception)
         current: Failure | None = failure
         while current is not None:
             if len(current.stack_trace) > STACK_TRACE_KEPT:
                 current.stack_trace = "...\n" + current.stack_trace[-STACK_TRACE_KEPT:]
+            current.message = without_row_values(current.message, details)
             current = current.cause if current.HasField("cause") else None
 
 

@@ -9,6 +9,7 @@ from typing import TextIO
 from temporalio import activity, workflow
 
 from activities.errors import PurgeError
+from purge_config.errors import server_details, without_row_values
 
 #: Attributes a `logging.LogRecord` has on its own; anything else came in through `extra=`.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -55,11 +56,35 @@ class OneLineRefusals(logging.Filter):
         return True
 
 
+class NoRowValues(logging.Filter):
+    """A server error's DETAIL left out of a line and its traceback (`without_row_values`):
+    the SDK logs a failed activity with its error, and PostgreSQL quotes a row's values there
+    (a duplicate key, a key still referenced, a failing row), a session token say."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        details = server_details(error)
+        message = record.getMessage()
+        kept = without_row_values(message, details)
+        if kept != message:
+            record.msg, record.args = kept, None
+        if record.exc_info:
+            text = record.exc_text or _TRACEBACKS.formatException(record.exc_info)
+            record.exc_text = without_row_values(text, details)
+        return True
+
+
+#: Formats a record's traceback before `NoRowValues` takes the DETAIL out of it (the handler's
+#: formatter then prints the text it is given).
+_TRACEBACKS = logging.Formatter()
+
+
 def handler(stream: TextIO) -> logging.Handler:
     """The handler `configure` installs, writing to `stream`."""
     written = logging.StreamHandler(stream)
     written.setFormatter(KeyValueFormatter())
     written.addFilter(OneLineRefusals())
+    written.addFilter(NoRowValues())
     return written
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
+import logging
 import re
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,9 @@ from activities import builtin_kinds as kinds
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport
 from activities.sweep import PurgeActivities
+from purge_config.errors import DETAIL_LEFT_OUT
 from purge_config.names import TableName
+from purge_ops import logs
 from purge_ops.connect import open_pool
 from purge_ops.ports import free_ports
 from tests.conftest import Harness
@@ -294,3 +300,84 @@ def test_redacted_forms_keep_the_rest_of_the_url() -> None:
     assert redact("postgresql://db:5432/app?application_name=a@b") == (
         "postgresql://db:5432/app?application_name=a@b"
     )
+
+
+#: A key the server quotes in its errors' DETAIL (a session token, say).
+TOKEN = "tok-8f3a1c0e5b"
+
+
+@contextlib.contextmanager
+def worker_log() -> Iterator[io.StringIO]:
+    """What the package's own log handler (`purge_ops.logs.handler`) writes while inside."""
+    out = io.StringIO()
+    written = logs.handler(out)
+    root = logging.getLogger()
+    root.addHandler(written)
+    try:
+        yield out
+    finally:
+        root.removeHandler(written)
+
+
+async def test_a_key_the_server_quotes_reaches_no_history_and_no_log_line(
+    harness: Harness,
+) -> None:
+    """PostgreSQL quotes a row's values in an error's DETAIL (`Key (key)=(...) is still
+    referenced`, `already exists`). Neither a raw error Temporal retries (a DELETE a foreign key
+    without a cascade stops) nor one of this package's own refusals chained from one (an
+    archive that already holds a key) carries it into the history or the worker's log: the
+    message keeps its first line, the DETAIL is left out."""
+    idempotency_rows(harness.db, {TOKEN: harness.now_ms - HOUR})
+    harness.db.execute("CREATE TABLE uses (key text REFERENCES x_idempotency (key))")
+    harness.db.execute("INSERT INTO uses VALUES (%s)", (TOKEN,))
+    held = f"purge-{uuid.uuid4()}"
+    handle = await harness.client.start_workflow(
+        "Purge", {"targets": ["x_idempotency"]}, id=held, task_queue=harness.task_queue
+    )
+    failure = None
+    with worker_log() as log:
+        async with harness.run_worker([kinds.idempotency(harness.pool)]):
+            async with asyncio.timeout(120):  # the first attempt's failure, on the server
+                while failure is None:
+                    described = await handle.describe()
+                    pending = described.raw_description.pending_activities
+                    if pending and pending[0].HasField("last_failure"):
+                        failure = pending[0].last_failure
+                    await asyncio.sleep(0.02)
+            await handle.terminate("the failure was read")
+    assert failure is not None
+    assert "violates foreign key constraint" in failure.message
+    assert DETAIL_LEFT_OUT in failure.message
+    assert "violates foreign key constraint" in log.getvalue()
+    assert DETAIL_LEFT_OUT in log.getvalue()
+    assert TOKEN not in log.getvalue()
+    assert TOKEN not in (await history(harness.client, held)).to_json()
+
+    # The archive's unique key already holds the row's: BadPurgeTarget, chained from the
+    # server's error (its DETAIL quoting the key) and non-retryable, so in the history at once.
+    harness.db.execute("DROP TABLE uses")
+    harness.db.execute("CREATE TABLE kept (LIKE x_idempotency INCLUDING ALL)")
+    harness.db.execute("INSERT INTO kept SELECT * FROM x_idempotency")
+    archived = kinds.expiring(
+        harness.pool,
+        "archived",
+        TableName("x_idempotency"),
+        "expires_at_ms",
+        archive=TableName("kept"),
+    )
+    refused = f"purge-{uuid.uuid4()}"
+    with worker_log() as log:
+        async with harness.run_worker([archived]):
+            error = await failed_pass(
+                harness.client, harness.task_queue, {"targets": ["archived"]}, refused
+            )
+    [failed] = PurgeReport.from_json(error.details[0]).failed
+    assert failed.type == "BadPurgeTarget"
+    assert "archive kept already holds a row" in failed.message
+    assert TOKEN not in log.getvalue()
+    shown = (await history(harness.client, refused)).to_json()
+    # The server's error is there, as the cause, its DETAIL left out.
+    assert 'violates unique constraint \\"kept_pkey\\"' in shown
+    assert DETAIL_LEFT_OUT.replace('"', '\\"') in shown
+    assert TOKEN not in shown
+    assert keys(harness.db, "x_idempotency") == {TOKEN}

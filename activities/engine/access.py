@@ -271,7 +271,7 @@ class TableAccess:
             raise BadTable(
                 f"table {rule.table}: archive {rule.archive} already holds a row with the "
                 f"key of one being archived ({first_line(err)}); a key archived before and "
-                "written again since? nothing moved"
+                "written again since? this batch moved nothing"
             ) from err
         except errors.InsufficientPrivilege as err:
             raise MissingRights(
