@@ -232,6 +232,43 @@ async def test_an_archive_that_does_not_fit_fails_the_target_before_anything_mov
     assert rows_of(db, "audit_log") == before
 
 
+async def test_a_table_a_foreign_key_cascades_from_is_not_archived(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
+) -> None:
+    """A cascade deletes the rows that point at a moved row, which the move's RETURNING never
+    names, so they would be copied nowhere: a sweep (and a dry run) with an archive refuses the
+    table, naming the referencing table, and nothing moves. A key that sets NULL instead keeps
+    the rows that pointed: that table is archived."""
+    make_audit(db, arc)
+    fill_audit(db, 100, expired_every=2)
+    db.execute(
+        "CREATE TABLE attachments (audit_id bigint REFERENCES audit_log ON DELETE CASCADE,"
+        " name text)"
+    )
+    db.execute("INSERT INTO attachments SELECT id, 'a' || id FROM audit_log")
+    before = rows_of(db, "audit_log")
+
+    with pytest.raises(BadPurgeTarget) as dry, contract_errors():
+        await audit(pool, arc).count_expired(NOW)
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await audit(pool, arc).purge_expired(NOW)
+
+    for error in (dry, refused):
+        assert error.value.message.startswith(
+            f"archive {arc}.audit_log of audit_log: attachments references audit_log ON "
+            "DELETE CASCADE, so their rows that point at a moved row would be deleted with it"
+        )
+        assert error.value.message.endswith("nothing was deleted")
+    assert refused.value.non_retryable
+    assert rows_of(db, "audit_log") == before
+    assert db.execute("SELECT count(*) FROM attachments").fetchone() == (100,)
+    assert rows_of(db, f"{arc}.audit_log") == []
+
+    db.execute("DROP TABLE attachments")
+    db.execute("CREATE TABLE notes (audit_id bigint REFERENCES audit_log ON DELETE SET NULL)")
+    assert await audit(pool, arc).purge_expired(NOW) == 50
+
+
 async def test_a_row_the_archive_already_holds_fails_the_target_at_once_moving_nothing(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
 ) -> None:

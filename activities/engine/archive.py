@@ -63,7 +63,7 @@ async def bind_archive(
             f"USAGE on schema {archive.schema} and INSERT on {archive}; nothing was deleted"
         ) from err
     assert row is not None
-    source_oid, archive_oid, relkind, may_insert, role = row
+    source_oid, archive_oid, relkind, may_insert, role, cascading = row
     if archive_oid is None:
         # A misspelt name is the likelier mistake than a table not made: said first.
         near = await nearest_table(conn, archive)
@@ -81,6 +81,17 @@ async def bind_archive(
         raise MissingRights(
             f"the worker's role {role} may not insert into archive {archive} of {source}: "
             f"GRANT INSERT ON {names['arc']} TO {sql.Identifier(role).as_string(conn)}; "
+            "nothing was deleted"
+        )
+    if cascading:
+        # A cascade deletes the rows that point at a moved row, and RETURNING names only the
+        # source's own: they would go with it, copied nowhere.
+        verb = "references" if len(cascading) == 1 else "reference"
+        raise BadTable(
+            f"archive {archive} of {source}: {', '.join(cascading)} {verb} {source} ON DELETE "
+            "CASCADE, so their rows that point at a moved row would be "
+            "deleted with it and copied nowhere; archive a table no foreign key cascades from "
+            "(ON DELETE RESTRICT or NO ACTION keeps such rows, and fails the batch instead); "
             "nothing was deleted"
         )
     ours, theirs = await _columns(conn, source_oid, archive_oid)

@@ -58,10 +58,18 @@ def filter_column_values(relation: sql.Identifier, column: str, names: list[str]
 def archive_target() -> sql.SQL:
     """One row for the archive `%(arc)s` of the table `%(src)s`: the source's OID, the
     archive's OID and relkind (NULL when it does not exist), whether this role may insert into
-    it, and the role's name."""
+    it, the role's name, and the tables whose foreign keys reference the source ON DELETE
+    CASCADE (the source itself among them for a key to itself), by name."""
+    # Through what depends on the source (pg_depend's index), as `cascading_children`.
     return sql.SQL(
         "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
-        " has_table_privilege(a.oid, 'INSERT'), current_user::text"
+        " has_table_privilege(a.oid, 'INSERT'), current_user::text,"
+        " array(SELECT DISTINCT f.conrelid::regclass::text FROM pg_constraint f"
+        " WHERE f.oid IN (SELECT d.objid FROM pg_depend d"
+        " WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = to_regclass(%(src)s)"
+        " AND d.classid = 'pg_constraint'::regclass)"
+        " AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = to_regclass(%(src)s)"
+        " ORDER BY 1)"
         " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
         " LEFT JOIN pg_class a ON a.oid = r.oid"
     )
