@@ -561,3 +561,30 @@ async def test_a_key_python_cannot_hold_goes_with_the_rest(
     left = db.execute("SELECT id FROM stamped WHERE id < 10").fetchall()
     assert sorted(left) == [(4,), (5,)]
     assert db.execute("SELECT count(*) FROM stamped").fetchone() == (20_002,)
+
+
+async def test_a_first_batch_that_takes_only_unloadable_keys_counts_them(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """A table whose only expired rows are `-infinity` and a date BC (a session ended by
+    setting its expiry to `-infinity`) is swept by one first batch, which reads its greatest
+    expired key beside the DELETE and loads it after the commit: a key no Python value holds
+    must not lose that batch's rows from the count; the sweep goes on by the index batches."""
+    db.execute("CREATE TABLE ended (id bigint PRIMARY KEY, seen timestamptz)")
+    db.execute("CREATE INDEX ON ended (seen)")
+    db.execute(
+        "INSERT INTO ended SELECT 100 + i, %s::timestamptz + i * interval '1 second'"
+        " FROM generate_series(1, 2000) i",
+        (datetime.fromtimestamp(NOW / 1000, UTC),),
+    )
+    db.execute("INSERT INTO ended VALUES (1, '-infinity'), (2, '-infinity'), (3, '0044-03-15 BC')")
+    db.execute("VACUUM ANALYZE ended")
+    target = kinds.expiring(pool, "ended", TableName("ended"), "seen")
+    activities = PurgeActivities(TargetRegistry([target]))
+    env = activity_env()
+
+    swept = await env.run(activities.purge_target, PurgeStep(name="ended", now_ms=NOW))
+
+    assert swept.removed == 3
+    assert db.execute("SELECT count(*) FROM ended WHERE id < 10").fetchone() == (0,)
+    assert db.execute("SELECT count(*) FROM ended").fetchone() == (2_000,)

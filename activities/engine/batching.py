@@ -29,6 +29,7 @@ from activities.engine.context import SweepContext
 from activities.engine.keyset import (
     SPAN_RETRY_SHARE,
     WHOLE_LIMIT_TARGETS,
+    KeyAfterCommit,
     KeyBatch,
     KeySpans,
     Ran,
@@ -116,8 +117,9 @@ class BatchSweeper:
                     if not _unloadable_key(err):
                         raise
                     # A key no Python value holds (`-infinity`, a date BC), read at the first
-                    # boundary (the least expired key) before anything of its batch ran: the
-                    # index batches order by the key on the server and never load one.
+                    # boundary (the least expired key) before anything of its batch ran, or
+                    # beside a first batch that took every expired row (counted by `_batch`):
+                    # the index batches order by the key on the server and never load one.
                     await self._by_index(pred, result)
             elif self.plan.strategy == "index":
                 await self._by_index(pred, result)
@@ -364,9 +366,14 @@ class BatchSweeper:
         try:
             found, removed, total, ms = await asyncio.shield(task)
         except asyncio.CancelledError:
-            _, removed, total, ms = await task
+            _, removed, total, ms = await _ran(task)
             self._advance(result, removed, total, ms, page)
             raise
+        except KeyAfterCommit as err:
+            # Committed, then its key could not be loaded: counted, then the sweep goes on as
+            # for a key met before any batch (`sweep`: by the index batches).
+            self._advance(result, *err.ran[1:], page)
+            raise err.error from None
         self._advance(result, removed, total, ms, page)
         return found, ms
 
@@ -438,6 +445,14 @@ async def count_left(
         # lock_timeout under COUNT_LEFT_MS ends the wait first): the sweep's rows are gone
         # either way, and an estimate says so rather than failing it.
         return Backlog(max(int(plan.expired) - removed, 0), estimated=True)
+
+
+async def _ran(task: asyncio.Future[Ran]) -> Ran:
+    """A batch's figures once it ended, one whose key read failed after its commit included."""
+    try:
+        return await task
+    except KeyAfterCommit as err:
+        return err.ran
 
 
 def _unloadable_key(err: psycopg.DataError) -> bool:

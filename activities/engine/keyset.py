@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import (
     flush_statistics,
@@ -354,5 +354,20 @@ async def _plain_batch(
     removed = max(cur.rowcount, 0)
     commits.committed(lazy, wrote=removed > 0)
     row = await added.fetchone() if added is not None else None
-    found = await before.fetchone() if before is not None else None
-    return (removed, removed, int(row[0]) if row else None, ms), found
+    ran = (removed, removed, int(row[0]) if row else None, ms)
+    try:
+        found = await before.fetchone() if before is not None else None
+    except errors.DataError as err:
+        # Loaded after the commit: the batch's rows are gone, and must be counted.
+        raise KeyAfterCommit(ran, err) from err
+    return ran, found
+
+
+class KeyAfterCommit(Exception):
+    """A batch committed (`ran`, its figures) whose key read beside it held a key psycopg
+    could not load (`error`: `-infinity`, a date BC); the caller records the batch, then
+    treats `error` as a key met before any batch ran."""
+
+    def __init__(self, ran: Ran, error: errors.DataError) -> None:
+        super().__init__(str(error))
+        self.ran, self.error = ran, error
