@@ -5,6 +5,8 @@ No server: these read files only."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
@@ -173,3 +175,18 @@ def test_every_module_the_map_names_exists_and_every_module_is_on_the_map() -> N
         for module in sorted((REPO / package).glob("*.py")):
             if module.name != "__init__.py":
                 assert module in named, f"{module.relative_to(REPO)} is not on README's map"
+
+
+def test_the_in_process_run_tests_readme_offers_collects_every_module() -> None:
+    """tests/README.md: `-p no:xdist` runs tests in this process, under a debugger. Every
+    module must collect without xdist's plugin (its `xdist_group` marker, which
+    --strict-markers would refuse unregistered, and no `-n` in the ini's options)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "--collect-only", "-q", "-m", ""],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:]
