@@ -79,8 +79,9 @@ def as_toml(found: Discovery, url: str) -> str:
     lines = _header(found, url)
     framework = [f for f in found.singles if f.source == "framework" and f.is_live]
     expiry = [f for f in found.singles if f.source == "expiry" and f.is_live]
-    cautioned = [f for f in found.singles if f.caution and not f.is_live]
-    others = [f for f in found.singles if not f.is_live and not f.caution]
+    # A problem (a table the sweep refuses) outranks a caution: no entry is offered for it.
+    cautioned = [f for f in found.singles if f.caution and not f.problem and not f.is_live]
+    others = [f for f in found.singles if not f.is_live and (f.problem or not f.caution)]
     if framework:
         lines += _section("Tables recognised by their framework's documented schema")
         for finding in framework:

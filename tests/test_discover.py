@@ -834,6 +834,32 @@ def test_a_config_with_a_bad_entry_still_names_the_database_to_discover(
     assert "database_url: not a PostgreSQL connection string" in capsys.readouterr().err
 
 
+async def test_a_referenced_inheritance_parent_is_printed_with_why_no_entry_sweeps_it(
+    database: str,
+) -> None:
+    """An inheritance parent that a foreign key also references has a caution (the reference)
+    and a problem (the sweep refuses it): the printed config says the problem, as for any
+    table no entry sweeps, and no commented entry that uncommented would be refused."""
+    run_sql(
+        database,
+        "CREATE TABLE logs (id int PRIMARY KEY, expires_at timestamptz);"
+        " CREATE TABLE logs_keep (note text) INHERITS (logs);"
+        " CREATE TABLE log_refs (log_id int REFERENCES logs (id));",
+    )
+
+    found = await discover(database)
+    [parent] = by_table(found)["logs"]
+    assert parent.caution
+    assert parent.problem
+    text = unwrapped(discover_render.as_toml(found, database))
+
+    assert "not swept as it is. Why: it has inheritance children (logs_keep)" in text
+    assert '# table = "logs"' not in text
+    findings = json.loads(discover_render.as_json(found))["findings"]
+    [shown] = [f for f in findings if f["table"].rpartition(".")[2] == "logs"]
+    assert shown["commented_target"] is None
+
+
 async def test_an_inheritance_parent_is_kept_as_a_comment_its_children_are_entries(
     database: str,
 ) -> None:
