@@ -112,11 +112,28 @@ def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
     if config.own_queue is not None:
         on = {t.database for t in config.targets if t.database not in config.queues}
         queues[config.own_queue] = sorted(db or "default (database_url)" for db in on)
+    unreached = unreached_sharers(config)
     for database, queue in config.routed_queues.items():
-        if database in config.databases:
+        if database in config.databases and database not in unreached:
             queues.setdefault(queue, []).append(database)
             queues.setdefault(config.queues[database], []).append(database)
     return queues
+
+
+def unreached_sharers(config: PurgeConfig) -> dict[str, list[str]]:
+    """Each routed database this worker has the URL of whose task queue it shares with a
+    database it has no URL for, with those databases: a worker polling that queue would take
+    their activities too, and fail them as targets it does not know, so it polls none of it."""
+    unreached: dict[str, list[str]] = {}
+    for database, queue in config.queues.items():
+        if database not in config.databases:
+            continue
+        missing = sorted(
+            db for db, q in config.queues.items() if q == queue and db not in config.databases
+        )
+        if missing:
+            unreached[database] = missing
+    return unreached
 
 
 async def run_worker(
@@ -278,6 +295,15 @@ def _say_what_it_polls(
             "taking no activity from task queue %r: every target of this config has a queue "
             "of its own",
             config.task_queue,
+        )
+    for database, missing in unreached_sharers(config).items():
+        log.warning(
+            "not polling task queue %r of database %s: databases %s share it, and this worker "
+            "has no URL for them, so it would take their activities and fail them; a worker "
+            "with every URL of that queue sweeps them (or give each database a queue of its own)",
+            config.queues[database],
+            database,
+            ", ".join(missing),
         )
     elsewhere = sorted(set(config.queues) - set(config.databases))
     if elsewhere:

@@ -279,6 +279,73 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
     }
 
 
+def shared_toml(task_queue: str, worker_wait: str) -> str:
+    """Every region's database routed to one task queue, each by its own `url_env`."""
+    text = f'task_queue = "{task_queue}"\n[pass]\nworker_wait = "{worker_wait}"\n'
+    for region in REGIONS:
+        text += (
+            f'[databases.{region}]\nurl_env = "{region.upper()}_URL"\n'
+            f'task_queue = "{task_queue}-shared"\n'
+        )
+    for region in REGIONS:
+        text += f'[[targets]]\nkind = "idempotency"\nname = "x_idempotency@{region}"\n'
+        text += f'database = "{region}"\n'
+    return text
+
+
+@pytest.mark.waits
+async def test_a_worker_without_every_url_of_a_shared_queue_polls_none_of_it(
+    client: Client,
+    temporal_server: RunningTemporal,
+    task_queue: str,
+    regions: dict[str, str],
+    real_now: int,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two databases routed to one task queue: a worker with the URL of one of them only would
+    take the other's activities too and fail them (a target it does not know). It polls none
+    of that queue and says why, so a pass it alone serves fails both targets for want of a
+    worker (NoPurgeWorker, after worker_wait), and once a worker with both URLs runs beside it,
+    that one sweeps both."""
+    eu_expired = add_rows(regions["eu"], real_now)
+    us_expired = add_rows(regions["us"], real_now, 4)
+    text = tomllib.loads(shared_toml(task_queue, "2s"))
+    scheduler = parse_config(text, env={})
+    partial = parse_config(text, env={"EU_URL": regions["eu"]})
+    both = parse_config(text, env={"EU_URL": regions["eu"], "US_URL": regions["us"]})
+    caplog.set_level(logging.INFO, logger="purge.worker")
+    stops = [asyncio.Event(), asyncio.Event()]
+    address = temporal_server.address
+    tasks = [asyncio.create_task(run_worker(partial, stop=stops[0], temporal_address=address))]
+    try:
+        async with asyncio.timeout(60):  # its start lines, logged before it polls
+            while "taking no activity from task queue" not in caplog.text:
+                assert not tasks[0].done(), f"the worker stopped: {tasks[0].exception()!r}"
+                await asyncio.sleep(0.02)
+        assert (
+            f"not polling task queue '{task_queue}-shared' of database eu: databases us share it"
+        ) in caplog.text
+        error = await failed_pass(
+            client, task_queue, scheduler.pass_input(), f"purge-shared-{uuid.uuid4()}"
+        )
+        failed = {f["name"]: f["type"] for f in error.details[0]["failed"]}
+        assert failed == dict.fromkeys([f"x_idempotency@{r}" for r in REGIONS], "NoPurgeWorker")
+        assert left(regions["eu"], real_now) == (eu_expired, 1)
+
+        tasks.append(asyncio.create_task(run_worker(both, stop=stops[1], temporal_address=address)))
+        kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+        await until_polled(client, scheduler.routed_queues["eu"], kind)
+        result = await run_pass(client, task_queue, scheduler.pass_input())
+    finally:
+        for stop, task in zip(stops, tasks, strict=False):
+            stop.set()
+            await task
+    assert {s["name"]: s["removed"] for s in result["swept"]} == {
+        "x_idempotency@eu": eu_expired,
+        "x_idempotency@us": us_expired,
+    }
+
+
 #: The advisory lock the regional kill test's deletes wait for once past the first batch.
 KILL_GATE = 4_243
 
