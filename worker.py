@@ -88,7 +88,7 @@ import psycopg
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.input_checks import duplicate_names
-from purge_config.errors import ConfigError
+from purge_config.errors import ConfigError, first_line
 from purge_config.file import (
     PurgeConfig,
     check_metrics_address,
@@ -118,7 +118,7 @@ from purge_ops.passes import (
     tables_table,
 )
 from purge_ops.runner import new_worker, run_worker
-from purge_ops.schedule import ScheduleConflict, ensure_schedules
+from purge_ops.schedule import ScheduleConflict, ensure_schedules, pass_timeout
 from purge_ops.table_check import check_config
 
 if TYPE_CHECKING:
@@ -316,13 +316,18 @@ def _target_name(text: str) -> str:
     return text
 
 
+#: The most `--max-sweeps` and `--last` take: the SDK's slots and a history's listing are
+#: sized from them, and a larger number is a typo.
+MOST = 100_000
+
+
 def _positive(text: str) -> int:
     try:
-        value = int(text)
+        value = int(text) if len(text) <= 12 else 0
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"want a whole number of at least 1, got {text!r}")
+    if not 1 <= value <= MOST:
+        raise argparse.ArgumentTypeError(f"want a whole number from 1 to {MOST:,}, got {text!r}")
     return value
 
 
@@ -346,6 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (ConnectionError, OSError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
+        return 1
+    except psycopg.Error as err:
+        # A server's refusal a command met after it connected (a catalog read past discover's
+        # statement_timeout, say): its first line, never a DETAIL that may quote a row.
+        print(f"{PROG}: the database refused: {first_line(err)}", file=sys.stderr)
         return 1
     except RuntimeError as err:
         # The Temporal client reports an unreachable server as a RuntimeError.
@@ -422,7 +432,8 @@ async def _dispatch(opts: argparse.Namespace) -> int:
         return 0
     if planned is not None:
         request, schedule_id = planned
-        return await sweep(client, config.task_queue, request, _say, schedule_id)
+        ends_by = pass_timeout(config, request)
+        return await sweep(client, config.task_queue, request, _say, schedule_id, ends_by)
     if command == "report":
         return await _report(client, config, opts)
     return await replay(client, config.task_queue, opts.last, [], _say)

@@ -367,7 +367,7 @@ def _gone(step: PurgeStep) -> PurgeSweep:
         removed=0,
         dry_run=step.dry_run,
         status="gone",
-        reason="its table was dropped after the pass matched it",
+        reason="its table is not there: dropped since the pass matched it, or never there",
     )
 
 

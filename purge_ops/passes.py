@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,7 @@ async def sweep(
     request: dict[str, Any],
     say: Say,
     schedule_id: str | None = None,
+    pass_ends_by: timedelta | None = None,
 ) -> int:
     """One pass now, through Temporal, or a wait for the one already running when it is this
     very pass; prints the report. A running pass that sweeps some of this pass's targets but
@@ -104,11 +105,14 @@ async def sweep(
     from starting beside this one. Any other pass (a dry run, some targets, no schedule) starts
     under one fixed id. The exit status: 0 when the pass completed, 1 when it (or any target)
     failed. Cancelled (Ctrl-C), it raises SweepInterrupted saying whether a pass it started or
-    joined goes on, or none was started.
+    joined goes on, or none was started. A pass it starts itself ends by `pass_ends_by` at the
+    latest (the schedule's passes', `schedule.pass_timeout`): one no worker of the release
+    running can go on with (after a rollback) would otherwise hold every later `sweep` of its
+    targets behind it.
     """
     begun = _Begun()
     try:
-        return await _sweep(client, task_queue, request, say, schedule_id, begun)
+        return await _sweep(client, task_queue, request, say, schedule_id, begun, pass_ends_by)
     except asyncio.CancelledError:
         if begun.what:
             raise SweepInterrupted(
@@ -124,6 +128,7 @@ async def _sweep(
     say: Say,
     schedule_id: str | None,
     begun: _Begun,
+    pass_ends_by: timedelta | None = None,
 ) -> int:
     handle = await _this_pass_running(client, task_queue, request, say)
     if handle is None and schedule_id is not None:
@@ -138,6 +143,7 @@ async def _sweep(
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=await start_attributes(client),
+            execution_timeout=pass_ends_by,
         )
         # A pass by hand that visibility did not list yet holds that id: joined only where it
         # is this pass (a `sweep --dry-run` started a moment before would otherwise report
@@ -167,7 +173,18 @@ async def _sweep(
         return 1
     finally:
         noticing.cancel()
-    say(report_table(PurgeReport.from_json(result)))
+    report = PurgeReport.from_json(result)
+    say(report_table(report))
+    # A table named by hand that is not there is `gone` to the pass, which cannot tell it from
+    # a tenant dropped mid-pass: here it is most likely a misspelt name.
+    named = set(request.get("targets", []))
+    missing = [s.name for s in report.swept if s.status == "gone" and s.name in named]
+    if missing:
+        say(
+            f"no table for {', '.join(missing)}: named by hand and not there (a misspelt "
+            "name?); nothing was swept for it"
+        )
+        return 1
     return 0
 
 

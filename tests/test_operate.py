@@ -48,7 +48,7 @@ from purge_ops import schedule as schedules
 from purge_ops.passes import summarize, sweeps_any
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
-from purge_ops.schedule import desired, ensure_schedules
+from purge_ops.schedule import desired, ensure_schedules, pass_timeout
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
@@ -773,7 +773,13 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     )
     assert "Traceback" not in out
     handle = harness.client.get_workflow_handle(pass_id)
-    assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
+    described = await handle.describe()
+    assert described.status == WorkflowExecutionStatus.RUNNING
+    # Bounded as the schedule's passes are: one no worker can go on with does not hold every
+    # later `sweep` of its targets behind it.
+    parsed = load_config(config)
+    ends_by = described.raw_description.execution_config.workflow_execution_timeout
+    assert ends_by.ToTimedelta() == pass_timeout(parsed, parsed.pass_input())
     await handle.terminate()
 
 

@@ -383,9 +383,13 @@ async def test_sweep_target_of_one_matched_table_sweeps_that_table_alone(
         misfit = await asyncio.to_thread(
             run_main, "sweep", "--config", str(path), "--target", "sessions@other_0001", env=env
         )
+        typo = f"sessions@{prefix}_9999"  # fits the pattern; no such tenant
         async with harness.run_worker(build_registry(config, harness.pool), config=config):
             swept = await asyncio.to_thread(
                 run_main, "sweep", "--config", str(path), "--target", one, env=env
+            )
+            missing = await asyncio.to_thread(
+                run_main, "sweep", "--config", str(path), "--target", typo, env=env
             )
 
         assert misfit.returncode == 2, misfit.stdout
@@ -401,6 +405,13 @@ async def test_sweep_target_of_one_matched_table_sweeps_that_table_alone(
             f"{prefix}_0001": (0, 2),
             f"{prefix}_0002": (expired_of(2), 2),
         }
+        # A table named by hand that is not there: the pass reports it gone, and `sweep`
+        # says so and fails, where a tenant dropped mid-pass is no failure.
+        assert missing.returncode == 1, missing.stdout + missing.stderr
+        assert missing.stdout.rstrip().endswith(
+            f"no table for {typo}: named by hand and not there (a misspelt name?); nothing "
+            "was swept for it"
+        ), missing.stdout
 
 
 def test_one_matched_table_by_hand_goes_to_its_pattern_s_database_queue() -> None:
