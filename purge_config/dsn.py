@@ -21,6 +21,10 @@ class BadDsn(ValueError):
     """Not a connection string libpq would accept. The message never quotes the string."""
 
 
+class UnencodedAt(BadDsn):
+    """A URI whose user info holds an `@` unencoded: libpq would read the rest as a host."""
+
+
 def __getattr__(name: str) -> frozenset[str]:
     # KEYWORDS is libpq's own list, so it is read (loading psycopg) only when asked for.
     if name == "KEYWORDS":
@@ -44,6 +48,12 @@ def parse_dsn(dsn: str) -> dict[str, str]:
     except UnicodeError:
         # A byte that is no character (from the environment, as a surrogate): libpq never sees it.
         raise BadDsn("it holds a byte that is no character") from None
+    if dsn.startswith(_URI_PREFIXES):
+        authority = dsn.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
+        if authority.count("@") > 1:
+            # libpq ends the user info at the first `@` and takes the rest for a host, whose
+            # name its error then quotes: the tail of the password, in a log line.
+            raise UnencodedAt("an '@' in its user or password: write it %40")
     # libpq reads any port and fails only when it connects: refuse a bad one at start.
     ports = params.get("port", "")
     if not all(port.strip().isdigit() for port in ports.split(",") if port):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from purge_config.dsn import BadDsn, parse_dsn, redact
+from purge_config.dsn import BadDsn, UnencodedAt, parse_dsn, redact
 from purge_config.errors import ConfigError
 from purge_config.names import QUEUE_NAME
 from purge_config.values import (
@@ -64,13 +64,15 @@ def check_dsn(where: str, key: str, dsn: str) -> None:
     """A ConfigError, never quoting the password, when `dsn` is no connection string."""
     try:
         parse_dsn(dsn)
-    except BadDsn:
+    except BadDsn as err:
         scheme = _OTHER_SCHEME.match(dsn)
         # Another database's URL (mysql://...): its scheme says what is wrong, and the rest,
         # which libpq cannot parse, is not shown at all.
         got = f"a {scheme.group(1)}:// URL" if scheme else repr(redact(dsn))
+        # The reason where it names the fix (it never quotes the string).
+        fix = f" ({err})" if isinstance(err, UnencodedAt) else ""
         raise ConfigError(
-            f"{where}: {key}: not a PostgreSQL connection string (postgresql://...), got {got}"
+            f"{where}: {key}: not a PostgreSQL connection string (postgresql://...), got {got}{fix}"
         ) from None
 
 

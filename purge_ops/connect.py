@@ -27,7 +27,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
-from purge_config.errors import ConfigError, server_details, without_row_values
+from purge_config.errors import ConfigError, first_line, server_details, without_row_values
 
 log = logging.getLogger("purge.connect")
 
@@ -98,7 +98,8 @@ def temporal_settings(address: str | None = None, namespace: str | None = None) 
         settings = ClientConfig.load_client_connect_config()
     except Exception as err:
         # An unknown TEMPORAL_PROFILE or a malformed temporal.toml: the operator's to fix.
-        raise ConfigError(f"Temporal environment configuration: {err}") from None
+        # The SDK's TOML errors quote the line with a caret under it: its first line says it.
+        raise ConfigError(f"Temporal environment configuration: {first_line(err)}") from None
     if address:
         settings["target_host"] = address
     if namespace:

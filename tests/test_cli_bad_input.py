@@ -50,6 +50,7 @@ def config(tmp_path: Path) -> Path:
         (["run", "--metrics", "127.0.0.1:99999"], "--metrics: want HOST:PORT"),
         (["run", "--metrics", "127.0.0.1:0"], "--metrics: want HOST:PORT"),
         (["report", "--last", "0"], "--last: want a whole number"),
+        (["run", "--max-sweeps", "100000000000000000000"], "--max-sweeps: want a whole number"),
         (["sweep", "--target", "a b"], "--target: not a target name"),
         (["run", "--bogus"], "unrecognized arguments: --bogus"),
     ],
@@ -58,6 +59,7 @@ def config(tmp_path: Path) -> Path:
         "metrics-port-too-big",
         "metrics-port-0",
         "last-0",
+        "max-sweeps-past-the-most",
         "target-name",
         "unknown-flag",
     ],
@@ -368,3 +370,49 @@ def test_a_config_of_no_target_is_refused_where_its_passes_would_sweep_nothing(
 
     assert "purge.toml: names no target, so " in line
     assert line.endswith("would sweep nothing; add [[targets]] (`pg-purge discover` suggests them)")
+
+
+def test_a_malformed_temporal_config_file_is_one_line(tmp_path: Path, config: Path) -> None:
+    """The SDK's TOML error quotes the line with a caret under it: the first line says it."""
+    profile = tmp_path / "temporal.toml"
+    profile.write_text("[profile.default]\naddress = \n", encoding="utf-8")
+    env = clean_env(TEMPORAL_CONFIG_FILE=str(profile))
+
+    line = one_line(run_main("schedule", "--config", str(config), env=env))
+
+    assert line.startswith("pg-purge: config error: Temporal environment configuration: ")
+
+
+def test_a_password_holding_an_unencoded_at_is_refused_without_a_piece_of_it(
+    config: Path,
+) -> None:
+    """libpq would end the password at its first `@` and take the rest for a host, which its
+    connection error then quotes."""
+    env = clean_env(PURGE_DATABASE_URL=f"postgresql://app:{SECRET}@x@127.0.0.1:1/app")
+
+    line = one_line(run_main("check", "--config", str(config), env=env))
+
+    assert "an '@' in its user or password: write it %40" in line
+    assert "x@127" not in line
+
+
+def test_a_server_s_refusal_a_command_meets_is_one_line_with_status_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refusal met after a command connected (discover's catalog read past its
+    statement_timeout, say) is one line, its first: never a traceback, nor a DETAIL."""
+    import psycopg
+
+    import worker
+
+    async def refused(opts: object) -> int:
+        raise psycopg.errors.QueryCanceled(
+            "canceling statement due to statement timeout\nDETAIL:  Key (k)=(v)"
+        )
+
+    monkeypatch.setattr(worker, "_dispatch", refused)
+
+    assert worker.main(["discover", "postgresql://app@127.0.0.1:1/app"]) == 1
+    assert capsys.readouterr().err == (
+        "pg-purge: the database refused: canceling statement due to statement timeout\n"
+    )

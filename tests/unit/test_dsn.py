@@ -63,3 +63,21 @@ def test_a_redacted_keyword_string_reads_back_with_the_password_masked() -> None
         "password": "***",
         "options": "-c a=b",
     }
+
+
+def test_a_password_with_an_unencoded_at_is_refused_without_a_piece_of_it() -> None:
+    """libpq ends the user info at the first `@`: `p@ss` makes a host `ss@db.example`, whose
+    name a connection error then quotes (a piece of the password, in a log line). Refused at
+    start instead, naming the fix; the encoded form, and an `@` after the host, still read."""
+    from purge_config import parse_config
+    from purge_config.errors import ConfigError
+
+    with pytest.raises(BadDsn) as refused:
+        parse_dsn("postgresql://bob:p@ss@db.example/app")
+    assert str(refused.value) == "an '@' in its user or password: write it %40"
+    with pytest.raises(ConfigError) as config:
+        parse_config({"database_url": "postgresql://bob:p@ss@db.example/app"}, env={})
+    assert "ss@" not in str(config.value)
+    assert "write it %40" in str(config.value)
+    assert parse_dsn("postgresql://bob:p%40ss@db.example/app")["password"] == "p@ss"
+    assert parse_dsn("postgresql://bob@db.example/app@x")["dbname"] == "app@x"
