@@ -54,7 +54,12 @@ async def check_config(
 ) -> int:
     """Check `names` (every target of `config` when empty), one line each, advice below; the
     exit status: 0 when every checked target would be swept, 1 when any would be refused."""
-    specs = [s for s in config.targets if not names or s.name in names]
+    # A python target is named by its factory's `names` (its own name is the factory's path).
+    specs = [
+        s
+        for s in config.targets
+        if not names or s.name in names or (s.kind == "python" and set(s.names) & set(names))
+    ]
     now_ms = int(time.time() * 1000)
     async with AsyncExitStack() as stack:
         pools: dict[str, ConnectionSource] = {}

@@ -75,6 +75,26 @@ async def test_targets_that_a_pass_would_sweep_are_ok_and_nothing_is_deleted(
     assert count(db, "tokens") == 10
 
 
+async def test_a_python_target_named_by_its_names_is_said_skipped(
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
+) -> None:
+    """`check --target tmp_uploads`, a name a python target's `names` gives: its line says
+    it is its own code's, where it once printed nothing and said 0."""
+    tokens(db)
+    targets = TOKENS + (
+        '[[targets]]\nkind = "python"\nfactory = "tests.support.apptargets:targets"\n'
+        'names = ["tmp_uploads"]\n'
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    done = await check(path, "--target", "tmp_uploads")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = done.stdout.splitlines()
+    assert line.startswith("skipped ")
+    assert line.endswith(": a python target: its factory's own code")
+
+
 async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
     tmp_path: Path, schema_url: str, schema: str, db: psycopg.Connection[Any]
 ) -> None:

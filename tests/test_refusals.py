@@ -340,6 +340,25 @@ async def test_refuse_unindexed_children_fails_before_deleting(
     assert len(keys(db, "parent", "id")) == 10
 
 
+async def test_check_refuses_what_refuse_unindexed_children_would(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """`pg-purge check` says what a pass would refuse: under refuse_unindexed_children, an
+    unindexed child table too (it said ok, and the first pass refused it)."""
+    parent_and_child(db, now_ms, indexed=False)
+
+    with (
+        pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing deleted"),
+        contract_errors(),
+    ):
+        await parent(pool, refuse=True).check(now_ms)
+    advice = await parent(pool).check(now_ms)
+
+    # Without the setting, check passes it, saying the cascade.
+    assert any(a.startswith("parent: child references it ON DELETE CASCADE") for a in advice)
+    assert len(keys(db, "parent", "id")) == 10
+
+
 async def test_an_indexed_child_table_draws_no_warning(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:

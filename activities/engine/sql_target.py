@@ -105,7 +105,9 @@ class SqlTarget:
         advice a pass would give of them, its plan's (a missing index) included, the tables
         whose rows go with theirs by cascade, and the triggers and rules that may keep a row
         the sweep deletes (`_plan_checks`)."""
-        advice = await self._access.check(self.rules, now_ms)
+        # As a sweep of several tables checks them before its first: what each table's own
+        # sweep refuses once reached (rights, inheritance, refuse_unindexed_children).
+        advice = await self._access.check(self.rules, now_ms, sweeping=True)
         for rule in self.rules:
             async with self._access.connection(rule) as conn:
                 await self._access.rights(conn, rule)
