@@ -3,7 +3,6 @@ report. Configuration faults fail at once; transient ones get bounded retries.""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -17,7 +16,7 @@ from purge_config.names import TableName
 from purge_ops.connect import STACK_TRACE_KEPT
 from purge_ops.runner import new_worker
 from tests.conftest import Harness, RunWorker
-from tests.support.history import events, target_runs
+from tests.support.history import events, first_failure, target_runs
 from tests.support.passes import failed_pass
 from tests.support.rows import HOUR, idempotency_rows, keys
 from workflows.steps import TARGET_RETRY
@@ -184,20 +183,10 @@ async def test_a_retried_failure_raised_deep_in_a_stack_keeps_its_message_on_the
         id=f"purge-{uuid.uuid4()}",
         task_queue=harness.task_queue,
     )
-    failure = None
     async with harness.run_worker([Deep()]):
-        # Until the first attempt's failure is on the server, however slow the machine (the
-        # retries' 2 s and more between attempts keep the activity pending meanwhile).
-        async with asyncio.timeout(120):
-            while failure is None:
-                described = await handle.describe()
-                pending = described.raw_description.pending_activities
-                if pending and pending[0].HasField("last_failure"):
-                    failure = pending[0].last_failure
-                await asyncio.sleep(0.02)
+        failure = await first_failure(handle)
         await handle.terminate("the failure was read")
 
-    assert failure is not None, "the activity never failed"
     assert failure.message == "deep: server closed the connection"
     assert len(failure.stack_trace) <= STACK_TRACE_KEPT + 4
     assert "_deep" in failure.stack_trace

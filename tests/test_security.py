@@ -31,7 +31,7 @@ from purge_ops.connect import open_pool
 from purge_ops.ports import free_ports
 from tests.conftest import Harness
 from tests.support.direct_caller import DirectCaller
-from tests.support.history import history
+from tests.support.history import first_failure, history
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
@@ -334,18 +334,10 @@ async def test_a_key_the_server_quotes_reaches_no_history_and_no_log_line(
     handle = await harness.client.start_workflow(
         "Purge", {"targets": ["x_idempotency"]}, id=held, task_queue=harness.task_queue
     )
-    failure = None
     with worker_log() as log:
         async with harness.run_worker([kinds.idempotency(harness.pool)]):
-            async with asyncio.timeout(120):  # the first attempt's failure, on the server
-                while failure is None:
-                    described = await handle.describe()
-                    pending = described.raw_description.pending_activities
-                    if pending and pending[0].HasField("last_failure"):
-                        failure = pending[0].last_failure
-                    await asyncio.sleep(0.02)
+            failure = await first_failure(handle)
             await handle.terminate("the failure was read")
-    assert failure is not None
     assert "violates foreign key constraint" in failure.message
     assert DETAIL_LEFT_OUT in failure.message
     assert "violates foreign key constraint" in log.getvalue()

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHistory
+from temporalio.api.failure.v1 import Failure
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.converter import DataConverter
 
 from workflows.chunk import LOCAL_ACTIVITY_MARKER
@@ -30,6 +31,19 @@ async def cancel_once_scheduled(client: Client, workflow_id: str) -> None:
     while "ACTIVITY_TASK_SCHEDULED" not in kinds(await events(client, workflow_id)):
         await asyncio.sleep(0.05)
     await client.get_workflow_handle(workflow_id).cancel()
+
+
+async def first_failure(handle: WorkflowHandle[Any, Any]) -> Failure:
+    """The failure of the first activity attempt that failed, as the server keeps it while
+    the activity waits for its retry (the retries' 2 s and more between attempts keep it
+    pending meanwhile), however slow the machine: up to 120 s."""
+    async with asyncio.timeout(120):
+        while True:
+            described = await handle.describe()
+            pending = described.raw_description.pending_activities
+            if pending and pending[0].HasField("last_failure"):
+                return pending[0].last_failure
+            await asyncio.sleep(0.02)
 
 
 def kinds(history: list[Any]) -> list[str]:
