@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConnectionError, OSError) as err:
         print(f"{PROG}: {err}", file=sys.stderr)
         return 1
-    except psycopg.Error as err:
+    except psycopg.DatabaseError as err:
         # A server's refusal a command met after it connected (a catalog read past discover's
         # statement_timeout, say): its first line, never a DETAIL that may quote a row.
         print(f"{PROG}: the database refused: {first_line(err)}", file=sys.stderr)

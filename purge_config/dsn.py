@@ -49,10 +49,13 @@ def parse_dsn(dsn: str) -> dict[str, str]:
         # A byte that is no character (from the environment, as a surrogate): libpq never sees it.
         raise BadDsn("it holds a byte that is no character") from None
     if dsn.startswith(_URI_PREFIXES):
-        authority = dsn.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
-        if authority.count("@") > 1:
-            # libpq ends the user info at the first `@` and takes the rest for a host, whose
-            # name its error then quotes: the tail of the password, in a log line.
+        # As libpq reads a URI: the user info ends at the first `@` before any `/` (a `?`
+        # before it is the password's), the hosts after it at a `/` or a `?`.
+        before_path = dsn.partition("://")[2].split("/", 1)[0]
+        _, at, hosts = before_path.partition("@")
+        if at and "@" in hosts.split("?", 1)[0]:
+            # A second `@` in the hosts: the password's, unencoded. libpq would take the rest
+            # for a host, whose name its error then quotes: a piece of the password.
             raise UnencodedAt("an '@' in its user or password: write it %40")
     # libpq reads any port and fails only when it connects: refuse a bad one at start.
     ports = params.get("port", "")

@@ -841,7 +841,7 @@ def target_names(singles: list[Finding], families: list[Family]) -> dict[str, st
         alone = (stem,) if shared[family.pattern] == 1 else ()
         pick(family.key, *(c for c in (base, *alone, column) if c))
     for single in singles:
-        if not (single.is_live or single.caution):
+        if not (single.is_live or (single.caution and not single.problem)):
             continue  # a caution's entry is printed commented out: named, to be made live
         named = single.preset.name if single.preset and single.preset.name else ""
         pick(

@@ -64,8 +64,12 @@ class NoRowValues(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         details = server_details(error)
-        message = record.getMessage()
-        kept = without_row_values(message, details)
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):
+            # A format and arguments that do not match: the handler says so, as before.
+            message = None
+        kept = message and without_row_values(message, details)
         if kept != message:
             record.msg, record.args = kept, None
         if record.exc_info:

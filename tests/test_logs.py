@@ -7,6 +7,8 @@ from __future__ import annotations
 import io
 import logging
 
+import pytest
+
 from activities.errors import BadPurgeTarget, UnknownPurgeTarget
 from purge_ops.logs import handler
 
@@ -48,3 +50,19 @@ def test_any_other_error_keeps_its_traceback() -> None:
 
     assert "Traceback" in text
     assert "ValueError: boom" in text
+
+
+def test_a_log_call_whose_arguments_do_not_fit_its_format_does_not_raise(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The DETAIL filter reads each record's message: a format and arguments that do not match
+    are said by logging, as without the filter, never raised into the code that logged."""
+    stream = io.StringIO()
+    logger = logging.getLogger("tests.logs.mismatch")
+    logger.propagate = False
+    logger.addHandler(handler(stream))
+
+    logger.warning("%s and %s", "one")
+
+    assert "Logging error" in capsys.readouterr().err
+    assert stream.getvalue() == ""

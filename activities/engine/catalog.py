@@ -60,7 +60,9 @@ def archive_target() -> sql.SQL:
     archive's OID and relkind (NULL when it does not exist), whether this role may insert into
     it, the role's name, and the tables whose foreign keys reference the source ON DELETE
     CASCADE (the source itself among them for a key to itself), by name."""
-    # Through what depends on the source (pg_depend's index), as `cascading_children`.
+    # Through what depends on the source (pg_depend's index; no index of pg_constraint serves
+    # `confrelid`), as `cascading_children`; a partitioned referencing table once, not each of
+    # its partitions' copies of the key (conparentid).
     return sql.SQL(
         "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
         " has_table_privilege(a.oid, 'INSERT'), current_user::text,"
@@ -69,7 +71,7 @@ def archive_target() -> sql.SQL:
         " WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = to_regclass(%(src)s)"
         " AND d.classid = 'pg_constraint'::regclass)"
         " AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = to_regclass(%(src)s)"
-        " ORDER BY 1)"
+        " AND f.conparentid = 0 ORDER BY 1)"
         " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
         " LEFT JOIN pg_class a ON a.oid = r.oid"
     )

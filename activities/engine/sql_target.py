@@ -109,11 +109,10 @@ class SqlTarget:
         # sweep refuses once reached (rights, inheritance, refuse_unindexed_children).
         advice = await self._access.check(self.rules, now_ms, sweeping=True)
         for rule in self.rules:
-            async with self._access.connection(rule) as conn:
-                await self._access.rights(conn, rule)
-                async with conn.transaction():
-                    await self._access.set_timeouts(conn, self.settings.statement_timeout_ms)
-                    advice += await _plan_checks(conn, await self._access.bind(conn, rule, now_ms))
+            # Its rights were asked above (`refuse_table`).
+            async with self._access.connection(rule) as conn, conn.transaction():
+                await self._access.set_timeouts(conn, self.settings.statement_timeout_ms)
+                advice += await _plan_checks(conn, await self._access.bind(conn, rule, now_ms))
         return advice
 
     async def count_expired(self, now_ms: int) -> int:

@@ -81,3 +81,11 @@ def test_a_password_with_an_unencoded_at_is_refused_without_a_piece_of_it() -> N
     assert "write it %40" in str(config.value)
     assert parse_dsn("postgresql://bob:p%40ss@db.example/app")["password"] == "p@ss"
     assert parse_dsn("postgresql://bob@db.example/app@x")["dbname"] == "app@x"
+
+
+def test_a_question_mark_before_the_at_is_the_password_s_as_libpq_reads_it() -> None:
+    """libpq ends the user info at the first `@` before a `/`, a `?` before it included: a
+    second `@` after it is still the password's; one in the parameters is not."""
+    with pytest.raises(BadDsn):
+        parse_dsn("postgresql://bob:p?x@y@db/app")
+    assert parse_dsn("postgresql://u@db?application_name=x@y")["application_name"] == "x@y"
