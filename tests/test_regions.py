@@ -394,15 +394,15 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
             f" IF nextval('deleted_rows') > {FIRST_ROWS + 100} THEN"
             f" PERFORM pg_advisory_xact_lock_shared({KILL_GATE}); END IF; RETURN OLD; END$$"
         )
-    gate = psycopg.connect(regions["eu"], autocommit=True)
-    gate.execute("SELECT pg_advisory_lock(%s)", (KILL_GATE,))
     add_rows(regions["us"], real_now)
     first = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "1")
     second = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "2")
     us = Region(tmp_path, "us", regions["us"], task_queue, temporal_server.address)
     config = full_config(task_queue)
     workflow_id = f"purge-regions-{uuid.uuid4()}"
+    gate = psycopg.connect(regions["eu"], autocommit=True)
     try:
+        gate.execute("SELECT pg_advisory_lock(%s)", (KILL_GATE,))
         first.start()
         us.start()
         handle = await client.start_workflow(
