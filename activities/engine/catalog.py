@@ -60,18 +60,14 @@ def archive_target() -> sql.SQL:
     archive's OID and relkind (NULL when it does not exist), whether this role may insert into
     it, the role's name, and the tables whose foreign keys reference the source ON DELETE
     CASCADE (the source itself among them for a key to itself), by name."""
-    # Through what depends on the source (pg_depend's index; no index of pg_constraint serves
-    # `confrelid`), as `cascading_children`; a partitioned referencing table once, not each of
-    # its partitions' copies of the key (conparentid).
+    # The source by to_regclass, as its OID is read: a table not there reads NULL here, and is
+    # said as such by the rule's own read. A partitioned referencing table once, not each of its
+    # partitions' copies of the key (conparentid).
+    cascading = _cascading_keys("to_regclass(%(src)s)", " AND f.conparentid = 0")
     return sql.SQL(
         "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
         " has_table_privilege(a.oid, 'INSERT'), current_user::text,"
-        " array(SELECT DISTINCT f.conrelid::regclass::text FROM pg_constraint f"
-        " WHERE f.oid IN (SELECT d.objid FROM pg_depend d"
-        " WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = to_regclass(%(src)s)"
-        " AND d.classid = 'pg_constraint'::regclass)"
-        " AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = to_regclass(%(src)s)"
-        " AND f.conparentid = 0 ORDER BY 1)"
+        " array(" + cascading + ")"
         " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
         " LEFT JOIN pg_class a ON a.oid = r.oid"
     )
@@ -196,12 +192,28 @@ def btree_indexes() -> sql.SQL:
     )
 
 
-#: The constraints that depend on `%(rel)s` or its columns, by pg_depend's index on what is
-#: depended on: a foreign key is among them for each column it references.
-_DEPENDENT_CONSTRAINTS = (
-    "SELECT d.objid FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass"
-    " AND d.refobjid = %(rel)s::regclass AND d.classid = 'pg_constraint'::regclass"
-)
+def _dependent_constraints(rel: str = "%(rel)s::regclass") -> str:
+    """The constraints that depend on the table `rel` (SQL giving its regclass) or its
+    columns, by pg_depend's index on what is depended on: a foreign key is among them for each
+    column it references."""
+    return (
+        "SELECT d.objid FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass"
+        f" AND d.refobjid = {rel} AND d.classid = 'pg_constraint'::regclass"
+    )
+
+
+_DEPENDENT_CONSTRAINTS = _dependent_constraints()
+
+
+def _cascading_keys(rel: str, also: str) -> str:
+    """The tables whose foreign keys reference the table `rel` (SQL giving its regclass) ON
+    DELETE CASCADE, by name, found through what depends on it (as `is_referenced`); `also`, a
+    further condition on the key `f`."""
+    return (
+        "SELECT DISTINCT f.conrelid::regclass::text FROM pg_constraint f"
+        f" WHERE f.oid IN ({_dependent_constraints(rel)})"
+        f" AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = {rel}{also} ORDER BY 1"
+    )
 
 
 def is_referenced() -> sql.SQL:
@@ -244,10 +256,9 @@ def cascading_children() -> sql.SQL:
     """The tables but `%(own)s` (NULL: none) whose foreign keys reference `%(rel)s` ON DELETE
     CASCADE, by name: a DELETE of its rows removes theirs too."""
     return sql.SQL(
-        "SELECT DISTINCT f.conrelid::regclass::text FROM pg_constraint f"
-        " WHERE f.oid IN (" + _DEPENDENT_CONSTRAINTS + ")"
-        " AND f.contype = 'f' AND f.confdeltype = 'c' AND f.confrelid = %(rel)s::regclass"
-        " AND f.conrelid IS DISTINCT FROM %(own)s::text::regclass ORDER BY 1"
+        _cascading_keys(
+            "%(rel)s::regclass", " AND f.conrelid IS DISTINCT FROM %(own)s::text::regclass"
+        )
     )
 
 
