@@ -323,7 +323,7 @@ MOST = 100_000
 
 def _positive(text: str) -> int:
     try:
-        value = int(text) if len(text) <= 12 else 0
+        value = int(text)
     except ValueError:
         value = 0
     if not 1 <= value <= MOST:
