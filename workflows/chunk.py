@@ -17,6 +17,7 @@ earlier release began keeps its activity tasks.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from temporalio import workflow
 
@@ -25,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     # knows the module: decoding a sweep's result resolves its type hints (SweepStatus) there.
     import activities.results  # noqa: F401
     from activities.spread_steps import ChunkInput, ChunkReport
+    from activities.wire import read_input
     from workflows.steps import sweep_limited
 
 
@@ -36,12 +38,19 @@ SMALL_LOCAL = "small-tables-local"
 LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
-@workflow.defn(name="PurgeChunk")
+#: The child workflow's type name, by which the pass starts it.
+CHUNK_WORKFLOW = "PurgeChunk"
+
+
+@workflow.defn(name=CHUNK_WORKFLOW)
 class PurgeChunkWorkflow:
     """Sweep a share of a pass's targets as of the pass's instant, inside its budget."""
 
     @workflow.run
-    async def run(self, chunk: ChunkInput) -> ChunkReport:
+    async def run(self, raw: Any) -> ChunkReport:
+        # `Any`, read leniently: the pass (or the run before this one) may be of another
+        # release, mid-deploy; an input of a later release's format waits for its workers.
+        chunk = read_input(ChunkInput, raw)
         report = chunk.carried or ChunkReport()
         names = chunk.targets[: chunk.run_size]
         deadline = datetime.fromtimestamp(chunk.deadline_ms / 1000, tz=UTC)

@@ -30,7 +30,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.routing import Route
     from activities.spread_steps import ChunkInput, ChunkReport, PatternStep
     from activities.sweep import PurgeActivities
-    from workflows.chunk import PurgeChunkWorkflow
+    from activities.wire import read
+    from workflows.chunk import CHUNK_WORKFLOW
     from workflows.outcome_attributes import record_outcome
     from workflows.steps import TARGET_RETRY, ends_run, not_tried, routed, skipped, unpolled
 
@@ -306,11 +307,7 @@ async def _run_children(
                 # On the pass's queue, a worker may run workflows and no activity
                 # (`new_worker(sweeps=False)`): its small matches stay activity tasks.
                 chunk = replace(chunk, local=False)
-            task = asyncio.ensure_future(
-                workflow.execute_child_workflow(
-                    PurgeChunkWorkflow.run, chunk, id=child_id, **placed
-                )
-            )
+            task = asyncio.ensure_future(_child(chunk, child_id, placed))
             running[task] = (database, chunk)
         if not running:
             continue
@@ -325,6 +322,15 @@ async def _run_children(
                 for ranked in task.result().failures:
                     _note_unpolled(ranked.failure, chunk.route, unpolled_queues)
     return started
+
+
+async def _child(chunk: ChunkInput, child_id: str, placed: dict[str, Any]) -> ChunkReport:
+    """Run one child and read its report leniently: the child may have run on a worker of a
+    later release, mid-deploy (activities.wire)."""
+    raw = await workflow.execute_child_workflow(
+        CHUNK_WORKFLOW, chunk, id=child_id, result_type=dict, **placed
+    )
+    return read(ChunkReport, raw)
 
 
 def _placed(chunk: ChunkInput, chunk_queues: set[str]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.metrics import TARGET_FAILURES
     from activities.results import FailedTarget, PurgeSweep
     from activities.routing import Route
-    from activities.sweep import PurgeActivities
+    from activities.wire import read
 
 #: One target's sweep, retries excluded. Targets end their own sweep at their time budget well
 #: before this (see activities.sweep); this only bounds a worker that hangs without dying.
@@ -44,6 +44,10 @@ TARGET_RETRY = RetryPolicy(
 )
 
 Outcome = PurgeSweep | FailedTarget
+
+#: The sweep activity, by its registered name (`activities.sweep.PurgeActivities.purge_target`):
+#: called by name so that its result arrives as sent, to be read by `activities.wire`.
+PURGE_TARGET = "purge_target"
 
 #: The patch under which a pass (or a child) cancelled by request ends cancelled at the first
 #: activity the cancellation reaches; a run before it took that activity's cancellation for a
@@ -171,22 +175,25 @@ async def _swept_or_untaken(
         if local:
             # No heartbeat timeout: the workflow task it runs in stands for it, and a worker
             # that dies is noticed when that task times out (its retry reads the ledger).
-            return await workflow.execute_local_activity_method(
-                PurgeActivities.purge_target,
+            raw = await workflow.execute_local_activity(
+                PURGE_TARGET,
                 step,
                 start_to_close_timeout=TARGET_START_TO_CLOSE,
                 retry_policy=TARGET_RETRY,
                 summary=name,
+                result_type=dict,
             )
-        return await workflow.execute_activity_method(
-            PurgeActivities.purge_target,
-            step,
-            start_to_close_timeout=TARGET_START_TO_CLOSE,
-            heartbeat_timeout=TARGET_HEARTBEAT,
-            retry_policy=TARGET_RETRY,
-            summary=name,
-            **routed(route),
-        )
+        else:
+            raw = await workflow.execute_activity(
+                PURGE_TARGET,
+                step,
+                start_to_close_timeout=TARGET_START_TO_CLOSE,
+                heartbeat_timeout=TARGET_HEARTBEAT,
+                retry_policy=TARGET_RETRY,
+                summary=name,
+                result_type=dict,
+                **routed(route),
+            )
     except FailureError as err:
         if ends_run(err):
             raise
@@ -197,6 +204,9 @@ async def _swept_or_untaken(
         if isinstance(err, ActivityError) and _never_taken(err):
             return Untaken(failed)
         return counted(failed)
+    # Read leniently: a worker of a later release may send a status or a figure this release
+    # does not know, mid-deploy (activities.wire).
+    return read(PurgeSweep, raw)
 
 
 def counted(failed: FailedTarget) -> FailedTarget:
