@@ -59,12 +59,18 @@ class BatchedTarget(CountingTarget, Protocol):
         """The limits checked before its first delete."""
         ...
 
-    async def measure(self, now_ms: int) -> tuple[int, int]:
-        """(rows expired at `now_ms`, all rows), for the guards."""
+    def deadline(self, budget_ms: int | None = None) -> float:
+        """When a step begun now ends (a `time.monotonic()`): its own time budget from now, or
+        `budget_ms` where sooner. The guards' counts, a dry run's and the sweep end by it."""
         ...
 
-    async def preview(self, now_ms: int) -> SweepStats:
-        """What a sweep at `now_ms` would remove, removing nothing: for a dry run's report."""
+    async def measure(self, now_ms: int, *, deadline: float | None = None) -> tuple[int, int]:
+        """(rows expired at `now_ms`, all rows), for the guards, counted by `deadline`."""
+        ...
+
+    async def preview(self, now_ms: int, *, deadline: float | None = None) -> SweepStats:
+        """What a sweep at `now_ms` would remove, removing nothing: for a dry run's report,
+        counted by `deadline`."""
         ...
 
     async def sweep(

@@ -14,6 +14,7 @@ from temporalio.common import MetricCounter, MetricMeter
 
 from activities import metrics
 from activities.clock import check_now_ms
+from activities.engine.context import ms_left
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
 from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
 from activities.guards import check_clock, check_counts
@@ -100,10 +101,13 @@ class PurgeActivities:
             removed = await self._sweep_tables(target, step, sweep)
         elif isinstance(target, BatchedTarget):
             async with _heartbeating(_Beat(step.name)):
+                info = activity.info()
+                # The guards' counts and the dry run's end by one deadline, as a sweep does.
+                deadline = target.deadline(pass_budget_left(step.budget_ms, info))
                 # Refused where the sweep would be: a dry run that counted what a guard then
                 # refuses would promise a sweep that never comes.
-                sweep.unchecked_guards = await _guard(target, step, activity.info())
-                stats = await target.preview(step.now_ms)
+                sweep.unchecked_guards = await _guard(target, step, info, deadline)
+                stats = await target.preview(step.now_ms, deadline=deadline)
             removed = stats.removed
             sweep.take_figures(stats)
             sweep.strategy = "count"
@@ -138,17 +142,20 @@ class PurgeActivities:
         ledger = LedgerKey(
             info.workflow_id or "", info.workflow_run_id or "", step.name, step.now_ms
         )
+        # The guards' counts come out of the sweep's time: counted apart, they could take a
+        # whole time budget before the sweep took another, past the activity's start-to-close.
+        deadline = target.deadline(pass_budget_left(step.budget_ms, info))
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches:
                 # Before the first delete only: a resumed attempt already passed them.
-                sweep.unchecked_guards = await _guard(target, step, info)
+                sweep.unchecked_guards = await _guard(target, step, info, deadline)
             try:
                 stats = await target.sweep(
                     step.now_ms,
                     resume=resumed,
                     on_batch=beat.after_batch,
                     ledger=ledger,
-                    budget_ms=pass_budget_left(step.budget_ms, info),
+                    budget_ms=ms_left(deadline),
                 )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
@@ -329,9 +336,11 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def _guard(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> dict[str, str]:
-    """The target's guards: the clock against earlier passes', then its counts. Those that had
-    nothing to compare with, each with why."""
+async def _guard(
+    target: BatchedTarget, step: PurgeStep, info: activity.Info, deadline: float
+) -> dict[str, str]:
+    """The target's guards: the clock against earlier passes', then its counts, ending by
+    `deadline`. Those that had nothing to compare with, each with why."""
     guards = target.guards
     unchecked: dict[str, str] = {}
     if guards.max_clock_jump_ms is not None:
@@ -339,7 +348,7 @@ async def _guard(target: BatchedTarget, step: PurgeStep, info: activity.Info) ->
         if why is not None:
             unchecked["max_clock_jump"] = why
     if guards.counts:
-        expired, total = await target.measure(step.now_ms)
+        expired, total = await target.measure(step.now_ms, deadline=deadline)
         check_counts(step.name, guards, expired, total)
     return unchecked
 

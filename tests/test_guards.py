@@ -29,11 +29,12 @@ from activities.registry import TargetRegistry
 from activities.results import PurgeReport
 from activities.sweep import PurgeActivities
 from purge_config.file import parse_config
-from purge_config.settings import Guards
+from purge_config.settings import Guards, SweepSettings
 from purge_ops.runner import activity_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
+from tests.support.pace import budget_clock
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
@@ -211,6 +212,40 @@ async def test_clock_guard_passes_the_first_pass_on_a_queue_and_says_it_did_not_
     assert swept.unchecked_guards == {"max_clock_jump": unchecked(queue)}
     [line] = [r.getMessage() for r in caplog.records if "max_clock_jump" in r.getMessage()]
     assert line.startswith(f"purge target x_idempotency: max_clock_jump had {unchecked(queue)}")
+
+
+async def test_a_guards_count_comes_out_of_the_sweeps_time_budget(
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The guards' counts and the sweep end by one time budget: a count that took all of it
+    leaves the sweep none, which stops before its first batch and reports its backlog (it got
+    a whole budget of its own, so a guarded target over a large table could run past the
+    activity's start-to-close, and every retry count again). The count is made to take the
+    budget on a clock the test moves (`budget_clock`)."""
+    seed(db, real_now, expired=6, live=4)
+    clock = budget_clock(monkeypatch)
+    settings = SweepSettings(time_budget_ms=60_000)
+    target = kinds.idempotency(pool, guards=Guards(max_rows=100), settings=settings)
+    measure = target.measure
+
+    async def takes_the_budget(
+        now_ms: int, total: bool = True, *, deadline: float | None = None
+    ) -> tuple[int, int]:
+        counted = await measure(now_ms, total, deadline=deadline)
+        clock.spend(60)
+        return counted
+
+    monkeypatch.setattr(target, "measure", takes_the_budget)
+    swept = await activity_env().run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=real_now),
+    )
+
+    assert (swept.removed, swept.backlog) == (0, 6)
+    assert len(keys(db, "x_idempotency")) == 10
 
 
 async def test_guards_are_not_asked_again_by_a_resumed_attempt(

@@ -340,22 +340,25 @@ async def test_refuse_unindexed_children_fails_before_deleting(
     assert len(keys(db, "parent", "id")) == 10
 
 
-async def test_check_refuses_what_refuse_unindexed_children_would(
+async def test_check_and_a_dry_run_refuse_what_refuse_unindexed_children_would(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:
-    """`pg-purge check` says what a pass would refuse: under refuse_unindexed_children, an
-    unindexed child table too (it said ok, and the first pass refused it)."""
+    """`pg-purge check` and a dry run say what a pass would refuse: under
+    refuse_unindexed_children, an unindexed child table too (check said ok and a dry run
+    counted its rows, and the first pass refused it)."""
     parent_and_child(db, now_ms, indexed=False)
 
-    with (
-        pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing deleted"),
-        contract_errors(),
-    ):
-        await parent(pool, refuse=True).check(now_ms)
+    for asking in (parent(pool, refuse=True).check, parent(pool, refuse=True).preview):
+        with (
+            pytest.raises(BadPurgeTarget, match="refuse_unindexed_children is set: nothing del"),
+            contract_errors(),
+        ):
+            await asking(now_ms)
     advice = await parent(pool).check(now_ms)
 
-    # Without the setting, check passes it, saying the cascade.
+    # Without the setting, check passes it, saying the cascade, and a dry run counts its rows.
     assert any(a.startswith("parent: child references it ON DELETE CASCADE") for a in advice)
+    assert (await parent(pool).preview(now_ms)).removed == 5
     assert len(keys(db, "parent", "id")) == 10
 
 

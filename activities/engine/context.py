@@ -20,6 +20,12 @@ def ignore_batch(progress: Progress) -> None:
     return None
 
 
+def ms_left(deadline: float) -> int:
+    """What is left, in ms (0 once spent), of a time budget that ends at `deadline` (a
+    `time.monotonic()`, as `SweepContext.deadline_in` gives one)."""
+    return max(0, int((deadline - time.monotonic()) * 1000))
+
+
 @dataclass(frozen=True)
 class SweepContext:
     """What a sweep of one target carries from its first table to its last batch. Frozen:

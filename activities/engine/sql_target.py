@@ -13,7 +13,7 @@ from psycopg import AsyncConnection, sql
 from activities.engine import catalog
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.batch_sql import count_expired
-from activities.engine.context import SweepContext, ignore_batch, partition_action
+from activities.engine.context import SweepContext, ignore_batch, ms_left, partition_action
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.planning import planned
@@ -83,8 +83,6 @@ class SqlTarget:
         transaction, and the count starts from what the ledger holds: exact, whatever an earlier
         attempt's worker did before it died. Without the table, counts come from `resume`.
         """
-        own = self.settings.time_budget_ms
-        budget = own if budget_ms is None else min(own, budget_ms)
         ctx = SweepContext(
             target=self._name,
             now_ms=now_ms,
@@ -92,10 +90,18 @@ class SqlTarget:
             partitions=self.partitions,
             progress=resume or Progress(),
             on_batch=on_batch or ignore_batch,
-            deadline=SweepContext.deadline_in(budget),
+            deadline=self.deadline(budget_ms),
             ledger=Ledger(ledger) if ledger is not None else None,
         )
         return await TargetSweeper(self._access, self.rules, self._small).sweep(ctx)
+
+    def deadline(self, budget_ms: int | None = None) -> float:
+        """When a step of this target begun now must end: its own time budget from now, or
+        `budget_ms` (what is left of the pass's) where that is sooner. A guarded sweep's counts
+        and the sweep, or a dry run's counts, end by one such deadline: counted apart, each
+        could take the whole budget, and the step run past the activity's start-to-close."""
+        own = self.settings.time_budget_ms
+        return SweepContext.deadline_in(own if budget_ms is None else min(own, budget_ms))
 
     async def check(self, now_ms: int) -> list[str]:
         """What a pass at `now_ms` would refuse before its first delete (BadTable,
@@ -119,14 +125,18 @@ class SqlTarget:
         """How many rows `purge_expired(now_ms)` would delete now, deleting none."""
         return (await self.measure(now_ms, total=False))[0]
 
-    async def measure(self, now_ms: int, total: bool = True) -> tuple[int, int]:
+    async def measure(
+        self, now_ms: int, total: bool = True, *, deadline: float | None = None
+    ) -> tuple[int, int]:
         """(expired rows, all rows) over the target's tables, counted exactly in one read of
-        each table; all rows is 0 unless asked for."""
+        each table, every read ending by `deadline` (`self.deadline()`, its time budget from
+        now, if None); all rows is 0 unless asked for."""
+        deadline = self.deadline() if deadline is None else deadline
         expired = everything = 0
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
-                # A count reads what a whole sweep would: give it the sweep's time budget.
-                await self._access.set_timeouts(conn, self.settings.time_budget_ms)
+                # A count reads what a whole sweep would: it gets what is left of the budget.
+                await self._access.set_timeouts(conn, max(1, ms_left(deadline)))
                 pred = await self._access.bind(conn, rule, now_ms)
                 query = count_expired_and_all(pred) if total else count_expired(pred)
                 cur = await conn.execute(query, pred.params)
@@ -136,20 +146,22 @@ class SqlTarget:
                     everything += int(row[1]) if total else 0
         return expired, everything
 
-    async def preview(self, now_ms: int) -> SweepStats:
+    async def preview(self, now_ms: int, *, deadline: float | None = None) -> SweepStats:
         """What a sweep at `now_ms` would remove, changing nothing: every expired row (those of
         whole partitions included), and the partitions that would leave whole, with their rows.
         Refused as the sweep would be, before anything is counted: a table its rule does not
-        fit, and a role without the rights the sweep needs (`TableAccess.rights`: a sweep
-        meets a missing DELETE right only at its first DELETE, so a count alone would promise
-        rows a sweep cannot remove).
+        fit, and what each table's sweep refuses once reached (`TableAccess.refuse_table`: a
+        role without the rights the sweep needs, which a sweep meets only at its first DELETE,
+        so a count alone would promise rows a sweep cannot remove; inheritance children; an
+        unindexed child table under `refuse_unindexed_children`), as `check` does. Each
+        table's count ends by `deadline` (as `measure`'s).
         """
-        stats = SweepStats(advice=await self._access.check(self.rules, now_ms))
+        deadline = self.deadline() if deadline is None else deadline
+        stats = SweepStats(advice=await self._access.check(self.rules, now_ms, sweeping=True))
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
-                await self._access.set_timeouts(conn, self.settings.time_budget_ms)
+                await self._access.set_timeouts(conn, max(1, ms_left(deadline)))
                 pred = await self._access.bind(conn, rule, now_ms)
-                await self._access.rights(conn, rule)
                 stats.advice += await _plan_checks(conn, pred)
                 cur = await conn.execute(count_expired(pred), pred.params)
                 row = await cur.fetchone()
