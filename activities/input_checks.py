@@ -17,7 +17,7 @@ from typing import Any
 from activities.clock import check_now_ms
 from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.inputs import PurgeInput, PurgeStep
-from purge_config.fleet import DATABASE_NAME, MAX_TARGETS_PER_PASS
+from purge_config.fleet import DATABASE_NAME, MAX_BUDGET_MS, MAX_TARGETS_PER_PASS
 from purge_config.names import QUEUE_NAME, STEP_NAME
 
 #: The keys a workflow input may have.
@@ -44,8 +44,6 @@ STEP_KEYS = ("name", "now_ms", "dry_run", "budget_ms", "format")
 #: Temporal retries) instead of refusing it as a bad input, which would fail the pass mid-deploy.
 #: No sender of this release writes `format`: a release before it would refuse the key.
 FORMAT = 1
-#: A pass's budget is at most a day: any longer is a unit mistake.
-MAX_BUDGET_MS = 86_400_000
 
 
 def parse_input(raw: object) -> PurgeInput:

@@ -38,6 +38,9 @@ DEFAULT_MAX_PER_DATABASE = 1
 DEFAULT_BUDGET_MS = 50 * 60_000
 #: A pass this short cannot even schedule its first activities.
 MIN_BUDGET_MS = 10_000
+#: A pass's budget is at most a day: any longer is a unit mistake (the workflow's input refuses
+#: it too, `activities.input_checks`).
+MAX_BUDGET_MS = 86_400_000
 
 _DATABASE_KEYS = frozenset({"url", "url_env", "task_queue"})
 _PASS_KEYS = frozenset({"max_concurrent", "max_per_database", "budget", "worker_wait"})
@@ -164,6 +167,8 @@ def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
         budget = read_duration(where, "pass.budget", raw, "budget")
         if budget < MIN_BUDGET_MS:
             raise ConfigError(f"{where}: pass.budget: at least 10s, got {raw['budget']!r}")
+        if budget > MAX_BUDGET_MS:
+            raise ConfigError(f"{where}: pass.budget: at most 1d, got {raw['budget']!r}")
         if period_ms is not None and budget >= period_ms:
             raise ConfigError(
                 f"{where}: pass.budget: must end before the schedule fires again (every "

@@ -5,11 +5,16 @@ child of a spread pass) completes and reports it, where Temporal's strict decodi
 workflow task on every retry and the pass stood still until its timeout. A child's input of a
 later release's format waits for a worker of that release instead.
 
+Also what only the spread pass's workflow knows failed (a pattern's expansion, a child lost as
+a whole) reaching the failures metric, with the same stand-ins.
+
 Tests of the workflow: the activities are stand-ins, returning what a later release would."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import urllib.request
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -17,11 +22,19 @@ from typing import Any
 from temporalio import activity
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
+from activities.errors import BadPurgeTarget
+from activities.registry import TargetRegistry
+from purge_ops.connect import connect_temporal
+from purge_ops.ports import free_ports
+from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.history import child_ids, events, kinds
-from tests.support.passes import FAIL_WITHIN_S, until_polled
+from tests.support.passes import FAIL_WITHIN_S, failed_pass, until_polled
+from tests.support.probes import samples
+from tests.support.servers import RunningTemporal
 
 #: Sent by the stand-in for a later release's worker: a status, a figure whose type changed,
 #: one it may leave null, and a key this release has never seen.
@@ -38,6 +51,14 @@ async def later_page(step: Any) -> dict[str, Any]:
     return {"name": step["name"], "matches": ["p@a", "p@b"], "more": False, "next": True}
 
 
+@activity.defn(name="expand_pattern")
+async def unknown_or_later_page(step: Any) -> dict[str, Any]:
+    """`later_page`'s for pattern `p`, and a refusal for any other (no worker knows it)."""
+    if step["name"] != "p":
+        raise BadPurgeTarget(f"no table pattern named {step['name']!r} on this worker")
+    return await later_page(step)
+
+
 async def task_failure(client: Client, workflow_id: str) -> str | None:
     """The first workflow task failure in the pass's history or its children's, if any."""
     history = await events(client, workflow_id)
@@ -46,6 +67,16 @@ async def task_failure(client: Client, workflow_id: str) -> str | None:
             if event.HasField("workflow_task_failed_event_attributes"):
                 return f"{run}: {event.workflow_task_failed_event_attributes.failure.message}"
     return None
+
+
+async def started_children(client: Client, workflow_id: str) -> list[str]:
+    """The ids of the children the pass has started, once it has started one."""
+    async with asyncio.timeout(FAIL_WITHIN_S):
+        while True:
+            with contextlib.suppress(RPCError):  # the pass itself not started yet
+                if children := child_ids(await events(client, workflow_id)):
+                    return children
+            await asyncio.sleep(0.05)
 
 
 async def completed(client: Client, task_queue: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -141,3 +172,52 @@ async def test_a_childs_input_of_a_later_format_waits_for_a_worker_of_that_relea
     assert "ChunkInput of format 2, from a later release" in failed
     assert described.status == WorkflowExecutionStatus.RUNNING  # left, not failed
     assert "ACTIVITY_TASK_SCHEDULED" not in kinds(await events(harness.client, workflow_id))
+
+
+async def test_a_failed_expansion_and_a_failed_child_count_in_the_failures_metric(
+    harness: Harness, temporal_server: RunningTemporal
+) -> None:
+    """`purge_target_failures` (what `PurgeTargetFailing` alerts on) counts a spread pass's
+    pattern whose expansion failed and each target of a child that failed as a whole, as it
+    counts a target whose own sweep failed. (A test of the workflow: the expansion is a
+    stand-in, and the child's one sweep waits until the test has terminated the child.)"""
+    own = f"{harness.task_queue}:0123456789ab"
+    held = asyncio.Event()
+
+    @activity.defn(name="purge_target")
+    async def held_sweep(step: Any) -> None:
+        await held.wait()
+
+    request = {
+        "targets": ["p", "nowhere"],
+        "patterns": ["p", "nowhere"],
+        "databases": {"p": "_default", "nowhere": "_default"},
+        "queues": {"_default": own},
+    }
+    [port] = free_ports(1)
+    metered = await connect_temporal(temporal_server.address, metrics=f"127.0.0.1:{port}")
+    workflow_id = f"purge-later-{uuid.uuid4()}"
+    stand_ins = [held_sweep, unknown_or_later_page]
+    async with (
+        new_worker(metered, TargetRegistry([]), harness.task_queue),
+        Worker(harness.client, task_queue=own, activities=stand_ins),
+    ):
+        failing = asyncio.ensure_future(
+            failed_pass(harness.client, harness.task_queue, request, workflow_id)
+        )
+        children = await started_children(harness.client, workflow_id)
+        await harness.client.get_workflow_handle(children[0]).terminate("test: a child lost")
+        error = await failing
+        held.set()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+            page = samples(reply.read().decode())
+
+    failed = {f["name"]: f["message"] for f in error.details[0]["failed"]}
+    assert sorted(failed) == ["nowhere", "p@a", "p@b"]
+    assert failed["p@a"].startswith("child failed")
+    # Summed by target, as the alert rule sums them: the child showed its sweeps' series at 0
+    # under its own workflow type, the pass counts the failure under its own.
+    for target in failed:
+        series = page.get("purge_target_failures", [])
+        found = [v for labels, v in series if labels["target"] == target]
+        assert sum(found) == 1, (target, series)

@@ -18,9 +18,10 @@ with workflow.unsafe.imports_passed_through():
     import activities.spread_steps  # noqa: F401
     from activities.clock import epoch_ms
     from activities.errors import BadPurgeInput, DuplicatePurgeTarget, PurgeTargetsFailed
-    from activities.input_checks import MAX_BUDGET_MS, duplicate_names, parse_input
+    from activities.input_checks import duplicate_names, parse_input
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PurgeReport, PurgeSweep
+    from purge_config.fleet import MAX_BUDGET_MS
     from workflows.outcome_attributes import record_outcome
     from workflows.spread import (
         DEFAULT_MAX_CONCURRENT,

@@ -24,16 +24,25 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, FailureErro
 with workflow.unsafe.imports_passed_through():
     from activities.clock import epoch_ms
     from activities.errors import DuplicatePurgeTarget, PurgeTargetsFailed, failure_of
-    from activities.input_checks import MAX_BUDGET_MS, duplicate_names
+    from activities.input_checks import duplicate_names
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PatternLine, PurgeReport
     from activities.routing import Route
     from activities.spread_steps import ChunkInput, ChunkReport, PatternStep
     from activities.sweep import PurgeActivities
     from activities.wire import read
+    from purge_config.fleet import MAX_BUDGET_MS
     from workflows.chunk import CHUNK_WORKFLOW
     from workflows.outcome_attributes import record_outcome
-    from workflows.steps import TARGET_RETRY, ends_run, not_tried, routed, skipped, unpolled
+    from workflows.steps import (
+        TARGET_RETRY,
+        counted,
+        ends_run,
+        not_tried,
+        routed,
+        skipped,
+        unpolled,
+    )
 
 #: Up to this many targets, and with no pattern, a pass sweeps its targets itself, as the first
 #: rounds did (500 was the most an input could list then); a larger pass, or one with a pattern,
@@ -110,7 +119,7 @@ async def spread_pass(order: PurgeInput, now_ms: int) -> PurgeReport:
                 entries += found.names
                 small |= found.small
             else:
-                entries.append(found)
+                entries.append(counted(found))
                 _note_unpolled(found, route, unpolled_queues)
         else:
             entries.append(name)
@@ -361,7 +370,7 @@ def _merge_child(
         message = cause.message if isinstance(cause, FailureError) else str(err)
         for i, name in enumerate(chunk.targets):
             failed = FailedTarget(name=name, type=kind, message=f"child failed: {message}")
-            report.add(chunk.first + i, failed, patterns)
+            report.add(chunk.first + i, counted(failed), patterns)
 
 
 def _finish(
