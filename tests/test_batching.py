@@ -12,10 +12,11 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
@@ -518,8 +519,8 @@ async def test_a_backlog_count_that_runs_out_of_time_is_the_plans_estimate_and_s
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An index sweep out of time whose count of the rows left outlasts the count's own
-    timeout (here, waiting for a lock another session holds) reports the planner's estimate
-    less the rows it removed, flagged as an estimate."""
+    timeout (here, waiting for a lock another session holds until the count has returned)
+    reports the planner's estimate less the rows it removed, flagged as an estimate."""
     fixed_batches(monkeypatch, rows=200)
     fill_idempotency(db, 20_000, expired_every=10)  # 10%, indexed: by index
     analyze(db, "x_idempotency")
@@ -547,26 +548,47 @@ async def test_a_backlog_count_that_runs_out_of_time_is_the_plans_estimate_and_s
             holder.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
             clock.spend(3_600)
 
-    def waiting() -> list[str]:
-        rows = db.execute(
-            "SELECT a.query FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
-            " WHERE NOT l.granted AND l.relation = 'x_idempotency'::regclass"
-        ).fetchall()
-        return [str(row[0]) for row in rows]
+    # The lock held for the whole count, let go only once it has returned: it cannot finish
+    # in time, whenever the test looks, and how it gave up is seen, not guessed from a poll.
+    counted: list[batching.Backlog] = []
+    gave_up: list[BaseException] = []
+    count_left = batching.count_left
 
+    class Watched:
+        """The sweep's connection for the count, keeping the error a statement ends with."""
+
+        def __init__(self, conn: AsyncConnection[Any]) -> None:
+            self.conn = conn
+
+        def transaction(self) -> Any:
+            return self.conn.transaction()
+
+        async def execute(self, *args: Any) -> Any:
+            try:
+                return await self.conn.execute(*args)
+            except psycopg.Error as err:
+                gave_up.append(err)
+                raise
+
+    async def count_behind_the_lock(conn: AsyncConnection[Any], *args: Any) -> batching.Backlog:
+        backlog = await count_left(cast(AsyncConnection[Any], Watched(conn)), *args)
+        holder.commit()
+        counted.append(backlog)
+        return backlog
+
+    monkeypatch.setattr(batching, "count_left", count_behind_the_lock)
     try:
         target = kinds.idempotency(pool, settings=settings)
-        sweeping = asyncio.create_task(target.sweep(NOW, on_batch=lock_and_spend_the_budget))
-        while not any(q.startswith("SELECT count(*)") for q in waiting()):
-            assert not sweeping.done(), "the sweep never counted what it left"
-            await asyncio.sleep(0.01)
-        while any(q.startswith("SELECT count(*)") for q in waiting()):
-            await asyncio.sleep(0.01)  # until the count's own timeout cancels it
-        holder.commit()
-        stats = await sweeping
+        stats = await target.sweep(NOW, on_batch=lock_and_spend_the_budget)
     finally:
         holder.close()
 
+    assert counted, "the sweep never counted what it left"
+    # Cancelled by its own timeout (COUNT_LEFT_MS), not the lock timeout's three times it.
+    [err] = gave_up
+    assert isinstance(err, psycopg.errors.QueryCanceled), err
+    assert "statement timeout" in str(err), err
+    assert counted == [(planned - 200, True)]
     assert (stats.strategy, stats.removed) == ("index", 200)
     assert stats.backlog == planned - 200 < expired_left(db) == expired - 200
     assert stats.backlog_estimated is True

@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -17,13 +18,14 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine import pacing
 from activities.engine.pacing import Pacer
 from activities.schema import reference_ddl
 from purge_config import parse_config
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE
-from tests.support.pace import fixed_batches
+from tests.support.pace import HandClock, fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
 from tests.support.servers import cluster_template, running_postgres, scratch_dir
 
@@ -61,6 +63,24 @@ def in_four_batches(db: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
     fixed_batches(monkeypatch, pages=-(-pages // 4))
 
 
+def batches_take_no_time(monkeypatch: pytest.MonkeyPatch) -> HandClock:
+    """The clock the pacer reads (`activities.engine.pacing`) moved on only by its own pauses:
+    on it every batch takes no time, so each batch's WAL is ahead of the cap by all of its
+    time at the cap, and the pacer pauses before the next batch for that long, however slow the
+    machine. On the real clock a batch slower than its WAL's time at the cap needs no pause
+    (a loaded machine's), and a test of the pause would then find none."""
+    clock = HandClock()
+    monkeypatch.setattr(pacing, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    sleep = Pacer._sleep
+
+    async def paused(pacer: Pacer, seconds: float) -> None:
+        clock.spend(seconds)
+        await sleep(pacer, seconds)
+
+    monkeypatch.setattr(Pacer, "_sleep", paused)
+    return clock
+
+
 async def paced_sweep(
     pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], **sweep: str
 ) -> tuple[Any, int, float]:
@@ -92,10 +112,13 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     """A quick check on a small sweep (the slow suite holds one of 200 MB to 20%): capped at
     256kB/s, the sweep makes its WAL no faster than that, but for its last batch, which nothing
     waits after. Every batch is a quarter of the table's pages, however fast the machine, so
-    the last is a quarter of the WAL and the cap acts for about 1.5 s."""
+    the last is a quarter of the WAL; and on the pacer's clock every batch takes no time
+    (`batches_take_no_time`), so however slow the machine the cap pauses the sweep before each
+    batch after the first, about 1.7 s in all."""
     with psycopg.connect(quiet_server.url(), autocommit=True) as db:
         expired = fill(db, 20_000)
         in_four_batches(db, monkeypatch)
+        batches_take_no_time(monkeypatch)
         pool = await open_pool(quiet_server.url())
         try:
             stats, written, took = await paced_sweep(pool, db, max_wal_rate="256kB/s")
@@ -105,7 +128,7 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     assert stats.removed == expired
     assert stats.batches == 4
     assert written > 400 * 1024  # three batches' WAL at the cap take over a second
-    assert stats.paused_s > 0  # the cap acted (how long depends on how fast the batches ran)
+    assert stats.paused_s > 0  # the cap acted
     before_last = written * 3 / 4
     assert before_last / took <= 256 * 1024 * 1.2, (written, took)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -105,6 +106,27 @@ async def logged_pool(
 _STATEMENT = re.compile(r" LOG:  (?:statement|execute [^:]*): (.*)")
 
 
+async def logged_until_a_marker(server: EmbeddedPostgres, url: str, offset: int) -> list[str]:
+    """The lines of `server`'s log from `offset` up to a marker statement sent after them from
+    a session of its own: once its line is there, so is every line logged before it was sent
+    (each statement is logged as the server receives it, before its reply), however long the
+    server takes to write them. (A bound only to fail rather than hang: the line is written
+    before the marker's reply, and found at the first read.)"""
+    marker = f"marker {uuid.uuid4().hex}"
+    options = "-c log_statement=all"
+    with psycopg.connect(make_conninfo(url, options=options), autocommit=True) as conn:
+        conn.execute(sql.SQL("SELECT {}").format(sql.Literal(marker)))
+    for _ in range(6_000):
+        with server.log_path.open("rb") as log:
+            log.seek(offset)
+            lines = log.read().decode(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if marker in line:
+                return lines[:i]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the server never logged {marker!r}")
+
+
 async def test_a_small_timestamp_table_over_a_local_time_zone_is_said_as_a_listed_one_is(
     db: psycopg.Connection[Any], pg_url: str, schema: str, real_now: int
 ) -> None:
@@ -158,11 +180,9 @@ async def test_a_small_table_costs_six_statements_as_the_server_counts_them(
 
         swept, beats = await sweep(targets, match(prefix, 2), real_now, workflow_run_id=run_id)
 
-        await asyncio.sleep(0.2)  # the server's log is written beside its replies
-        with pg_server.log_path.open("rb") as log:
-            log.seek(offset)
-            lines = log.read().decode(errors="replace").splitlines()
+        lines = await logged_until_a_marker(pg_server, pg_url, offset)
         sent = [m[1][:90] for m in map(_STATEMENT.search, lines) if m]
+        assert sent, "the server logged none of the sweep's statements"
         assert len(sent) <= STATEMENTS, "\n".join(sent)
         assert (swept.removed, swept.strategy, swept.lower_bound) == (2, "single", False)
         assert counts(conn, prefix, real_now, range(1, 3)) == {

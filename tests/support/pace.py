@@ -44,14 +44,19 @@ def fixed_batches(monkeypatch: pytest.MonkeyPatch, *, pages: int = 8, rows: int 
 
 
 class HandClock:
-    """`time.monotonic()` moved on by hand: `patch` puts it where a module reads its clock, and
-    `spend` makes time pass there at once, the moment a test chooses."""
+    """A `time.monotonic()` that stands still but when moved on by hand: a test puts
+    `monotonic` where a module reads its clock, and `spend` makes time pass there at once, the
+    moment the test chooses. It starts at the real clock's reading, and real time never moves
+    it: a budget read by it is spent by the test alone, not by a busy machine's connecting,
+    planning and locking (a one-second budget on a clock that was the real one plus what the
+    test spent could run out before a slow machine's first batch)."""
 
     def __init__(self) -> None:
+        self.start = time.monotonic()
         self.ahead = 0.0
 
     def monotonic(self) -> float:
-        return time.monotonic() + self.ahead
+        return self.start + self.ahead
 
     def spend(self, seconds: float) -> None:
         """`seconds` gone by, at once, for everything that reads this clock."""
@@ -60,9 +65,10 @@ class HandClock:
 
 def budget_clock(monkeypatch: pytest.MonkeyPatch) -> HandClock:
     """The clock sweeps read their time budget by (`activities.engine.context`), moved on by
-    hand: a test gives a sweep a budget it cannot spend on its own, then spends it at the
-    moment it chooses (the sweep held at a locked row, say), where a short real budget could
-    run out before a slow machine's sweep got there."""
+    hand only (`HandClock`): a sweep's budget, however short (the config's smallest, 1s), is
+    never spent on its own; the test spends it at the moment it chooses (the sweep held at a
+    locked row, say), where a short real budget could run out before a slow machine's sweep
+    got there. A budget of 0 is spent from the start."""
     clock = HandClock()
     monkeypatch.setattr(context, "time", types.SimpleNamespace(monotonic=clock.monotonic))
     return clock
