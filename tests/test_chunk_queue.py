@@ -6,9 +6,9 @@ pass completes either way (real Temporal, real PostgreSQL)."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType, TaskQueueType
@@ -16,6 +16,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner
 
 from activities.builtin_kinds import build_registry
+from activities.spread_steps import ChunkInput
 from activities.sweep import PurgeActivities
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
@@ -115,21 +116,36 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
 ) -> None:
     """The own queue's worker read the pattern's matches and said it runs children, then left
     that queue's workflows (here: it polls activities only, as a worker whose workflow poller
-    is gone): the child placed there is never taken. Its execution timeout, the pass's deadline
-    and CHUNK_GRACE, ends it: the pass reports every match failed as `child failed`, deletes
-    nothing, and ends. The bound is made short (a pass of 5 s, a grace of 1 s; workflows run
-    outside the sandbox, which would import the module's own 30 minutes afresh); the
-    time-skipping server cannot stand in, since it does not skip while a workflow task waits
-    for a worker."""
-    monkeypatch.setattr(spread, "CHUNK_GRACE", timedelta(seconds=1))
+    is gone): the child placed there is never taken. Its execution timeout, what is left of the
+    pass's budget and CHUNK_GRACE, ends it: the pass reports every match failed as `child
+    failed`, deletes nothing, and ends.
+
+    The bound the workflow gives the child is checked as a value: no more than the budget and
+    CHUNK_GRACE, no less than the grace. The server then runs a bound the test shortens to a
+    second, so the pass ends at once; the budget is the config's (50 minutes), which no machine
+    spends before the child is placed (a budget of seconds, short enough to wait out, could run
+    out first on a loaded machine, and the matches would come back `skipped`). The workflows
+    run outside the sandbox, so the test's hold on the options the workflow places the child
+    with reaches them; the time-skipping server cannot stand in, since it does not skip while
+    a workflow task waits for a worker."""
+    placed_with: list[timedelta] = []
+    placed = spread._placed
+
+    def shortened(chunk: ChunkInput, chunk_queues: set[str]) -> dict[str, Any]:
+        options = placed(chunk, chunk_queues)
+        if "execution_timeout" in options:
+            placed_with.append(options["execution_timeout"])
+            options = {**options, "execution_timeout": CHILD_ENDS_AFTER}
+        return options
+
+    monkeypatch.setattr(spread, "_placed", shortened)
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
         before = counts(conn, prefix, harness.now_ms)
         config = harness.adopt(pattern_config(prefix))
-        config = dataclasses.replace(
-            config, limits=dataclasses.replace(config.limits, budget_ms=5_000)
-        )
+        budget = timedelta(milliseconds=config.limits.budget_ms)
+        assert budget >= timedelta(minutes=10), budget
         assert config.own_queue is not None
         registry = build_registry(config, harness.pool)
         said_so = PurgeActivities(registry, runs_chunks=True)
@@ -142,8 +158,7 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
             workflow_runner=UnsandboxedWorkflowRunner(),
         )
         async with central, regional:
-            # Both polling before the pass starts: its 5 s go to the pass's own steps (the
-            # expansion, the child's placement), not to a worker's first poll.
+            # Both polling before the pass starts: the expansion is taken at once.
             await until_polled(
                 harness.client, harness.task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
             )
@@ -155,6 +170,9 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
             )
         left = counts(conn, prefix, harness.now_ms)
 
+    # Bounded by what was left of the budget at the child's start, and the grace past it.
+    [bound] = placed_with
+    assert spread.CHUNK_GRACE < bound <= budget + spread.CHUNK_GRACE, bound
     report = failure.details[0]
     assert report["swept"] == []
     assert len(report["failed"]) == TENANTS, report["failed"]
@@ -166,3 +184,8 @@ async def test_a_child_whose_queue_lost_its_workers_fails_its_targets_at_its_bou
         await child_runs(harness.client, await events(harness.client, workflow_id))
     ).values()
     assert child[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_TIMED_OUT
+
+
+#: The child's execution timeout as the server runs it in the test of a child no worker takes:
+#: ended by the server, at once, whatever the machine.
+CHILD_ENDS_AFTER = timedelta(seconds=1)

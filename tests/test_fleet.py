@@ -4,6 +4,7 @@ pass, and never two sweeps of one table at a time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import subprocess
@@ -19,6 +20,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
@@ -57,10 +60,15 @@ NOW = PAST_NOW
 
 class Sleeper:
     """A target that takes `seconds` and records how many sweeps overlap, overall and per
-    database (its workflow test needs no table)."""
+    database (its workflow test needs no table). Where a test sets `meet`, the first `meet`
+    sweeps to start each wait (up to MEET_WITHIN) until all of them have started: sweeps the
+    pass starts together then overlap however slowly the worker starts them."""
 
     running: ClassVar[Counter[str]] = Counter()
     most: ClassVar[Counter[str]] = Counter()
+    meet: ClassVar[int] = 0
+    started: ClassVar[int] = 0
+    met: ClassVar[asyncio.Event] = asyncio.Event()
 
     def __init__(self, name: str, database: str, seconds: float) -> None:
         self.name, self.database, self.seconds = name, database, seconds
@@ -71,6 +79,14 @@ class Sleeper:
             cls.running[key] += 1
             cls.most[key] = max(cls.most[key], cls.running[key])
         try:
+            cls.started += 1
+            if cls.started == cls.meet:
+                cls.met.set()
+            if cls.started <= cls.meet:
+                # Bounded only so that a pass that never starts them together fails the test
+                # (its `most` short) instead of hanging it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cls.met.wait(), MEET_WITHIN)
             await asyncio.sleep(self.seconds)
         finally:
             for key in ("*", self.database):
@@ -78,9 +94,15 @@ class Sleeper:
         return len(self.name)
 
 
+#: How long the first sweeps wait for each other (seconds): only the end of a test whose pass
+#: never starts them together.
+MEET_WITHIN = 60.0
+
+
 @pytest.fixture
 def sleepers() -> type[Sleeper]:
     Sleeper.running, Sleeper.most = Counter(), Counter()
+    Sleeper.meet, Sleeper.started, Sleeper.met = 0, 0, asyncio.Event()
     return Sleeper
 
 
@@ -90,6 +112,9 @@ async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in
 ) -> None:
     layout = {"a1": "db1", "a2": "db1", "b1": "db2", "b2": "db2", "c1": "", "c2": "", "b3": "db2"}
     targets = [Sleeper(name, db, 0.4) for name, db in layout.items()]
+    # The two the pass starts first (a1 and b1, on two databases) overlap on any machine: each
+    # waits until the other has started. The limits are what keeps any third from joining them.
+    sleepers.meet = 2
     request = {
         "targets": list(layout),
         "max_concurrent": 2,
@@ -201,7 +226,12 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
     taken within worker_wait, though the queue's one worker is only busy. It is held, then sent
     again once the first is done (a worker took an activity of its queue since it was sent):
     both tables swept, nothing failed. (Before BUSY_RESENT it failed as NoPurgeWorker, and the
-    queue's later targets with it.)"""
+    queue's later targets with it.)
+
+    The resent sweep is taken at once by a poll already waiting on the server: a second worker
+    of the queue, started once the first timeout is in and listed before the rows are let go.
+    The busy worker's own poll, sent once its slot frees, may reach the server after the resend
+    and, on a stalled machine, worker_wait after it: the resend would then fail as not taken."""
     tables = ["held_0", "held_1"]
     for table in tables:
         harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
@@ -211,8 +241,8 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
         )
     config = parse_config(
         {"database_url": harness.url, "task_queue": harness.task_queue,
-         # 3 s, not 1: the resent sweep must be taken within it too, by a worker whose one
-         # slot was freed a moment before; a stall of that long on a loaded machine is rare.
+         # 3 s, not 1: the resent sweep is taken within it too, from a poll that waits on
+         # the server by then; a margin for the server's own dispatch.
          "pass": {"max_concurrent": 2, "max_per_database": 2, "worker_wait": "3s"},
          # Each sweep waits on its held row as long as the test holds it, not 2 s.
          "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at",
@@ -226,6 +256,7 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
     worker = asyncio.create_task(
         runner.run_worker(config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1)
     )
+    running = contextlib.AsyncExitStack()
     try:
         await until_polled(harness.client, config.own_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
         with row_locked(harness.url, tables[0], "k1"), row_locked(harness.url, tables[1], "k1"):
@@ -239,8 +270,16 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
                 ):
                     assert not worker.done(), f"the worker stopped: {worker.exception()!r}"
                     await asyncio.sleep(0.05)
+            # A poll waiting for the resend before the first sweep can end and send it.
+            spare = f"spare-{uuid.uuid4()}"
+            registry = kinds.build_registry(config, harness.pool)
+            await running.enter_async_context(
+                activity_worker(harness.client, registry, config.own_queue, identity=spare)
+            )
+            await until_polled_by(harness.client, config.own_queue, spare)
         result = await asyncio.wait_for(handle.result(), 60)
     finally:
+        await running.aclose()
         stop.set()
         await worker
 
@@ -254,6 +293,22 @@ async def test_a_sweep_not_taken_behind_a_busy_worker_is_sent_again_not_failed(
     # The new shape replays on this release's workflows (its patch marker among its events).
     recorded = await harness.client.get_workflow_handle(workflow_id).fetch_history()
     await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(recorded)
+
+
+async def until_polled_by(client: Client, queue: str, identity: str) -> None:
+    """Returns once the worker `identity`'s poll of `queue`'s activities reached the server
+    (within a minute): a task put there from then on is taken at once."""
+    request = DescribeTaskQueueRequest(
+        namespace=client.namespace,
+        task_queue=TaskQueue(name=queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    )
+    async with asyncio.timeout(60):
+        while not any(
+            poller.identity == identity
+            for poller in (await client.workflow_service.describe_task_queue(request)).pollers
+        ):
+            await asyncio.sleep(0.05)
 
 
 def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
@@ -548,6 +603,12 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         "budget past the period": (
             {"pass": {"budget": "1h"}},
             "pass.budget: must end before the schedule fires again (every 1h)",
+        ),
+        # A weekly schedule: the workflow's input refuses a budget over a day, so the config
+        # does, where `check` reads it, not `run` after connecting.
+        "budget over a day": (
+            {"pass": {"budget": "2d"}, "schedule": {"cron": "0 3 * * 0"}},
+            "pass.budget: at most 1d, got '2d'",
         ),
     }
     for label, (extra, expected) in cases.items():

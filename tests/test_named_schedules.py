@@ -24,7 +24,7 @@ from purge_config.errors import ConfigError
 from purge_config.file import load_config
 from purge_ops.schedule import fingerprint
 from tests.conftest import Harness
-from tests.support.passes import listed, quiet_cron, run_pass
+from tests.support.passes import LISTING_WAIT_S, listed, quiet_cron, run_pass
 from tests.support.procs import clean_env, run_main, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -311,11 +311,14 @@ async def test_a_schedule_dropped_from_the_config_is_said_to_be_left_behind(
         worker_config(path, harness.url, harness.task_queue, old)
         first = await asyncio.to_thread(run_main, "schedule", "--config", str(path), env=env)
         worker_config(path, harness.url, harness.task_queue, _schedules(hot_id, daily_id) + TARGETS)
-        said = ""
-        for _ in range(100):  # the list of schedules is a visibility read: it may lag a moment
+        # The list of schedules is a visibility read: it lags, seconds on a loaded machine.
+        # Asked again until it lists the old one, as `listed` waits (LISTING_WAIT_S), not a
+        # number of tries whatever they take.
+        deadline = asyncio.get_running_loop().time() + LISTING_WAIT_S
+        while True:
             second = await asyncio.to_thread(run_main, "schedule", "--config", str(path), env=env)
             said = second.stdout
-            if "left behind" in said:
+            if "left behind" in said or asyncio.get_running_loop().time() > deadline:
                 break
             await asyncio.sleep(0.1)
         described = await harness.client.get_schedule_handle(old_id).describe()

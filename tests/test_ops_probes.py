@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from purge_config.file import load_config
 from purge_ops import probes as probing
+from purge_ops import runner
 from purge_ops.connect import APPLICATION_NAME
 from purge_ops.ports import free_ports
 from purge_ops.probes import Health, ProbeServer, loopback_port
@@ -29,6 +30,24 @@ from tests.support.servers import RunningTemporal, running_temporal
 
 SESSIONS = '[[targets]]\nkind = "idempotency"\n'
 PASSWORD = "s3cret-never-shown"
+
+
+#: The readiness limit of these tests' workers: they are about what /readyz names, not about
+#: READY_WITHIN (2 s), which a new connection or describe_namespace on a loaded machine can
+#: outlast. The limit itself is tested where the slowness is made to happen
+#: (`test_readyz_names_a_database_that_answers_nothing_within_its_limit`).
+PATIENT = 30.0
+
+
+@pytest.fixture(autouse=True)
+def patient_readiness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker `run_worker` starts here checks its readiness within PATIENT seconds."""
+
+    def patient(*args: Any, **kwargs: Any) -> Health:
+        kwargs.setdefault("ready_within", PATIENT)
+        return Health(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "Health", patient)
 
 
 def closed_port() -> int:
@@ -219,7 +238,9 @@ async def test_a_flood_of_readyz_probes_costs_a_database_one_connection_a_second
 
     monkeypatch.setattr(psycopg.AsyncConnection, "connect", counting)
     real = new_worker(client, TargetRegistry([]), task_queue)
-    health = Health(databases={"default": schema_url}, client=client, workers=[real])
+    health = Health(
+        databases={"default": schema_url}, client=client, workers=[real], ready_within=PATIENT
+    )
     async with real:
         async with asyncio.timeout(30):
             while await health.ready() == "starting":
@@ -235,6 +256,32 @@ async def test_a_flood_of_readyz_probes_costs_a_database_one_connection_a_second
         now[0] += probing.READY_REUSE  # a second and a half after that check
         assert await health.ready() is None
         assert len(opened) == 2
+
+
+async def test_readyz_names_a_database_that_answers_nothing_within_its_limit(
+    client: Client, task_queue: str
+) -> None:
+    """A database that takes the connection and never says a word (a socket listening, never
+    accepting: the kernel completes the handshake) is named with the limit it did not answer
+    within, however quick or slow the machine: the silence is certain, not a slow server's."""
+    from activities.registry import TargetRegistry
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"postgresql://purge:{PASSWORD}@127.0.0.1:{silent.getsockname()[1]}/app"
+        real = new_worker(client, TargetRegistry([]), task_queue)
+        # Half a second: psycopg's own connect_timeout (at least 1 s) cannot end it first.
+        health = Health(databases={"eu": url}, client=client, workers=[real], ready_within=0.5)
+        async with real:
+            async with asyncio.timeout(30):
+                while (reason := await health.ready()) == "starting":
+                    await asyncio.sleep(0.01)
+
+    # Temporal may or may not have answered within half a second: only the database is certain.
+    assert reason is not None
+    assert "database eu did not answer within 0.5 s" in reason.split("; "), reason
+    assert PASSWORD not in reason
 
 
 @pytest.mark.waits

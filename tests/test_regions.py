@@ -269,7 +269,12 @@ async def test_a_region_without_a_worker_fails_alone_naming_its_queue_then_is_sw
         await us.start()
         # The queue the failure named is the one the right worker says at start it polls.
         assert f"also polling task queue {config.routed_queues['us']!r}" in caplog.text
-        result = await run_pass(client, task_queue, config.pass_input())
+        # Both queues polled, so this pass's worker_wait is the config's own (5 minutes): 2 s
+        # would ask eu's worker to poll again within them after its sweep of the first pass,
+        # which a loaded machine can miss (a NoPurgeWorker of nothing this test is about).
+        again = full_config(task_queue)
+        assert again.routed_queues == config.routed_queues
+        result = await run_pass(client, task_queue, again.pass_input())
     finally:
         await eu.stop()
         await us.stop()
@@ -335,7 +340,12 @@ async def test_a_worker_without_every_url_of_a_shared_queue_polls_none_of_it(
         tasks.append(asyncio.create_task(run_worker(both, stop=stops[1], temporal_address=address)))
         kind = TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
         await until_polled(client, scheduler.routed_queues["eu"], kind)
-        result = await run_pass(client, task_queue, scheduler.pass_input())
+        # The shared queue polled now, this pass waits the default worker_wait (5 minutes): under
+        # 2 s, the worker's poll again after its first sweep, late on a loaded machine, would
+        # fail the second target as NoPurgeWorker, which this test is not about.
+        patient = parse_config(tomllib.loads(shared_toml(task_queue, "5m")), env={})
+        assert patient.routed_queues == scheduler.routed_queues
+        result = await run_pass(client, task_queue, patient.pass_input())
     finally:
         for stop, task in zip(stops, tasks, strict=False):
             stop.set()

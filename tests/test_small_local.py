@@ -495,14 +495,14 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
 def _log_each_delete(conn: psycopg.Connection[Any], prefix: str, schemas: list[str]) -> str:
     """Every DELETE statement on these tenants' tables writes when it began and ended to the
     table returned (`public.PREFIX_log`), in its own transaction (so only committed sweeps
-    show), and takes 150 ms: two sweeps run at once overlap there."""
+    show), and takes 150 ms: two sweeps run at once overlap there. `_meet_first` makes the
+    first two meet there."""
     log = f"public.{prefix}_log"
     conn.execute(
         f"CREATE TABLE {log} (pid int NOT NULL, at timestamptz NOT NULL, edge text NOT NULL);"
-        f"CREATE FUNCTION public.{prefix}_logged() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN"
-        f" INSERT INTO {log} VALUES (pg_backend_pid(), clock_timestamp(), TG_WHEN);"
-        " IF TG_WHEN = 'BEFORE' THEN PERFORM pg_sleep(0.15); END IF; RETURN NULL; END$$"
+        f"CREATE SEQUENCE public.{prefix}_arrivals"
     )
+    _meet_first(conn, prefix, 0)
     for schema in schemas:
         for edge in ("BEFORE", "AFTER"):
             conn.execute(
@@ -512,12 +512,56 @@ def _log_each_delete(conn: psycopg.Connection[Any], prefix: str, schemas: list[s
     return log
 
 
+def _meet_first(conn: psycopg.Connection[Any], prefix: str, meet: int) -> None:
+    """From now, the first `meet` DELETEs (counted afresh) each wait, once their start is
+    logged, until all `meet` have started (a sequence counts them: it is read across sessions
+    at once, not at commit), up to MEETING_S: sweeps run at once then overlap in the log
+    however slowly each starts, and sweeps run one after another do not meet, waiting out the
+    bound. `meet` 0: none waits."""
+    conn.execute(
+        f"CREATE OR REPLACE FUNCTION public.{prefix}_logged() RETURNS trigger LANGUAGE plpgsql"
+        " AS $$DECLARE arrived bigint; until timestamptz; BEGIN"
+        f" INSERT INTO public.{prefix}_log VALUES (pg_backend_pid(), clock_timestamp(), TG_WHEN);"
+        " IF TG_WHEN = 'BEFORE' THEN"
+        f"  arrived := nextval('public.{prefix}_arrivals');"
+        f"  until := clock_timestamp() + interval '{MEETING_S} s';"
+        f"  WHILE arrived <= {meet} AND clock_timestamp() < until"
+        f"   AND (SELECT last_value FROM public.{prefix}_arrivals) < {meet} LOOP"
+        "   PERFORM pg_sleep(0.01);"
+        "  END LOOP;"
+        "  PERFORM pg_sleep(0.15);"
+        " END IF; RETURN NULL; END$$;"
+        f"ALTER SEQUENCE public.{prefix}_arrivals RESTART"
+    )
+
+
+#: How long the first DELETEs wait to meet (seconds): only the end of a run whose sweeps never
+#: run at once (its test's sweeps get a statement timeout twice that).
+MEETING_S = 60
+
+
+def _one_at_a_time(log: list[tuple[int, str]]) -> bool:
+    """Whether each DELETE's BEFORE in `log` (pid, edge; in time order) is followed by its own
+    AFTER, never by another's BEFORE."""
+    if len(log) % 2:
+        return False
+    return all(
+        (begin[1], end) == ("BEFORE", (begin[0], "AFTER"))
+        for begin, end in zip(log[::2], log[1::2], strict=True)
+    )
+
+
 async def test_max_sweeps_bounds_local_sweeps(
     pg_url: str, harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`run --max-sweeps 1` (docs/tenants.md): a child of small tables that may sweep four at
     once (`max_per_database = 4`) runs its local sweeps one after another on that worker;
-    every DELETE, as the database logged it, ends before the next begins."""
+    every DELETE, as the database logged it, ends before the next begins.
+
+    The control: the same pass again, by a worker without `--max-sweeps`, overlaps in the same
+    log; there the first two DELETEs wait to meet, so that it overlaps on any machine. A pass
+    whose sweeps ran one after another anyway (its child's limit, not the worker's) would fail
+    it, not leave the first run's order proving nothing."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
@@ -526,8 +570,10 @@ async def test_max_sweeps_bounds_local_sweeps(
             cfg = parse_config(
                 {"database_url": harness.url, "task_queue": harness.task_queue,
                  "pass": {"max_concurrent": 4, "max_per_database": 4},
+                 # Past the control's wait to meet (MEETING_S), which ends no sweep itself.
                  "targets": [{"kind": "expiring", "name": "sessions",
-                              "table": f"{prefix}_*.sessions", "column": "expires_at"}]},
+                              "table": f"{prefix}_*.sessions", "column": "expires_at",
+                              "statement_timeout": f"{2 * MEETING_S}s"}]},
                 env={},
             )  # fmt: skip
             use_env(monkeypatch, clean_env())
@@ -542,9 +588,24 @@ async def test_max_sweeps_bounds_local_sweeps(
                 workflow_id,
             )
             log = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
+            left = counts(conn, prefix, harness.now_ms)
+
+            # The control: the expired rows again, a fresh log, a worker without the bound.
+            create_tenants_expired_again(conn, prefix, harness.now_ms)
+            conn.execute(f"TRUNCATE {log_table}")
+            _meet_first(conn, prefix, 2)
+            control = await run_pass_beside(
+                lambda stop: run_worker(cfg, stop=stop, temporal_address=temporal_server.address),
+                harness.client,
+                harness.task_queue,
+                cfg.pass_input(),
+            )
+            unbounded = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
         finally:
-            conn.execute(f"DROP TABLE {log_table}; DROP FUNCTION public.{prefix}_logged CASCADE")
-        left = counts(conn, prefix, harness.now_ms)
+            conn.execute(
+                f"DROP TABLE {log_table}; DROP FUNCTION public.{prefix}_logged CASCADE;"
+                f"DROP SEQUENCE public.{prefix}_arrivals"
+            )
 
     assert result["statuses"] == {"ok": TENANTS}
     assert set(left.values()) == {(0, 2)}
@@ -553,5 +614,19 @@ async def test_max_sweeps_bounds_local_sweeps(
     assert len(local_sweeps(child)) == TENANTS
     assert len(log) >= 2 * TENANTS
     # One at a time: each statement's BEFORE is followed by its own AFTER, never another's.
-    for begin, end in zip(log[::2], log[1::2], strict=True):
-        assert (begin[1], end) == ("BEFORE", (begin[0], "AFTER")), log
+    assert _one_at_a_time(log), log
+    # Without the bound, the same pass's DELETEs overlap in the same log.
+    assert control["statuses"] == {"ok": TENANTS}
+    assert control["removed"] == sum(expired_of(i) for i in range(TENANTS))
+    assert len(unbounded) >= 2 * TENANTS
+    assert not _one_at_a_time(unbounded), unbounded
+
+
+def create_tenants_expired_again(conn: psycopg.Connection[Any], prefix: str, now_ms: int) -> None:
+    """Each tenant's expired rows of `create_tenants`, given back after a pass took them."""
+    for i in range(TENANTS):
+        conn.execute(
+            f"INSERT INTO {prefix}_{i:04d}.sessions (expires_at)"
+            " SELECT %s FROM generate_series(1, %s)",
+            (now_ms - HOUR_MS, expired_of(i)),
+        )
