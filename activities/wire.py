@@ -1,18 +1,22 @@
-"""Reading what a worker of another release sent: a sweep's result, a pattern's page and a
-child's report, as the workflow code meets them mid-deploy; and a child's input.
+"""Reading what a worker of another release sent: a sweep's result and a child's report, as the
+workflow code meets them mid-deploy; and a child's input.
 
-Temporal's converter decodes a dataclass strictly: a value that does not fit its field (a status
-this release does not know, a null where it reads a number, a field whose type a later release
-changed) raises, and in workflow code that fails the workflow task on every retry, so the pass
-stands still until a worker of the sender's release takes it, or its timeout ends it with no
-report. `read` decodes leniently instead: unknown keys are dropped (as the converter drops them),
-a field of fixed strings (`SweepStatus`) keeps any string, as written, and a field whose value
-does not fit takes its default. Only a field with no default that is missing or does not fit
-still raises.
+Temporal's converter decodes a dataclass strictly: a value that does not fit its field raises,
+and in workflow code that fails the workflow task on every retry, so the pass stands still until
+a worker of the sender's release takes it, or its timeout ends it with no report. Two changes a
+later release may make to what it reports would do that to this one: a status it adds, and a
+measurement it may leave unknown. `read` takes both: a field of fixed strings (`SweepStatus`)
+keeps any string, as written (counted and shown under its own name), and a null where this
+release reads a measurement (a `float` field) is that field's default. Unknown keys are dropped,
+as the converter drops them. Anything else that does not fit still raises: a count, a flag or a
+list that decides what the pass reports (`failed_total`, `failures`) is never replaced by a
+default.
 
-Results only: an input (a child's) is read by `read_input`, strictly, and honours `format` as
-`activities.input_checks` does for a pass's input and a target's step: an input a later
-release marks as its own is left to a worker of that release.
+A child's input is read by `read_chunk`: as strictly, but for the report it carries from its
+run before (`ChunkInput.carried`, read by `read`: its statuses may be a later release's), and
+after its `format`, as `activities.input_checks` reads a pass's input and a target's step: an
+input a later release marks as its own is left to a worker of that release. A pattern's page
+is read by the converter itself: its fields decide which tables are swept.
 
 No side effects: the workflows import this module.
 """
@@ -28,6 +32,7 @@ from temporalio.converter import value_to_type
 
 from activities.errors import NewerPurgeFormat
 from activities.input_checks import FORMAT
+from activities.spread_steps import ChunkInput, ChunkReport
 
 T = TypeVar("T")
 
@@ -37,20 +42,24 @@ def read(kind: type[T], raw: object) -> T:
     return typing.cast(T, _value(kind, raw))
 
 
-def read_input(kind: type[T], raw: object) -> T:
-    """An input, strictly, as Temporal's converter reads it (what an input says is what the
-    work does: no value of it is ever replaced by a default), after its `format`: one above
-    this release's is refused with `NewerPurgeFormat` (in workflow code, a workflow task
-    failure Temporal retries until a worker of the later release takes it), since a key it
-    added may change what the rest means."""
+def read_chunk(raw: object) -> ChunkInput:
+    """A child's input, as strictly as Temporal's converter reads it (what an input says is what
+    the child does: no value of it is ever replaced by a default), but for the report it
+    carries from its run before, read by `read` (its statuses may be a later release's); and
+    after its `format`: one above this release's is refused with `NewerPurgeFormat` (in
+    workflow code, a workflow task failure Temporal retries until a worker of the later release
+    takes it), since a key it added may change what the rest means."""
     if isinstance(raw, dict):
         sent = raw.get("format", FORMAT)
         if isinstance(sent, int) and not isinstance(sent, bool) and sent > FORMAT:
             raise NewerPurgeFormat(
-                f"{kind.__name__} of format {sent}, from a later release (this worker reads "
-                f"format {FORMAT}): left to a worker of that release"
+                f"ChunkInput of format {sent}, from a later release (this worker reads format "
+                f"{FORMAT}): left to a worker of that release"
             )
-    return typing.cast(T, value_to_type(kind, raw))
+        if raw.get("carried") is not None:
+            chunk: ChunkInput = value_to_type(ChunkInput, {**raw, "carried": None})
+            return dataclasses.replace(chunk, carried=read(ChunkReport, raw["carried"]))
+    return typing.cast(ChunkInput, value_to_type(ChunkInput, raw))
 
 
 def _value(hint: Any, value: object) -> object:
@@ -73,10 +82,14 @@ def _value(hint: Any, value: object) -> object:
             except (TypeError, ValueError):
                 pass
         raise TypeError(f"{value!r} fits none of {hint}")
-    if origin is list and isinstance(value, list):
+    if origin is list:
+        if not isinstance(value, list):
+            raise TypeError(f"expected a list, got {type(value).__name__}")
         (item,) = args
         return [_value(item, v) for v in value]
-    if origin is dict and isinstance(value, dict):
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object, got {type(value).__name__}")
         key, item = args
         return {_value(key, k): _value(item, v) for k, v in value.items()}
     return value_to_type(hint, value)
@@ -90,13 +103,18 @@ def _dataclass(kind: type[Any], value: object) -> object:
     for f in dataclasses.fields(kind):
         if not f.init or f.name not in value:
             continue  # a missing field with no default fails in the constructor below
+        sent = value[f.name]
+        if sent is None and hints[f.name] is float and _has_default(f):
+            continue  # a measurement a later release left unknown: the default, as unsent
         try:
-            given[f.name] = _value(hints[f.name], value[f.name])
+            given[f.name] = _value(hints[f.name], sent)
         except (TypeError, ValueError) as err:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise TypeError(f"{kind.__name__}.{f.name}: {err}") from None
-            # A later release's value this one cannot read: its default, as if never sent.
+            raise TypeError(f"{kind.__name__}.{f.name}: {err}") from None
     try:
         return kind(**given)
     except TypeError as err:
         raise TypeError(f"{kind.__name__}: {err}") from None
+
+
+def _has_default(f: dataclasses.Field[Any]) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING

@@ -1,9 +1,9 @@
-"""A worker of a later release beside this one's, mid-deploy: what it sends this release's
-workflow code is read, not refused. A sweep's result with a status this release does not know,
-a null or a changed type where it reads a figure, a key it has never seen: the pass (and each
-child of a spread pass) completes and reports it, where Temporal's strict decoding failed the
-workflow task on every retry and the pass stood still until its timeout. A child's input of a
-later release's format waits for a worker of that release instead.
+"""A worker of a later release beside this one's, mid-deploy: what it sends this release's workflow
+code is read, not refused. A sweep's result with a status this release does not know, a null
+where it reads a measurement, a key it has never seen: the pass (and each child of a spread
+pass, its report carried from run to run) completes and reports it, where Temporal's strict
+decoding failed the workflow task on every retry and the pass stood still until its timeout. A
+child's input of a later release's format waits for a worker of that release instead.
 
 Also what only the spread pass's workflow knows failed (a pattern's expansion, a child lost as
 a whole) reaching the failures metric, with the same stand-ins.
@@ -36,9 +36,9 @@ from tests.support.passes import FAIL_WITHIN_S, failed_pass, until_polled
 from tests.support.probes import samples
 from tests.support.servers import RunningTemporal
 
-#: Sent by the stand-in for a later release's worker: a status, a figure whose type changed,
-#: one it may leave null, and a key this release has never seen.
-LATER = {"status": "deferred", "batches": "three", "dead_tuple_share": None, "next": {"a": 1}}
+#: Sent by the stand-in for a later release's worker: a status, a measurement it left unknown
+#: (null where this release reads a number), and a key this release has never seen.
+LATER = {"status": "deferred", "p95_batch_ms": None, "dead_tuple_share": None, "next": {"a": 1}}
 
 
 @activity.defn(name="purge_target")
@@ -119,7 +119,7 @@ async def test_a_later_releases_sweep_result_is_read_by_the_pass(harness: Harnes
         ("t2", "deferred", 3),
     ]
     sweep = report["swept"][0]
-    assert sweep["batches"] == 0  # a figure this release cannot read: its default
+    assert sweep["p95_batch_ms"] == 0  # a measurement left unknown: its default
     assert sweep["dead_tuple_share"] is None
     assert "next" not in sweep
 
@@ -133,6 +133,9 @@ async def test_a_later_releases_results_are_read_by_a_spread_pass_and_its_child(
         "patterns": ["p"],
         "databases": {"p": "_default"},
         "queues": {"_default": own},
+        # One target a run: the child continues as new between them, its report (a later
+        # release's status in it) carried in its next run's input.
+        "run_size": 1,
     }
     stand_ins = [later_sweep, later_page]
     async with harness.run_worker([]), Worker(harness.client, task_queue=own, activities=stand_ins):

@@ -25,8 +25,8 @@ with workflow.unsafe.imports_passed_through():
     # activities.results is imported here, not only through workflows.steps, so the sandbox
     # knows the module: decoding a sweep's result resolves its type hints (SweepStatus) there.
     import activities.results  # noqa: F401
-    from activities.spread_steps import ChunkInput, ChunkReport
-    from activities.wire import read_input
+    from activities.spread_steps import ChunkReport
+    from activities.wire import read_chunk
     from workflows.steps import sweep_limited
 
 
@@ -50,7 +50,7 @@ class PurgeChunkWorkflow:
     async def run(self, raw: Any) -> ChunkReport:
         # `Any`, read leniently: the pass (or the run before this one) may be of another
         # release, mid-deploy; an input of a later release's format waits for its workers.
-        chunk = read_input(ChunkInput, raw)
+        chunk = read_chunk(raw)
         report = chunk.carried or ChunkReport()
         names = chunk.targets[: chunk.run_size]
         deadline = datetime.fromtimestamp(chunk.deadline_ms / 1000, tz=UTC)

@@ -10,7 +10,7 @@ import pytest
 from activities.errors import NewerPurgeFormat
 from activities.results import PurgeSweep
 from activities.spread_steps import ChunkInput, ChunkReport, RankedSweep
-from activities.wire import read, read_input
+from activities.wire import read, read_chunk
 
 
 def test_a_result_of_this_release_reads_back_as_it_was_sent() -> None:
@@ -22,12 +22,12 @@ def test_a_result_of_this_release_reads_back_as_it_was_sent() -> None:
     assert read(ChunkReport, asdict(report)) == report
 
 
-def test_a_later_releases_status_is_kept_and_an_unreadable_figure_takes_its_default() -> None:
-    sent = {"name": "t", "removed": 4, "status": "deferred", "batches": "4", "seen": [1]}
+def test_a_later_releases_status_is_kept_and_an_unknown_measurement_takes_its_default() -> None:
+    sent = {"name": "t", "removed": 4, "status": "deferred", "p95_batch_ms": None, "seen": [1]}
 
     sweep = read(PurgeSweep, sent)
 
-    assert (sweep.name, sweep.removed, sweep.status, sweep.batches) == ("t", 4, "deferred", 0)
+    assert (sweep.name, sweep.removed, sweep.status, sweep.p95_batch_ms) == ("t", 4, "deferred", 0)
     nested = read(
         ChunkReport, {"statuses": {"deferred": 2}, "largest": [{"position": 1, "sweep": sent}]}
     )
@@ -35,20 +35,30 @@ def test_a_later_releases_status_is_kept_and_an_unreadable_figure_takes_its_defa
     assert nested.largest[0].sweep.status == "deferred"
 
 
-def test_a_result_without_a_field_it_cannot_do_without_is_refused() -> None:
-    with pytest.raises(TypeError, match="PurgeSweep"):
-        read(PurgeSweep, {"name": "t"})
-    with pytest.raises(TypeError, match="PurgeSweep"):
-        read(PurgeSweep, {"name": "t", "removed": "four"})
+def test_a_result_that_does_not_fit_otherwise_is_refused_not_defaulted() -> None:
+    """A count, a flag or a list that decides what the pass reports is never its default."""
+    for sent in (
+        {"name": "t"},
+        {"name": "t", "removed": "four"},
+        {"name": "t", "removed": 4, "batches": "4"},
+        {"name": "t", "removed": 4, "status": 3},
+    ):
+        with pytest.raises(TypeError, match="PurgeSweep"):
+            read(PurgeSweep, sent)
+    for report in ({"failed_total": None}, {"failures": [{"position": 0}]}, {"lower_bound": 1}):
+        with pytest.raises(TypeError):
+            read(ChunkReport, report)
 
 
-def test_an_input_is_read_strictly_and_a_later_format_is_left_to_its_release() -> None:
+def test_a_childs_input_is_read_strictly_its_carried_report_leniently_and_by_its_format() -> None:
     sent = {"targets": ["t"], "now_ms": 1, "deadline_ms": 2, "budget_ms": 1}
 
-    assert read_input(ChunkInput, {**sent, "format": 1}) == ChunkInput(
+    assert read_chunk({**sent, "format": 1}) == ChunkInput(
         targets=["t"], now_ms=1, deadline_ms=2, budget_ms=1
     )
+    carried = read_chunk({**sent, "carried": {"statuses": {"deferred": 1}, "removed": 3}})
+    assert carried.carried == ChunkReport(removed=3, statuses={"deferred": 1})
     with pytest.raises(TypeError):
-        read_input(ChunkInput, {**sent, "concurrency": "two"})  # never its default instead
+        read_chunk({**sent, "concurrency": "two"})  # never its default instead
     with pytest.raises(NewerPurgeFormat, match="ChunkInput of format 2"):
-        read_input(ChunkInput, {**sent, "format": 2, "concurrency": "two"})
+        read_chunk({**sent, "format": 2, "concurrency": "two"})
