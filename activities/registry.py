@@ -59,18 +59,12 @@ class BatchedTarget(CountingTarget, Protocol):
         """The limits checked before its first delete."""
         ...
 
-    def deadline(self, budget_ms: int | None = None) -> float:
-        """When a step begun now ends (a `time.monotonic()`): its own time budget from now, or
-        `budget_ms` where sooner. The guards' counts, a dry run's and the sweep end by it."""
+    async def measure(self, now_ms: int) -> tuple[int, int]:
+        """(rows expired at `now_ms`, all rows), for the guards."""
         ...
 
-    async def measure(self, now_ms: int, *, deadline: float | None = None) -> tuple[int, int]:
-        """(rows expired at `now_ms`, all rows), for the guards, counted by `deadline`."""
-        ...
-
-    async def preview(self, now_ms: int, *, deadline: float | None = None) -> SweepStats:
-        """What a sweep at `now_ms` would remove, removing nothing: for a dry run's report,
-        counted by `deadline`."""
+    async def preview(self, now_ms: int) -> SweepStats:
+        """What a sweep at `now_ms` would remove, removing nothing: for a dry run's report."""
         ...
 
     async def sweep(
@@ -84,6 +78,27 @@ class BatchedTarget(CountingTarget, Protocol):
         """Delete in batches from where `resume` says, calling `on_batch` after each; with
         `ledger`, count every batch into that pass's `purge_progress` row as well; end by
         `budget_ms` if that comes before the target's own time budget."""
+        ...
+
+
+@runtime_checkable
+class TimedTarget(BatchedTarget, Protocol):
+    """A batched target whose guards' counts, dry run and sweep end by one deadline: every
+    built-in kind. A `BatchedTarget` without it (one written before it) is swept as before,
+    each count and the sweep with a time budget of its own: a protocol it now fails would
+    have dropped it to a plain target's path, unguarded."""
+
+    def deadline(self, budget_ms: int | None = None) -> float:
+        """When a step begun now ends (a `time.monotonic()`): its own time budget from now, or
+        `budget_ms` where sooner."""
+        ...
+
+    async def measure(self, now_ms: int, *, deadline: float | None = None) -> tuple[int, int]:
+        """(rows expired at `now_ms`, all rows), for the guards, counted by `deadline`."""
+        ...
+
+    async def preview(self, now_ms: int, *, deadline: float | None = None) -> SweepStats:
+        """What a sweep at `now_ms` would remove, counted by `deadline`."""
         ...
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import psycopg
 from temporalio import activity
 from temporalio.common import MetricCounter, MetricMeter
 
@@ -21,13 +22,16 @@ from activities.guards import check_clock, check_counts
 from activities.input_checks import parse_step
 from activities.inputs import PurgeStep
 from activities.progress import LedgerKey, Progress, SweepStats
-from activities.registry import BatchedTarget, CountingTarget, TargetRegistry
+from activities.registry import BatchedTarget, CountingTarget, TargetRegistry, TimedTarget
 from activities.results import PurgeSweep
 from activities.spread_steps import PatternPage, PatternStep
 
 #: Heartbeat this often even while one statement runs, so a worker that dies mid-statement is
 #: noticed within the workflow's heartbeat timeout (15 s) rather than its start-to-close (30 min).
 HEARTBEAT_EVERY_S = 3.0
+#: A statement cancelled with at most this much of its step's deadline left was cancelled by the
+#: statement timeout the deadline set (it fires at the deadline, the reply a moment later).
+CANCELLED_AT_DEADLINE_MS = 100
 
 #: The contract's error for each of the engine's: each names a table, a column, an archive or
 #: a role the target's config does not fit, which no retry changes.
@@ -103,11 +107,14 @@ class PurgeActivities:
             async with _heartbeating(_Beat(step.name)):
                 info = activity.info()
                 # The guards' counts and the dry run's end by one deadline, as a sweep does.
-                deadline = target.deadline(pass_budget_left(step.budget_ms, info))
+                deadline = _deadline(target, step, info)
                 # Refused where the sweep would be: a dry run that counted what a guard then
                 # refuses would promise a sweep that never comes.
                 sweep.unchecked_guards = await _guard(target, step, info, deadline)
-                stats = await target.preview(step.now_ms, deadline=deadline)
+                if deadline is not None and isinstance(target, TimedTarget):
+                    stats = await target.preview(step.now_ms, deadline=deadline)
+                else:
+                    stats = await target.preview(step.now_ms)
             removed = stats.removed
             sweep.take_figures(stats)
             sweep.strategy = "count"
@@ -144,18 +151,31 @@ class PurgeActivities:
         )
         # The guards' counts come out of the sweep's time: counted apart, they could take a
         # whole time budget before the sweep took another, past the activity's start-to-close.
-        deadline = target.deadline(pass_budget_left(step.budget_ms, info))
+        deadline = _deadline(target, step, info)
+        counted_out = False
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches:
                 # Before the first delete only: a resumed attempt already passed them.
-                sweep.unchecked_guards = await _guard(target, step, info, deadline)
+                try:
+                    sweep.unchecked_guards = await _guard(target, step, info, deadline)
+                except psycopg.errors.QueryCanceled:
+                    if deadline is None or ms_left(deadline) > CANCELLED_AT_DEADLINE_MS:
+                        raise  # not the step's deadline: a cancel of another's, retried
+                    # Out of time while the guards counted (a retry, or a pass's last
+                    # minutes): the sweep below gets none, so it deletes nothing and reports
+                    # the backlog, as one that starts out of time does.
+                    counted_out = True
             try:
                 stats = await target.sweep(
                     step.now_ms,
                     resume=resumed,
                     on_batch=beat.after_batch,
                     ledger=ledger,
-                    budget_ms=ms_left(deadline),
+                    budget_ms=(
+                        pass_budget_left(step.budget_ms, info)
+                        if deadline is None
+                        else ms_left(deadline)
+                    ),
                 )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
@@ -172,6 +192,11 @@ class PurgeActivities:
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
+        if counted_out:
+            sweep.reason = (
+                "its time ran out while its guards counted the rows: nothing deleted; the next "
+                "pass counts again"
+            )
         _record_gauges(step.name, sweep)
         return stats.removed
 
@@ -336,8 +361,17 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
         await asyncio.gather(task, return_exceptions=True)
 
 
+def _deadline(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> float | None:
+    """The step's one deadline, which its guards' counts, its dry run and its sweep end by:
+    its own time budget or what is left of the pass's, whichever is sooner. None for a
+    `BatchedTarget` that is no `TimedTarget`: each of those then has a budget of its own."""
+    if isinstance(target, TimedTarget):
+        return target.deadline(pass_budget_left(step.budget_ms, info))
+    return None
+
+
 async def _guard(
-    target: BatchedTarget, step: PurgeStep, info: activity.Info, deadline: float
+    target: BatchedTarget, step: PurgeStep, info: activity.Info, deadline: float | None
 ) -> dict[str, str]:
     """The target's guards: the clock against earlier passes', then its counts, ending by
     `deadline`. Those that had nothing to compare with, each with why."""
@@ -348,7 +382,10 @@ async def _guard(
         if why is not None:
             unchecked["max_clock_jump"] = why
     if guards.counts:
-        expired, total = await target.measure(step.now_ms, deadline=deadline)
+        if deadline is not None and isinstance(target, TimedTarget):
+            expired, total = await target.measure(step.now_ms, deadline=deadline)
+        else:
+            expired, total = await target.measure(step.now_ms)
         check_counts(step.name, guards, expired, total)
     return unchecked
 

@@ -248,6 +248,43 @@ async def test_a_guards_count_comes_out_of_the_sweeps_time_budget(
     assert len(keys(db, "x_idempotency")) == 10
 
 
+async def test_a_guards_count_the_deadline_cancels_leaves_the_sweep_out_of_time_not_failed(
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A guards' count still running at the step's deadline (a retry, or a pass's last
+    minutes, with little time left) is cancelled by the statement timeout the deadline set:
+    the sweep then starts out of time, deletes nothing and reports the backlog, as any sweep
+    with no time left does, and says why; not a failure retried five times past the pass. The
+    count waits on a lock the test holds, with the budget spent on the test's clock, so the
+    deadline cancels it on any machine."""
+    seed(db, real_now, expired=6, live=4)
+    clock = budget_clock(monkeypatch)
+    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=60_000)
+    target = kinds.idempotency(pool, guards=Guards(max_rows=100), settings=settings)
+    measure = target.measure
+
+    async def runs_out(
+        now_ms: int, total: bool = True, *, deadline: float | None = None
+    ) -> tuple[int, int]:
+        clock.spend(60)
+        with db.transaction():
+            db.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
+            return await measure(now_ms, total, deadline=deadline)
+
+    monkeypatch.setattr(target, "measure", runs_out)
+    swept = await activity_env().run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=real_now),
+    )
+
+    assert (swept.removed, swept.backlog, swept.status) == (0, 6, "ok")
+    assert swept.reason.startswith("its time ran out while its guards counted the rows")
+    assert len(keys(db, "x_idempotency")) == 10
+
+
 async def test_guards_are_not_asked_again_by_a_resumed_attempt(
     pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], real_now: int
 ) -> None:
