@@ -12,6 +12,9 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 MASK = "***"
+#: The parameters of a connection string that hold a secret: the password, and the one that
+#: unlocks the client's SSL key.
+SECRET_KEYS = frozenset({"password", "sslpassword"})
 UNPARSEABLE = "<unparseable connection string>"
 
 _URI_PREFIXES = ("postgresql://", "postgres://")
@@ -77,8 +80,8 @@ def redact(dsn: str) -> str:
         return UNPARSEABLE
     from psycopg.conninfo import make_conninfo
 
-    if "password" in params:
-        params["password"] = MASK
+    for key in SECRET_KEYS & params.keys():
+        params[key] = MASK
     return make_conninfo("", **params)
 
 
@@ -109,7 +112,7 @@ def _redact_uri(url: str) -> str:
     if question:
         pairs = [pair.partition("=") for pair in query.split("&")]
         query = "&".join(
-            f"{key}={MASK}" if unquote(key).lower() == "password" else f"{key}{eq}{value}"
+            f"{key}={MASK}" if unquote(key).lower() in SECRET_KEYS else f"{key}{eq}{value}"
             for key, eq, value in pairs
         )
     return shown + before + question + query

@@ -65,6 +65,18 @@ def test_a_redacted_keyword_string_reads_back_with_the_password_masked() -> None
     }
 
 
+def test_the_ssl_keys_password_is_masked_as_the_password_is() -> None:
+    """`sslpassword` unlocks the client's SSL key: a secret, masked in both forms."""
+    assert conninfo_to_dict(redact("host=db sslpassword=s3cret password=pw")) == {
+        "host": "db",
+        "sslpassword": "***",
+        "password": "***",
+    }
+    shown = redact("postgresql://u@db/app?sslmode=require&sslpassword=s3cret")
+    assert "s3cret" not in shown
+    assert shown.endswith("?sslmode=require&sslpassword=***")
+
+
 def test_a_password_with_an_unencoded_at_is_refused_without_a_piece_of_it() -> None:
     """libpq ends the user info at the first `@`: `p@ss` makes a host `ss@db.example`, whose
     name a connection error then quotes (a piece of the password, in a log line). Refused at
