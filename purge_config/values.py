@@ -171,6 +171,12 @@ def opt_str(
     return value
 
 
+def shown(text: str) -> str:
+    """`text` as a message shows it: quoted where it holds what would break the line (a
+    newline, a control character)."""
+    return text if text.isprintable() else repr(text)
+
+
 def type_of(value: object) -> str:
     """What a TOML value is, by its type alone: for a refusal that must not quote it."""
     if isinstance(value, str):
@@ -244,8 +250,11 @@ def _cron_values(text: str, low: int, high: int, names: tuple[str, ...], shortes
             first, last = low, high
         else:
             a, dash, b = span.partition("-")
-            first = _cron_value(a, low, high, names, shortest) or low
-            last = (_cron_value(b, low, high, names, shortest) or high) if dash else first
+            # `is None`, not `or`: a range may start or end at 0 (`0-0`, `sun-sun`).
+            start = _cron_value(a, low, high, names, shortest)
+            first = low if start is None else start
+            end = _cron_value(b, low, high, names, shortest) if dash else first
+            last = high if end is None else end
             if step and not dash:
                 last = high
         values.update(range(first, last + 1, int(step) if step else 1))

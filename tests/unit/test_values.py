@@ -83,6 +83,10 @@ class TestCron:
             ("0 0 * * sun", 7 * DAY_MS),
             # Both day fields restricted: both must match, as Temporal's server reads them.
             ("0 0 1-14 * mon", 7 * DAY_MS),
+            # A range may start and end at 0 (it was read as the field's whole range).
+            ("0-0 * * * *", HOUR_MS),
+            ("0 0-0 * * *", DAY_MS),
+            ("0 0 * * sun-sun", 7 * DAY_MS),
         ],
     )
     def test_period_is_the_shortest_time_between_two_fires(self, cron: str, period_ms: int) -> None:
