@@ -402,6 +402,9 @@ async def _dispatch(opts: argparse.Namespace) -> int:
     if command == "schema":
         return await _schema(config, opts)
     if command == "check":
+        # What run, schedule and sweep refuse before connecting, check says too.
+        check_targets(config, "there is nothing to check")
+        check_passes(config)
         return await _check(config, opts.target or [])
     if command in ("run", "schedule", "sweep"):
         check_passes(config)

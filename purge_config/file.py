@@ -46,6 +46,7 @@ from purge_config.values import (
     duration_within,
     no_unknown,
     opt_str,
+    shown,
 )
 
 DEFAULT_PATH = Path("purge.toml")
@@ -213,12 +214,16 @@ class PurgeConfig:
         """Whether a target of this config sweeps the default database (`database_url`)."""
         return any(t.kind != "python" and not t.database for t in self.targets)
 
+    @property
+    def where(self) -> str:
+        """The config's file as its messages name it (on one line whatever its name holds)."""
+        return path_shown(self.path or DEFAULT_PATH)
+
     def require_database_url(self) -> str:
         """The database URL, or a ConfigError saying where to put one."""
         if not self.database_url:
             raise ConfigError(
-                f"{self.path or DEFAULT_PATH}: database_url: missing; "
-                "set it in the file or in PURGE_DATABASE_URL"
+                f"{self.where}: database_url: missing; set it in the file or in PURGE_DATABASE_URL"
             )
         return self.database_url
 
@@ -292,8 +297,7 @@ def read_toml(path: Path) -> dict[str, Any]:
 def path_shown(path: Path) -> str:
     """`path` as a message shows it: quoted where it holds what would break the line (a
     newline, a control character)."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
+    return shown(str(path))
 
 
 def parse_config(

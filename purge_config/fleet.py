@@ -17,6 +17,7 @@ from purge_config.values import (
     no_unknown,
     opt_str,
     read_duration,
+    shown,
     type_of,
 )
 
@@ -65,6 +66,10 @@ class PassLimits:
 
 def check_dsn(where: str, key: str, dsn: str) -> None:
     """A ConfigError, never quoting the password, when `dsn` is no connection string."""
+    if not dsn.strip():
+        # libpq reads it as no setting at all and connects to its defaults (a local socket,
+        # the PG* variables): never what a key or a variable set to spaces meant.
+        raise ConfigError(f"{where}: {key}: must be a connection string, got only spaces")
     try:
         parse_dsn(dsn)
     except BadDsn as err:
@@ -144,7 +149,7 @@ def parse_databases(
                 continue
             if url is None:
                 raise ConfigError(
-                    f"{where}: {at}.url_env: the variable {variable} is not set (or empty)"
+                    f"{where}: {at}.url_env: the variable {shown(variable)} is not set (or empty)"
                 )
             check_dsn(where, f"{at}.url_env ({variable})", url)
         else:

@@ -8,7 +8,7 @@ import json
 from activities.errors import BadPurgeInput
 from activities.input_checks import parse_input
 from purge_config.errors import ConfigError
-from purge_config.file import DEFAULT_PATH, PurgeConfig
+from purge_config.file import PurgeConfig
 
 #: Temporal warns from a payload of 512 KB (and fails one of 2 MB): a scheduled pass's input
 #: must stay below the warning, or every pass would start under it.
@@ -18,7 +18,7 @@ PAYLOAD_WARNING_BYTES = 512 * 1024
 def check_passes(config: PurgeConfig) -> None:
     """A ConfigError, one line, when the input of the config's scheduled pass is one the
     `Purge` workflow would refuse or one Temporal would warn about."""
-    where = config.path or DEFAULT_PATH
+    where = config.where
     request = config.pass_input()
     try:
         parse_input(request)
@@ -40,6 +40,6 @@ def check_targets(config: PurgeConfig, why: str) -> None:
     (a schedule's every pass, a sweep)."""
     if not config.target_names:
         raise ConfigError(
-            f"{config.path or DEFAULT_PATH}: names no target, so {why}; add [[targets]] "
+            f"{config.where}: names no target, so {why}; add [[targets]] "
             "(`pg-purge discover` suggests them)"
         )

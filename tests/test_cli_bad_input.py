@@ -358,18 +358,20 @@ def test_print_input_of_a_schedule_the_config_lacks_is_one_line(tmp_path: Path) 
     assert unnamed.endswith("name one of the config's schedules (hot)")
 
 
-@pytest.mark.parametrize("args", [["schedule"], ["sweep"], ["run", "--schedule"]])
+@pytest.mark.parametrize("args", [["schedule"], ["sweep"], ["run", "--schedule"], ["check"]])
 def test_a_config_of_no_target_is_refused_where_its_passes_would_sweep_nothing(
     tmp_path: Path, args: list[str]
 ) -> None:
-    """A config with no [[targets]]: a schedule of it would fire empty passes every hour."""
+    """A config with no [[targets]]: a schedule of it would fire empty passes every hour; and
+    `check` of it said nothing and exited 0."""
     empty = tmp_path / "purge.toml"
     empty.write_text(f'database_url = "postgresql://u:{SECRET}@127.0.0.1:1/db"\n', encoding="utf-8")
 
     line = one_line(run_main(*args, "--config", str(empty), env=clean_env(TEMPORAL_ADDRESS=CLOSED)))
 
     assert "purge.toml: names no target, so " in line
-    assert line.endswith("would sweep nothing; add [[targets]] (`pg-purge discover` suggests them)")
+    said = "there is nothing to check" if args == ["check"] else "would sweep nothing"
+    assert line.endswith(f"{said}; add [[targets]] (`pg-purge discover` suggests them)")
 
 
 def test_a_malformed_temporal_config_file_is_one_line(tmp_path: Path, config: Path) -> None:

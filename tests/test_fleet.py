@@ -606,6 +606,18 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         ),
         # A weekly schedule: the workflow's input refuses a budget over a day, so the config
         # does, where `check` reads it, not `run` after connecting.
+        "database_url only spaces": (
+            {"database_url": "   "},
+            "database_url: must be a connection string, got only spaces",
+        ),
+        "url_env of spaces": (
+            {"databases": {"a": {"url_env": "PURGE_TEST_SPACES"}}},
+            "databases.a.url_env (PURGE_TEST_SPACES): must be a connection string, got only spaces",
+        ),
+        "url_env named across lines": (
+            {"databases": {"a": {"url_env": "A\nB"}}},
+            "databases.a.url_env: the variable 'A\\nB' is not set",
+        ),
         "budget over a day": (
             {"pass": {"budget": "2d"}, "schedule": {"cron": "0 3 * * 0"}},
             "pass.budget: at most 1d, got '2d'",
@@ -613,7 +625,7 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
     }
     for label, (extra, expected) in cases.items():
         with pytest.raises(ConfigError) as refused:
-            parse_config({**base, **extra}, env={})
+            parse_config({**base, **extra}, env={"PURGE_TEST_SPACES": "  "})
         message = str(refused.value)
         assert expected in message, (label, message)
         assert "\n" not in message
