@@ -91,7 +91,10 @@ class PatternTargets:
         when `name` is no match of a pattern here."""
         entry = self._specs.get(name.rpartition("@")[0])
         matched = entry[0].matched(name) if entry else None
-        return (matched, entry[1]) if matched and entry else None
+        if matched is None or entry is None:
+            return None
+        _refuse_long_companions(name, matched)
+        return matched, entry[1]
 
     def _pattern(self, name: str) -> tuple[TargetSpec, TablePattern, Any]:
         entry = self._specs.get(name)
@@ -174,3 +177,26 @@ def candidates(pattern: TablePattern, step: PatternStep) -> tuple[sql.Composed, 
         where_schema=where_schema, after=after, order=order, outer_order=outer_order
     )
     return query, params
+
+
+#: PostgreSQL's longest name, in bytes: a longer one is cut to it (NAMEDATALEN - 1).
+LONGEST_NAME = 63
+
+
+def _refuse_long_companions(name: str, matched: TargetSpec) -> None:
+    """BadPurgeTarget when a table the match fills in from the pattern's stars (its archive, a
+    second table, `age_from`'s) has a part longer than PostgreSQL keeps: the server would cut
+    it, and two matches whose names differ only past the cut would share one table (two
+    tenants' rows in one archive). Refused with nothing moved; the other matches sweep."""
+    filled = [*matched.tables[1:], *(a for a in matched.archives if a), matched.age_from]
+    for table in filled:
+        if table is None:
+            continue
+        for part in (table.schema, table.table):
+            if part is not None and len(part.encode()) > LONGEST_NAME:
+                raise BadPurgeTarget(
+                    f"target {name!r}: {part!r}, filled in from the pattern's match, is "
+                    f"{len(part.encode())} bytes, past the {LONGEST_NAME} PostgreSQL keeps: "
+                    "matches whose names differ only past that would share one table; give "
+                    "it fewer characters of its own"
+                )

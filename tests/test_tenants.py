@@ -297,6 +297,46 @@ async def test_an_archive_pattern_moves_each_tenants_rows_into_its_own_schema(
             ).fetchone() == (2,)
 
 
+async def test_an_archive_name_postgresql_would_cut_is_refused_not_shared_by_two_tenants(
+    pg_url: str,
+    harness: Harness,
+) -> None:
+    """Two tenants whose schemas (62 bytes each) differ only in their last characters: their
+    archives filled in from `ar_PREFIX_*` would be 65 bytes, which PostgreSQL cuts to the same
+    63. Each match fails alone (`BadPurgeTarget`, naming the length) and nothing moves, where
+    both tenants' rows went into the one cut archive."""
+    prefix = tenant_prefix() + "x" * 47
+    cut = f"ar_{prefix}_00"  # ar_PREFIX_0001 and ar_PREFIX_0002, as PostgreSQL keeps them
+    assert len(f"{prefix}_0001") == 62
+    assert len(cut) == 63
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1, 3), harness.now_ms)
+        conn.execute(
+            f'CREATE SCHEMA "{cut}"; CREATE TABLE "{cut}".sessions (LIKE "{prefix}_0001".sessions)'
+        )
+        try:
+            config = harness.adopt(pattern_config(prefix, archive_table=f"ar_{prefix}_*.sessions"))
+            async with harness.run_worker(build_registry(config, harness.pool), config=config):
+                error = await failed_pass(
+                    harness.client, harness.task_queue, config.pass_input(), f"purge-{uuid.uuid4()}"
+                )
+            [(archived,)] = conn.execute(f'SELECT count(*) FROM "{cut}".sessions').fetchall()
+            left = counts(conn, prefix, harness.now_ms)
+        finally:
+            conn.execute(f'DROP SCHEMA "{cut}" CASCADE')
+
+    failed = error.details[0]["failed"]
+    assert sorted(f["name"] for f in failed) == [
+        f"sessions@{prefix}_0001",
+        f"sessions@{prefix}_0002",
+    ]
+    for f in failed:
+        assert f["type"] == "BadPurgeTarget", f
+        assert "is 65 bytes, past the 63 PostgreSQL keeps" in f["message"], f
+    assert archived == 0
+    assert left == {f"{prefix}_{i:04d}": (expired_of(i), 2) for i in (1, 2)}
+
+
 async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its_tables(
     tmp_path: Path,
     temporal_server: RunningTemporal,
