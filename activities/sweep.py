@@ -172,7 +172,9 @@ class PurgeActivities:
                     on_batch=beat.after_batch,
                     ledger=ledger,
                     budget_ms=(
-                        pass_budget_left(step.budget_ms, info)
+                        0  # its guards unchecked: no batch may run, whatever time is left
+                        if counted_out
+                        else pass_budget_left(step.budget_ms, info)
                         if deadline is None
                         else ms_left(deadline)
                     ),
@@ -192,9 +194,9 @@ class PurgeActivities:
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
-        if counted_out:
+        if counted_out and sweep.status == "ok":
             sweep.reason = (
-                "its time ran out while its guards counted the rows: nothing deleted; the next "
+                "its time ran out while its guards counted the rows: no batch ran; the next "
                 "pass counts again"
             )
         _record_gauges(step.name, sweep)
