@@ -23,6 +23,7 @@ from activities.engine.access import ConnectionSource
 from activities.engine.errors import EngineError
 from activities.engine.rules import ident
 from activities.engine.sql_target import SqlTarget
+from activities.errors import BadPurgeTarget
 from activities.pattern_matches import PatternTargets
 from activities.spread_steps import PatternStep
 from purge_config.errors import first_line
@@ -188,7 +189,14 @@ async def _check_pattern(
     while True:
         page = await patterns.expand(PatternStep(spec.name, now_ms, after=after))
         for name in page.matches:
-            target = await _check_target(patterns.resolve(name), now_ms, verdict, name)
+            try:
+                resolved = patterns.resolve(name)
+            except BadPurgeTarget as err:
+                # Refused as its match's sweep is (a companion name PostgreSQL would cut).
+                verdict.tables += 1
+                verdict.problems.append(f"{name}: {err.message}")
+                continue
+            target = await _check_target(resolved, now_ms, verdict, name)
             if target is not None:
                 swept.append((verdict, spec.database, target))
         if not page.more:

@@ -4,6 +4,7 @@ swept by a pass spread over child workflows (real Temporal, real PostgreSQL)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import uuid
@@ -18,6 +19,7 @@ from activities.builtin_kinds import build_registry
 from activities.results import FailedTarget
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.passes import child_records
+from purge_ops.table_check import check_config
 from tests.conftest import Harness
 from tests.support.history import child_runs, events, local_sweeps, scheduled_in
 from tests.support.passes import failed_pass, listed, run_pass
@@ -322,6 +324,10 @@ async def test_an_archive_name_postgresql_would_cut_is_refused_not_shared_by_two
                 )
             [(archived,)] = conn.execute(f'SELECT count(*) FROM "{cut}".sessions').fetchall()
             left = counts(conn, prefix, harness.now_ms)
+            said: list[str] = []
+            checked = await check_config(
+                dataclasses.replace(config, database_url=harness.url), [], said.append
+            )
         finally:
             conn.execute(f'DROP SCHEMA "{cut}" CASCADE')
 
@@ -335,6 +341,10 @@ async def test_an_archive_name_postgresql_would_cut_is_refused_not_shared_by_two
         assert "is 65 bytes, past the 63 PostgreSQL keeps" in f["message"], f
     assert archived == 0
     assert left == {f"{prefix}_{i:04d}": (expired_of(i), 2) for i in (1, 2)}
+    # `check` says so of each match, as of any refused table (it was a traceback).
+    assert checked == 1
+    assert said[0].startswith("FAILED  sessions (2 tables): "), said
+    assert said[0].count("past the 63 PostgreSQL keeps") == 2, said
 
 
 async def test_sweep_report_and_report_tables_show_a_pattern_as_one_line_and_its_tables(
