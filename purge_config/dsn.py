@@ -12,9 +12,11 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 MASK = "***"
-#: The parameters of a connection string that hold a secret: the password, and the one that
-#: unlocks the client's SSL key.
-SECRET_KEYS = frozenset({"password", "sslpassword"})
+#: The parameters of a connection string that hold a secret: the password, the one that unlocks
+#: the client's SSL key, and libpq 18's OAuth client secret and SCRAM keys.
+SECRET_KEYS = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
 UNPARSEABLE = "<unparseable connection string>"
 
 _URI_PREFIXES = ("postgresql://", "postgres://")

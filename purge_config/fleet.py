@@ -144,7 +144,9 @@ def parse_databases(
                 f"the URL), got {'both' if url else 'neither'}"
             )
         if variable is not None:
-            url = env.get(variable) or None
+            # A variable of only spaces is as unset: libpq would connect to its defaults.
+            value = env.get(variable, "")
+            url = value if value.strip() else None
             if url is None and name in (routed or set()):
                 continue
             if url is None:

@@ -612,7 +612,7 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         ),
         "url_env of spaces": (
             {"databases": {"a": {"url_env": "PURGE_TEST_SPACES"}}},
-            "databases.a.url_env (PURGE_TEST_SPACES): must be a connection string, got only spaces",
+            "databases.a.url_env: the variable PURGE_TEST_SPACES is not set (or empty)",
         ),
         "url_env named across lines": (
             {"databases": {"a": {"url_env": "A\nB"}}},

@@ -65,16 +65,20 @@ def test_a_redacted_keyword_string_reads_back_with_the_password_masked() -> None
     }
 
 
-def test_the_ssl_keys_password_is_masked_as_the_password_is() -> None:
-    """`sslpassword` unlocks the client's SSL key: a secret, masked in both forms."""
-    assert conninfo_to_dict(redact("host=db sslpassword=s3cret password=pw")) == {
+@pytest.mark.parametrize(
+    "key", ["sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"]
+)
+def test_every_secret_libpq_reads_is_masked_as_the_password_is(key: str) -> None:
+    """`sslpassword` unlocks the client's SSL key; libpq 18 reads an OAuth client secret and
+    SCRAM keys: each masked in both forms."""
+    assert conninfo_to_dict(redact(f"host=db {key}=s3cret password=pw")) == {
         "host": "db",
-        "sslpassword": "***",
+        key: "***",
         "password": "***",
     }
-    shown = redact("postgresql://u@db/app?sslmode=require&sslpassword=s3cret")
+    shown = redact(f"postgresql://u@db/app?sslmode=require&{key}=s3cret")
     assert "s3cret" not in shown
-    assert shown.endswith("?sslmode=require&sslpassword=***")
+    assert shown.endswith(f"?sslmode=require&{key}=***")
 
 
 def test_a_password_with_an_unencoded_at_is_refused_without_a_piece_of_it() -> None:
