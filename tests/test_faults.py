@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ import pytest
 from psycopg import sql
 from temporalio.client import Client
 
+from activities.engine.access import LOCK_SPACE
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
@@ -39,7 +41,15 @@ from tests.support.oracle import (
 )
 from tests.support.procs import clean_env, worker_config
 from tests.support.servers import RunningTemporal, running_postgres, running_temporal
-from tests.support.watch import Fault, PassWatch, Probe, Run, assert_ledger, watching
+from tests.support.watch import (
+    HANG,
+    Fault,
+    PassWatch,
+    Probe,
+    Run,
+    assert_ledger,
+    watching,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -148,14 +158,39 @@ def _kill_points(rng: random.Random) -> list[tuple[str, float]]:
 
 
 async def _kill_and_replace(watch: PassWatch, fleet: Fleet, tally: Tally) -> None:
-    """SIGKILL the pass's worker, record what the kill struck, and start a new worker."""
+    """SIGKILL the pass's worker, start a new worker, and record what the kill struck: an
+    attempt the server showed running on the dead worker counts as struck only once the server
+    shows it failed (`_struck`)."""
     killed = fleet.kill()
-    await asyncio.sleep(0.2)  # whatever the dead worker had sent lands first
     fault = await watch.record_kill("worker SIGKILL", killed)
-    tally.add(fault.kind, in_target=fault.target is not None)
     # 20 kills each waiting out the workflow's 15 s heartbeat timeout were most of this suite.
     await notice_the_dead_worker_sooner(watch.client, watch.handle.id)
     fleet.start()
+    fault = await _struck(watch, fault)
+    tally.add(fault.kind, in_target=fault.target is not None)
+
+
+async def _struck(watch: PassWatch, fault: Fault) -> Fault:
+    """The kill `fault` as the server settles it. An attempt still shown running on the dead
+    worker right after the kill may yet complete: a completion the worker sent just before it
+    died can reach the server after the look (no wait after the kill is long enough on a
+    loaded machine). So it is struck once the server shows its failure (the heartbeat timeout
+    `notice_the_dead_worker_sooner` set, and the retry after it); if the target completes
+    first, that attempt completed, and the kill struck nothing (recorded so in `watch.faults`)."""
+    if fault.target is None or fault.attempt is None:
+        return fault
+    failed = (fault.target, fault.attempt + 1)
+    deadline = time.monotonic() + HANG
+    while failed not in watch.failures:
+        if fault.target in watch.completed or watch.closed:
+            missed = Fault(fault.kind, None, None, fault.completed)
+            [at] = [i for i, f in enumerate(watch.faults) if f is fault]
+            watch.faults[at] = missed
+            return missed
+        assert time.monotonic() < deadline, f"hang after a kill: pending {watch.pending}"
+        await asyncio.sleep(0.05)
+        await watch.fresh()
+    return fault
 
 
 async def test_worker_sigkilled_at_random_points_of_passes(
@@ -308,11 +343,42 @@ async def test_temporal_server_restarted_mid_pass(
 
 
 async def _blocked_by(probe: Probe, holder: psycopg.AsyncConnection[Any]) -> None:
-    """Wait until a sweep's statement waits for a row lock `holder` holds."""
+    """Wait until a sweep's statement waits for a lock `holder` holds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 60
     while not await probe.blocked_by(holder.info.backend_pid):
         assert loop.time() < deadline, "hang: no batch ever waited on the lock"
+        await asyncio.sleep(0.01)
+
+
+def _table_lock(db: psycopg.Connection[Any], table: str) -> tuple[int, int]:
+    """The advisory lock every sweep of `table` holds while it sweeps it, across the batches a
+    statement_timeout narrows, and releases as its attempt ends (`activities.engine.access`):
+    (LOCK_SPACE, the table's OID shifted into an int4)."""
+    row = db.execute("SELECT (%s::regclass::oid::bigint - 2147483648)::int4", (table,)).fetchone()
+    assert row is not None
+    return LOCK_SPACE, int(row[0])
+
+
+def _after_the_sweep(lock: tuple[int, int], holder: int) -> sql.Composed:
+    """One statement: wait for the table's lock (`_table_lock`), then end the session `holder`
+    (its row locks go with it) and wait until it is gone, then let the lock go. Queued behind
+    the sweep that waits for the lock, it runs when that sweep's attempt has ended, and no
+    retry can take the table before the rows are free."""
+    return sql.SQL(
+        "DO $$BEGIN PERFORM pg_advisory_xact_lock({space}, {key});"
+        " IF NOT pg_terminate_backend({pid}, 60000) THEN"
+        " RAISE EXCEPTION 'the holder did not end'; END IF; END$$"
+    ).format(space=sql.Literal(lock[0]), key=sql.Literal(lock[1]), pid=sql.Literal(holder))
+
+
+async def _queued_behind(db: psycopg.Connection[Any], waiter: int, blocker: int) -> None:
+    """Wait until backend `waiter` waits for a lock `blocker` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    query = "SELECT %s = ANY(pg_blocking_pids(%s))"
+    while db.execute(query, (blocker, waiter)).fetchone() != (True,):
+        assert loop.time() < deadline, "hang: the wait for the table's lock never began"
         await asyncio.sleep(0.01)
 
 
@@ -341,18 +407,34 @@ async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
     message: str,
 ) -> None:
     """Other transactions hold FOR UPDATE on every expired row of every table. As the pass
-    reaches each table, its batch waits on the lock until the timeout fails it; the lock is
-    released once the failure shows, and Temporal's retry resumes the target and completes it,
-    counting each deleted row once."""
+    reaches each table, its batches wait on the lock until the timeout fails the attempt; the
+    rows are let go as that attempt ends, and Temporal's retry resumes the target and completes
+    it, counting each deleted row once.
+
+    The rows are let go in an order PostgreSQL's lock queue keeps, not within the retry's 2 s
+    backoff: the test holds each table's sweep lock (`_table_lock`) from the start, so the
+    sweep that reaches the table waits for it first; a session then queues behind that sweep
+    for the same lock (`_after_the_sweep`), and only then does the test let the lock go. The
+    sweep takes it, fails its attempt on the held rows (all its narrower batches too, under
+    statement_timeout) and releases it as the attempt ends; the queued session takes it next,
+    ends the rows' holder, and lets it go. A retry, however soon, takes the table after that,
+    so each table fails exactly one attempt on any machine."""
     create_tables(harness.db, builtins=False)
+    # The sweep that reaches a table the test holds waits for it (busy_wait) while the test
+    # queues the session behind it: up to 10 minutes, not the default 10 s, on any machine.
     config = worker_config(
-        tmp_path / "purge.toml", harness.url, harness.task_queue, targets_toml(**SWEEP, **bounds)
+        tmp_path / "purge.toml",
+        harness.url,
+        harness.task_queue,
+        targets_toml(**SWEEP, **bounds, busy_wait="10m"),
     )
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), metrics=True)
     locks = probes(harness.url)
     fleet.start()
     oracle = fill(harness.db, ROWS, rng)
     holders: dict[str, psycopg.AsyncConnection[Any]] = {}
+    gates: dict[str, psycopg.AsyncConnection[Any]] = {}
+    afters: list[psycopg.AsyncConnection[Any]] = []
     try:
         for table in TABLES:
             holders[table.name] = holder = await psycopg.AsyncConnection.connect(harness.url)
@@ -361,24 +443,36 @@ async def test_batch_failed_by_a_held_lock_is_retried_and_resumes(
                     sql.Identifier(table.name)
                 )
             )
+            gates[table.name] = gate = await psycopg.AsyncConnection.connect(
+                harness.url, autocommit=True
+            )
+            await gate.execute(
+                "SELECT pg_advisory_lock(%s, %s)", _table_lock(harness.db, table.name)
+            )
         async with watching(
             harness.client, harness.task_queue, f"purge-{kind}", harness.url, oracle
         ) as watch:
             for table in TABLES:
                 seen = set(watch.failures)
-                await _blocked_by(locks, holders[table.name])
+                lock, gate = _table_lock(harness.db, table.name), gates[table.name]
+                await _blocked_by(locks, gate)  # the sweep waits for the table's lock
+                after = await psycopg.AsyncConnection.connect(harness.url, autocommit=True)
+                afters.append(after)
+                released = asyncio.ensure_future(
+                    after.execute(_after_the_sweep(lock, holders[table.name].info.backend_pid))
+                )
+                await _queued_behind(harness.db, after.info.backend_pid, gate.info.backend_pid)
+                await gate.execute("SELECT pg_advisory_unlock(%s, %s)", lock)
                 fault = await watch.record_failure(kind, seen)
                 assert fault.target == table.target, f"{table.name}: the blocked batch never failed"
                 assert fault.attempt is not None
                 tally.add(kind, in_target=True)
                 assert watch.failures[(fault.target, fault.attempt + 1)].startswith(message)
-                # Released as soon as the failure shows: Temporal's retry comes 2 s after it
-                # and finds the rows free (the release no longer waits out a set time).
-                await holders[table.name].commit()
+                await asyncio.wait_for(released, HANG)  # the rows' holder is gone
             result, runs = await _checked(watch, tally)
     finally:
-        for holder in holders.values():
-            await holder.close()
+        for conn in [*holders.values(), *gates.values(), *afters]:
+            await conn.close()
     for target in TARGET_NAMES:
         # One failed attempt per table of the target, then the one that completed it.
         assert runs[target].attempt == len(tables_of(target)) + 1, (target, runs[target])

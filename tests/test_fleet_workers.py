@@ -92,7 +92,13 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
             " EXECUTE FUNCTION slow_delete()"
         )
     limits = {"max_concurrent": 8, "max_per_database": 8}
-    toml = "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n" + targets_toml()
+    # A batch at the gate waits until the test lets it go (60 s, not the default 2 s): with
+    # 2 s, every sweep at the gate failed an attempt each time it waited that long, and the
+    # gate is held for as long as this machine takes to see the victim sweep and kill it.
+    toml = (
+        "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n"
+        '[sweep]\nlock_timeout = "60s"\n\n' + targets_toml()
+    )
     config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, toml)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     parsed = parse_config(
@@ -139,8 +145,8 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
                 await asyncio.sleep(0.05)
         workers[1].send_signal(signal.SIGKILL)
         workers[1].wait(10)
-        # A batch held at the gate past lock_timeout (2 s) fails and is retried: counts stay
-        # exact either way.
+        # The batches held at the gate go on: the survivor's, and the victim's in its orphaned
+        # backends (a retry meeting their rows waits for them, under the same lock_timeout).
         gate.execute("SELECT pg_advisory_unlock(%s)", (GATE,))
         await notice_the_dead_worker_sooner(harness.client, killed)
         second = await asyncio.wait_for(handle.result(), 120)

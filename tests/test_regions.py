@@ -109,10 +109,19 @@ class Region:
     and only that region's URL is in its environment."""
 
     def __init__(
-        self, tmp_path: Path, region: str, url: str, task_queue: str, address: str, tag: str = ""
+        self,
+        tmp_path: Path,
+        region: str,
+        url: str,
+        task_queue: str,
+        address: str,
+        tag: str = "",
+        sweep: str = "",
     ) -> None:
         self.config = tmp_path / f"{region}{tag}.toml"
-        self.config.write_text(region_toml(task_queue, (region,)), encoding="utf-8")
+        # `sweep`: a `[sweep]` table's lines (its bounds change no task queue's name).
+        tail = f"[sweep]\n{sweep}" if sweep else ""
+        self.config.write_text(region_toml(task_queue, (region,)) + tail, encoding="utf-8")
         self.env = clean_env(TEMPORAL_ADDRESS=address, **{f"{region.upper()}_URL": url})
         self.log = tmp_path / f"{region}{tag}.log"
         self.proc: Any = None
@@ -405,8 +414,13 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
             f" PERFORM pg_advisory_xact_lock_shared({KILL_GATE}); END IF; RETURN OLD; END$$"
         )
     add_rows(regions["us"], real_now)
-    first = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "1")
-    second = Region(tmp_path, "eu", regions["eu"], task_queue, temporal_server.address, "2")
+    # The batch at the gate waits until the test lets it go (60 s, not the default 2 s): with
+    # 2 s, a test slow to see it there and kill the worker left it failing attempt after
+    # attempt, and the retry could fail on the killed worker's orphaned batch's rows too.
+    patient = 'lock_timeout = "60s"\n'
+    address = temporal_server.address
+    first = Region(tmp_path, "eu", regions["eu"], task_queue, address, "1", patient)
+    second = Region(tmp_path, "eu", regions["eu"], task_queue, address, "2", patient)
     us = Region(tmp_path, "us", regions["us"], task_queue, temporal_server.address)
     config = full_config(task_queue)
     workflow_id = f"purge-regions-{uuid.uuid4()}"
@@ -422,7 +436,7 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
         assert left(regions["eu"], real_now)[0] < 3000, "no batch committed before the gate"
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
-        # The killed worker's held batch (and one held past lock_timeout, retried) go on.
+        # The killed worker's held batch goes on, in its orphaned backend.
         gate.execute("SELECT pg_advisory_unlock(%s)", (KILL_GATE,))
         second.start()
         await notice_the_dead_worker_sooner(client, workflow_id)

@@ -24,9 +24,6 @@ from temporalio.service import RPCError, RPCStatusCode
 #: worker's 1 s throttle; 10 s leaves a loaded machine six seconds of stall before a live
 #: attempt would be timed out and retried (an extra attempt the tests count).
 NOTICED_AFTER = Duration(seconds=10)
-#: Where the retry is known to be quick (no statement of a second): it heartbeats as it starts
-#: and is done within its first beat's interval, so this need only outlast a slow start.
-QUICK_RETRY_NOTICED_AFTER = Duration(seconds=5)
 
 
 async def notice_the_dead_worker_sooner(
