@@ -102,6 +102,32 @@ class TestAlertRules:
             assert "summary:" in block, alert
             assert "runbook:" in block, alert
 
+    def test_the_docs_alert_table_lists_every_alert(self) -> None:
+        """docs/operating.md#alerts: one row per alert of the rule file, and no other."""
+        section = OPERATING.read_text().split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+        listed = re.findall(r"^\| `(\w+)` \|", section, re.M)
+        assert sorted(listed) == sorted(_alert_names(RULES.read_text()))
+
+    def test_every_purge_selector_reads_the_pg_purge_job_alone(self) -> None:
+        """A second job scraping the same pods (kubernetes-pods, through the Deployment's
+        prometheus.io/scrape annotations) must not count a series twice: each purge_* selector
+        of the rules and of the dashboard (its target variable too) names job="pg-purge"."""
+        assert not unjobbed(rule_expressions() + dashboard_expressions() + dashboard_queries())
+        assert unjobbed(['sum(purge_x{job="pg-purge"}) + purge_y + purge_z{target="t"}']) == [
+            "purge_y",
+            'purge_z{target="t"}',
+        ]
+
+
+def unjobbed(exprs: list[str]) -> list[str]:
+    """The purge_* selectors of `exprs` that do not read job="pg-purge"."""
+    found: list[str] = []
+    for expr in exprs:
+        for name, matchers in re.findall(r"\b(purge_\w+)\b(\{[^}]*\})?", expr):
+            if not re.search(r'\bjob\s*=\s*"pg-purge"', matchers):
+                found.append(name + matchers)
+    return found
+
 
 def _alert_names(rules: str) -> list[str]:
     return [
@@ -127,6 +153,18 @@ def recorded_names() -> set[str]:
 def dashboard_expressions() -> list[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+def dashboard_queries() -> list[str]:
+    """The queries of the dashboard's query variables (`label_values(...)`)."""
+    variables = json.loads(DASHBOARD.read_text())["templating"]["list"]
+    found: list[str] = []
+    for variable in variables:
+        if variable["type"] == "query":
+            query = variable["query"]
+            found.append(query["query"] if isinstance(query, dict) else query)
+            found.append(variable.get("definition", ""))
+    return found
 
 
 class Uses:
