@@ -94,6 +94,29 @@ async def test_rate_limit_survives_buckets_whose_arithmetic_overflows_float8(
     assert keys(db, "x_rate_limit") == keep_labels(buckets)
 
 
+async def test_rate_limit_keeps_a_bucket_holding_nan_or_an_infinity(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """PostgreSQL's numeric ranks NaN above every number: a bucket holding NaN (or an infinite
+    refill, whose 0 * Infinity is NaN there) went to the exact branch and read as full, where
+    a client's IEEE arithmetic never calls NaN full. Deleting it would reset its limit: kept,
+    as any bucket holding NaN or an infinity is, beside an ordinary full one."""
+    buckets = {
+        "kept-nan-tokens": (float("nan"), 4.0, 0.001, now_ms - HOUR),
+        "kept-nan-refill": (0.0, 4.0, float("nan"), now_ms - HOUR),
+        "kept-nan-capacity": (0.0, float("nan"), 0.001, now_ms - HOUR),
+        "kept-infinite-refill-now": (0.0, 4.0, float("inf"), now_ms),
+        "kept-infinite-tokens": (float("inf"), 4.0, 0.001, now_ms - HOUR),
+        "gone-ordinary": (4.0, 4.0, 0.001, now_ms),
+    }
+    bucket_rows(db, buckets)
+    target = kinds.rate_limit(pool)
+
+    assert await target.count_expired(now_ms) == 1
+    assert await target.purge_expired(now_ms) == 1
+    assert keys(db, "x_rate_limit") == keep_labels(buckets)
+
+
 async def test_auth_sweeps_failures_and_lockouts_as_one_target(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
 ) -> None:

@@ -396,8 +396,14 @@ class FullBucketRule:
         # float8 overflow where IEEE gives infinity, so one absurd bucket (refill 1e300) would
         # fail every pass of the table: buckets that could overflow are judged in numeric,
         # exact and unbounded, instead. Every other bucket computes bit for bit as a client does.
+        # A bucket holding NaN or an infinity is kept: numeric ranks NaN above every number, so
+        # the exact branch would call it full (IEEE never does), and what an infinite refill
+        # means is the client's to say; deleting it on a guess would reset its limit.
         where = sql.SQL(
-            "CASE WHEN abs(refill_per_ms::float8) <= 1e280 AND abs(tokens::float8) <= 1e300"
+            "CASE WHEN 'NaN'::float8 IN (tokens::float8, capacity::float8, refill_per_ms::float8)"
+            " OR abs(tokens::float8) = 'Infinity' OR abs(capacity::float8) = 'Infinity'"
+            " OR abs(refill_per_ms::float8) = 'Infinity' THEN false"
+            " WHEN abs(refill_per_ms::float8) <= 1e280 AND abs(tokens::float8) <= 1e300"
             " AND abs(capacity::float8) <= 1e300"
             " THEN tokens::float8 + (%(now_ms)s::float8 - last_ms::float8) * refill_per_ms::float8"
             " >= capacity::float8"
