@@ -269,6 +269,34 @@ async def test_a_table_a_foreign_key_cascades_from_is_not_archived(
     assert await audit(pool, arc).purge_expired(NOW) == 50
 
 
+async def test_an_archive_in_the_tables_own_partition_tree_is_refused(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+) -> None:
+    """An archive that is a partition of the swept table: each row moved there was swept again
+    from that partition (still expired), moved onto itself and counted again, batch after
+    batch, until the time budget ran out. Refused, naming the tree, for a dry run as for a
+    sweep, before anything moves."""
+    db.execute(
+        "CREATE TABLE events (id bigint, at bigint NOT NULL) PARTITION BY RANGE (at);"
+        f" CREATE TABLE events_old PARTITION OF events FOR VALUES FROM (MINVALUE) TO ({NOW});"
+        f" CREATE TABLE events_new PARTITION OF events FOR VALUES FROM ({NOW}) TO (MAXVALUE);"
+        f" INSERT INTO events SELECT i, {NOW} - 2 * {HOUR} + i FROM generate_series(1, 10) i;"
+        f" INSERT INTO events SELECT i, {NOW} + i FROM generate_series(11, 20) i"
+    )
+    target = kinds.expiring(
+        pool, "events", TableName("events"), "at", HOUR, archive=TableName("events_old")
+    )
+
+    for asking in (target.count_expired, target.purge_expired):
+        with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+            await asking(NOW)
+        message = refused.value.message
+        assert message.startswith("archive events_old of events"), message
+        assert "is in the same partition tree as it" in message, message
+        assert refused.value.non_retryable
+    assert db.execute("SELECT count(*) FROM events").fetchone() == (20,)
+
+
 async def test_a_row_the_archive_already_holds_fails_the_target_at_once_moving_nothing(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
 ) -> None:

@@ -63,7 +63,7 @@ async def bind_archive(
             f"USAGE on schema {archive.schema} and INSERT on {archive}; nothing was deleted"
         ) from err
     assert row is not None
-    source_oid, archive_oid, relkind, may_insert, role, cascading = row
+    source_oid, archive_oid, relkind, may_insert, role, cascading, one_tree = row
     if archive_oid is None:
         # A misspelt name is the likelier mistake than a table not made: said first.
         near = await nearest_table(conn, archive)
@@ -77,6 +77,14 @@ async def bind_archive(
         raise BadTable(f"archive {archive} of {source} is not a table (relkind {relkind!r})")
     if archive_oid == source_oid:
         raise BadTable(f"archive {archive} of {source} is the table itself")
+    if one_tree:
+        # A row moved there is in the swept tree again, still expired: every batch would
+        # find it, move it and count it once more, until the time budget ran out.
+        raise BadTable(
+            f"archive {archive} of {source} is in the same partition tree as it (one a "
+            "partition of the other, or both of one table): a moved row would be swept again "
+            "and counted again; archive into a table outside the tree; nothing was deleted"
+        )
     if not may_insert:
         raise MissingRights(
             f"the worker's role {role} may not insert into archive {archive} of {source}: "

@@ -58,8 +58,9 @@ def filter_column_values(relation: sql.Identifier, column: str, names: list[str]
 def archive_target() -> sql.SQL:
     """One row for the archive `%(arc)s` of the table `%(src)s`: the source's OID, the
     archive's OID and relkind (NULL when it does not exist), whether this role may insert into
-    it, the role's name, and the tables whose foreign keys reference the source ON DELETE
-    CASCADE (the source itself among them for a key to itself), by name."""
+    it, the role's name, the tables whose foreign keys reference the source ON DELETE CASCADE
+    (the source itself among them for a key to itself), by name, and whether the two are in
+    one partition tree (one the other's partition, or both partitions of one table)."""
     # The source by to_regclass, as its OID is read: a table not there reads NULL here, and is
     # said as such by the rule's own read. A partitioned referencing table once, not each of its
     # partitions' copies of the key (conparentid).
@@ -67,7 +68,9 @@ def archive_target() -> sql.SQL:
     return sql.SQL(
         "SELECT to_regclass(%(src)s)::oid, a.oid, a.relkind,"
         " has_table_privilege(a.oid, 'INSERT'), current_user::text,"
-        " array(" + cascading + ")"
+        " array(" + cascading + "),"
+        " coalesce(pg_partition_root(to_regclass(%(src)s))::oid, to_regclass(%(src)s)::oid)"
+        " = coalesce(pg_partition_root(a.oid::regclass)::oid, a.oid)"
         " FROM (SELECT to_regclass(%(arc)s)::oid) r(oid)"
         " LEFT JOIN pg_class a ON a.oid = r.oid"
     )
