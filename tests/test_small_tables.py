@@ -38,11 +38,12 @@ from tests.support.pace import until_a_sweep_waits
 from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
 
 #: What the server receives for one small table (issue 37's goal: at most 8): the lock tried
-#: with the timeouts, the table's facts, the unit check's sample, the rule's column types, and
-#: the one statement; and the pool's check, when the server has said something on the
-#: connection since it went idle (`purge_ops.connect.check_unless_quiet`: 5 statements in bench
-#: case 11). The batched sweep sent 25.
-STATEMENTS = 6
+#: with the timeouts, the table's facts, the unit check's sample, the rule's column types, the
+#: probe of the column's index for a value in a coarser unit, and the one statement; and the
+#: pool's check, when the server has said something on the connection since it went idle
+#: (`purge_ops.connect.check_unless_quiet`: 6 statements in bench case 11). The batched sweep
+#: sent 25.
+STATEMENTS = 7
 
 
 def registry(pool: AsyncConnectionPool[Any], prefix: str, **extra: Any) -> TargetRegistry:
@@ -160,7 +161,7 @@ async def test_a_small_timestamp_table_over_a_local_time_zone_is_said_as_a_liste
     assert "read up to 8 h off" in swept.advice
 
 
-async def test_a_small_table_costs_six_statements_as_the_server_counts_them(
+async def test_a_small_table_costs_seven_statements_as_the_server_counts_them(
     pg_server: EmbeddedPostgres,
     logged_pool: AsyncConnectionPool[Any],
     db: psycopg.Connection[Any],
@@ -303,6 +304,28 @@ async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_s
         assert "some of its values look like epoch seconds, not milliseconds" in refusal
         [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
         assert rows == 10 + 1  # tenant 0 has no expired row; the one in seconds stayed
+
+
+async def test_a_row_in_seconds_past_the_first_values_is_found_by_the_index_probe(
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+) -> None:
+    """One row in seconds written after the statistics and past the first 200 values the
+    small path reads: neither shows it, but the column's index holds it. The one-statement
+    sweep probes the index as the batched sweep does (it deleted the row as expired in 1970);
+    the same one line, and nothing deleted."""
+    prefix = tenant_prefix()
+    with tenant_schemas(pg_url, prefix) as conn:
+        create_tenants(conn, prefix, range(1), real_now, live=300)
+        conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
+        conn.execute(
+            sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table(prefix, 0)),
+            ((real_now + 30 * 24 * HOUR_MS) // 1000,),
+        )
+        refusal = await refused_alike(pool, prefix, real_now)
+
+        assert "some of its values look like epoch seconds, not milliseconds" in refusal
+        [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
+        assert rows == 300 + 1
 
 
 async def test_a_table_another_sweep_holds_is_left_busy_after_busy_wait(

@@ -57,6 +57,7 @@ from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import ExpiryRule, FullBucketRule, Predicate, Rule, ident
 from activities.engine.units import (
     SAMPLE_ROWS,
+    coarse_band,
     judge_unit,
     refuse_coarse,
     weighted_statistics,
@@ -208,6 +209,11 @@ async def _transaction(
                 # The statistics may predate rows in a coarser unit; the first values, read
                 # every pass, are looked at too (units.refuse_coarse).
                 refuse_coarse(rule.table, name, unit, _firsts(sample))
+                band = coarse_band(unit)
+                if band is not None:
+                    # And the column's index, as every batched sweep probes it: sent before the
+                    # statement, in its round trip, failing where it finds one.
+                    await conn.execute(_no_coarse_value(relation, name, band), params)
             writable = tuple(facts[8:12])
             ledger_ok, shares_ok = usable(writable)
             ledger = ctx.ledger if ledger_ok else None
@@ -240,6 +246,16 @@ def _sample(facts: tuple[Any, ...], sample: Any) -> list[tuple[int, float]]:
     bounds, common, freqs = facts[5], facts[6], facts[7]
     pairs = weighted_statistics(_items(bounds), _items(common), _items(freqs))
     return pairs or [(v, 1.0) for v in _firsts(sample)]
+
+
+def _no_coarse_value(relation: sql.Identifier, column: str, band: tuple[int, int]) -> sql.Composed:
+    """A statement that fails (a division by zero) where an index leading with `column` holds a
+    value in `band` (one in a coarser unit: `units.coarse_band`), and reads no row of the table
+    without such an index. It ends the transaction with nothing deleted; the batched sweep,
+    whose unit check probes the same index, then refuses the table naming the value
+    (`units.refuse_coarse`)."""
+    probe = catalog.value_in_range(relation, column, *band)
+    return sql.SQL("SELECT 1 / (({}) IS NULL)::int").format(probe)
 
 
 def _firsts(sample: Any) -> list[int]:
