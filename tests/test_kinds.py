@@ -86,12 +86,7 @@ async def test_rate_limit_survives_buckets_whose_arithmetic_overflows_float8(
         "gone-ordinary": (4.0, 4.0, 0.001, now_ms),
         "kept-ordinary": (0.0, 4.0, 0.001, now_ms),
     }
-    bucket_rows(db, buckets)
-    target = kinds.rate_limit(pool)
-
-    assert await target.count_expired(now_ms) == 3
-    assert await target.purge_expired(now_ms) == 3
-    assert keys(db, "x_rate_limit") == keep_labels(buckets)
+    await counted_and_swept(db, pool, now_ms, buckets, 3)
 
 
 async def test_rate_limit_keeps_a_bucket_holding_nan_or_an_infinity(
@@ -109,11 +104,23 @@ async def test_rate_limit_keeps_a_bucket_holding_nan_or_an_infinity(
         "kept-infinite-tokens": (float("inf"), 4.0, 0.001, now_ms - HOUR),
         "gone-ordinary": (4.0, 4.0, 0.001, now_ms),
     }
+    await counted_and_swept(db, pool, now_ms, buckets, 1)
+
+
+async def counted_and_swept(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    now_ms: int,
+    buckets: dict[str, tuple[float, float, float, int]],
+    gone: int,
+) -> None:
+    """`buckets` written, then a dry run's count and a sweep each say `gone`, and the buckets
+    kept are those labelled so."""
     bucket_rows(db, buckets)
     target = kinds.rate_limit(pool)
 
-    assert await target.count_expired(now_ms) == 1
-    assert await target.purge_expired(now_ms) == 1
+    assert await target.count_expired(now_ms) == gone
+    assert await target.purge_expired(now_ms) == gone
     assert keys(db, "x_rate_limit") == keep_labels(buckets)
 
 

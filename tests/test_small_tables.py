@@ -285,15 +285,22 @@ async def test_a_column_in_seconds_is_refused_as_the_batched_sweep_refuses_it(
         assert rows == 52
 
 
+@pytest.mark.parametrize(
+    "live",
+    [10, 300],
+    ids=["among-the-first-values", "past-the-first-values"],
+)
 async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_statement(
-    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
+    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int, live: int
 ) -> None:
-    """One row in seconds among a dozen in ms, written after the table was analyzed: the small
-    table's first values, read every pass, show it where the statistics cannot; the batched
-    sweep's index probe finds it too. The same one line, and nothing deleted."""
+    """One row in seconds among rows in ms, written after the table was analyzed, so the
+    statistics cannot show it. Among a dozen, the small table's first values (read every pass)
+    show it; past the first 200, only the column's index holds it, which the one-statement
+    sweep probes as the batched sweep does (it deleted the row as expired in 1970). The same
+    one line either way, and nothing deleted."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(1), real_now, live=10)
+        create_tenants(conn, prefix, range(1), real_now, live=live)
         conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
         conn.execute(
             sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table(prefix, 0)),
@@ -303,29 +310,7 @@ async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_s
 
         assert "some of its values look like epoch seconds, not milliseconds" in refusal
         [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
-        assert rows == 10 + 1  # tenant 0 has no expired row; the one in seconds stayed
-
-
-async def test_a_row_in_seconds_past_the_first_values_is_found_by_the_index_probe(
-    pool: AsyncConnectionPool[Any], pg_url: str, real_now: int
-) -> None:
-    """One row in seconds written after the statistics and past the first 200 values the
-    small path reads: neither shows it, but the column's index holds it. The one-statement
-    sweep probes the index as the batched sweep does (it deleted the row as expired in 1970);
-    the same one line, and nothing deleted."""
-    prefix = tenant_prefix()
-    with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(1), real_now, live=300)
-        conn.execute(sql.SQL("ANALYZE {}").format(table(prefix, 0)))
-        conn.execute(
-            sql.SQL("INSERT INTO {} (expires_at) VALUES (%s)").format(table(prefix, 0)),
-            ((real_now + 30 * 24 * HOUR_MS) // 1000,),
-        )
-        refusal = await refused_alike(pool, prefix, real_now)
-
-        assert "some of its values look like epoch seconds, not milliseconds" in refusal
-        [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
-        assert rows == 300 + 1
+        assert rows == live + 1  # tenant 0 has no expired row; the one in seconds stayed
 
 
 async def test_a_table_another_sweep_holds_is_left_busy_after_busy_wait(
