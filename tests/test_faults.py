@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 from temporalio.client import Client
 
-from activities.engine.access import LOCK_SPACE
+from activities.engine.access import table_lock_keys
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
@@ -59,6 +59,13 @@ ROWS = 100_000
 #: batches or in one.
 SWEEP = {"batch_target": "1ms"}
 KILLS = 20
+#: Of the kills, at least this many must strike a sweep in the middle of its target (the server
+#: shows the attempt it was running on the killed worker failed: `_struck`). Almost every kill
+#: is aimed inside a table's sweep (`_kill_points`); one lands after its target completed only
+#: when the target's last rows went within the moments between the probe's look and the kill
+#: (17 of 24 kills struck in one run, the early ones of `rng.random() < 0.3` included). The
+#: passes go on until this many have struck, so a run of many misses takes another pass.
+STRUCK_KILLS = KILLS // 4
 PG_RESTARTS = 5
 TEMPORAL_RESTARTS = 3
 #: A target has 5 attempts: kill none that is already on its third, so two stay spare.
@@ -204,14 +211,16 @@ async def test_worker_sigkilled_at_random_points_of_passes(
 ) -> None:
     """The worker process SIGKILLed at random points of passes, at least 20 times, a new worker
     started after each: mostly part-way through a table (a random share of its expired rows
-    gone, then up to 30 ms more), sometimes as it starts, between targets or in a retry."""
+    gone, then up to 30 ms more), sometimes as it starts, between targets or in a retry. At
+    least STRUCK_KILLS of the kills strike a target's running attempt (a kill that missed every
+    sweep tests nothing of a resume)."""
     create_tables(harness.db, builtins=False)
     config = worker_config(
         tmp_path / "purge.toml", harness.url, harness.task_queue, targets_toml(**SWEEP)
     )
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address))
     progress = probes(harness.url)
-    kills = 0
+    kills = struck = 0
     for _ in range(10):
         oracle = fill(harness.db, ROWS, rng)
         async with watching(
@@ -236,9 +245,12 @@ async def test_worker_sigkilled_at_random_points_of_passes(
                 await _kill_and_replace(watch, fleet, tally)
             await _checked(watch, tally)
         kills += len(watch.faults)
-        if kills >= KILLS:
+        # A kill the server settled as a miss (`_struck`) has no target in `watch.faults`.
+        struck += sum(fault.target is not None for fault in watch.faults)
+        if kills >= KILLS and struck >= STRUCK_KILLS:
             break
     assert kills >= KILLS, f"only {kills} kills in 10 passes"
+    assert struck >= STRUCK_KILLS, f"only {struck} of {kills} kills struck a running target"
 
 
 async def test_postgres_restarted_in_the_middle_of_targets(
@@ -353,11 +365,12 @@ async def _blocked_by(probe: Probe, holder: psycopg.AsyncConnection[Any]) -> Non
 
 def _table_lock(db: psycopg.Connection[Any], table: str) -> tuple[int, int]:
     """The advisory lock every sweep of `table` holds while it sweeps it, across the batches a
-    statement_timeout narrows, and releases as its attempt ends (`activities.engine.access`):
-    (LOCK_SPACE, the table's OID shifted into an int4)."""
-    row = db.execute("SELECT (%s::regclass::oid::bigint - 2147483648)::int4", (table,)).fetchone()
+    statement_timeout narrows, and releases as its attempt ends: its two keys as the sweep
+    computes them (`activities.engine.access.table_lock_keys`)."""
+    query = sql.SQL("SELECT {}").format(table_lock_keys())
+    row = db.execute(query, {"rel": table}).fetchone()
     assert row is not None
-    return LOCK_SPACE, int(row[0])
+    return int(row[0]), int(row[1])
 
 
 def _after_the_sweep(lock: tuple[int, int], holder: int) -> sql.Composed:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import TaskQueueType
@@ -28,7 +29,7 @@ from temporalio.worker import Replayer
 
 from activities import builtin_kinds as kinds
 from activities.engine import partition_advice
-from activities.engine.access import LOCK_SPACE
+from activities.engine.access import LOCK_SPACE, table_lock_keys
 from activities.engine.errors import BadTable, SweepRefused
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
@@ -313,10 +314,7 @@ async def until_polled_by(client: Client, queue: str, identity: str) -> None:
 
 def hold_table_lock(conn: psycopg.Connection[Any], table: str) -> None:
     """Take the advisory lock a sweep of `table` takes, as another sweep would."""
-    conn.execute(
-        "SELECT pg_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",
-        (LOCK_SPACE, table),
-    )
+    conn.execute(sql.SQL("SELECT pg_advisory_lock({})").format(table_lock_keys()), {"rel": table})
 
 
 def patient_sweep(
@@ -449,8 +447,8 @@ async def test_a_sweep_releases_its_table_lock_when_it_ends(
     assert free
     with psycopg.connect(schema_url, autocommit=True) as other:
         taken = other.execute(
-            "SELECT pg_try_advisory_lock(%s, (%s::regclass::oid::bigint - 2147483648)::int4)",
-            (LOCK_SPACE, "x_idempotency"),
+            sql.SQL("SELECT pg_try_advisory_lock({})").format(table_lock_keys()),
+            {"rel": "x_idempotency"},
         ).fetchone()
     assert taken == (True,)
 

@@ -92,12 +92,14 @@ async def test_two_workers_share_a_pass_and_a_kill_of_either_loses_nothing(
             " EXECUTE FUNCTION slow_delete()"
         )
     limits = {"max_concurrent": 8, "max_per_database": 8}
-    # A batch at the gate waits until the test lets it go (60 s, not the default 2 s): with
-    # 2 s, every sweep at the gate failed an attempt each time it waited that long, and the
-    # gate is held for as long as this machine takes to see the victim sweep and kill it.
+    # A batch at the gate waits until the test lets it go, for up to 60 s: its wait is a
+    # lock's (lock_timeout 60 s, not the default 2 s) inside its DELETE (statement_timeout
+    # 120 s, not the default 10 s, so the wait and the rows after it fit in one statement).
+    # With 2 s, every sweep at the gate failed an attempt each time it waited that long, and
+    # the gate is held for as long as this machine takes to see the victim sweep and kill it.
     toml = (
         "[pass]\nmax_concurrent = 8\nmax_per_database = 8\n\n"
-        '[sweep]\nlock_timeout = "60s"\n\n' + targets_toml()
+        '[sweep]\nlock_timeout = "60s"\nstatement_timeout = "120s"\n\n' + targets_toml()
     )
     config = worker_config(tmp_path / "purge.toml", harness.url, harness.task_queue, toml)
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)

@@ -414,10 +414,12 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
             f" PERFORM pg_advisory_xact_lock_shared({KILL_GATE}); END IF; RETURN OLD; END$$"
         )
     add_rows(regions["us"], real_now)
-    # The batch at the gate waits until the test lets it go (60 s, not the default 2 s): with
-    # 2 s, a test slow to see it there and kill the worker left it failing attempt after
+    # The batch at the gate waits until the test lets it go, for up to 60 s: its wait is a
+    # lock's (lock_timeout 60 s, not the default 2 s) inside its DELETE (statement_timeout
+    # 120 s, not the default 10 s, so the wait and the rows after it fit in one statement).
+    # With 2 s, a test slow to see it there and kill the worker left it failing attempt after
     # attempt, and the retry could fail on the killed worker's orphaned batch's rows too.
-    patient = 'lock_timeout = "60s"\n'
+    patient = 'lock_timeout = "60s"\nstatement_timeout = "120s"\n'
     address = temporal_server.address
     first = Region(tmp_path, "eu", regions["eu"], task_queue, address, "1", patient)
     second = Region(tmp_path, "eu", regions["eu"], task_queue, address, "2", patient)

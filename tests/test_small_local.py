@@ -12,18 +12,23 @@ sweeps, fails its task until one of this release takes it, and no target fails (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
+import logging
 import os
 import signal
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from temporalio import workflow
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import CancelledError
 from temporalio.worker import (
@@ -414,6 +419,51 @@ async def _until(condition: Callable[[], Any], seconds: float, what: str) -> Non
         raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}") from None
 
 
+class _Evictions(logging.Handler):
+    """What a worker in this process logs as it drops a workflow run from its cache (the SDK's
+    `temporalio.worker._workflow` logger, at DEBUG): the run's ID and why, a nondeterminism
+    error among the reasons."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Evicting workflow"):
+            self.messages.append(message)
+
+    def failed(self, run_id: str) -> bool:
+        """Whether run `run_id` was dropped for a nondeterminism error."""
+        return any(run_id in m and "nondetermin" in m.lower() for m in self.messages)
+
+
+@contextlib.contextmanager
+def _evictions_logged() -> Iterator[_Evictions]:
+    logger = logging.getLogger("temporalio.worker._workflow")
+    handler, level = _Evictions(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+async def _polling(client: Client, queue: str) -> set[str]:
+    """The identities of the workers the server lists polling `queue` for workflow tasks (a
+    stopped or killed worker stays listed for minutes: only a newcomer's entry is news)."""
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    return {poller.identity for poller in described.pollers}
+
+
 @pytest.mark.slow
 async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
     tmp_path: Path,
@@ -428,9 +478,10 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
     local sweeps, its first workflow task completed (the patch marker recorded) while one sweep
     waits for a row another session holds; that worker is SIGKILLed, and a worker of the
     release before, polling the same queue, is handed the child's next workflow task. It fails
-    it (nondeterminism) without completing any task of the child or scheduling an activity;
-    once it has stopped and a worker of this release is up, the pass completes: every target
-    ok, counts exact, each table's sweep recorded once."""
+    it (nondeterminism) without completing any task of the child or scheduling an activity; a
+    worker of this release starts beside it, and once both poll the queue the older one stops
+    (a rolling deploy's end), and the pass completes: every target ok, counts exact, each
+    table's sweep recorded once, every workflow task of the child completed by this release."""
     prefix = tenant_prefix()
     held = f"{prefix}_0001"
     with tenant_schemas(pg_url, prefix) as conn:
@@ -476,19 +527,33 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
                 return "WORKFLOW_TASK_COMPLETED" in kinds(await events(client, child))
 
             await _until(patch_recorded, 30, "the child's first workflow task to complete")
+            run_id = (await client.get_workflow_handle(child).describe()).run_id
             os.kill(first.pid, signal.SIGKILL)
             first.wait(10)
             await notice_the_dead_worker_sooner(client, child)
-            async with older:
-                # The dead worker's task times out (10 s), and the next goes to the only poller.
-                await _until(lambda: child in entered.ids, 30, "the older worker's turn")
-            # The older worker stopped once it began the child's task: it fails that task
-            # (nondeterminism) as it stops, and polls no more, so the worker of this release
-            # started next is the only one to take the task's retry. With both polling, each
-            # retry was a race the older one could win again and again, each win costing more
-            # (the server gives a task's attempts after the third a growing timeout).
-            holder.execute("COMMIT")
-            second = start_worker(path, env, tmp_path / "2.log")
+            with _evictions_logged() as evictions:
+                async with older:
+                    # The dead worker's task times out (10 s), and the next goes to the only
+                    # poller, which replays the child and meets the patch marker.
+                    await _until(lambda: child in entered.ids, 60, "the older worker's turn")
+                    await _until(
+                        lambda: evictions.failed(run_id),
+                        60,
+                        "the older worker to fail the child's task (nondeterminism)",
+                    )
+                    # A worker of this release starts beside the older one, which still polls.
+                    holder.execute("COMMIT")
+                    second = start_worker(path, env, tmp_path / "2.log")
+                    beside, queue = {"release-before", identity(second)}, cfg.own_queue
+
+                    async def both_polling() -> bool:
+                        return beside <= await _polling(client, queue)
+
+                    await _until(both_polling, 60, "both workers to poll the child's queue")
+                # The older worker stops once both poll: the task's retries go to this
+                # release's alone. Polling on to the end, the older one could win each retry
+                # again, each win costing more (the server gives a task's attempts after the
+                # third a growing timeout); at most the one it holds as it stops is lost.
             result = await asyncio.wait_for(handle.result(), 120)
         finally:
             holder.close()
@@ -511,8 +576,12 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
         for e in history
         if e.HasField("workflow_task_completed_event_attributes")
     }
-    assert "release-before" not in completed_by
-    assert identity(second) in completed_by
+    # The older worker ran the child's task (`entered`) and failed it (nondeterminism, above);
+    # the killed worker completed the child's first tasks, the worker started beside the older
+    # one every task after them: the older one none.
+    assert child in entered.ids
+    assert evictions.failed(run_id)
+    assert completed_by == {identity(first), identity(second)}
 
 
 def _log_each_delete(conn: psycopg.Connection[Any], prefix: str, schemas: list[str]) -> str:

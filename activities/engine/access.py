@@ -303,11 +303,21 @@ _LACKING = sql.SQL(
 LOCK_SPACE = 0x70757267
 
 
+#: The OID of the table named by the parameter `%(rel)s`, as SQL.
+_REL_OID = sql.SQL("%(rel)s::regclass::oid")
+
+
+def table_lock_keys(oid: sql.Composable = _REL_OID) -> sql.Composed:
+    """The two keys of the advisory lock every sweep of a table takes (`lock_table`,
+    `try_lock`, `try_lock_in_transaction`), as SQL arguments: LOCK_SPACE, then the table's OID
+    (`oid`, an SQL expression; by default that of the table named by `%(rel)s`) shifted into an
+    int4. Another session takes the same lock with them, or reads them (`SELECT {keys}`)."""
+    return sql.SQL("{}, ({}::bigint - 2147483648)::int4").format(sql.Literal(LOCK_SPACE), oid)
+
+
 def lock_table() -> sql.Composed:
     """Take the session's advisory lock on `%(rel)s`, waiting at most the lock_timeout."""
-    return sql.SQL(
-        "SELECT pg_advisory_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4)"
-    ).format(sql.Literal(LOCK_SPACE))
+    return sql.SQL("SELECT pg_advisory_lock({})").format(table_lock_keys())
 
 
 def try_lock() -> sql.Composed:
@@ -315,11 +325,11 @@ def try_lock() -> sql.Composed:
     holds it and the table has a page (as the plan's `pages` counts them from the file size) or
     partitions: one row, true when taken; no row when the table is empty. It never waits."""
     return sql.SQL(
-        "SELECT pg_try_advisory_lock({}, (c.oid::bigint - 2147483648)::int4)"
+        "SELECT pg_try_advisory_lock({})"
         " FROM pg_class c WHERE c.oid = %(rel)s::regclass"
         " AND (c.relkind = 'p'"
         " OR pg_relation_size(c.oid) >= current_setting('block_size')::int)"
-    ).format(sql.Literal(LOCK_SPACE))
+    ).format(table_lock_keys(sql.SQL("c.oid")))
 
 
 def try_lock_in_transaction() -> sql.Composed:
@@ -328,11 +338,11 @@ def try_lock_in_transaction() -> sql.Composed:
     timeouts for the statements after it (`%(lock_ms)s`, `%(statement_ms)s`). The same lock
     as `lock_table`'s: a sweep holding either keeps the other out."""
     return sql.SQL(
-        "SELECT pg_try_advisory_xact_lock({}, (%(rel)s::regclass::oid::bigint - 2147483648)::int4),"
+        "SELECT pg_try_advisory_xact_lock({}),"
         " set_config('lock_timeout', %(lock_ms)s::text, true),"
         " set_config('statement_timeout', %(statement_ms)s::text, true),"
         " set_config('plan_cache_mode', 'force_generic_plan', true)"
-    ).format(sql.Literal(LOCK_SPACE))
+    ).format(table_lock_keys())
 
 
 def unlock_tables() -> sql.SQL:
