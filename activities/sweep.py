@@ -254,9 +254,12 @@ def _record_metrics(step: PurgeStep, removed: int, seconds: float, batched: bool
     """Each target's sweep duration (histogram) and, for a target that does not count per batch,
     its rows removed (counter), on the worker's Prometheus endpoint beside the SDK's own."""
     labels = {"target": step.name}
-    if not step.dry_run:
-        # A batched target added its rows batch by batch; adding 0 still shows its series.
-        _rows_removed().add(0 if batched else removed, labels)
+    if step.dry_run:
+        # A count is no sweep: the histogram is what PurgeTargetNotSwept reads as sweeps come
+        # back, and a target only ever counted by hand would read as never swept.
+        return
+    # A batched target added its rows batch by batch; adding 0 still shows its series.
+    _rows_removed().add(0 if batched else removed, labels)
     metrics.TARGET_SECONDS.on(_meter()).record(seconds, labels)
 
 

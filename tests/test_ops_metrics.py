@@ -212,6 +212,33 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
 
 
+async def test_a_dry_run_is_no_sweep_in_the_sweep_duration_histogram(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """`purge_target_seconds` counts the sweeps that came back, which PurgeTargetNotSwept reads
+    against the last sweep that ran: a dry run's count is neither, or a target only ever
+    counted by hand would page as never swept."""
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
+    [port] = free_ports(1)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    request = {"targets": ["x_idempotency"]}
+    async with worker(config, temporal_server, port):
+        counted = await run_pass(client, task_queue, {**request, "dry_run": True})
+        after_count = samples(await metrics_text(port))
+        await run_pass(client, task_queue, request)
+        after_sweep = samples(await metrics_text(port))
+
+    assert counted["removed"] == 1
+    assert "purge_target_seconds_count" not in after_count
+    assert value(after_sweep, "purge_target_seconds_count", target="x_idempotency") == 1
+
+
 # -- a sweep that did not run leaves the gauges as the last one that ran set them -------------
 
 #: Every gauge a sweep sets for its target, and the timestamp the rules' freshness window reads.
