@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.leftover import oldest_expired
 from purge_config.names import TableName
 from purge_config.values import parse_duration
 from tests.support.rows import (
@@ -105,6 +106,29 @@ async def test_rate_limit_keeps_a_bucket_holding_nan_or_an_infinity(
         "gone-ordinary": (4.0, 4.0, 0.001, now_ms),
     }
     await counted_and_swept(db, pool, now_ms, buckets, 1)
+
+
+async def test_the_oldest_full_bucket_left_is_read_whatever_its_refill(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], now_ms: int
+) -> None:
+    """What a sweep cut short reads of the buckets it left: when the oldest became full. A full
+    bucket that refills at 0 a ms divided by zero there, and the read failed; it has been full
+    since its last_ms. (The reference table refuses a refill of 0; an application's may not.)"""
+    db.execute("ALTER TABLE x_rate_limit DROP CONSTRAINT x_rate_limit_refill_per_ms_check")
+    bucket_rows(
+        db,
+        {
+            "gone-full-no-refill": (4.0, 4.0, 0.0, now_ms - 3 * HOUR),
+            "gone-refilled": (0.0, 4.0, 0.001, now_ms - 2 * HOUR),
+        },
+    )
+    [rule] = kinds.rate_limit(pool).rules
+    async with pool.connection() as conn:
+        pred = await rule.bind(conn, now_ms)
+        cur = await conn.execute(oldest_expired(pred), pred.params)
+        row = await cur.fetchone()
+
+    assert row == (now_ms - 3 * HOUR,)
 
 
 async def counted_and_swept(

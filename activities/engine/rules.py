@@ -400,9 +400,11 @@ class FullBucketRule:
         # the exact branch would call it full (IEEE never does), and what an infinite refill
         # means is the client's to say; deleting it on a guess would reset its limit.
         where = sql.SQL(
-            "CASE WHEN 'NaN'::float8 IN (tokens::float8, capacity::float8, refill_per_ms::float8)"
-            " OR abs(tokens::float8) = 'Infinity' OR abs(capacity::float8) = 'Infinity'"
-            " OR abs(refill_per_ms::float8) = 'Infinity' THEN false"
+            # As text: a numeric past float8's range would fail a cast to float8 here.
+            "CASE WHEN 'NaN' IN (tokens::text, capacity::text, refill_per_ms::text)"
+            " OR tokens::text IN ('Infinity', '-Infinity')"
+            " OR capacity::text IN ('Infinity', '-Infinity')"
+            " OR refill_per_ms::text IN ('Infinity', '-Infinity') THEN false"
             " WHEN abs(refill_per_ms::float8) <= 1e280 AND abs(tokens::float8) <= 1e300"
             " AND abs(capacity::float8) <= 1e300"
             " THEN tokens::float8 + (%(now_ms)s::float8 - last_ms::float8) * refill_per_ms::float8"
@@ -410,10 +412,12 @@ class FullBucketRule:
             " ELSE tokens::numeric + (%(now_ms)s::numeric - last_ms::numeric)"
             " * refill_per_ms::numeric >= capacity::numeric END"
         )
-        # Full again at last_ms + the missing tokens' refill time.
+        # Full again at last_ms + the missing tokens' refill time; at last_ms where it was
+        # full then (a refill of 0 would divide by zero: the read of what a sweep left failed).
         expired_at = sql.SQL(
-            "last_ms::float8 + greatest(capacity::float8 - tokens::float8, 0)"
-            " / refill_per_ms::float8"
+            "CASE WHEN tokens::float8 >= capacity::float8 THEN last_ms::float8"
+            " ELSE last_ms::float8 + (capacity::float8 - tokens::float8)"
+            " / nullif(refill_per_ms::float8, 0) END"
         )
         return Predicate(
             self.table,
