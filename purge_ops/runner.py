@@ -58,13 +58,16 @@ def new_worker(
 
     With `sweeps=False` it runs the workflows only and takes no activity from `task_queue` (a
     worker whose targets all have queues of their own). `options` go to
-    `temporalio.worker.Worker` (identity, max_concurrent_activities, ...).
+    `temporalio.worker.Worker` (identity, max_concurrent_activities, ...); `interceptors`
+    given there run beside the package's own, never instead of them.
     """
+    # The metrics the alert rules need (pass_metrics.py): kept whatever interceptors are given.
+    given = options.pop("interceptors", None) or []
     settings: dict[str, object] = {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
-        "interceptors": [PassMetrics()],  # the metrics the alert rules need (pass_metrics.py)
         **options,
+        "interceptors": [PassMetrics(), *given],  # type: ignore[misc]
     }
     activities = PurgeActivities(registry, runs_chunks=True)
     count_passes_from_zero(client, task_queue)

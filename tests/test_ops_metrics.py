@@ -15,9 +15,13 @@ import psycopg
 import pytest
 from psycopg import sql
 from temporalio.client import Client
+from temporalio.worker import Interceptor
 
 from activities import metrics
+from activities.registry import TargetRegistry
+from purge_ops.pass_metrics import PassMetrics
 from purge_ops.ports import free_ports
+from purge_ops.runner import new_worker
 from tests.support.pace import HandClock, budget_clock, cut_short_at
 from tests.support.passes import run_pass
 from tests.support.probes import http, samples, scrape, worker
@@ -210,6 +214,24 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_target_failures", target="nope") == 1
     assert value(after_two, "purge_target_failures", target="x_auth") == 0
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
+
+
+async def test_interceptors_given_to_new_worker_run_beside_the_alert_metrics(
+    client: Client, task_queue: str
+) -> None:
+    """`new_worker(..., interceptors=[...])` (docs/own-targets.md: any other keyword goes to
+    the SDK's Worker): the package's own interceptor, which records what the alert rules read,
+    stays first; given ones replaced it, silently dropping those metrics."""
+
+    class Mine(Interceptor):
+        pass
+
+    mine = Mine()
+    built = new_worker(client, TargetRegistry([]), task_queue, interceptors=[mine])
+
+    interceptors = built.config()["interceptors"]
+    assert [type(i) for i in interceptors] == [PassMetrics, Mine]
+    assert interceptors[1] is mine
 
 
 async def test_a_dry_run_is_no_sweep_in_the_sweep_duration_histogram(
