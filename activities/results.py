@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 SweepStatus = Literal["ok", "skipped", "busy", "gone"]
 """How a sweep ended, on the wire as the string itself. `ok`: it ran. `skipped`: the pass's
-budget was spent before it started. `busy`: another sweep held one of its tables. `gone`: a
-pattern's match was dropped before its sweep. None of the last three is a failure, and none of
-them measured anything."""
+budget was spent before it started (or, for a dry run, while it counted). `busy`: another
+sweep held one of its tables. `gone`: a pattern's match was dropped before its sweep. None of
+the last three is a failure, and none of them measured anything."""
 
 
 @dataclass

@@ -104,20 +104,7 @@ class PurgeActivities:
         if isinstance(target, BatchedTarget) and not step.dry_run:
             removed = await self._sweep_tables(target, step, sweep)
         elif isinstance(target, BatchedTarget):
-            async with _heartbeating(_Beat(step.name)):
-                info = activity.info()
-                # The guards' counts and the dry run's end by one deadline, as a sweep does.
-                deadline = _deadline(target, step, info)
-                # Refused where the sweep would be: a dry run that counted what a guard then
-                # refuses would promise a sweep that never comes.
-                sweep.unchecked_guards = await _guard(target, step, info, deadline)
-                if deadline is not None and isinstance(target, TimedTarget):
-                    stats = await target.preview(step.now_ms, deadline=deadline)
-                else:
-                    stats = await target.preview(step.now_ms)
-            removed = stats.removed
-            sweep.take_figures(stats)
-            sweep.strategy = "count"
+            removed = await self._count_tables(target, step, sweep)
         else:
             async with _heartbeating(_Beat(step.name)):
                 if step.dry_run:
@@ -127,6 +114,35 @@ class PurgeActivities:
                     removed = await target.purge_expired(step.now_ms)
         batched = isinstance(target, BatchedTarget) and not step.dry_run
         return _finished(step, sweep, removed, time.monotonic() - started, batched)
+
+    async def _count_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
+        """A built-in target's dry run: refused where its sweep would be (a dry run that
+        counted what a guard then refuses would promise a sweep that never comes), then
+        counted; the guards' counts and its own end by the step's one deadline, as a sweep's
+        do. One the deadline cancels is reported `skipped` with its reason, not failed (its
+        retries would have less time still): the next pass counts again."""
+        info = activity.info()
+        deadline = _deadline(target, step, info)
+        sweep.strategy = "count"
+        async with _heartbeating(_Beat(step.name)):
+            try:
+                sweep.unchecked_guards = await _guard(target, step, info, deadline)
+                if deadline is not None and isinstance(target, TimedTarget):
+                    stats = await target.preview(step.now_ms, deadline=deadline)
+                else:
+                    stats = await target.preview(step.now_ms)
+            except psycopg.errors.QueryCanceled:
+                if not _cancelled_at(deadline):
+                    raise  # not the step's deadline: a cancel of another's, retried
+                sweep.status = "skipped"
+                sweep.reason = (
+                    "its time ran out while it counted the rows: no count; the next pass "
+                    "counts again"
+                )
+                return 0
+        sweep.take_figures(stats)
+        sweep.strategy = "count"
+        return stats.removed
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
         """A built-in target's batched sweep: guards first, resumed from the ledger (exact) or
@@ -159,7 +175,7 @@ class PurgeActivities:
                 try:
                     sweep.unchecked_guards = await _guard(target, step, info, deadline)
                 except psycopg.errors.QueryCanceled:
-                    if deadline is None or ms_left(deadline) > CANCELLED_AT_DEADLINE_MS:
+                    if not _cancelled_at(deadline):
                         raise  # not the step's deadline: a cancel of another's, retried
                     # Out of time while the guards counted (a retry, or a pass's last
                     # minutes): the sweep below gets none, so it deletes nothing and reports
@@ -364,6 +380,12 @@ async def _heartbeating(beat: _Beat, at_once: bool = False) -> AsyncIterator[Non
         task.cancel()
         # gather, not a bare await: a cancellation of this activity itself must still propagate.
         await asyncio.gather(task, return_exceptions=True)
+
+
+def _cancelled_at(deadline: float | None) -> bool:
+    """Whether a statement just cancelled was cancelled by the statement timeout `deadline` set
+    (at most CANCELLED_AT_DEADLINE_MS of it left)."""
+    return deadline is not None and ms_left(deadline) <= CANCELLED_AT_DEADLINE_MS
 
 
 def _deadline(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> float | None:

@@ -285,6 +285,38 @@ async def test_a_guards_count_the_deadline_cancels_leaves_the_sweep_out_of_time_
     assert len(keys(db, "x_idempotency")) == 10
 
 
+async def test_a_dry_runs_count_the_deadline_cancels_is_reported_skipped_not_failed(
+    pool: AsyncConnectionPool[Any],
+    db: psycopg.Connection[Any],
+    real_now: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dry run's count still running at the step's deadline is cancelled by the statement
+    timeout the deadline set: the target is reported `skipped`, saying why, not failed (its
+    retries would have less time still). Made to happen as for the guards' count above."""
+    seed(db, real_now, expired=6, live=4)
+    clock = budget_clock(monkeypatch)
+    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=60_000)
+    target = kinds.idempotency(pool, settings=settings)
+    preview = target.preview
+
+    async def runs_out(now_ms: int, *, deadline: float | None = None) -> Any:
+        clock.spend(60)
+        with db.transaction():
+            db.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
+            return await preview(now_ms, deadline=deadline)
+
+    monkeypatch.setattr(target, "preview", runs_out)
+    counted = await activity_env().run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name="x_idempotency", now_ms=real_now, dry_run=True),
+    )
+
+    assert (counted.status, counted.removed, counted.dry_run) == ("skipped", 0, True)
+    assert counted.reason.startswith("its time ran out while it counted the rows: no count")
+    assert len(keys(db, "x_idempotency")) == 10
+
+
 async def test_guards_are_not_asked_again_by_a_resumed_attempt(
     pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], real_now: int
 ) -> None:
