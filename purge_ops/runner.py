@@ -61,14 +61,7 @@ def new_worker(
     `temporalio.worker.Worker` (identity, max_concurrent_activities, ...); `interceptors`
     given there run beside the package's own, never instead of them.
     """
-    # The metrics the alert rules need (pass_metrics.py): kept whatever interceptors are given.
-    given = options.pop("interceptors", None) or []
-    settings: dict[str, object] = {
-        "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
-        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
-        **options,
-        "interceptors": [PassMetrics(), *given],  # type: ignore[misc]
-    }
+    settings = _worker_settings(options)
     activities = PurgeActivities(registry, runs_chunks=True)
     count_passes_from_zero(client, task_queue)
     return Worker(
@@ -82,6 +75,21 @@ def new_worker(
     )
 
 
+def _worker_settings(options: dict[str, object]) -> dict[str, object]:
+    """Every worker's settings: a 20 s graceful shutdown, heartbeats at most a second apart,
+    and the interceptor that records the metrics the alert rules need (pass_metrics.py),
+    before any given in `options` (never replaced by them); the rest of `options` as given."""
+    given = options.get("interceptors") or ()
+    if not isinstance(given, list | tuple):
+        raise TypeError(f"interceptors must be a list, got {type(given).__name__}")
+    return {
+        "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
+        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        **options,
+        "interceptors": [PassMetrics(), *given],
+    }
+
+
 def activity_worker(
     client: Client, registry: TargetRegistry, task_queue: str, **options: object
 ) -> Worker:
@@ -89,12 +97,7 @@ def activity_worker(
     children of a spread pass whose pattern it expanded there (`workflows.spread`), so that
     their activities are dispatched eagerly, with the workflow task that schedules them."""
     activities = PurgeActivities(registry, runs_chunks=True)
-    settings: dict[str, object] = {
-        "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
-        "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
-        "interceptors": [PassMetrics()],
-        **options,
-    }
+    settings = _worker_settings(options)
     return Worker(
         trimming_failures(client),  # as new_worker's
         task_queue=task_queue,

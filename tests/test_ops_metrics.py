@@ -21,7 +21,7 @@ from activities import metrics
 from activities.registry import TargetRegistry
 from purge_ops.pass_metrics import PassMetrics
 from purge_ops.ports import free_ports
-from purge_ops.runner import new_worker
+from purge_ops.runner import activity_worker, new_worker
 from tests.support.pace import HandClock, budget_clock, cut_short_at
 from tests.support.passes import run_pass
 from tests.support.probes import http, samples, scrape, worker
@@ -220,18 +220,21 @@ async def test_interceptors_given_to_new_worker_run_beside_the_alert_metrics(
     client: Client, task_queue: str
 ) -> None:
     """`new_worker(..., interceptors=[...])` (docs/own-targets.md: any other keyword goes to
-    the SDK's Worker): the package's own interceptor, which records what the alert rules read,
-    stays first; given ones replaced it, silently dropping those metrics."""
+    the SDK's Worker), and a database's own queue's worker built with the same options: the
+    package's own interceptor, which records what the alert rules read, stays first; given
+    ones replaced it, silently dropping those metrics."""
 
     class Mine(Interceptor):
         pass
 
     mine = Mine()
-    built = new_worker(client, TargetRegistry([]), task_queue, interceptors=[mine])
-
-    interceptors = built.config()["interceptors"]
-    assert [type(i) for i in interceptors] == [PassMetrics, Mine]
-    assert interceptors[1] is mine
+    for built in (
+        new_worker(client, TargetRegistry([]), task_queue, interceptors=[mine]),
+        activity_worker(client, TargetRegistry([]), f"{task_queue}:own", interceptors=[mine]),
+    ):
+        interceptors = built.config()["interceptors"]
+        assert [type(i) for i in interceptors] == [PassMetrics, Mine]
+        assert interceptors[1] is mine
 
 
 async def test_a_dry_run_is_no_sweep_in_the_sweep_duration_histogram(
