@@ -74,7 +74,8 @@ class PatternTargets:
         return name in self._specs
 
     def resolve(self, name: str) -> PurgeTarget | None:
-        """The target of the match `name`, or None when `name` is no match of a pattern here.
+        """The target of the match `name`, or None when `name` is no match of a pattern here
+        (BadPurgeTarget as `_match`).
         Built once per worker: its table's plan caches survive from pass to pass."""
         found = self._built.get(name)
         if found is not None:
@@ -88,7 +89,8 @@ class PatternTargets:
 
     def _match(self, name: str) -> tuple[TargetSpec, Any] | None:
         """The config entry of the match `name` (its tables filled in) and its pool, or None
-        when `name` is no match of a pattern here."""
+        when `name` is no match of a pattern here; BadPurgeTarget where a table filled in from
+        its stars would be longer than PostgreSQL keeps (`_refuse_long_companions`)."""
         entry = self._specs.get(name.rpartition("@")[0])
         matched = entry[0].matched(name) if entry else None
         if matched is None or entry is None:
@@ -134,7 +136,10 @@ class PatternTargets:
 
     async def gone(self, name: str) -> bool:
         """Whether `name` is a match of a pattern here whose table has been dropped since."""
-        match = self._match(name)
+        try:
+            match = self._match(name)
+        except BadPurgeTarget:
+            return False  # refused as it is, dropped or not: the refusal stands
         if match is None:
             return False
         matched, pool = match

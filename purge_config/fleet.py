@@ -69,7 +69,7 @@ def check_dsn(where: str, key: str, dsn: str) -> None:
     if not dsn.strip():
         # libpq reads it as no setting at all and connects to its defaults (a local socket,
         # the PG* variables): never what a key or a variable set to spaces meant.
-        raise ConfigError(f"{where}: {key}: must be a connection string, got only spaces")
+        raise ConfigError(f"{where}: {key}: must be a connection string, got an empty or blank one")
     try:
         parse_dsn(dsn)
     except BadDsn as err:

@@ -606,7 +606,7 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         # does, where `check` reads it, not `run` after connecting.
         "database_url only spaces": (
             {"database_url": "   "},
-            "database_url: must be a connection string, got only spaces",
+            "database_url: must be a connection string, got an empty or blank one",
         ),
         "url_env of spaces": (
             {"databases": {"a": {"url_env": "PURGE_TEST_SPACES"}}},

@@ -48,8 +48,9 @@ class PurgeChunkWorkflow:
 
     @workflow.run
     async def run(self, raw: Any) -> ChunkReport:
-        # `Any`, read leniently: the pass (or the run before this one) may be of another
-        # release, mid-deploy; an input of a later release's format waits for its workers.
+        # `Any`, read by activities.wire: strictly, but for the report carried from the run
+        # before (a later release's statuses may be in it), mid-deploy; an input of a later
+        # release's format waits for its workers.
         chunk = read_chunk(raw)
         report = chunk.carried or ChunkReport()
         names = chunk.targets[: chunk.run_size]

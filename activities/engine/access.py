@@ -53,8 +53,8 @@ class TableAccess:
     async def check(self, rules: list[Rule], now_ms: int, sweeping: bool = False) -> list[str]:
         """Before anything is deleted: each table's epoch columns in their unit; and with
         `partitions` set to drop or detach, refuse a role that could not finish what it starts
-        (MissingRights, BadTable). With `sweeping` (a sweep of several tables, before its
-        first), also what each table's own sweep would refuse only once reached
+        (MissingRights, BadTable). With `sweeping` (a sweep of several tables before its first,
+        `check`, a dry run), also what each table's own sweep would refuse only once reached
         (`refuse_table`). The advice: where the setting can do nothing (a plain table,
         another key, a rule that is not one column's comparison), and a write time taken for
         an expiry (`written_column_advice`)."""
