@@ -123,7 +123,7 @@ class PurgeActivities:
         retries would have less time still): the next pass counts again."""
         info = activity.info()
         deadline = _deadline(target, step, info)
-        sweep.strategy = "count"
+        sweep.strategy = "count"  # what the report says however the count ends
         async with _heartbeating(_Beat(step.name)):
             try:
                 sweep.unchecked_guards = await _guard(target, step, info, deadline)
@@ -141,7 +141,7 @@ class PurgeActivities:
                 )
                 return 0
         sweep.take_figures(stats)
-        sweep.strategy = "count"
+        sweep.strategy = "count"  # take_figures wrote the stats' own
         return stats.removed
 
     async def _sweep_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
@@ -181,19 +181,19 @@ class PurgeActivities:
                     # minutes): the sweep below gets none, so it deletes nothing and reports
                     # the backlog, as one that starts out of time does.
                     counted_out = True
+            if counted_out:
+                budget_ms: int | None = 0  # its guards unchecked: no batch, whatever is left
+            elif deadline is None:
+                budget_ms = pass_budget_left(step.budget_ms, info)
+            else:
+                budget_ms = ms_left(deadline)
             try:
                 stats = await target.sweep(
                     step.now_ms,
                     resume=resumed,
                     on_batch=beat.after_batch,
                     ledger=ledger,
-                    budget_ms=(
-                        0  # its guards unchecked: no batch may run, whatever time is left
-                        if counted_out
-                        else pass_budget_left(step.budget_ms, info)
-                        if deadline is None
-                        else ms_left(deadline)
-                    ),
+                    budget_ms=budget_ms,
                 )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
