@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +34,7 @@ from purge_ops.runner import activity_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
-from tests.support.pace import budget_clock
+from tests.support.pace import HandClock, budget_clock
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
@@ -248,6 +248,27 @@ async def test_a_guards_count_comes_out_of_the_sweeps_time_budget(
     assert len(keys(db, "x_idempotency")) == 10
 
 
+#: A minute's budget (spent on the test's clock) and a lock wait longer than it: the deadline's
+#: statement timeout, not the lock timeout, ends a count held behind the test's lock.
+PATIENT = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=60_000)
+
+
+def held_past_the_deadline(
+    db: psycopg.Connection[Any], clock: HandClock, count: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """`count` (a target's `measure` or `preview`) run past its step's deadline on any machine:
+    the budget spent on the test's clock as it starts, then its read waits on a lock the test
+    holds until the statement timeout the deadline set cancels it."""
+
+    async def runs_out(*args: Any, **kwargs: Any) -> Any:
+        clock.spend(60)
+        with db.transaction():
+            db.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
+            return await count(*args, **kwargs)
+
+    return runs_out
+
+
 async def test_a_guards_count_the_deadline_cancels_leaves_the_sweep_out_of_time_not_failed(
     pool: AsyncConnectionPool[Any],
     db: psycopg.Connection[Any],
@@ -262,19 +283,8 @@ async def test_a_guards_count_the_deadline_cancels_leaves_the_sweep_out_of_time_
     deadline cancels it on any machine."""
     seed(db, real_now, expired=6, live=4)
     clock = budget_clock(monkeypatch)
-    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=60_000)
-    target = kinds.idempotency(pool, guards=Guards(max_rows=100), settings=settings)
-    measure = target.measure
-
-    async def runs_out(
-        now_ms: int, total: bool = True, *, deadline: float | None = None
-    ) -> tuple[int, int]:
-        clock.spend(60)
-        with db.transaction():
-            db.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
-            return await measure(now_ms, total, deadline=deadline)
-
-    monkeypatch.setattr(target, "measure", runs_out)
+    target = kinds.idempotency(pool, guards=Guards(max_rows=100), settings=PATIENT)
+    monkeypatch.setattr(target, "measure", held_past_the_deadline(db, clock, target.measure))
     swept = await activity_env().run(
         PurgeActivities(TargetRegistry([target])).purge_target,
         PurgeStep(name="x_idempotency", now_ms=real_now),
@@ -296,17 +306,8 @@ async def test_a_dry_runs_count_the_deadline_cancels_is_reported_skipped_not_fai
     retries would have less time still). Made to happen as for the guards' count above."""
     seed(db, real_now, expired=6, live=4)
     clock = budget_clock(monkeypatch)
-    settings = SweepSettings(time_budget_ms=60_000, lock_timeout_ms=60_000)
-    target = kinds.idempotency(pool, settings=settings)
-    preview = target.preview
-
-    async def runs_out(now_ms: int, *, deadline: float | None = None) -> Any:
-        clock.spend(60)
-        with db.transaction():
-            db.execute("LOCK TABLE x_idempotency IN ACCESS EXCLUSIVE MODE")
-            return await preview(now_ms, deadline=deadline)
-
-    monkeypatch.setattr(target, "preview", runs_out)
+    target = kinds.idempotency(pool, settings=PATIENT)
+    monkeypatch.setattr(target, "preview", held_past_the_deadline(db, clock, target.preview))
     counted = await activity_env().run(
         PurgeActivities(TargetRegistry([target])).purge_target,
         PurgeStep(name="x_idempotency", now_ms=real_now, dry_run=True),

@@ -61,9 +61,11 @@ async def unknown_or_later_page(step: Any) -> dict[str, Any]:
 
 async def task_failure(client: Client, workflow_id: str) -> str | None:
     """The first workflow task failure in the pass's history or its children's, if any."""
-    history = await events(client, workflow_id)
-    for run in [workflow_id, *child_ids(history)]:
-        for event in await events(client, run) if run != workflow_id else history:
+    histories = {workflow_id: await events(client, workflow_id)}
+    for child in child_ids(histories[workflow_id]):
+        histories[child] = await events(client, child)
+    for run, history in histories.items():
+        for event in history:
             if event.HasField("workflow_task_failed_event_attributes"):
                 return f"{run}: {event.workflow_task_failed_event_attributes.failure.message}"
     return None
