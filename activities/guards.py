@@ -4,7 +4,7 @@ configured."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -38,11 +38,13 @@ async def check_clock(
     """Refuse when `now_ms` went back from, or jumped ahead of, the previous pass's instant; or,
     when no previous pass recorded one, log it and return why the guard could not check.
 
-    The previous pass is the last finished one before this activity's own pass, on that pass's
-    task queue: the queue of the `Purge` run that scheduled the activity (itself or through a
-    child), not the activity's, which for a database with a queue of its own runs no pass. Its
-    instant is the one it recorded in its result (or partial report): Temporal's history, never
-    a server's clock.
+    The previous pass is the last one on that pass's task queue that had finished when this
+    activity's own pass started (a pass that overlapped it, started by hand or by another
+    schedule while this one ran, is not its previous, whatever its instant); that queue is the
+    one of the `Purge` run that scheduled the activity (itself or through a child), not the
+    activity's, which for a database with a queue of its own runs no pass. Its instant is the
+    one it recorded in its result (or partial report): Temporal's history, never a server's
+    clock.
     """
     if guards.max_clock_jump_ms is None:
         return None
@@ -51,14 +53,17 @@ async def check_clock(
     # passes on the activity's own queue are the nearest to compare with.
     queue = ours.task_queue if ours else info.task_queue
     previous = await previous_pass_instant(
-        client, queue, ours.run_id if ours else info.workflow_run_id or ""
+        client,
+        queue,
+        ours.run_id if ours else info.workflow_run_id or "",
+        finished_by=ours.started if ours else None,
     )
     if previous is None:
         why = (
-            f"no previous pass to compare with: no finished pass on task queue {queue!r} "
-            f"(of the last {PREVIOUS_PASSES_LOOKED_AT}) recorded an instant, as on a first pass "
-            "or once older passes are past the namespace's retention; the sweep went ahead "
-            "unchecked"
+            f"no previous pass to compare with: no pass on task queue {queue!r} finished before "
+            f"this one started (of the last {PREVIOUS_PASSES_LOOKED_AT}) and recorded an "
+            "instant, as on a first pass or once older passes are past the namespace's "
+            "retention; the sweep went ahead unchecked"
         )
         activity.logger.warning(
             "purge target %s: max_clock_jump had %s",
@@ -86,14 +91,17 @@ async def check_clock(
 
 
 async def previous_pass_instant(
-    client: Client, task_queue: str, run_id: str
+    client: Client, task_queue: str, run_id: str, finished_by: datetime | None = None
 ) -> tuple[str, int] | None:
     """The id and `now_ms` of the most recent finished pass on `task_queue` other than the run
-    `run_id`, if any recorded one.
+    `run_id`, if any recorded one; with `finished_by`, only a pass closed by then.
 
     Running passes are listed too, and each asked whether it still runs (`current`): the pass
     that closed a moment ago may still be listed as running, and passed over it would leave
-    an older pass to compare with (or none)."""
+    an older pass to compare with (or none). A pass that closed after `finished_by` (the start
+    of the asking pass) ran beside it: a short pass started inside a long one records a later
+    instant than the long one's, and taken for its previous it would refuse every guarded
+    target the long one has left as a clock that went back. Both times are Temporal's."""
     async for listed in client.list_workflows(
         purge_query(task_queue), limit=PREVIOUS_PASSES_LOOKED_AT
     ):
@@ -102,6 +110,10 @@ async def previous_pass_instant(
             continue
         execution = await current(client, listed)
         if execution.status == WorkflowExecutionStatus.RUNNING:
+            continue
+        if finished_by is not None and (
+            execution.close_time is None or execution.close_time > finished_by
+        ):
             continue
         record = await pass_record(client, execution)
         if record.report is not None and record.report.now_ms:

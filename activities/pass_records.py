@@ -8,6 +8,7 @@ is the only record of past passes this package keeps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from temporalio.client import (
     Client,
@@ -45,6 +46,8 @@ class PassRun:
     id: str
     run_id: str
     task_queue: str
+    started: datetime | None = None
+    """When Temporal started the run (its own clock, as every pass's close time)."""
 
 
 async def pass_of(client: Client, workflow_id: str, run_id: str) -> PassRun | None:
@@ -59,7 +62,7 @@ async def pass_of(client: Client, workflow_id: str, run_id: str) -> PassRun | No
                 return None
             raise
         if found.workflow_type == PURGE_WORKFLOW:
-            return PassRun(found.id, found.run_id, found.task_queue)
+            return PassRun(found.id, found.run_id, found.task_queue, found.start_time)
         if not found.parent_id:
             return None
         workflow_id, run_id = found.parent_id, found.parent_run_id or ""

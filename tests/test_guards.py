@@ -34,6 +34,7 @@ from purge_ops.runner import activity_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import events
+from tests.support.history import kinds as event_kinds
 from tests.support.pace import HandClock, budget_clock
 from tests.support.passes import failed_pass, listed, run_pass
 from tests.support.rows import HOUR, auth_rows, idempotency_rows, keys
@@ -339,12 +340,83 @@ async def test_guards_are_not_asked_again_by_a_resumed_attempt(
     assert swept.removed == 2 + 6
 
 
+async def test_clock_guard_compares_with_the_pass_finished_as_its_own_began_not_one_beside_it(
+    harness: Harness,
+) -> None:
+    """A short pass started and finished while a long one waited (a `sweep` typed by hand
+    beside a scheduled pass) records a later instant than the long one's: the long one's
+    guarded target compares with the pass that had finished when the long one began, and
+    sweeps; a clock behind that pass's is still refused."""
+    guarded = kinds.idempotency(harness.pool, guards=Guards(max_clock_jump_ms=6 * HOUR))
+    nowhere = f"{harness.task_queue}-nowhere"
+    async with harness.run_worker([guarded]):
+        before_id = f"purge-before-{uuid.uuid4()}"
+        before = await run_pass(harness.client, harness.task_queue, {"targets": []}, before_id)
+        # The long pass: its target's activity waits on a queue no worker polls; the activity
+        # run below is the one it waits to run.
+        long = await harness.client.start_workflow(
+            "Purge",
+            {
+                "targets": ["x_idempotency"],
+                "databases": {"x_idempotency": "eu"},
+                "queues": {"eu": nowhere},
+                "worker_wait_ms": 600_000,
+            },
+            id=f"purge-long-{uuid.uuid4()}",
+            task_queue=harness.task_queue,
+        )
+        try:
+            await _until_scheduled(harness, long.id)
+            beside = await run_pass(harness.client, harness.task_queue, {"targets": []})
+            # What the guard reads: both earlier passes listed as finished.
+            await listed(
+                harness.client,
+                f'TaskQueue = "{harness.task_queue}" AND ExecutionStatus = "Completed"',
+                2,
+            )
+            seed(harness.db, harness.now_ms, expired=3, live=1)
+            env = activity_env(
+                harness.client,
+                task_queue=nowhere,
+                workflow_type="Purge",
+                workflow_id=long.id,
+                workflow_run_id=long.result_run_id,
+            )
+            activities = PurgeActivities(TargetRegistry([guarded]))
+            with pytest.raises(ApplicationError) as behind:
+                await env.run(
+                    activities.purge_target,
+                    PurgeStep(name="x_idempotency", now_ms=before["now_ms"] - 1),
+                )
+            assert len(keys(harness.db, "x_idempotency")) == 4
+            swept = await env.run(
+                activities.purge_target,
+                PurgeStep(name="x_idempotency", now_ms=beside["now_ms"] - 1),
+            )
+        finally:
+            await long.terminate()
+    assert before["now_ms"] < beside["now_ms"]
+    assert "is earlier than the previous pass's" in behind.value.message
+    assert f"({before_id})" in behind.value.message
+    assert swept.removed == 3
+    assert swept.unchecked_guards == {}
+
+
+async def _until_scheduled(harness: Harness, workflow_id: str) -> None:
+    """Until the pass `workflow_id` has scheduled its first activity (up to 60 s)."""
+    async with asyncio.timeout(60):
+        while "ACTIVITY_TASK_SCHEDULED" not in event_kinds(
+            await events(harness.client, workflow_id)
+        ):
+            await asyncio.sleep(0.05)
+
+
 def unchecked(queue: str) -> str:
     """What the report and the log say of a max_clock_jump with no previous pass on `queue`."""
     return (
-        f"no previous pass to compare with: no finished pass on task queue {queue!r} "
-        "(of the last 20) recorded an instant, as on a first pass or once older passes are past "
-        "the namespace's retention; the sweep went ahead unchecked"
+        f"no previous pass to compare with: no pass on task queue {queue!r} finished before this "
+        "one started (of the last 20) and recorded an instant, as on a first pass or once older "
+        "passes are past the namespace's retention; the sweep went ahead unchecked"
     )
 
 
