@@ -210,12 +210,21 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-#: A connection string's password, wherever a value sent by hand holds one: from the user's `:`
-#: to the last `@` of the word, and a `password=` parameter or keyword.
-_PASSWORDS = re.compile(r"(://[^:/@\s'\"]*:)\S*@|(password\s*=\s*)[^\s&'\"]*", re.IGNORECASE)
+#: A connection string's secrets, wherever a value sent by hand holds one (in its `repr`): a URL's
+#: from the user's `:` to the last `@` after it (a password may hold spaces, quotes and `@`), and
+#: the value of a secret keyword or parameter (libpq's: `dsn.SECRET_KEYS`, `sslpassword` and
+#: `pgpassword` included) to the end of the string, quoted runs, spaces and `&` all (a password
+#: may hold an `&`). Masking too much of a value typed by hand costs nothing; masking too little
+#: writes a password into the history.
+_PASSWORDS = re.compile(
+    r"(://[^:/@\s'\"]*:).*@"
+    r"|((?:password|oauth_client_secret|scram_client_key|scram_server_key)\s*=\s*)"
+    r"(?:'(?:[^'\\]|\\.)*'|[^'\"])*",
+    re.IGNORECASE,
+)
 
 
 def _masked(text: str) -> str:
-    """`text` with any password a connection string in it holds replaced by `***`: an error
-    (and the history it is written to) never repeats one, whatever the input held."""
+    """`text` with any secret a connection string in it holds replaced by `***`: an error (and
+    the history it is written to) never repeats one, whatever the input held."""
     return _PASSWORDS.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", text)

@@ -26,8 +26,19 @@ class BadDsn(ValueError):
     """Not a connection string libpq would accept. The message never quotes the string."""
 
 
-class UnencodedAt(BadDsn):
-    """A URI whose user info holds an `@` unencoded: libpq would read the rest as a host."""
+class Misread(BadDsn):
+    """A URI libpq would read otherwise than it was meant (a password's piece taken for a host,
+    a user name or a database name, which messages then quote); the message names the fix."""
+
+
+class UnencodedAt(Misread):
+    """A URI whose user info holds an `@` unencoded: libpq would read the rest as a host; or
+    whose parameters hold one, where libpq ends a user name there."""
+
+
+class UnencodedSlash(Misread):
+    """A URI with no user info whose path holds an `@`: a password's `/` unencoded, where libpq
+    ends the host part, the password's rest then read as a port and a database name."""
 
 
 def __getattr__(name: str) -> frozenset[str]:
@@ -54,14 +65,7 @@ def parse_dsn(dsn: str) -> dict[str, str]:
         # A byte that is no character (from the environment, as a surrogate): libpq never sees it.
         raise BadDsn("it holds a byte that is no character") from None
     if dsn.startswith(_URI_PREFIXES):
-        # As libpq reads a URI: the user info ends at the first `@` before any `/` (a `?`
-        # before it is the password's), the hosts after it at a `/` or a `?`.
-        before_path = dsn.partition("://")[2].split("/", 1)[0]
-        _, at, hosts = before_path.partition("@")
-        if at and "@" in hosts.split("?", 1)[0]:
-            # A second `@` in the hosts: the password's, unencoded. libpq would take the rest
-            # for a host, whose name its error then quotes: a piece of the password.
-            raise UnencodedAt("an '@' in its user or password: write it %40")
+        _refuse_misread(dsn.partition("://")[2])
     # libpq reads any port and fails only when it connects: refuse a bad one at start.
     ports = params.get("port", "")
     if not all(port.strip().isdigit() for port in ports.split(",") if port):
@@ -87,25 +91,51 @@ def redact(dsn: str) -> str:
     return make_conninfo("", **params)
 
 
-def _redact_uri(url: str) -> str:
-    """The URI with the password of its user info and any `password` parameter masked.
+def _refuse_misread(rest: str) -> None:
+    """Raise Misread where libpq would read a piece of a password as something else (`rest`:
+    a URI past its `://`)."""
+    # As libpq reads a URI: the user info ends at the first `@` before any `/` (a `?` before it
+    # is the password's), the hosts after it at a `/` or a `?`.
+    before_path, slash, path = rest.partition("/")
+    info, at, hosts = before_path.partition("@")
+    if at and "@" in hosts.split("?", 1)[0]:
+        # A second `@` in the hosts: the password's, unencoded. libpq would take the rest for a
+        # host, whose name its error then quotes: a piece of the password.
+        raise UnencodedAt("an '@' in its user or password: write it %40")
+    if at and _parameters_in(info):
+        # `postgresql://db?password=p@ss`: libpq reads `db?password=p` as the user name and
+        # `ss` as the host (`db:5432?password=p@ss`: a user `db`, a password `5432?...`). A `?`
+        # alone in a password is the password's, as libpq reads it.
+        raise UnencodedAt(
+            "a '?' before its '@', which libpq reads as its user or password: write an '@' in "
+            "a parameter as %40 (a '?' in a password as %3F)"
+        )
+    if not at and slash and "@" in path.split("?", 1)[0]:
+        # `postgresql://app:2024/pw@db/app`: a password's `/` ends the host part, so libpq
+        # reads host `app`, port `2024` and the database `pw@db/app`, which messages show.
+        raise UnencodedSlash(
+            "an '@' after a '/' and no user before the host: in a password, write '/' as %2F"
+        )
 
-    libpq ends the user info at the first `@` before any `/`: a `#` or a `?` in it is the
-    password's, where a URL parser would end the host there. The mask runs further, to the last
-    `@` before the next `/`, so that a password holding an `@` unencoded is masked whole; and
-    where libpq refuses the string, an `@` after a `/` opens user info too."""
-    try:
-        parse_dsn(url)
-        refused = False
-    except BadDsn:
-        refused = True
+
+def _redact_uri(url: str) -> str:
+    """The URI with the password of its user info and any secret parameter masked.
+
+    Where libpq reads the string, it is split as libpq splits it: the user info ends at the
+    first `@` before any `/` (a `#` or a `?` in it is the password's, where a URL parser would
+    end the host there). Where libpq refuses it, where a password ends cannot be told: the
+    user info is taken to the last `@` before the path and shown only where its user name is
+    plain, a non-numeric port with no user info is masked (it may be a password), and nothing
+    is shown past `://` where an `@` follows a `/`."""
     prefix = next(p for p in _URI_PREFIXES if url.startswith(p))
     rest = url[len(prefix) :]
+    try:
+        parse_dsn(url)
+    except BadDsn:
+        return _redact_refused_uri(prefix, rest)
     shown = prefix
-    first, slash = rest.find("@"), rest.find("/")
-    if first >= 0 and (refused or slash < 0 or first < slash):
-        after = rest.find("/", first)
-        end = rest.rfind("@", 0, after if after >= 0 else len(rest))
+    end = min((i for i in (rest.find("@"), rest.find("/")) if i >= 0), default=-1)
+    if end >= 0 and rest[end] == "@":
         user, colon, _ = rest[:end].partition(":")
         shown += f"{user}:{MASK}@" if colon else rest[: end + 1]
         rest = rest[end + 1 :]
@@ -114,7 +144,46 @@ def _redact_uri(url: str) -> str:
     if question:
         pairs = [pair.partition("=") for pair in query.split("&")]
         query = "&".join(
-            f"{key}={MASK}" if unquote(key).lower() in SECRET_KEYS else f"{key}{eq}{value}"
-            for key, eq, value in pairs
+            f"{key}={MASK}" if _secret_key(key) else f"{key}{eq}{value}" for key, eq, value in pairs
         )
     return shown + before + question + query
+
+
+def _redact_refused_uri(prefix: str, rest: str) -> str:
+    head, slash, path = rest.partition("/")
+    if "@" in path:
+        return prefix + MASK
+    shown = prefix
+    info, at, hosts = head.rpartition("@")
+    if at:
+        user, colon, _ = info.partition(":")
+        if not _plain(user if colon else info) or _parameters_in(info):
+            return prefix + MASK
+        shown += f"{user}:{MASK}@" if colon else f"{info}@"
+    else:
+        # No user info: `app:pw` may be a user and a password with no `@host` after them.
+        host, colon, port = hosts.partition("?")[0].rpartition(":")
+        if colon and not port.isdigit() and "]" not in port:
+            hosts = f"{host}:{MASK}" + hosts[len(host) + 1 + len(port) :]
+    rest = hosts + slash + path
+    before, question, query = rest.partition("?")
+    # A parameter's value may hold an unencoded `&`: its pieces would read as more parameters.
+    if question and any(_secret_key(pair.partition("=")[0]) for pair in query.split("&")):
+        query = MASK
+    return shown + before + question + query
+
+
+def _parameters_in(info: str) -> bool:
+    """Whether a URI's user info (to its `@`) holds what reads as its parameters: a `?` in the
+    user name, or a `?` and then an `=` in the password."""
+    name, _, password = info.partition(":")
+    return "?" in name or "=" in password.partition("?")[2]
+
+
+def _secret_key(key: str) -> bool:
+    return unquote(key).strip().lower() in SECRET_KEYS
+
+
+def _plain(user: str) -> bool:
+    """Whether `user` reads as a user name alone, with no piece of parameters or a path."""
+    return not any(c in user for c in "?#&=/@") and not any(c.isspace() for c in user)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from purge_config.dsn import BadDsn, UnencodedAt, parse_dsn, redact
+from purge_config.dsn import BadDsn, Misread, parse_dsn, redact
 from purge_config.errors import ConfigError
 from purge_config.names import QUEUE_NAME
 from purge_config.values import (
@@ -78,7 +78,7 @@ def check_dsn(where: str, key: str, dsn: str) -> None:
         # which libpq cannot parse, is not shown at all.
         got = f"a {scheme.group(1)}:// URL" if scheme else repr(redact(dsn))
         # The reason where it names the fix (it never quotes the string).
-        fix = f" ({err})" if isinstance(err, UnencodedAt) else ""
+        fix = f" ({err})" if isinstance(err, Misread) else ""
         raise ConfigError(
             f"{where}: {key}: not a PostgreSQL connection string (postgresql://...), got {got}{fix}"
         ) from None

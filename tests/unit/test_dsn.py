@@ -105,3 +105,76 @@ def test_a_question_mark_before_the_at_is_the_password_s_as_libpq_reads_it() -> 
     with pytest.raises(BadDsn):
         parse_dsn("postgresql://bob:p?x@y@db/app")
     assert parse_dsn("postgresql://u@db?application_name=x@y")["application_name"] == "x@y"
+
+
+#: Connection strings whose password is SEC@RET (or whose pieces are SEC and RET), each a way a
+#: hand-written URI puts it where a display of the string once showed a piece of it.
+MISPLACED_PASSWORDS = {
+    # libpq reads `db.example.com?password=SEC` as the user name, `RET` as the host.
+    "at-in-parameters-no-path": "postgresql://db.example.com?password=SEC@RET",
+    # ... and `db.example.com` as the user, `5432?password=SEC` as the password.
+    "at-in-parameters-after-a-port": "postgresql://db.example.com:5432?password=SEC@RET",
+    "at-in-parameters-refused-for-another": "postgresql://h/app?password=SEC@RET&sslmod=require",
+    "at-in-parameters-bad-port": "postgresql://h:54x2/app?password=SEC@RET",
+    "ampersand-in-a-password-parameter": "postgresql://h/app?password=SEC&RET",
+    # A password's `/` ends libpq's host part: host `app`, port `2024`, database `SEC@db...`.
+    "slash-in-password-after-digits": "postgresql://app:2024/SEC@db.example.com/app",
+    "slash-first-in-password": "postgresql://app:/SEC@h/db",
+    "at-in-a-password-parameter": "postgresql://u@h?password=SEC@RET",
+    # No `@host`: libpq reads the password as a port.
+    "no-host-after-the-password": "postgresql://app:SECRET/db",
+}
+
+
+@pytest.mark.parametrize("dsn", MISPLACED_PASSWORDS.values(), ids=MISPLACED_PASSWORDS.keys())
+def test_no_display_of_a_uri_shows_a_piece_of_its_password(dsn: str) -> None:
+    """Neither `redact` nor the config's refusal shows a piece of the password, whether libpq
+    reads the string or not: where it cannot tell where a password ends, it shows less."""
+    from purge_config import parse_config
+    from purge_config.errors import ConfigError
+
+    shown = [redact(dsn)]
+    try:
+        parse_config({"database_url": dsn}, env={})
+    except ConfigError as err:
+        shown.append(str(err))
+    for text in shown:
+        assert "SEC" not in text, text
+        assert "RET" not in text, text
+
+
+@pytest.mark.parametrize(
+    ("dsn", "fix"),
+    [
+        ("postgresql://db.example.com?password=p@ss", "write an '@' in a parameter as %40"),
+        ("postgresql://db:5432?password=p@ss", "write an '@' in a parameter as %40"),
+        ("postgresql://app:2024/pw@db/app", "in a password, write '/' as %2F"),
+    ],
+    ids=["at-in-parameters", "at-after-a-port", "slash-in-password"],
+)
+def test_a_uri_libpq_would_read_otherwise_than_meant_is_refused_naming_the_fix(
+    dsn: str, fix: str
+) -> None:
+    """libpq reads `db?password=p@ss` as the user `db?password=p` at host `ss`, and
+    `app:2024/pw@db/app` as host `app`, port 2024, database `pw@db/app`: never what was meant,
+    and what connection errors then quote. Refused at start, the refusal naming the fix; the
+    encoded forms read as meant, and a `?` alone in a password is still the password's."""
+    from purge_config import parse_config
+    from purge_config.errors import ConfigError
+
+    with pytest.raises(BadDsn):
+        parse_dsn(dsn)
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"database_url": dsn}, env={})
+    assert fix in str(refused.value)
+    assert parse_dsn("postgresql://db.example.com?password=p%40ss") == {
+        "host": "db.example.com",
+        "password": "p@ss",
+    }
+    assert parse_dsn("postgresql://app:2024%2Fpw@db/app") == {
+        "user": "app",
+        "password": "2024/pw",
+        "host": "db",
+        "dbname": "app",
+    }
+    assert parse_dsn("postgresql://app:pw?x@db/app")["password"] == "pw?x"
