@@ -245,8 +245,18 @@ def _family(found: Discovery, family: Family) -> list[str]:
     rows = sum(m.rows or 0 for m in family.members)
     expired = sum(m.expired or 0 for m in family.members)
     estimated = any(m.estimated for m in family.members)
+    # A member not counted (no SELECT right, or its count ran out of time: the largest, most
+    # likely) adds nothing to the sum: the figure is a floor, and says which it left out.
+    uncounted = [m.qualified for m in family.members if m.expired is None]
+    would_go = f"{expired:,}"
+    if uncounted:
+        more = f" and {len(uncounted) - SHOWN} more" if len(uncounted) > SHOWN else ""
+        would_go = (
+            f"at least {expired:,} ({len(uncounted)} of {len(members)} not counted: "
+            f"{', '.join(uncounted[:SHOWN])}{more})"
+        )
     lines += _comment(
-        f"Rows: {'~' if estimated else ''}{rows:,} in all; would go now: {expired:,}.", "  "
+        f"Rows: {'~' if estimated else ''}{rows:,} in all; would go now: {would_go}.", "  "
     )
     unserved = [m for m in family.members if m.index is not None and not m.index.serves]
     if not unserved:

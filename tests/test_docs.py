@@ -16,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+#: The decision pages, linked from docs/decisions/README.md rather than from the README.
+DECISIONS = sorted((REPO / "docs" / "decisions").glob("*.md"))
 
 #: CI runs exactly this line (.ci/run: "the README's test command"); it must stay as written.
 TEST_COMMAND = "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/pytest"
@@ -126,7 +128,7 @@ class TestLinks:
             "#nowhere",
         ]
 
-    @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+    @pytest.mark.parametrize("page", [*PAGES, *DECISIONS], ids=lambda p: str(p.relative_to(REPO)))
     def test_every_relative_link_and_anchor_resolves(self, page: Path) -> None:
         assert broken_links(page) == []
 
