@@ -41,6 +41,10 @@ class Progress:
 
     table: int = 0
     """Which of the target's tables is being swept."""
+    tables: list[str] = field(default_factory=list)
+    """The target's tables as the sweeping worker's config lists them (`TableName`s, in order):
+    an attempt on a worker whose config lists them otherwise starts again from the first
+    (empty from a release before it: unchecked)."""
     page: int = 0
     """For a range walk: the first page not yet walked."""
     removed: int = 0

@@ -21,12 +21,18 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
+from activities.inputs import PurgeStep
+from activities.progress import Progress
+from activities.registry import TargetRegistry
+from activities.sweep import PurgeActivities
 from purge_config.file import load_config, parse_config
+from purge_config.names import TableName
 from tests.conftest import Harness
+from tests.support.activity import activity_env
 from tests.support.history import child_ids, events
 from tests.support.passes import failed_pass, run_pass, until_polled
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
-from tests.support.rows import HOUR
+from tests.support.rows import HOUR, auth_rows, keys
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
 
@@ -508,3 +514,47 @@ async def test_a_child_that_met_no_worker_spares_the_next_children_of_its_queue_
     assert swept == ["x_idempotency"]
     # t1 and t2's child, and x_idempotency's: none for t3 and t4.
     assert len(child_ids(await events(harness.client, workflow_id))) == 2
+
+
+#: The heartbeat a worker sends as it moves to a target's second table, as `Progress` writes it.
+def moved_to_second(tables: list[str] | None) -> dict[str, Any]:
+    progress = Progress(table=1, tables=tables or [])
+    details = progress.details()
+    if tables is None:
+        del details["tables"]  # a release before the key
+    return details
+
+
+@pytest.mark.parametrize(
+    ("resumed", "swept_first"),
+    [
+        (["x_auth_failures", "x_auth_lockouts"], True),  # listed otherwise: from the first
+        (None, False),  # an older release's: unchecked, resumed as before
+        (["x_deploy_failures", "x_auth_lockouts"], False),  # listed alike: resumed
+    ],
+    ids=["listed-otherwise", "release-before", "listed-alike"],
+)
+async def test_a_retry_on_a_worker_listing_the_tables_otherwise_starts_from_the_first(
+    harness: Harness, resumed: list[str] | None, swept_first: bool
+) -> None:
+    """Mid-deploy, a target's retry lands on a worker whose config lists its tables otherwise
+    (its first table renamed, here): the earlier attempt's position (its second table) would
+    skip a table it never swept. A progress listing the tables otherwise starts again from the
+    first; one listing them alike resumes where it stood (its first table not swept again)."""
+    harness.db.execute(
+        "CREATE TABLE x_deploy_failures (LIKE x_auth_failures INCLUDING ALL);"
+        "INSERT INTO x_deploy_failures (key, at_ms, expires_at_ms) VALUES"
+        f" ('old', 0, {harness.now_ms - HOUR}), ('new', 0, {harness.now_ms + HOUR})"
+    )
+    auth_rows(harness.db, {}, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    target = kinds.auth(harness.pool, failures=TableName("x_deploy_failures"))
+    env = activity_env(attempt=2, heartbeat_details=[moved_to_second(resumed)])
+    result = await env.run(
+        PurgeActivities(TargetRegistry([target])).purge_target,
+        PurgeStep(name="x_auth", now_ms=harness.now_ms),
+    )
+
+    assert keys(harness.db, "x_auth_lockouts") == {"new"}
+    left = {"new"} if swept_first else {"old", "new"}
+    assert keys(harness.db, "x_deploy_failures") == left
+    assert result.removed == (2 if swept_first else 1)

@@ -50,6 +50,7 @@ class TargetSweeper:
     async def sweep(self, ctx: SweepContext) -> SweepStats:
         """What this attempt did; its `removed` (and `archived`, and the partitions) count
         every attempt of the pass, as the ledger (or the progress) holds them."""
+        self._resume_where_listed(ctx)
         small = await self._small(ctx)
         if small is not None and not small.more:
             stats = small.stats
@@ -80,6 +81,7 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
+            progress.tables = self._listed()
             async with self.access.pool.connection() as conn:
                 ctx, opened, table = await self._table(ctx, rule, not several, conn, alone)
             if opened is not None:
@@ -90,6 +92,21 @@ class TargetSweeper:
                 break  # held by another sweep, or out of time: the rest wait for the next pass
         await self._totals(ctx, stats)
         return stats
+
+    def _resume_where_listed(self, ctx: SweepContext) -> None:
+        """Start again from the first table where the progress resumed from lists the target's
+        tables otherwise than this worker does: an earlier attempt ran on a worker whose config
+        named them otherwise (mid-deploy, on a queue workers of two configs poll), and its
+        position would skip tables never swept, or walk from a page of another table. Sweeping
+        a table again is harmless: its rows deleted are counted by the ledger or the progress,
+        not by where the sweep starts."""
+        progress = ctx.progress
+        listed = progress.table < len(self.rules) and progress.tables in ([], self._listed())
+        if not listed:
+            progress.table, progress.page, progress.leaf = 0, 0, 0
+
+    def _listed(self) -> list[str]:
+        return [str(rule.table) for rule in self.rules]
 
     @staticmethod
     def _resumed(small: SmallSweep | None, stats: SweepStats) -> None:
