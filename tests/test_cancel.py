@@ -118,7 +118,7 @@ async def test_a_spread_pass_cancelled_while_a_child_sweeps_ends_cancelled(
 ) -> None:
     """Cancelled while its child sweeps (the gate first, the tenants behind it in that
     child), the pass ends cancelled, not failed with the child's targets, and no tenant's row
-    is deleted: the cancellation reaches the child, which starts nothing after the gate."""
+    is deleted: the child, terminated as its parent closes, starts nothing after the gate."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(2), harness.now_ms)

@@ -343,7 +343,63 @@ def is_spread_cancelled(shape: Shape) -> None:
     assert shape.events[-1] == "WORKFLOW_EXECUTION_CANCELED"
 
 
+def is_spread_child_cancelled(shape: Shape) -> None:
+    """A spread pass cancelled while its one child's routed activity waited on a queue no
+    worker polls: its pattern expanded, that child started, then the pass ended cancelled with
+    no child completed and none started after it."""
+    assert shape.workflow_type == "Purge"
+    assert shape.activity_types == ["expand_pattern"]
+    assert [child["targets"] for child in shape.child_inputs] == [["x_auth@eu"]]
+    assert shape.child_inputs[0]["route"]["queue"] == "purge-nowhere"
+    assert "WORKFLOW_EXECUTION_CANCEL_REQUESTED" in shape.events
+    assert "CHILD_WORKFLOW_EXECUTION_COMPLETED" not in shape.events
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_CANCELED"
+
+
+def is_spread_child_unpolled(shape: Shape) -> None:
+    """A spread pass started with its search attributes whose routed database's child found
+    no worker on its queue: that child completed with its targets failed, the pattern's child
+    after it, the outcome upserted, and the pass failed for the routed targets."""
+    assert shape.workflow_type == "Purge"
+    routed = [child["targets"] for child in shape.child_inputs if child["route"]]
+    assert routed == [["x_auth@eu", "x_idempotency@eu"]]
+    assert shape.events.count("CHILD_WORKFLOW_EXECUTION_COMPLETED") == 2
+    assert "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES" in shape.events
+    assert shape.failure == "PurgeTargetsFailed"
+
+
+def is_chunk_unpolled(shape: Shape) -> None:
+    """That pass's routed child: its first target's activity timed out unstarted (no worker
+    took one of its queue's since: the busy-queue-resent marker), its second failed with no
+    activity (the unpolled-queue-once marker); the child completed, reporting both failed."""
+    assert shape.workflow_type == "PurgeChunk"
+    assert shape.activity_queues == ["purge-nowhere"]
+    assert shape.scheduled == shape.request["targets"][:1]
+    assert shape.events.count("ACTIVITY_TASK_TIMED_OUT") == 1
+    assert shape.events.count("MARKER_RECORDED") == 2
+    assert shape.result is not None
+    assert shape.result["failed_total"] == len(shape.request["targets"]) == 2
+    assert {f["failure"]["type"] for f in shape.result["failures"]} == {"NoPurgeWorker"}
+    assert shape.events[-1] == "WORKFLOW_EXECUTION_COMPLETED"
+
+
+def is_spread_searchable(shape: Shape) -> None:
+    """A spread pass started with its search attributes, one listed target failing in its
+    child: the outcome upserted after the child completed, then the pass failed."""
+    assert shape.workflow_type == "Purge"
+    assert shape.request["patterns"]
+    [child] = shape.child_inputs
+    assert "no_such_target" in child["targets"]
+    completed = shape.events.index("CHILD_WORKFLOW_EXECUTION_COMPLETED")
+    assert "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES" in shape.events[completed:]
+    assert shape.failure == "PurgeTargetsFailed"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "spread-child-cancelled": is_spread_child_cancelled,
+    "spread-child-unpolled": is_spread_child_unpolled,
+    "chunk-unpolled": is_chunk_unpolled,
+    "spread-searchable": is_spread_searchable,
     "busy-resent": is_busy_resent,
     "cancelled": is_cancelled,
     "spread-cancelled": is_spread_cancelled,

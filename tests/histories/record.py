@@ -26,7 +26,13 @@ from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
-from tests.support.history import cancel_once_scheduled, history, started_children
+from tests.support.history import (
+    cancel_once_scheduled,
+    child_ids,
+    events,
+    history,
+    started_children,
+)
 from tests.support.servers import running_postgres, running_temporal
 
 HERE = Path(__file__).resolve().parent
@@ -187,15 +193,53 @@ SCENARIOS["v11"] = {
         "budget_ms": 600_000,
     },
 }
+# v13: spread passes started with their search attributes, as `sweep` and the schedule start
+# them: one cancelled while its child's routed activity waits (the pass ends cancelled at once;
+# Temporal terminates the child as its parent closes); one whose child's routed queue no worker
+# polls (the child asks busy-queue-resent, then unpolled-queue-once: its run recorded too, the
+# first child's run since v3 with the patches after it); and one with a failed target
+# recording its outcome (searchable-pass).
+SCENARIOS["v13"] = {
+    "spread-child-cancelled": {
+        "targets": ["x_auth@eu", "sessions"],
+        "patterns": ["sessions"],
+        "databases": {"x_auth@eu": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 600_000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+    "spread-child-unpolled": {
+        "targets": ["x_auth@eu", "x_idempotency@eu", "sessions"],
+        "patterns": ["sessions"],
+        "databases": {"x_auth@eu": "eu", "x_idempotency@eu": "eu"},
+        "queues": {"eu": "purge-nowhere"},
+        "worker_wait_ms": 1_000,
+        "max_concurrent": 1,
+        "max_per_database": 1,
+        "budget_ms": 600_000,
+    },
+    "spread-searchable": {
+        "targets": ["x_idempotency", "no_such_target", "sessions"],
+        "patterns": ["sessions"],
+    },
+}
+#: v13's child runs recorded beside their pass: the scenario, the child's shape, and the target
+#: that picks the child (the one on the routed queue).
+CHILDREN = {"spread-child-unpolled": ("chunk-unpolled", "x_auth@eu")}
+
 #: The prefixes whose passes are cancelled once their first activity is scheduled.
 CANCELLED = {"v11"}
+#: The scenarios cancelled once their first child has scheduled an activity.
+CHILD_CANCELLED = {"spread-child-cancelled"}
 
 #: The prefixes whose workers are built from V3_CONFIG (a pattern among their targets).
-PATTERNED = {"v3", "v6", "v7", "v8", "v10", "v11"}
+PATTERNED = {"v3", "v6", "v7", "v8", "v10", "v11", "v13"}
 
 #: The prefixes whose passes start with the search attributes, as `sweep` and the schedule
 #: start them where the namespace defines them (docs/operating.md gives these commands).
-SEARCHABLE = {"v5"}
+SEARCHABLE = {"v5", "v13"}
 CREATE_ATTRIBUTES = [
     ["--name", "PurgeFailedTargets", "--type", "KeywordList"],
     ["--name", "PurgeRowsRemoved", "--type", "Int"],
@@ -263,6 +307,8 @@ async def record(prefix: str) -> None:
                     )
                     if prefix in CANCELLED:
                         await cancel_once_scheduled(client, handle.id)
+                    if scenario in CHILD_CANCELLED:
+                        await _cancel_once_a_child_waits(client, handle.id)
                     # The failures are what some of these histories are for.
                     with contextlib.suppress(WorkflowFailureError):
                         await handle.result()
@@ -273,15 +319,27 @@ async def record(prefix: str) -> None:
                         await _record_first_child_run(client, handle.id, prefix)
                     if scenario == "spread-local":
                         await _record_first_child_run(client, handle.id, prefix, "chunk-local")
+                    if scenario in CHILDREN:
+                        shape, target = CHILDREN[scenario]
+                        await _record_first_child_run(client, handle.id, prefix, shape, target)
         finally:
             await pool.close()
 
 
+async def _cancel_once_a_child_waits(client: Client, workflow_id: str) -> None:
+    """Cancel the pass once its first child has scheduled an activity: on a queue no worker
+    polls, the activity waits there, so the cancellation reaches the child at it."""
+    while not (children := child_ids(await events(client, workflow_id))):
+        await asyncio.sleep(0.05)
+    await cancel_once_scheduled(client, children[0], cancel=workflow_id)
+
+
 async def _record_first_child_run(
-    client: Client, workflow_id: str, prefix: str, shape: str = "chunk"
+    client: Client, workflow_id: str, prefix: str, shape: str = "chunk", target: str = ""
 ) -> None:
     """The first run of the pass's first child of `shape`: for "chunk", the first child (a
-    `PurgeChunk` run that continued as new); for "chunk-local", the small matches' child."""
+    `PurgeChunk` run that continued as new); for "chunk-local", the small matches' child; with
+    `target`, the child that sweeps it."""
     parent = await history(client, workflow_id)
     converter = client.data_converter.payload_converter
     started = [
@@ -289,10 +347,11 @@ async def _record_first_child_run(
         for e in parent.events
         if e.HasField("start_child_workflow_execution_initiated_event_attributes")
     ]
+    inputs = [(a.workflow_id, converter.from_payloads(a.input.payloads)[0]) for a in started]
     [child_id, *_] = [
-        attrs.workflow_id
-        for attrs in started
-        if shape == "chunk" or converter.from_payloads(attrs.input.payloads)[0].get("local")
+        child
+        for child, chunk in inputs
+        if (target in chunk["targets"] if target else shape == "chunk" or chunk.get("local"))
     ]
     [first] = [e for e in started_children(list(parent.events)) if e.workflow_id == child_id]
     handle = client.get_workflow_handle(first.workflow_id, run_id=first.run_id)

@@ -25,12 +25,13 @@ async def events(client: Client, workflow_id: str) -> list[Any]:
     return list((await history(client, workflow_id)).events)
 
 
-async def cancel_once_scheduled(client: Client, workflow_id: str) -> None:
-    """Cancel a workflow once its first activity is scheduled: on a queue no worker polls, the
-    activity waits there, so the cancellation reaches the workflow at it on any machine."""
+async def cancel_once_scheduled(client: Client, workflow_id: str, cancel: str = "") -> None:
+    """Cancel a workflow (`cancel`, else `workflow_id`) once `workflow_id`'s first activity is
+    scheduled: on a queue no worker polls, the activity waits there, so the cancellation
+    reaches the workflow at it on any machine."""
     while "ACTIVITY_TASK_SCHEDULED" not in kinds(await events(client, workflow_id)):
         await asyncio.sleep(0.05)
-    await client.get_workflow_handle(workflow_id).cancel()
+    await client.get_workflow_handle(cancel or workflow_id).cancel()
 
 
 async def first_failure(handle: WorkflowHandle[Any, Any]) -> Failure:
