@@ -55,9 +55,9 @@ def closed_port() -> int:
     return port
 
 
-def eu_down(tmp_path: Path, schema_url: str, task_queue: str) -> Path:
-    """A worker config whose database `eu` is a port where nothing listens."""
-    eu = f"postgresql://purge:{PASSWORD}@127.0.0.1:{closed_port()}/app"
+def eu_down(tmp_path: Path, schema_url: str, task_queue: str, port: int) -> Path:
+    """A worker config whose database `eu` is `port`, where nothing listens."""
+    eu = f"postgresql://purge:{PASSWORD}@127.0.0.1:{port}/app"
     return worker_config(
         tmp_path / "purge.toml",
         schema_url,
@@ -91,7 +91,7 @@ class TestProbes:
     ) -> None:
         """A database that does not answer: 503 naming it by its config name; still live."""
         [port] = free_ports(1)
-        config = eu_down(tmp_path, schema_url, task_queue)
+        config = eu_down(tmp_path, schema_url, task_queue, closed_port())
         async with worker(config, temporal_server, port):
             ready, live = await http(port, "/readyz"), await http(port, "/livez")
 
@@ -101,16 +101,21 @@ class TestProbes:
 
     @pytest.mark.waits
     async def test_readyz_names_temporal_when_it_stops_answering(
-        self, tmp_path: Path, schema_url: str, task_queue: str
+        self, tmp_path: Path, schema_url: str, task_queue: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Temporal gone: 503 naming Temporal, and the databases still fine are not named."""
+        """Temporal gone: 503 naming Temporal, and the databases still fine are not named. The
+        probes' clock is the test's: the last answer stops being reused when the test says."""
+        now = [1000.0]
+        monkeypatch.setattr(probing, "time", SimpleNamespace(monotonic=lambda: now[0]))
         [port] = free_ports(1)
         config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, SESSIONS)
         with running_temporal("purge-test-probe-temporal-") as temporal:
             async with worker(config, temporal, port):
                 assert (await http(port, "/readyz")).status == 200
                 await asyncio.to_thread(temporal.stop, immediate=True)  # as if it crashed
-                await asyncio.sleep(1.1)  # past the reuse of the last answer
+                # Still within the reuse of the last answer: that answer, not a new check.
+                assert (await http(port, "/readyz")).status == 200
+                now[0] += probing.READY_REUSE * 2  # past the reuse of the last answer
                 ready = await http(port, "/readyz")
 
         assert ready.status == 503
@@ -149,11 +154,21 @@ class TestRequests:
     """What the port accepts: GET of three paths, nothing read from the request but those."""
 
     @pytest.fixture
+    def eu_port(self) -> int:
+        """The port of the database `eu` of the worker `port` serves, where nothing listens."""
+        return closed_port()
+
+    @pytest.fixture
     async def port(
-        self, tmp_path: Path, temporal_server: RunningTemporal, schema_url: str, task_queue: str
+        self,
+        tmp_path: Path,
+        temporal_server: RunningTemporal,
+        schema_url: str,
+        task_queue: str,
+        eu_port: int,
     ) -> AsyncIterator[int]:
         [port] = free_ports(1)
-        config = eu_down(tmp_path, schema_url, task_queue)
+        config = eu_down(tmp_path, schema_url, task_queue, eu_port)
         async with worker(config, temporal_server, port):
             yield port
 
@@ -180,13 +195,25 @@ class TestRequests:
         )
         assert (dressed.status, dressed.body) == (plain.status, plain.body)
 
-    async def test_no_answer_reveals_a_url_password_or_port(self, port: int) -> None:
+    async def test_no_answer_reveals_a_url_password_or_port(self, port: int, eu_port: int) -> None:
+        """Not the password, URL, host or port of `eu`, the database that is down (libpq's
+        message says 'connection to server at "127.0.0.1", port N failed')."""
         bodies = [(await http(port, p)).body for p in ("/livez", "/readyz", "/nope")]
         metrics = (await http(port, "/metrics")).body
+        assert "database eu did not answer" in bodies[1]  # the answer that could reveal it
         for text in [*bodies, metrics]:
             assert PASSWORD not in text
             assert "postgresql://" not in text
             assert "127.0.0.1" not in text
+            assert f":{eu_port}" not in text
+            assert f"port {eu_port}" not in text
+        for text in bodies:
+            assert str(eu_port) not in text
+        # In /metrics, numbers are samples and bucket bounds (`le`), which may be any number:
+        # the port is looked for in the other label values.
+        labels = re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', metrics)
+        assert labels  # the page has labels to look in
+        assert not [(k, v) for k, v in labels if k != "le" and str(eu_port) in v]
 
     async def test_malformed_and_oversized_requests_are_refused(self, port: int) -> None:
         assert (await http(port, "", raw=b"nonsense\r\n\r\n")).status == 400

@@ -37,16 +37,21 @@ def test_a_later_releases_status_is_kept_and_an_unknown_measurement_takes_its_de
 
 def test_a_result_that_does_not_fit_otherwise_is_refused_not_defaulted() -> None:
     """A count, a flag or a list that decides what the pass reports is never its default."""
-    for sent in (
-        {"name": "t"},
-        {"name": "t", "removed": "four"},
-        {"name": "t", "removed": 4, "batches": "4"},
-        {"name": "t", "removed": 4, "status": 3},
+    # Each refused by the class and field that does not fit, not by some other TypeError.
+    for sent, refused in (
+        ({"name": "t"}, r"^PurgeSweep: .*'removed'"),
+        ({"name": "t", "removed": "four"}, r"^PurgeSweep\.removed: "),
+        ({"name": "t", "removed": 4, "batches": "4"}, r"^PurgeSweep\.batches: "),
+        ({"name": "t", "removed": 4, "status": 3}, r"^PurgeSweep\.status: expected one of "),
     ):
-        with pytest.raises(TypeError, match="PurgeSweep"):
+        with pytest.raises(TypeError, match=refused):
             read(PurgeSweep, sent)
-    for report in ({"failed_total": None}, {"failures": [{"position": 0}]}, {"lower_bound": 1}):
-        with pytest.raises(TypeError):
+    for report, refused in (
+        ({"failed_total": None}, r"^ChunkReport\.failed_total: "),
+        ({"failures": [{"position": 0}]}, r"^ChunkReport\.failures: RankedFailure\b.*'failure'"),
+        ({"lower_bound": 1}, r"^ChunkReport\.lower_bound: .*bool"),
+    ):
+        with pytest.raises(TypeError, match=refused):
             read(ChunkReport, report)
 
 
@@ -58,7 +63,7 @@ def test_a_childs_input_is_read_strictly_its_carried_report_leniently_and_by_its
     )
     carried = read_chunk({**sent, "carried": {"statuses": {"deferred": 1}, "removed": 3}})
     assert carried.carried == ChunkReport(removed=3, statuses={"deferred": 1})
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"\bconcurrency\b.*\bChunkInput\b"):
         read_chunk({**sent, "concurrency": "two"})  # never its default instead
     with pytest.raises(NewerPurgeFormat, match="ChunkInput of format 2"):
         read_chunk({**sent, "format": 2, "concurrency": "two"})
