@@ -100,6 +100,10 @@ PASSES_COMPLETED = Counter(
     "purge_passes_completed", "Purge passes that completed (every target swept)"
 )
 PASSES_FAILED = Counter("purge_passes_failed", "Purge passes that failed (a target or the input)")
+PASSES_SKIPPING = Counter(
+    "purge_passes_skipping",
+    "Purge passes that ended with targets skipped (their budget spent before those started)",
+)
 PASS_SECONDS = HistogramFloat("purge_pass_seconds", "a Purge pass from its start to its end", "s")
 
 #: Every instrument above, for the tests that hold the served page and the docs to them.
@@ -115,5 +119,6 @@ ALL: tuple[Instrument, ...] = (
     TARGET_FAILURES,
     PASSES_COMPLETED,
     PASSES_FAILED,
+    PASSES_SKIPPING,
     PASS_SECONDS,
 )

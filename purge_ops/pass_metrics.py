@@ -5,7 +5,10 @@ instrument is declared in `activities.metrics`, as the activity and the workflow
 
 - `purge_passes_completed` / `purge_passes_failed` (counters) and `purge_pass_seconds`
   (histogram): each `Purge` pass's end, for "no pass completed within two periods" and the
-  pass duration against the schedule's period. Both counters start at 0 with the worker.
+  pass duration against the schedule's period; `purge_passes_skipping` beside them for a pass
+  (not a dry run) whose report has targets `skipped` (its budget spent before they started: no
+  worker swept them, so no sweep metric of theirs moves), for "every pass skips targets". The
+  three counters start at 0 with the worker.
 - `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
   alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
 - After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
@@ -24,7 +27,7 @@ from typing import Any
 from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.common import MetricMeter
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ApplicationError, FailureError
 from temporalio.worker import (
     ActivityInboundInterceptor,
     ExecuteActivityInput,
@@ -44,16 +47,19 @@ from activities.metrics import (
     PASS_SECONDS,
     PASSES_COMPLETED,
     PASSES_FAILED,
+    PASSES_SKIPPING,
     PAUSED_SECONDS,
     TARGET_FAILURES,
     Counter,
 )
-from activities.results import SweepStatus
+from activities.results import PurgeReport, SweepStatus
 
 PURGE_WORKFLOW = "Purge"
 SWEEP_ACTIVITY = "purge_target"
 #: The status of a sweep that ran; `busy`, `gone` and `skipped` ones did not (PurgeSweep.status).
 RAN: SweepStatus = "ok"
+#: The status of a target the pass's budget left unstarted.
+SKIPPED: SweepStatus = "skipped"
 
 
 class PassMetrics(Interceptor):
@@ -76,7 +82,7 @@ def count_passes_from_zero(client: Client, task_queue: str) -> None:
         return  # the default runtime, which serves no metrics
     labels = {"namespace": client.namespace, "task_queue": task_queue}
     labels["workflow_type"] = PURGE_WORKFLOW
-    for counter in (PASSES_COMPLETED, PASSES_FAILED):
+    for counter in (PASSES_COMPLETED, PASSES_FAILED, PASSES_SKIPPING):
         counter.on(runtime.metric_meter).add(0, labels)
 
 
@@ -89,19 +95,31 @@ class _Pass(WorkflowInboundInterceptor):
             return await super().execute_workflow(input)
         try:
             result = await super().execute_workflow(input)
-        except FailureError:
+        except FailureError as err:
             # Only what fails the workflow: any other exception fails the workflow task, which
-            # Temporal retries with the pass still running.
-            _ended(workflow.metric_meter(), PASSES_FAILED)
+            # Temporal retries with the pass still running. A failed pass's partial report is
+            # its error's detail (PurgeTargetsFailed).
+            details = err.details if isinstance(err, ApplicationError) else ()
+            _ended(workflow.metric_meter(), PASSES_FAILED, details[0] if details else None)
             raise
-        _ended(workflow.metric_meter(), PASSES_COMPLETED)
+        _ended(workflow.metric_meter(), PASSES_COMPLETED, result)
         return result
 
 
-def _ended(meter: MetricMeter, counter: Counter) -> None:
+def _ended(meter: MetricMeter, counter: Counter, report: object) -> None:
     counter.on(meter).add(1)
+    if _skipped_any(report):
+        PASSES_SKIPPING.on(meter).add(1)
     took = workflow.now() - workflow.info().start_time
     PASS_SECONDS.on(meter).record(took.total_seconds())
+
+
+def _skipped_any(report: object) -> bool:
+    """Whether a pass's report (its result, or a failed pass's partial one) has targets
+    skipped: counted in a compact report's statuses, listed in a pass of few targets."""
+    if not isinstance(report, PurgeReport) or report.dry_run:
+        return False
+    return report.statuses.get(SKIPPED, 0) > 0 or any(s.status == SKIPPED for s in report.swept)
 
 
 class _Scheduling(WorkflowOutboundInterceptor):

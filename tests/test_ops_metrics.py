@@ -216,6 +216,37 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
 
 
+async def test_a_pass_whose_budget_left_targets_skipped_is_counted_a_whole_one_is_not(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+) -> None:
+    """`purge_passes_skipping` (what PurgeTargetsSkipped reads beside the passes ended): at 0
+    from the worker's start; one more for a pass whose 1 ms budget x_auth spent, one at a time,
+    so x_idempotency was skipped (no activity: no sweep metric of its moves); none for a pass
+    that swept both, nor for a dry run that skipped."""
+    [port] = free_ports(1)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    targets = ["x_auth", "x_idempotency"]
+    spent = {"targets": targets, "max_concurrent": 1, "budget_ms": 1}
+    queue = {"task_queue": task_queue, "workflow_type": "Purge"}
+    async with worker(config, temporal_server, port):
+        at_start = samples(await metrics_text(port))
+        skipping = await run_pass(client, task_queue, spent)
+        after_skip = samples(await metrics_text(port))
+        await run_pass(client, task_queue, {"targets": targets})
+        await run_pass(client, task_queue, {**spent, "dry_run": True})
+        after_whole = samples(await metrics_text(port))
+
+    assert [s["status"] for s in skipping["swept"]] == ["ok", "skipped"]
+    assert value(at_start, "purge_passes_skipping", **queue) == 0
+    assert value(after_skip, "purge_passes_skipping", **queue) == 1
+    assert value(after_whole, "purge_passes_skipping", **queue) == 1
+    assert value(after_whole, "purge_passes_completed", **queue) == 3
+
+
 async def test_interceptors_given_to_new_worker_run_beside_the_alert_metrics(
     client: Client, task_queue: str
 ) -> None:
