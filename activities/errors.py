@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from temporalio.client import WorkflowFailureError
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ApplicationErrorCategory,
+    FailureError,
+)
 
 
 class PurgeError(ApplicationError):
@@ -46,6 +51,20 @@ class NewerPurgeFormat(Exception):
     purpose: in the workflow it fails the workflow task, which Temporal retries until a worker
     of that release takes it; in an activity it is a retried failure (of `TARGET_RETRY`'s
     attempts)."""
+
+
+class WorkerStopping(ApplicationError):
+    """A sweep that ended after its batch because its worker began to stop (a deploy's
+    SIGTERM): retried at once, on another worker, from where it stopped. Benign: the SDK logs
+    it without a traceback, once per running sweep of every deploy."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            message,
+            type=type(self).__name__,
+            non_retryable=False,
+            category=ApplicationErrorCategory.BENIGN,
+        )
 
 
 class PurgeGuardRefused(PurgeError):

@@ -74,6 +74,7 @@ class BatchedTarget(CountingTarget, Protocol):
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> SweepStats:
         """Delete in batches from where `resume` says, calling `on_batch` after each; with
         `ledger`, count every batch into that pass's `purge_progress` row as well; end by

@@ -17,7 +17,7 @@ from activities import metrics
 from activities.clock import check_now_ms
 from activities.engine.context import ms_left
 from activities.engine.errors import BadTable, EngineError, MissingRights, SweepRefused
-from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError
+from activities.errors import BadPurgeTarget, DryRunUnsupported, PurgeError, WorkerStopping
 from activities.guards import check_clock, check_counts
 from activities.input_checks import parse_step
 from activities.inputs import PurgeStep
@@ -187,6 +187,10 @@ class PurgeActivities:
                 budget_ms = pass_budget_left(step.budget_ms, info)
             else:
                 budget_ms = ms_left(deadline)
+            # A worker that begins to stop (a deploy's SIGTERM) ends the sweep after its batch
+            # and hands the rest to another worker at once, not at the end of its grace. Not a
+            # local activity's: its workflow task is this worker's until the worker stops.
+            stop = None if info.is_local else activity.is_worker_shutdown
             try:
                 stats = await target.sweep(
                     step.now_ms,
@@ -194,7 +198,13 @@ class PurgeActivities:
                     on_batch=beat.after_batch,
                     ledger=ledger,
                     budget_ms=budget_ms,
+                    stop=stop,
                 )
+                if stop is not None and not stats.complete and stop():
+                    raise WorkerStopping(
+                        f"target {step.name!r}: its worker is stopping; swept "
+                        f"{resumed.removed} rows so far, the rest on another worker"
+                    )
             except BaseException:
                 # Failing without dying (a timeout, a lost connection, a shutdown): say so in
                 # the last heartbeat, so the next attempt knows this one's count is complete.

@@ -38,7 +38,10 @@ from workflows.spread import SMALL_AT_ONCE
 
 log = logging.getLogger("purge.worker")
 
-#: How long a stopping worker lets a running sweep finish its current statement and report.
+#: How long a stopping worker waits for its running activities before the SDK cancels them. A
+#: sweep does not wait for it: told the worker is stopping, it ends after the batch it is in and
+#: hands the rest to another worker (activities.sweep, `WorkerStopping`); a local sweep's (a
+#: child's small table) and a pattern's expansion run on, up to this.
 GRACEFUL_SHUTDOWN = timedelta(seconds=20)
 #: Send a sweep's progress to the server at least this often (the SDK's default, 0.8 of the
 #: 15 s heartbeat timeout, is 12 s). A retry resumes from the last progress the server got, so
@@ -262,7 +265,14 @@ async def _poll(
         _say_what_it_polls(config, client, url, registry, queues)
         await stop.wait()
         health.stopping = True
-        log.info("stopping: letting running sweeps finish (up to %s)", GRACEFUL_SHUTDOWN)
+        log.info(
+            "stopping: no new work on any queue; running sweeps end after their batch and go "
+            "on elsewhere (the rest waits up to %s)",
+            GRACEFUL_SHUTDOWN,
+        )
+        # Every queue at once: one after another, the workers not yet told kept taking sweeps,
+        # each worker with a grace of its own, past the pod's.
+        await asyncio.gather(*(worker.shutdown() for worker in workers))
 
 
 def _say_what_it_polls(

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.testing import ActivityEnvironment
 
 from activities import builtin_kinds as kinds
@@ -322,6 +323,7 @@ def run_activity(
     on_heartbeat: Callable[..., None] | None = None,
     cancel_after_batches: int | None = None,
     run_id: str | None = None,
+    stop_after_batches: int | None = None,
 ) -> tuple[ActivityEnvironment, Any]:
     """The real activity on x_idempotency, in Temporal's activity test environment; a retried
     attempt passes the first's `run_id` (one pass) and its heartbeat details."""
@@ -337,6 +339,8 @@ def run_activity(
             seen.append(details[0])
             if cancel_after_batches is not None and len(seen) == cancel_after_batches:
                 env.cancel()
+            if stop_after_batches is not None and len(seen) == stop_after_batches:
+                env.worker_shutdown()
         if on_heartbeat:
             on_heartbeat(*details)
 
@@ -398,6 +402,42 @@ async def test_cancelled_sweep_stops_between_batches_and_its_count_is_true(
     # Its last word says it left cleanly, so the next attempt trusts the count it resumes from.
     assert last[-1]["clean_exit"] is True
     assert last[-1]["removed"] == gone
+
+
+async def test_a_worker_that_begins_to_stop_hands_its_sweep_on_after_the_batch_it_is_in(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy's SIGTERM at a sweep's fifth batch: the sweep starts no other batch, leaves
+    cleanly (its last heartbeat says so, with every committed row), and fails with the
+    retryable, benign `WorkerStopping` at once, not at the end of the worker's grace; the
+    retry, on a worker that is not stopping, resumes there and sweeps the rest, each row
+    counted once."""
+    fixed_batches(monkeypatch)  # 8 pages a batch: the table is dozens of them
+    durable_every(monkeypatch, 1)  # each batch reported as it commits
+    expired = fill_idempotency(db, 40_000, expired_every=2)
+    analyze(db, "x_idempotency")
+    last: list[Any] = []
+    env, (first, seen) = run_activity(
+        pool, TINY, stop_after_batches=5, on_heartbeat=lambda *d: last.append(d[0])
+    )
+    with pytest.raises(ApplicationError) as stopping:
+        await first
+    gone = expired - expired_left(db)
+
+    assert stopping.value.type == "WorkerStopping"
+    assert not stopping.value.non_retryable
+    assert stopping.value.category == ApplicationErrorCategory.BENIGN
+    assert len(seen) == 5
+    assert 0 < gone == seen[-1]["removed"] < expired
+    assert last[-1]["clean_exit"] is True
+    assert last[-1]["removed"] == gone
+
+    _, (second, _) = run_activity(
+        pool, TINY, run_id=env.info.workflow_run_id, heartbeat_details=[last[-1]]
+    )
+    result: PurgeSweep = await second
+    assert expired_left(db) == 0
+    assert result.removed == expired
 
 
 async def test_retried_attempt_resumes_from_the_last_heartbeat_and_counts_each_row_once(

@@ -109,7 +109,7 @@ def test_worker_shuts_down_gracefully_on_signal(
             worker.kill()
             worker.wait()
     text = log.read_text()
-    assert "stopping: letting running sweeps finish" in text
+    assert "stopping: no new work on any queue" in text
     assert "targets: x_auth" in text
     assert "Traceback" not in text
 

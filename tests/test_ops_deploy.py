@@ -20,8 +20,11 @@ import yaml
 from temporalio.client import Client
 
 from purge_config.file import load_config
+from purge_config.settings import SweepSettings
+from purge_config.values import parse_duration
 from purge_ops.ports import free_ports
 from purge_ops.probes import READY_WITHIN
+from purge_ops.runner import GRACEFUL_SHUTDOWN
 from tests.support.passes import run_pass
 from tests.support.probes import scrape, worker
 from tests.support.procs import REPO, worker_config
@@ -299,6 +302,11 @@ async def test_every_metric_and_label_the_rules_and_dashboard_use_is_served(
 # -- the Kubernetes manifests ----------------------------------------------------------------
 
 
+#: Past a stopping worker's last statement: its leftover read, the lock let go, and the
+#: report to Temporal (a few seconds on a busy node).
+REPORT_S = 10.0
+
+
 def manifest(name: str) -> dict[str, Any]:
     loaded: dict[str, Any] = yaml.safe_load((KUBERNETES / name).read_text())
     return loaded
@@ -348,6 +356,21 @@ class TestKubernetes:
         # The kubelet waits longer than a readiness check, so a slow database is named, not
         # reported as the probe's own timeout.
         assert container["readinessProbe"]["timeoutSeconds"] > READY_WITHIN
+
+    def test_the_pods_grace_covers_a_stopping_worker_s_longest(self) -> None:
+        """After SIGTERM a worker gives a child's small tables and a pattern's pages its
+        graceful shutdown, then their statement in flight (the config's statement_timeout)
+        and a report: the kubelet's SIGKILL must come after all of it, or a deploy cuts a
+        batch off mid-statement."""
+        spec = manifest("deployment.yaml")["spec"]["template"]["spec"]
+        config = manifest("configmap.yaml")["data"]["purge.toml"]
+        # Any the config sets ([sweep] or a target's own), else the default.
+        given = re.findall(r'^statement_timeout = "([^"]+)"', config, re.M)
+        statement_ms = max(
+            [parse_duration(text) for text in given] or [SweepSettings().statement_timeout_ms]
+        )
+        longest = GRACEFUL_SHUTDOWN.total_seconds() + statement_ms / 1000 + REPORT_S
+        assert spec["terminationGracePeriodSeconds"] >= longest
 
     def test_config_loads_with_database_urls_from_the_secret(self, tmp_path: Path) -> None:
         """Each url_env of the ConfigMap's config is set from the Secret, and nothing else is."""

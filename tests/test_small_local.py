@@ -170,7 +170,7 @@ def waiting_config(prefix: str, lock_timeout: str) -> PurgeConfig:
 
 #: What a worker process logs once SIGTERM has stopped its polling (purge_ops.runner), before
 #: its running sweeps end.
-STOPPING = "stopping: letting running sweeps finish"
+STOPPING = "stopping: no new work on any queue"
 
 
 def _process_config(tmp_path: Path, database_url: str, task_queue: str, prefix: str) -> Path:

@@ -23,14 +23,22 @@ from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter
 
 from activities import builtin_kinds as kinds
+from purge_config.file import load_config
 from purge_config.settings import SweepSettings
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events, target_runs
-from tests.support.pace import durable_every, fixed_batches, row_locked, until_a_sweep_waits
+from tests.support.pace import (
+    durable_every,
+    fixed_batches,
+    row_locked,
+    until_a_sweep_waits,
+    waiting_sweeps,
+)
 from tests.support.procs import clean_env, identity, start_worker, stop, wait_for, worker_config
 from tests.support.rows import HOUR, auth_rows, bucket_rows, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
+from tests.test_small_local import STOPPING
 
 TARGETS = """
 [[targets]]
@@ -222,3 +230,85 @@ async def server_progress(handle: WorkflowHandle[Any, Any]) -> int | None:
             [details] = await DataConverter.default.decode(running.heartbeat_details.payloads)
             return int(details["removed"])
     return None
+
+
+# A rolling deploy's stop, in the slow suite: worker processes and a held row.
+@pytest.mark.slow
+async def test_a_worker_sent_sigterm_mid_sweep_hands_the_sweep_on_after_its_batch(
+    tmp_path: Path,
+    harness: Harness,
+    temporal_server: RunningTemporal,
+) -> None:
+    """A deploy's SIGTERM while a sweep's batch waits at a row another session holds: the
+    worker stops taking work on every queue at once; once the row is let go, that batch
+    commits, the sweep starts no other and fails with the retryable `WorkerStopping` (not a
+    cancel at the end of the worker's grace), the worker exits 0, and the next worker's retry
+    sweeps the rest from where it stood: the pass completes with no target failed, every
+    expired row gone and counted once."""
+    # 2,000 expired rows among 20,000, each older than the next key's: the sweep takes them
+    # from k2000 down, and the batch that reaches k1000 waits there.
+    harness.db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
+        " FROM generate_series(1, 20_000) i ORDER BY random()",
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
+    )
+    harness.db.execute("ANALYZE x_idempotency")
+    # The held batch waits for the row, not for the default 2 s lock timeout.
+    config = worker_config(
+        tmp_path / "purge.toml",
+        harness.url,
+        harness.task_queue,
+        '[[targets]]\nkind = "idempotency"\n\n'
+        '[sweep]\nlock_timeout = "60s"\nstatement_timeout = "120s"\n',
+    )
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    first = start_worker(config, env, tmp_path / "1.log")
+    second = None
+    try:
+        with row_locked(harness.url, "x_idempotency", "k1000") as holder:
+            handle = await harness.client.start_workflow(
+                "Purge",
+                load_config(config).pass_input(),
+                id=f"purge-term-{uuid.uuid4()}",
+                task_queue=harness.task_queue,
+            )
+            wait_for(
+                lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000"
+            )
+            first.send_signal(signal.SIGTERM)
+            wait_for(
+                lambda: STOPPING in (tmp_path / "1.log").read_text(errors="replace"),
+                60,
+                "the worker to begin its stop",
+            )
+            assert waiting_sweeps(harness.db, holder) == 1  # the batch still in flight
+        assert first.wait(60) == 0
+        left_by_first = expired_rows(harness)
+        second = start_worker(config, env, tmp_path / "2.log")
+        report = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        stop(first)
+        if second is not None:
+            stop(second)
+
+    [sweep] = report["swept"]
+    assert (sweep["status"], sweep["removed"], report["failed"]) == ("ok", 2_000, [])
+    assert 0 < left_by_first < 2_000  # the first stopped midway, after the held batch
+    assert expired_rows(harness) == 0
+    assert sweep["worker"] == identity(second)
+    [retry] = [
+        e.activity_task_started_event_attributes
+        for e in await events(harness.client, handle.id)
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert retry.attempt == 2
+    assert retry.last_failure.application_failure_info.type == "WorkerStopping"
+    assert "Traceback" not in (tmp_path / "1.log").read_text(errors="replace")
+
+
+def expired_rows(harness: Harness) -> int:
+    [(left,)] = harness.db.execute(
+        "SELECT count(*) FROM x_idempotency WHERE expires_at_ms < %s", (harness.now_ms,)
+    ).fetchall()
+    return int(left)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from activities.engine.ledger import Ledger
@@ -18,6 +19,11 @@ def partition_action(policy: PartitionPolicy) -> PartitionAction:
 def ignore_batch(progress: Progress) -> None:
     """The `on_batch` of a sweep nobody watches."""
     return None
+
+
+def never() -> bool:
+    """The `stopping` of a sweep nothing stops early."""
+    return False
 
 
 def ms_left(deadline: float) -> int:
@@ -49,6 +55,9 @@ class SweepContext:
     remember: bool = False
     """Whether each table's share removed is recorded in `purge_shares` (and the partition
     advice reads the day's passes from it): only in a pass, where the table is there."""
+    stopping: Callable[[], bool] = never
+    """Whether the sweep must end now, between batches, as at its deadline (its worker is
+    stopping, for one: the activity then hands the rest to another worker)."""
 
     @staticmethod
     def deadline_in(budget_ms: int) -> float:
@@ -56,5 +65,5 @@ class SweepContext:
         return time.monotonic() + budget_ms / 1000
 
     def out_of_time(self) -> bool:
-        """Whether the time budget is spent."""
-        return time.monotonic() >= self.deadline
+        """Whether the time budget is spent, or the sweep must end now (`stopping`)."""
+        return time.monotonic() >= self.deadline or self.stopping()

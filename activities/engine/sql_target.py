@@ -6,6 +6,7 @@ way into each table, `TargetSweeper` (`target_tables`) one run of its tables, ta
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from psycopg import AsyncConnection, sql
@@ -13,7 +14,13 @@ from psycopg import AsyncConnection, sql
 from activities.engine import catalog
 from activities.engine.access import ConnectionSource, TableAccess
 from activities.engine.batch_sql import count_expired
-from activities.engine.context import SweepContext, ignore_batch, ms_left, partition_action
+from activities.engine.context import (
+    SweepContext,
+    ignore_batch,
+    ms_left,
+    never,
+    partition_action,
+)
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.planning import planned
@@ -70,10 +77,12 @@ class SqlTarget:
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> SweepStats:
         """Sweep every table in batches, starting where `resume` (a previous attempt's last
         heartbeat) says; `on_batch` is called with the progress after every batch. The sweep
-        ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner.
+        ends at its time budget, or at `budget_ms` (what is left of the pass's) if sooner, or
+        between batches once `stop()` says so, as at its budget (`complete` False).
 
         Each table is swept under an advisory lock on it, so no two sweeps of one table run at
         once, from whatever pass; a table another sweep holds for longer than `busy_wait` ends
@@ -92,6 +101,7 @@ class SqlTarget:
             on_batch=on_batch or ignore_batch,
             deadline=self.deadline(budget_ms),
             ledger=Ledger(ledger) if ledger is not None else None,
+            stopping=stop or never,
         )
         return await TargetSweeper(self._access, self.rules, self._small).sweep(ctx)
 
