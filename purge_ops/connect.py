@@ -247,16 +247,19 @@ def _readable(fd: int) -> bool:
 
 #: The server's TCP settings for a sweep's session, where the server, the role and the URL
 #: leave them at their defaults (pg_settings.source): the server probes a silent client after
-#: 30 s, every 10 s, and drops it after 3 unanswered probes or 60 s of unacknowledged data.
-#: A sweep holds its table's advisory lock in its session: a killed worker's goes at once with
-#: its socket, but a worker whose host vanished (powered off, cut off) would hold it until the
-#: operating system's defaults gave up, about 2 h 11 min on Linux, every pass reporting the
-#: table busy meanwhile.
+#: 30 s, every 10 s, and drops it after 3 unanswered probes or 60 s of unacknowledged data; and,
+#: while a statement runs, looks every 5 s whether its client is still there.
+#: A sweep holds its table's advisory lock in its session: a killed worker's goes with its
+#: socket, at once between statements, but mid-statement (a batch waiting for a row) only as
+#: the statement ended, up to its statement_timeout; and a worker whose host vanished (powered
+#: off, cut off) would hold it until the operating system's defaults gave up, about 2 h 11 min
+#: on Linux, every pass reporting the table busy meanwhile.
 SERVER_KEEPALIVES = {
     "tcp_keepalives_idle": "30",
     "tcp_keepalives_interval": "10",
     "tcp_keepalives_count": "3",
     "tcp_user_timeout": "60000",
+    "client_connection_check_interval": "5000",
 }
 #: libpq's own, the same way round: the worker finds a database server that vanished mid-sweep
 #: in about a minute, not two hours. A URL's own `keepalives*` parameters are kept.

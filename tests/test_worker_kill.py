@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg import sql
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import WorkflowHandle
 from temporalio.converter import DataConverter
 
 from activities import builtin_kinds as kinds
+from activities.engine.access import table_lock_keys
 from purge_config.file import load_config
 from purge_config.settings import SweepSettings
 from tests.conftest import Harness
@@ -312,3 +314,70 @@ def expired_rows(harness: Harness) -> int:
         "SELECT count(*) FROM x_idempotency WHERE expires_at_ms < %s", (harness.now_ms,)
     ).fetchall()
     return int(left)
+
+
+@pytest.mark.slow
+async def test_a_worker_killed_mid_statement_lets_its_table_go_within_seconds(
+    tmp_path: Path,
+    harness: Harness,
+    temporal_server: RunningTemporal,
+) -> None:
+    """SIGKILLed while a sweep's batch waits at a row another session holds (a lock timeout of
+    60 s, a statement timeout of 10 min), the worker's session, and the table's advisory lock
+    with it, are gone while the row is still held: the server looks every 5 s whether a
+    running statement's client is there (`client_connection_check_interval`), where it once
+    waited out the statement, and a retry found the table busy. The wait below ends well
+    before the lock timeout would have ended that statement."""
+    harness.db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
+        " FROM generate_series(1, 20_000) i ORDER BY random()",
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
+    )
+    harness.db.execute("ANALYZE x_idempotency")
+    config = worker_config(
+        tmp_path / "purge.toml",
+        harness.url,
+        harness.task_queue,
+        '[[targets]]\nkind = "idempotency"\n\n'
+        '[sweep]\nlock_timeout = "60s"\nstatement_timeout = "600s"\n',
+    )
+    env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
+    worker = start_worker(config, env, tmp_path / "1.log")
+    try:
+        with row_locked(harness.url, "x_idempotency", "k1000") as holder:
+            handle = await harness.client.start_workflow(
+                "Purge",
+                load_config(config).pass_input(),
+                id=f"purge-kill-{uuid.uuid4()}",
+                task_queue=harness.task_queue,
+            )
+            wait_for(
+                lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000"
+            )
+            assert not table_lock_free(harness)  # the waiting sweep holds it
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(10)
+            # Half the lock timeout: the statement's own end would come at 60 s.
+            wait_for(
+                lambda: waiting_sweeps(harness.db, holder) == 0,
+                30,
+                "the dead worker's session to go",
+            )
+            assert table_lock_free(harness)
+        await handle.terminate()
+    finally:
+        stop(worker)
+
+
+def table_lock_free(harness: Harness) -> bool:
+    """Whether another session can take the advisory lock every sweep of x_idempotency holds
+    (`activities.engine.access.table_lock_keys`); let go at once if it could."""
+    keys = table_lock_keys()
+    rel = {"rel": "x_idempotency"}
+    [(taken,)] = harness.db.execute(
+        sql.SQL("SELECT pg_try_advisory_lock({})").format(keys), rel
+    ).fetchall()
+    if taken:
+        harness.db.execute(sql.SQL("SELECT pg_advisory_unlock({})").format(keys), rel)
+    return bool(taken)
