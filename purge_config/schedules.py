@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from purge_config.errors import ConfigError
 from purge_config.names import QUEUE_NAME, STEP_NAME
@@ -50,6 +50,11 @@ class ScheduleConfig:
     """The NAME of `[schedules.NAME]`; empty for the single `[schedule]`."""
     targets: tuple[str, ...] = ()
     """The target names its passes sweep, in the config's order; empty: every target."""
+
+
+#: The zones every Temporal server knows, checked against no zone file: the default, on a host
+#: with no time zone database (a slim container image), must not stop a worker's start.
+ALWAYS_ZONES = frozenset({"UTC", "Etc/UTC"})
 
 
 def parse_schedule(where: str, raw: object) -> ScheduleConfig:
@@ -178,9 +183,19 @@ def _check(where: str, at: str, raw: Mapping[str, Any], spec: ScheduleConfig) ->
             f"{where}: {at}.id: not a schedule id (letters, digits and _ . : / -), "
             f"got {spec.id!r}{given}"
         )
+    if spec.time_zone in ALWAYS_ZONES:
+        return  # Temporal's server knows it, whatever this machine's zone files
     try:
         ZoneInfo(spec.time_zone)
     except (ZoneInfoNotFoundError, ValueError):
+        if not available_timezones():
+            # A slim container image without zone files (and no tzdata package): the zone may
+            # be right; this machine cannot tell.
+            raise ConfigError(
+                f"{where}: {at}.time_zone: {spec.time_zone!r} cannot be checked: this machine "
+                "has no time zone database (install its tzdata, or `pip install tzdata`), or "
+                'use "UTC"'
+            ) from None
         raise ConfigError(
             f"{where}: {at}.time_zone: not an IANA time zone, got {spec.time_zone!r}"
         ) from None

@@ -532,6 +532,31 @@ def test_defaults_are_filled_in(tmp_path: Path) -> None:
     ]
 
 
+def test_a_machine_without_zone_files_loads_utc_and_says_why_it_cannot_check_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slim container image has no time zone database (and no tzdata package): the default
+    UTC, which every Temporal server knows, must not stop the worker; another zone is refused
+    saying the machine cannot check it, not that it is no IANA zone."""
+    from zoneinfo import ZoneInfoNotFoundError
+
+    from purge_config import schedules
+
+    def no_zone_files(key: str) -> None:
+        raise ZoneInfoNotFoundError(f"No time zone found with key {key}")
+
+    monkeypatch.setattr(schedules, "ZoneInfo", no_zone_files)
+    monkeypatch.setattr(schedules, "available_timezones", set, raising=False)
+    assert load(tmp_path, toml(targets=[IDEMPOTENCY])).schedule.time_zone == "UTC"
+    utc = toml(targets=[IDEMPOTENCY], schedule={"time_zone": "Etc/UTC"})
+    assert load(tmp_path, utc).schedule.time_zone == "Etc/UTC"
+    with pytest.raises(ConfigError) as paris:
+        load(tmp_path, toml(targets=[IDEMPOTENCY], schedule={"time_zone": "Europe/Paris"}))
+    assert "'Europe/Paris' cannot be checked: this machine has no time zone database" in str(
+        paris.value
+    )
+
+
 def test_empty_file_is_a_config_with_no_targets(tmp_path: Path) -> None:
     config = load(tmp_path, "")
 
