@@ -20,6 +20,13 @@ async def namespace_defines(client: Client) -> bool:
     """Whether the client's namespace defines every key, each with its type. An answer the
     server refuses (a role without the operator API, as on some Temporal Cloud namespaces) is
     a no: passes then run as before, without the attributes."""
+    return bool(await namespace_answer(client))
+
+
+async def namespace_answer(client: Client) -> bool | None:
+    """As `namespace_defines`, but None where the server refused to say (a role without the
+    operator API, or a passing refusal): a schedule already there then keeps the choice it
+    was made with, where a no would flip it at every start of workers of two roles."""
     try:
         defined = await client.operator_service.list_search_attributes(
             ListSearchAttributesRequest(namespace=client.namespace)
@@ -28,7 +35,7 @@ async def namespace_defines(client: Client) -> bool:
         if err.status == RPCStatusCode.NOT_FOUND:
             raise  # no such namespace: nothing else this command asks would be answered either
         log.warning("search attributes not used: listing them was refused: %s", err.message)
-        return False
+        return None
     custom = defined.custom_attributes
     return all(custom.get(key.name) == int(key.indexed_value_type) for key in KEYS)
 

@@ -191,8 +191,9 @@ async def run_worker(
                 only = ensure_schedule == "ensured"
                 outcomes = await schedule.ensure_schedules(client, config, only, by_worker=True)
                 for outcome in outcomes:
-                    # A schedule left as it is was not this worker's to write: said as a warning.
-                    level = logging.WARNING if outcome.action == "left as it is" else logging.INFO
+                    # Not this worker's to write, left firing, not checked, or a write that
+                    # drops databases or moves the queue: said as a warning.
+                    level = logging.WARNING if outcome.warns else logging.INFO
                     log.log(level, "%s %s", outcome.action, outcome.summary.replace("\n", "; "))
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)

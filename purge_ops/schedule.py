@@ -34,13 +34,13 @@ from temporalio.client import (
 )
 from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.input_checks import parse_input
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
 from purge_config.fleet import DEFAULT_DATABASE_KEY
-from purge_ops.namespace_check import namespace_defines
+from purge_ops.namespace_check import namespace_answer
 from workflows.spread import CHUNK_GRACE
 
 WORKFLOW_TYPE = "Purge"
@@ -72,9 +72,14 @@ class ScheduleOutcome:
 
     action: str
     """`created`, `updated`, `unchanged`, `left as it is` (a regional worker's config, naming no
-    target on a database the schedule's passes sweep) or `left behind`."""
+    target on a database the schedule's passes sweep, or beside another config's schedules),
+    `left behind`, or `not listed` (the namespace's schedules could not be listed)."""
     summary: str
     """What will run, when: the config's schedule and the server's next fire times."""
+    warns: bool = False
+    """Whether a worker writing it as it starts says it as a warning: not this worker's to
+    write, left firing, not checked, or an update that drops databases or moves the queue (two
+    configs writing one schedule in turn, say)."""
 
 
 def desired(config: PurgeConfig, spec: ScheduleConfig, searchable: bool = False) -> Schedule:
@@ -163,17 +168,39 @@ async def ensure_schedules(
     drop every other database's targets from every pass. `pg-purge schedule`, typed by an
     operator, and a worker of a config with targets of its own write it and say which
     databases it drops."""
-    searchable = await namespace_defines(client)
+    searchable = await namespace_answer(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
-    outcomes = [await _ensure(client, config, spec, searchable, by_worker) for spec in specs]
-    return outcomes + await _left_behind(client, config)
+    try:
+        others = await _others_on_the_queue(client, config)
+    except RPCError as err:
+        # Only said: what the config names is written all the same.
+        unlisted = ScheduleOutcome(
+            "not listed",
+            warns=True,
+            summary=f"schedules on task queue {config.task_queue!r}: the namespace's "
+            f"schedules could not be listed ({err.message}), so none the config no longer "
+            "names is said",
+        )
+        others, extra = [], [unlisted]
+    else:
+        extra = []
+    regional = _regional(config, by_worker)
+    outcomes = [
+        await _ensure(client, config, spec, searchable, by_worker, others if regional else [])
+        for spec in specs
+    ]
+    if config.own_queue is None:
+        # A regional config (every target on a database queue of its own): the other schedules
+        # of its queue are the scheduler's config's, not this one's to call left behind.
+        return outcomes + extra
+    return outcomes + [_left_behind(config, other) for other in others] + extra
 
 
-async def _left_behind(client: Client, config: PurgeConfig) -> list[ScheduleOutcome]:
-    """Schedules this package made for the config's task queue that the config no longer names
-    (a schedule renamed or removed): still firing, so said, never deleted behind a user's back."""
+async def _others_on_the_queue(client: Client, config: PurgeConfig) -> list[str]:
+    """The ids of the schedules this package made for the config's task queue that the config
+    does not name: one renamed or removed from it, or another config's of the same queue."""
     wanted = {spec.id for spec in config.schedules}
-    found: list[ScheduleOutcome] = []
+    found: list[str] = []
     async for listed in await client.list_schedules():
         action = listed.schedule.action if listed.schedule else None
         if listed.id in wanted or getattr(action, "workflow", None) != WORKFLOW_TYPE:
@@ -188,24 +215,48 @@ async def _left_behind(client: Client, config: PurgeConfig) -> list[ScheduleOutc
             and made.task_queue == config.task_queue
             and MEMO_KEY in (made.memo or {})
         ):
-            found.append(
-                ScheduleOutcome(
-                    "left behind",
-                    f"schedule {listed.id}: not in the config but still firing on task queue "
-                    f"{config.task_queue!r}; delete it with "
-                    f"`temporal schedule delete --schedule-id {listed.id}`",
-                )
-            )
+            found.append(listed.id)
     return found
 
 
+def _left_behind(config: PurgeConfig, schedule_id: str) -> ScheduleOutcome:
+    """A schedule the config no longer names (renamed or removed): still firing, so said, never
+    deleted behind a user's back."""
+    return ScheduleOutcome(
+        "left behind",
+        warns=True,
+        summary=f"schedule {schedule_id}: not in the config but still firing on task queue "
+        f"{config.task_queue!r}; delete it with "
+        f"`temporal schedule delete --schedule-id {schedule_id}`",
+    )
+
+
 async def _ensure(
-    client: Client, config: PurgeConfig, spec: ScheduleConfig, searchable: bool, by_worker: bool
+    client: Client,
+    config: PurgeConfig,
+    spec: ScheduleConfig,
+    searchable: bool | None,
+    by_worker: bool,
+    others: list[str],
 ) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs; safe to run from many workers
-    at once (the loser of a create race updates, which is idempotent)."""
-    want = desired(config, spec, searchable)
+    at once (the loser of a create race updates, which is idempotent). `searchable` None: the
+    namespace would not say whether it defines the attributes; a schedule made without them,
+    an existing one as it was made. `others`, given to a regional worker's start: schedules of
+    another config firing passes on the queue, beside which it creates none of its own."""
+    want = desired(config, spec, bool(searchable))
     schedule_id = spec.id
+    if others and not await _exists(client, schedule_id):
+        return ScheduleOutcome(
+            "left as it is",
+            warns=True,
+            summary=f"schedule {schedule_id}: not created: {', '.join(sorted(others))} of another "
+            f"config start passes on task queue {config.task_queue!r}, and every target of "
+            "this config has a database queue of its own (a regional worker's config): a "
+            "worker creates no schedule beside them, whose passes would sweep its targets "
+            "again. Write the schedules with `pg-purge schedule` from the config that names "
+            "every database of the passes",
+        )
     was_on = config.task_queue
     dropped: dict[str, int] = {}  # what an update takes from the schedule's passes, said
     try:
@@ -223,6 +274,8 @@ async def _ensure(
                 f"it is; give this config's schedule another id (`id` under [schedule])"
             ) from None
         was_on = held.task_queue
+        if searchable is None:
+            want = desired(config, spec, bool(held.typed_search_attributes.search_attributes))
         converter = client.data_converter.payload_converter
         if matches(current.schedule, want, converter):
             action = "unchanged"
@@ -233,18 +286,24 @@ async def _ensure(
             if dropped and _regional(config, by_worker):
                 return ScheduleOutcome(
                     "left as it is",
-                    f"schedule {schedule_id}: its passes sweep {_said(dropped)}, which this "
-                    "config names no target on, and every target of this config has a database "
-                    "queue of its own (a regional worker's config): a worker writes no schedule "
-                    "that would drop them. Write it with `pg-purge schedule` from the config "
-                    "that names every database of the pass (from this one, if it drops them on "
-                    "purpose), or give this config's schedule another `id` under [schedule]",
+                    warns=True,
+                    summary=f"schedule {schedule_id}: its passes sweep {_said(dropped)}, "
+                    "which this config names no target on, and every target of this config has "
+                    "a database queue of its own (a regional worker's config): a worker writes "
+                    "no schedule that would drop them. Write it with `pg-purge schedule` from "
+                    "the config that names every database of the pass (from this one, if it "
+                    "drops them on purpose), or give this config's schedule another `id` under "
+                    "[schedule]",
                 )
 
             def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
-                # Replace what the config owns; keep the state an operator owns (a pause, its
-                # note, a limit on remaining actions).
-                want.state = given.description.schedule.state
+                # Replace what the config owns; keep what an operator owns: the state (a
+                # pause, its note, a limit on remaining actions), and the times the spec skips
+                # or is bounded by (a freeze window), which no config says.
+                now = given.description.schedule
+                want.state = now.state
+                want.spec.skip = now.spec.skip
+                want.spec.start_at, want.spec.end_at = now.spec.start_at, now.spec.end_at
                 return ScheduleUpdate(schedule=want)
 
             await handle.update(update)
@@ -260,7 +319,18 @@ async def _ensure(
         )
     if action == "updated" and dropped:
         summary += f"\ndrops {_said(dropped)}: its passes no longer sweep them"
-    return ScheduleOutcome(action=action, summary=summary)
+    moved = action == "updated" and was_on != config.task_queue
+    return ScheduleOutcome(action=action, summary=summary, warns=bool(dropped) or moved)
+
+
+async def _exists(client: Client, schedule_id: str) -> bool:
+    try:
+        await client.get_schedule_handle(schedule_id).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return False
+        raise
+    return True
 
 
 def _dropped(

@@ -18,7 +18,7 @@ import subprocess
 import urllib.request
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,12 @@ from temporalio.client import (
     Schedule,
     ScheduleActionExecutionStartWorkflow,
     ScheduleActionStartWorkflow,
+    ScheduleCalendarSpec,
     ScheduleOverlapPolicy,
     ScheduleRange,
     ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
     WorkflowExecutionStatus,
     WorkflowHandle,
 )
@@ -254,6 +257,16 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
     assert created.returncode == 0, created.stderr
     handle = harness.client.get_schedule_handle(schedule_id)
     await handle.pause(note="paused by the on-call")
+    # An operator's freeze window and end, which no config says.
+    freeze = ScheduleCalendarSpec(month=[ScheduleRange(12)], day_of_month=[ScheduleRange(24, 26)])
+    end_at = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def frozen(given: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = given.description.schedule
+        schedule.spec.skip, schedule.spec.end_at = [freeze], end_at
+        return ScheduleUpdate(schedule=schedule)
+
+    await handle.update(frozen)
 
     again = await asyncio.to_thread(cli, temporal_server, "schedule", "--config", str(config))
     assert again.stdout.startswith(f"unchanged schedule {schedule_id} (PAUSED)"), again.stdout
@@ -278,6 +291,9 @@ async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_plac
     assert described.schedule.spec.time_zone_name == "Europe/Paris"
     assert described.schedule.policy.catchup_window == timedelta(days=1)  # daily: one period
     assert described.schedule.state.paused  # an operator's pause survives a config update
+    [skipped] = described.schedule.spec.skip  # and the freeze window, and the end
+    assert (spans(skipped.month), spans(skipped.day_of_month)) == ([(12, 12)], [(24, 26)])
+    assert described.schedule.spec.end_at == end_at
     await handle.delete()
 
 

@@ -6,6 +6,7 @@ that region's URL in its environment); the slow SIGKILL test's are worker proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client, ScheduleActionStartWorkflow
+from temporalio.service import RPCError
 
 from activities.builtin_kinds import build_registry
 from activities.engine.batching import FIRST_ROWS
@@ -662,10 +664,56 @@ async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedu
             env={},
         )
         [by_its_worker] = await ensure_schedules(client, retired, by_worker=True)
-        assert by_its_worker.action == "updated"
+        assert (by_its_worker.action, by_its_worker.warns) == ("updated", True)
         assert by_its_worker.summary.endswith(
             "\ndrops 1 target on database eu: its passes no longer sweep them"
         )
         assert await targets() == ["x_idempotency"]
     finally:
         await handle.delete()
+
+
+async def test_a_regional_worker_creates_no_schedule_beside_another_config_s_and_calls_none_left(
+    client: Client, task_queue: str, regions: dict[str, str]
+) -> None:
+    """The scheduler's config names its schedule one id, a regional config (the same task
+    queue, eu alone) another: a regional worker started with `--schedule` once created its own
+    beside it (every pass's eu target swept twice an hour) and called the scheduler's `left
+    behind`, to be deleted. It now creates none, warning why, and calls none left behind; an
+    operator's `pg-purge schedule` from that config still writes its own, and calls the
+    scheduler's none either."""
+    central_id = f"purge-central-{uuid.uuid4().hex[:8]}"
+    regional_id = f"purge-eu-{uuid.uuid4().hex[:8]}"
+    cron = 'cron = "0 0 1 1 *"\n'
+    central = parse_config(
+        tomllib.loads(
+            f"database_url = {regions['us']!r}\n"
+            + region_toml(task_queue, ("eu",))
+            + '[[targets]]\nkind = "idempotency"\n'
+            + f'[schedule]\nid = "{central_id}"\n{cron}'
+        ),
+        env={},
+    )
+    regional = parse_config(
+        tomllib.loads(
+            region_toml(task_queue, ("eu",)) + f'[schedule]\nid = "{regional_id}"\n{cron}'
+        ),
+        env={"EU_URL": regions["eu"]},
+    )
+    [made] = await ensure_schedules(client, central)
+    try:
+        by_worker = await ensure_schedules(client, regional, by_worker=True)
+        by_operator = await ensure_schedules(client, regional)
+    finally:
+        await client.get_schedule_handle(central_id).delete()
+        with contextlib.suppress(RPCError):
+            await client.get_schedule_handle(regional_id).delete()
+
+    assert made.action == "created"
+    [left] = by_worker
+    assert (left.action, left.warns) == ("left as it is", True)
+    assert left.summary.startswith(
+        f"schedule {regional_id}: not created: {central_id} of another config start passes on "
+        f"task queue {task_queue!r}"
+    )
+    assert [o.action for o in by_operator] == ["created"]  # the central one is not its own

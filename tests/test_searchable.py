@@ -20,6 +20,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Replayer
 
 from activities import builtin_kinds as kinds
@@ -191,3 +192,35 @@ async def test_the_schedule_starts_its_passes_with_the_attributes_where_they_are
     action = (await handle.describe()).schedule.action
     assert action.typed_search_attributes.get(ROWS_REMOVED) == 0  # type: ignore[union-attr]
     await handle.delete()
+
+
+async def test_a_worker_whose_namespace_will_not_say_keeps_the_schedule_as_it_was_made(
+    searchable_client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers of two roles, one whose listing of the search attributes is refused: where that
+    refusal read as "not defined", its start rewrote the schedule without them, the other's
+    with them, at every start. Refused, a worker now leaves the schedule's choice as it is."""
+    schedule_id = f"purge-refused-{uuid.uuid4().hex[:8]}"
+    config = parse_config(
+        tomllib.loads(
+            f'task_queue = "{task_queue}"\n[schedule]\nid = "{schedule_id}"\n'
+            '[[targets]]\nkind = "idempotency"\n'
+        ),
+        env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
+    )
+    (made,) = await ensure_schedules(searchable_client, config)
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RPCError(
+            "listing search attributes is not allowed", RPCStatusCode.PERMISSION_DENIED, b""
+        )
+
+    operator = searchable_client.operator_service
+    monkeypatch.setattr(operator, "list_search_attributes", refused)
+    (again,) = await ensure_schedules(searchable_client, config)
+
+    handle = searchable_client.get_schedule_handle(schedule_id)
+    action = (await handle.describe()).schedule.action
+    await handle.delete()
+    assert (made.action, again.action) == ("created", "unchanged")
+    assert action.typed_search_attributes.get(ROWS_REMOVED) == 0  # type: ignore[union-attr]
