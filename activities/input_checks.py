@@ -210,21 +210,20 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-#: A connection string's secrets, wherever a value sent by hand holds one (in its `repr`): a URL's
-#: from the user's `:` to the last `@` after it (a password may hold spaces, quotes and `@`), and
-#: the value of a secret keyword or parameter (libpq's: `dsn.SECRET_KEYS`, `sslpassword` and
-#: `pgpassword` included) to the end of the string, quoted runs, spaces and `&` all (a password
-#: may hold an `&`). Masking too much of a value typed by hand costs nothing; masking too little
-#: writes a password into the history.
-_PASSWORDS = re.compile(
-    r"(://[^:/@\s'\"]*:).*@"
-    r"|((?:password|oauth_client_secret|scram_client_key|scram_server_key)\s*=\s*)"
-    r"(?:'(?:[^'\\]|\\.)*'|[^'\"])*",
-    re.IGNORECASE,
+#: What a connection string, or a piece of one, holds where it may hold a secret: a URL's `://`
+#: (its user info may hold a password, in forms no pattern could end rightly: raw `@`, quotes,
+#: spaces, `/`), or a keyword of libpq's secrets (`dsn.SECRET_KEYS`; `sslpassword` and
+#: `pgpassword` included).
+_SECRET_HINT = re.compile(
+    r"://|password|oauth_client_secret|scram_client_key|scram_server_key", re.I
 )
 
 
 def _masked(text: str) -> str:
-    """`text` with any secret a connection string in it holds replaced by `***`: an error (and
-    the history it is written to) never repeats one, whatever the input held."""
-    return _PASSWORDS.sub(lambda m: f"{m[1]}***@" if m[1] else f"{m[2]}***", text)
+    """`text` as an error quotes a value sent by hand, but where it may hold a connection
+    string's secret: then only its length, so that an error (and the history it is written to)
+    never repeats a password, whatever the input held. A value of the right shape is never
+    quoted: only the wrong ones, where the shape matters less than what they may hold."""
+    if _SECRET_HINT.search(text) is None:
+        return text
+    return f"<{len(text)} characters not shown: may hold a password>"

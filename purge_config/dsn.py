@@ -107,8 +107,8 @@ def _refuse_misread(rest: str) -> None:
         # `ss` as the host (`db:5432?password=p@ss`: a user `db`, a password `5432?...`). A `?`
         # alone in a password is the password's, as libpq reads it.
         raise UnencodedAt(
-            "a '?' before its '@', which libpq reads as its user or password: write an '@' in "
-            "a parameter as %40 (a '?' in a password as %3F)"
+            "a parameter before its '@', which libpq reads as part of its user or password: "
+            "write an '@' in a parameter as %40 (a '?' in a password as %3F)"
         )
     if not at and slash and "@" in path.split("?", 1)[0]:
         # `postgresql://app:2024/pw@db/app`: a password's `/` ends the host part, so libpq
@@ -161,10 +161,10 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
             return prefix + MASK
         shown += f"{user}:{MASK}@" if colon else f"{info}@"
     else:
-        # No user info: `app:pw` may be a user and a password with no `@host` after them.
-        host, colon, port = hosts.partition("?")[0].rpartition(":")
-        if colon and not port.isdigit() and "]" not in port:
-            hosts = f"{host}:{MASK}" + hosts[len(host) + 1 + len(port) :]
+        # No user info: `app:pw` may be a user and a password with no `@host` after them, in
+        # any host of a list: every port that is no number is masked.
+        listed, question, query = hosts.partition("?")
+        hosts = ",".join(_port_masked(host) for host in listed.split(",")) + question + query
     rest = hosts + slash + path
     before, question, query = rest.partition("?")
     # A parameter's value may hold an unencoded `&`: its pieces would read as more parameters.
@@ -174,10 +174,28 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
 
 
 def _parameters_in(info: str) -> bool:
-    """Whether a URI's user info (to its `@`) holds what reads as its parameters: a `?` in the
-    user name, or a `?` and then an `=` in the password."""
-    name, _, password = info.partition(":")
-    return "?" in name or "=" in password.partition("?")[2]
+    """Whether a URI's user info (to its `@`) holds what reads as its parameters: a `?` and
+    then one of libpq's keywords and an `=` (`db?password=p@ss`, `db:5432?sslmode=...@h`).
+    A `?` and `=` alone are a password's own (`Xy?z=9`), as libpq reads them."""
+    _, question, after = info.partition("?")
+    if not question:
+        return False
+    from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
+
+    keys = {pair.partition("=")[0] for pair in after.split("&") if "=" in pair}
+    return bool(keys & KEYWORDS)
+
+
+def _port_masked(host: str) -> str:
+    """`host[:port]` (an IPv6 address in brackets) with a port that is no number masked."""
+    if host.startswith("["):
+        address, bracket, after = host.partition("]")
+        port = after.removeprefix(":")
+        if not bracket or not after or port.isdigit():
+            return host
+        return f"{address}]:{MASK}"
+    name, colon, port = host.rpartition(":")
+    return f"{name}:{MASK}" if colon and not port.isdigit() else host
 
 
 def _secret_key(key: str) -> bool:

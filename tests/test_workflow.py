@@ -182,12 +182,15 @@ async def test_empty_target_list_is_a_pass_that_removes_nothing(
         # Hashed before their type was checked: a TypeError in the task, retried for ever.
         ({"targets": ["x_auth"], "patterns": [["x_auth"]]}, "'patterns' must list names"),
         ({"targets": ["x_auth"], "patterns": [{"a": 1}]}, "'patterns' must list names"),
-        # A value sent by hand is quoted with any password it holds masked.
+        # A value sent by hand that may hold a password is not quoted.
         (
             {"targets": ["x_auth"], "databases": {"x_auth": "postgresql://app:s3cret@db/app"}},
-            "got {'x_auth': 'postgresql://app:***@db/app'}",
+            "got <44 characters not shown: may hold a password>",
         ),
-        ({"targets": ["x_auth"], "postgresql://app:s3cret@db/app": 1}, "'postgresql://app:***@db"),
+        (
+            {"targets": ["x_auth"], "postgresql://app:s3cret@db/app": 1},
+            "has unknown keys <34 characters not shown: may hold a password>",
+        ),
     ],
     ids=["not-a-list", "not-a-string", "not-a-name", "unknown-key", "bad-dry-run", "format-string",
          "format-zero", "no-targets",

@@ -121,8 +121,10 @@ MISPLACED_PASSWORDS = {
     "slash-in-password-after-digits": "postgresql://app:2024/SEC@db.example.com/app",
     "slash-first-in-password": "postgresql://app:/SEC@h/db",
     "at-in-a-password-parameter": "postgresql://u@h?password=SEC@RET",
-    # No `@host`: libpq reads the password as a port.
+    # No `@host`: libpq reads the password as a port, in any host of a list.
     "no-host-after-the-password": "postgresql://app:SECRET/db",
+    "a-bracket-in-the-port": "postgresql://app:SEC]RET/db",
+    "first-of-two-hosts": "postgresql://app:SECRET,h2:5432/db",
 }
 
 
@@ -147,7 +149,7 @@ def test_no_display_of_a_uri_shows_a_piece_of_its_password(dsn: str) -> None:
     ("dsn", "fix"),
     [
         ("postgresql://db.example.com?password=p@ss", "write an '@' in a parameter as %40"),
-        ("postgresql://db:5432?password=p@ss", "write an '@' in a parameter as %40"),
+        ("postgresql://db:5432?sslmode=require@h", "write an '@' in a parameter as %40"),
         ("postgresql://app:2024/pw@db/app", "in a password, write '/' as %2F"),
     ],
     ids=["at-in-parameters", "at-after-a-port", "slash-in-password"],
@@ -178,3 +180,6 @@ def test_a_uri_libpq_would_read_otherwise_than_meant_is_refused_naming_the_fix(
         "dbname": "app",
     }
     assert parse_dsn("postgresql://app:pw?x@db/app")["password"] == "pw?x"
+    # A `?` and `=` of a password's own, where no libpq keyword follows the `?`.
+    assert parse_dsn("postgresql://u:Xy?z=9@db:5432/app")["password"] == "Xy?z=9"
+    assert redact("postgresql://u:Xy?z=9@db:5432/app") == "postgresql://u:***@db:5432/app"
