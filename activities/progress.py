@@ -76,6 +76,12 @@ class Progress:
     statement that found less than a batch): the result follows at once, so the activity
     sends no heartbeat for it. Not a heartbeat detail."""
 
+    def resumes_on(self, tables: list[str]) -> bool:
+        """Whether this (an earlier attempt's progress) is a position among `tables`, the
+        target's tables as this worker lists them: its index within them, and its list theirs
+        (or none, from a release before the list: taken as it stands)."""
+        return self.table < len(tables) and self.tables in ([], tables)
+
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""
         details = asdict(self)

@@ -74,7 +74,6 @@ class BatchedTarget(CountingTarget, Protocol):
         on_batch: OnBatch | None = None,
         ledger: LedgerKey | None = None,
         budget_ms: int | None = None,
-        stop: Callable[[], bool] | None = None,
     ) -> SweepStats:
         """Delete in batches from where `resume` says, calling `on_batch` after each; with
         `ledger`, count every batch into that pass's `purge_progress` row as well; end by
@@ -100,6 +99,32 @@ class TimedTarget(BatchedTarget, Protocol):
 
     async def preview(self, now_ms: int, *, deadline: float | None = None) -> SweepStats:
         """What a sweep at `now_ms` would remove, counted by `deadline`."""
+        ...
+
+
+@runtime_checkable
+class ListedTarget(TimedTarget, Protocol):
+    """A timed target that names its tables and ends a sweep between batches when asked:
+    every built-in kind. A retry whose earlier attempt ran where the tables were listed
+    otherwise starts again from the first, its guards counted again; a stopping worker's sweep
+    ends after its batch. A `TimedTarget` without it (one written before it) is swept as
+    before."""
+
+    def tables_listed(self) -> list[str]:
+        """Its tables, in the order it sweeps them, as its config names them."""
+        ...
+
+    async def sweep(
+        self,
+        now_ms: int,
+        resume: Progress | None = None,
+        on_batch: OnBatch | None = None,
+        ledger: LedgerKey | None = None,
+        budget_ms: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> SweepStats:
+        """As `BatchedTarget.sweep`; ends between batches once `stop()` says so, as at its
+        time budget (`complete` False)."""
         ...
 
 

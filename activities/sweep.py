@@ -22,7 +22,13 @@ from activities.guards import check_clock, check_counts
 from activities.input_checks import parse_step
 from activities.inputs import PurgeStep
 from activities.progress import LedgerKey, Progress, SweepStats
-from activities.registry import BatchedTarget, CountingTarget, TargetRegistry, TimedTarget
+from activities.registry import (
+    BatchedTarget,
+    CountingTarget,
+    ListedTarget,
+    TargetRegistry,
+    TimedTarget,
+)
 from activities.results import PurgeSweep
 from activities.spread_steps import PatternPage, PatternStep
 
@@ -169,8 +175,12 @@ class PurgeActivities:
         # whole time budget before the sweep took another, past the activity's start-to-close.
         deadline = _deadline(target, step, info)
         counted_out = False
+        # An earlier attempt's position among tables listed otherwise (a worker of another
+        # config, mid-deploy): the sweep starts again from the first, so the guards count too.
+        listed = target.tables_listed() if isinstance(target, ListedTarget) else None
+        elsewhere = listed is not None and not resumed.resumes_on(listed)
         async with _heartbeating(beat, at_once=info.attempt > 1):
-            if not resumed.batches:
+            if not resumed.batches or elsewhere:
                 # Before the first delete only: a resumed attempt already passed them.
                 try:
                     sweep.unchecked_guards = await _guard(target, step, info, deadline)
@@ -188,19 +198,21 @@ class PurgeActivities:
             else:
                 budget_ms = ms_left(deadline)
             # A worker that begins to stop (a deploy's SIGTERM) ends the sweep after its batch
-            # and hands the rest to another worker at once, not at the end of its grace. Not a
-            # local activity's: its workflow task is this worker's until the worker stops.
+            # and hands the rest to another worker, by the target's retries, rather than at the
+            # end of its grace. Not a local activity's: its workflow task is this worker's until
+            # the worker stops.
             stop = None if info.is_local else activity.is_worker_shutdown
             try:
-                stats = await target.sweep(
-                    step.now_ms,
-                    resume=resumed,
-                    on_batch=beat.after_batch,
-                    ledger=ledger,
-                    budget_ms=budget_ms,
-                    stop=stop,
-                )
+                if isinstance(target, ListedTarget):
+                    stats = await target.sweep(
+                        step.now_ms, resumed, beat.after_batch, ledger, budget_ms, stop=stop
+                    )
+                else:
+                    stats = await target.sweep(
+                        step.now_ms, resumed, beat.after_batch, ledger, budget_ms
+                    )
                 if stop is not None and not stats.complete and stop():
+                    _count_lost_replies(stats, beat, step.name)
                     raise WorkerStopping(
                         f"target {step.name!r}: its worker is stopping; swept "
                         f"{resumed.removed} rows so far, the rest on another worker"
@@ -211,12 +223,7 @@ class PurgeActivities:
                 resumed.clean_exit = True
                 _heartbeat(resumed.details())
                 raise
-        if stats.ledger and beat.counted is not None and stats.ledger_start > beat.counted:
-            # The earlier attempt left cleanly, having added to the counter every batch it saw
-            # commit; the ledger also holds any batch whose commit reply it lost (a server
-            # crash after COMMIT). With no batch of this attempt to carry them (`after_batch`),
-            # they are missing from the metric: add them now.
-            _rows_removed().add(stats.ledger_start - beat.counted, {"target": step.name})
+        _count_lost_replies(stats, beat, step.name)
         # Without the ledger, an earlier attempt that died (no clean exit) may have deleted rows
         # after the last heartbeat the server kept: the count is then only a lower bound.
         _sweep_fields(step, sweep, stats, lower_bound=not stats.ledger and resumed.short)
@@ -227,6 +234,17 @@ class PurgeActivities:
             )
         _record_gauges(step.name, sweep)
         return stats.removed
+
+
+def _count_lost_replies(stats: SweepStats, beat: _Beat, name: str) -> None:
+    """Rows of batches whose commit reply an earlier attempt lost, into the counter."""
+    if stats.ledger and beat.counted is not None and stats.ledger_start > beat.counted:
+        # The earlier attempt left cleanly, having added to the counter every batch it saw
+        # commit; the ledger also holds any batch whose commit reply it lost (a server crash
+        # after COMMIT). With no batch of this attempt to carry them (`after_batch`), they are
+        # missing from the metric: add them now, once.
+        _rows_removed().add(stats.ledger_start - beat.counted, {"target": name})
+        beat.counted = stats.ledger_start
 
 
 def pass_budget_left(budget_ms: int | None, info: activity.Info) -> int | None:

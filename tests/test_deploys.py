@@ -27,6 +27,7 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import load_config, parse_config
 from purge_config.names import TableName
+from purge_config.settings import Guards
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import child_ids, events
@@ -558,3 +559,30 @@ async def test_a_retry_on_a_worker_listing_the_tables_otherwise_starts_from_the_
     left = {"new"} if swept_first else {"old", "new"}
     assert keys(harness.db, "x_deploy_failures") == left
     assert result.removed == (2 if swept_first else 1)
+
+
+async def test_a_retry_starting_again_on_tables_listed_otherwise_counts_its_guards_first(
+    harness: Harness,
+) -> None:
+    """The earlier attempt passed its guards on another config's tables and swept some: its
+    heartbeat has batches. On this worker's list the retry starts again from the first table,
+    which no guard of this config has counted: the guards count before its first delete (here
+    max_rows 1 refuses two expired rows), where a retry resumed in place would skip them."""
+    harness.db.execute(
+        "CREATE TABLE x_deploy_failures (LIKE x_auth_failures INCLUDING ALL);"
+        "INSERT INTO x_deploy_failures (key, at_ms, expires_at_ms) VALUES"
+        f" ('old-1', 0, {harness.now_ms - HOUR}), ('old-2', 0, {harness.now_ms - HOUR})"
+    )
+    guarded = kinds.auth(
+        harness.pool, failures=TableName("x_deploy_failures"), guards=Guards(max_rows=1)
+    )
+    elsewhere = Progress(table=1, tables=["x_auth_failures", "x_auth_lockouts"], batches=3)
+    env = activity_env(attempt=2, heartbeat_details=[elsewhere.details()])
+    with pytest.raises(ApplicationError) as refused:
+        await env.run(
+            PurgeActivities(TargetRegistry([guarded])).purge_target,
+            PurgeStep(name="x_auth", now_ms=harness.now_ms),
+        )
+
+    assert refused.value.type == "PurgeGuardRefused"
+    assert keys(harness.db, "x_deploy_failures") == {"old-1", "old-2"}

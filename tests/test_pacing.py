@@ -22,6 +22,7 @@ from activities.engine import pacing
 from activities.engine.pacing import Pacer
 from activities.schema import reference_ddl
 from purge_config import parse_config
+from purge_config.settings import SweepSettings
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE
@@ -515,3 +516,27 @@ async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
     peak = trace.peak_rate(after_s=2.0)
     assert peak <= 1.2 * cap, (peak / 1024**2, stats.paused_s)
     assert written / took <= 1.2 * cap
+
+
+async def test_a_pause_ends_early_once_the_sweep_must_end_and_no_batch_follows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stopping worker's sweep does not sit out a WAL-rate pause: the pause is slept in
+    slices, and once `stopping` says so it ends and `before_batch` starts no other batch."""
+    slept: list[float] = []
+    asked = iter([False, True])
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(pacing.asyncio, "sleep", sleep)
+    pacer = Pacer(
+        conn=None,  # type: ignore[arg-type]  # a pause reads nothing
+        settings=SweepSettings(),
+        deadline=float("inf"),
+        stopping=lambda: next(asked, True),
+    )
+    await pacer._sleep(30.0)
+
+    assert slept == [pacing.STOP_CHECK_S]  # one slice, then it stopped
+    assert await pacer.before_batch() is False

@@ -101,7 +101,7 @@ class BatchSweeper:
         # Each batch of a table with an archive inserted there exactly the rows it deleted.
         self.archiving = pred.archive is not None
         self.progress.strategy = self.plan.strategy
-        self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline)
+        self.pacer = Pacer(self.conn, self.settings, self.ctx.deadline, self.ctx.stopping)
         await self.pacer.start()
         by_key = keyset_batches(
             pred.column, pred.archive is not None, self.plan.partitioned, self.plan.order

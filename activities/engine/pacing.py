@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg import AsyncConnection, sql
 
+from activities.engine.context import never
 from purge_config.settings import SweepSettings
 
 #: How often the replicas' lag is read while it is under the limit: a read costs a round trip.
 LAG_CHECK_EVERY_S = 0.5
 #: How long a paused sweep sleeps between two reads of the lag.
 LAG_POLL_S = 0.25
+#: How often a pause asks whether the sweep must end now (its worker stopping).
+STOP_CHECK_S = 0.5
 
 
 @dataclass
@@ -27,6 +31,8 @@ class Pacer:
     conn: AsyncConnection[Any]
     settings: SweepSettings
     deadline: float
+    stopping: Callable[[], bool] = never
+    """Whether the sweep must end now (its worker is stopping): a pause ends early for it."""
     warnings: list[str] = field(default_factory=list)
     paused_s: float = 0.0
     reason: str = ""
@@ -40,8 +46,9 @@ class Pacer:
             self._wal_start = (await self._wal(), time.monotonic())
 
     async def before_batch(self) -> bool:
-        """Wait as pacing asks; False when the budget ran out while waiting."""
-        return await self._replicas() and await self._wal_rate()
+        """Wait as pacing asks; False when the budget ran out while waiting, or the sweep must
+        end now (`stopping`)."""
+        return await self._replicas() and await self._wal_rate() and not self.stopping()
 
     async def _replicas(self) -> bool:
         limit = self.settings.max_replica_lag_ms
@@ -66,6 +73,8 @@ class Pacer:
             lag = float(row[0]) if row and row[0] is not None else 0.0
             if lag <= limit:
                 return True
+            if self.stopping():
+                return False
             if time.monotonic() + LAG_POLL_S >= self.deadline:
                 self.reason = (
                     f"paused for a replica {lag / 1000:.1f} s behind (max_replica_lag "
@@ -96,8 +105,13 @@ class Pacer:
         return int(row[0]) if row else 0
 
     async def _sleep(self, seconds: float) -> None:
+        """Pause `seconds`, in slices between which a sweep that must end now (`stopping`)
+        ends the pause: a stopping worker's sweep does not sit out a long WAL-rate pause."""
         self.paused_s += seconds
-        await asyncio.sleep(seconds)
+        left = seconds
+        while left > 0 and not self.stopping():
+            await asyncio.sleep(min(left, STOP_CHECK_S))
+            left -= STOP_CHECK_S
 
 
 # The statements pacing reads the server by.

@@ -172,6 +172,12 @@ def written_column_advice(rule: Rule) -> str | None:
     )
 
 
+def table_names(rules: list[Rule]) -> list[str]:
+    """The tables of a target's rules, in order, as its config names them: what a progress
+    heartbeats, so a retry on a worker whose config lists them otherwise starts again."""
+    return [str(rule.table) for rule in rules]
+
+
 @dataclass(frozen=True)
 class ExpiryRule:
     """Expired when `column + max_age <= now`: the column is an integer epoch (in `unit`:

@@ -24,7 +24,7 @@ from activities.engine.context import (
 from activities.engine.ledger import Ledger
 from activities.engine.partitions import read_layout
 from activities.engine.planning import planned
-from activities.engine.rules import Predicate, Rule, ident
+from activities.engine.rules import Predicate, Rule, ident, table_names
 from activities.engine.small_tables import SmallTables
 from activities.engine.table_facts import read_table_facts, refuse_inheritance
 from activities.engine.target_tables import TargetSweeper
@@ -104,6 +104,10 @@ class SqlTarget:
             stopping=stop or never,
         )
         return await TargetSweeper(self._access, self.rules, self._small).sweep(ctx)
+
+    def tables_listed(self) -> list[str]:
+        """Its tables, in the order it sweeps them, as its config names them."""
+        return table_names(self.rules)
 
     def deadline(self, budget_ms: int | None = None) -> float:
         """When a step of this target begun now must end: its own time budget from now, or

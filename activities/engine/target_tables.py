@@ -28,7 +28,7 @@ from activities.engine.partition_advice import (
     remembered_advice,
 )
 from activities.engine.planning import TablePlan
-from activities.engine.rules import Predicate, Rule, written_column_advice
+from activities.engine.rules import Predicate, Rule, table_names, written_column_advice
 from activities.engine.small_tables import SMALL_PAGES, SmallSweep, SmallTables, sweep_small
 from activities.engine.tables import TableSweeper
 from activities.progress import SweepStats
@@ -81,7 +81,7 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
-            progress.tables = self._listed()
+            progress.tables = table_names(self.rules)
             async with self.access.pool.connection() as conn:
                 ctx, opened, table = await self._table(ctx, rule, not several, conn, alone)
             if opened is not None:
@@ -101,12 +101,8 @@ class TargetSweeper:
         a table again is harmless: its rows deleted are counted by the ledger or the progress,
         not by where the sweep starts."""
         progress = ctx.progress
-        listed = progress.table < len(self.rules) and progress.tables in ([], self._listed())
-        if not listed:
+        if not progress.resumes_on(table_names(self.rules)):
             progress.table, progress.page, progress.leaf = 0, 0, 0
-
-    def _listed(self) -> list[str]:
-        return [str(rule.table) for rule in self.rules]
 
     @staticmethod
     def _resumed(small: SmallSweep | None, stats: SweepStats) -> None:
