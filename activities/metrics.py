@@ -104,6 +104,9 @@ PASSES_SKIPPING = Counter(
     "purge_passes_skipping",
     "Purge passes that ended with targets skipped (their budget spent before those started)",
 )
+PASSES_WHOLE = Counter(
+    "purge_passes_whole", "Purge passes (not dry runs) that ended with no target skipped"
+)
 PASS_SECONDS = HistogramFloat("purge_pass_seconds", "a Purge pass from its start to its end", "s")
 
 #: Every instrument above, for the tests that hold the served page and the docs to them.
@@ -120,5 +123,6 @@ ALL: tuple[Instrument, ...] = (
     PASSES_COMPLETED,
     PASSES_FAILED,
     PASSES_SKIPPING,
+    PASSES_WHOLE,
     PASS_SECONDS,
 )

@@ -5,10 +5,11 @@ instrument is declared in `activities.metrics`, as the activity and the workflow
 
 - `purge_passes_completed` / `purge_passes_failed` (counters) and `purge_pass_seconds`
   (histogram): each `Purge` pass's end, for "no pass completed within two periods" and the
-  pass duration against the schedule's period; `purge_passes_skipping` beside them for a pass
-  (not a dry run) whose report has targets `skipped` (its budget spent before they started: no
-  worker swept them, so no sweep metric of theirs moves), for "every pass skips targets". The
-  three counters start at 0 with the worker.
+  pass duration against the schedule's period; beside them, of the passes that end with a
+  report (not a dry run, nor an input refused), `purge_passes_skipping` for one whose report
+  has targets `skipped` (its budget spent before they started: no worker swept them, so no
+  sweep metric of theirs moves) and `purge_passes_whole` for one with none, for "every pass
+  skips targets". The four counters start at 0 with the worker.
 - `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
   alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
 - After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
@@ -48,6 +49,7 @@ from activities.metrics import (
     PASSES_COMPLETED,
     PASSES_FAILED,
     PASSES_SKIPPING,
+    PASSES_WHOLE,
     PAUSED_SECONDS,
     TARGET_FAILURES,
     Counter,
@@ -82,7 +84,7 @@ def count_passes_from_zero(client: Client, task_queue: str) -> None:
         return  # the default runtime, which serves no metrics
     labels = {"namespace": client.namespace, "task_queue": task_queue}
     labels["workflow_type"] = PURGE_WORKFLOW
-    for counter in (PASSES_COMPLETED, PASSES_FAILED, PASSES_SKIPPING):
+    for counter in (PASSES_COMPLETED, PASSES_FAILED, PASSES_SKIPPING, PASSES_WHOLE):
         counter.on(runtime.metric_meter).add(0, labels)
 
 
@@ -108,17 +110,17 @@ class _Pass(WorkflowInboundInterceptor):
 
 def _ended(meter: MetricMeter, counter: Counter, report: object) -> None:
     counter.on(meter).add(1)
-    if _skipped_any(report):
-        PASSES_SKIPPING.on(meter).add(1)
+    # Only a pass that swept (a dry run deletes nothing, a refused input left no report):
+    # neither kind may stand for a pass that swept every target.
+    if isinstance(report, PurgeReport) and not report.dry_run:
+        (PASSES_SKIPPING if _skipped_any(report) else PASSES_WHOLE).on(meter).add(1)
     took = workflow.now() - workflow.info().start_time
     PASS_SECONDS.on(meter).record(took.total_seconds())
 
 
-def _skipped_any(report: object) -> bool:
+def _skipped_any(report: PurgeReport) -> bool:
     """Whether a pass's report (its result, or a failed pass's partial one) has targets
     skipped: counted in a compact report's statuses, listed in a pass of few targets."""
-    if not isinstance(report, PurgeReport) or report.dry_run:
-        return False
     return report.statuses.get(SKIPPED, 0) > 0 or any(s.status == SKIPPED for s in report.swept)
 
 

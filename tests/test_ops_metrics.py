@@ -216,17 +216,17 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
 
 
-async def test_a_pass_whose_budget_left_targets_skipped_is_counted_a_whole_one_is_not(
+async def test_passes_are_counted_skipping_or_whole_and_a_dry_run_in_neither(
     tmp_path: Path,
     temporal_server: RunningTemporal,
     client: Client,
     schema_url: str,
     task_queue: str,
 ) -> None:
-    """`purge_passes_skipping` (what PurgeTargetsSkipped reads beside the passes ended): at 0
-    from the worker's start; one more for a pass whose 1 ms budget x_auth spent, one at a time,
-    so x_idempotency was skipped (no activity: no sweep metric of its moves); none for a pass
-    that swept both, nor for a dry run that skipped."""
+    """`purge_passes_skipping` and `purge_passes_whole` (what PurgeTargetsSkipped reads): at 0
+    from the worker's start; skipping for a pass whose 1 ms budget x_auth spent, one at a time,
+    so x_idempotency was skipped (no activity: no sweep metric of its moves); whole for a pass
+    that swept both; neither for a dry run, which sweeps nothing either way."""
     [port] = free_ports(1)
     config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
     targets = ["x_auth", "x_idempotency"]
@@ -242,8 +242,11 @@ async def test_a_pass_whose_budget_left_targets_skipped_is_counted_a_whole_one_i
 
     assert [s["status"] for s in skipping["swept"]] == ["ok", "skipped"]
     assert value(at_start, "purge_passes_skipping", **queue) == 0
+    assert value(at_start, "purge_passes_whole", **queue) == 0
     assert value(after_skip, "purge_passes_skipping", **queue) == 1
+    assert value(after_skip, "purge_passes_whole", **queue) == 0
     assert value(after_whole, "purge_passes_skipping", **queue) == 1
+    assert value(after_whole, "purge_passes_whole", **queue) == 1
     assert value(after_whole, "purge_passes_completed", **queue) == 3
 
 
