@@ -247,28 +247,39 @@ def _readable(fd: int) -> bool:
 
 #: The server's TCP settings for a sweep's session, where the server, the role and the URL
 #: leave them at their defaults (pg_settings.source): the server probes a silent client after
-#: 30 s, every 10 s, and drops it after 3 unanswered probes or 60 s of unacknowledged data; and,
-#: while a statement runs, looks every 5 s whether its client is still there.
-#: A sweep holds its table's advisory lock in its session: a killed worker's goes with its
-#: socket, at once between statements, but mid-statement (a batch waiting for a row) only as
-#: the statement ended, up to its statement_timeout; and a worker whose host vanished (powered
-#: off, cut off) would hold it until the operating system's defaults gave up, about 2 h 11 min
-#: on Linux, every pass reporting the table busy meanwhile.
+#: 30 s, every 10 s, and drops it after 3 unanswered probes or 60 s of unacknowledged data.
+#: A sweep holds its table's advisory lock in its session: a worker whose host vanished
+#: (powered off, cut off) would hold it until the operating system's defaults gave up, about
+#: 2 h 11 min on Linux, every pass reporting the table busy meanwhile.
 SERVER_KEEPALIVES = {
     "tcp_keepalives_idle": "30",
     "tcp_keepalives_interval": "10",
     "tcp_keepalives_count": "3",
     "tcp_user_timeout": "60000",
-    "client_connection_check_interval": "5000",
 }
+#: And, the same way, while a statement runs the server looks every 5 s whether its client is
+#: still there: a killed worker's lock goes with its socket at once between statements, but
+#: mid-statement (a batch waiting for a row) only as the statement ended, up to its
+#: statement_timeout. Set apart (PostgreSQL 14 on): a server whose platform cannot look refuses
+#: any value but 0 (Windows), and that refusal must not cost the keepalives.
+CLIENT_CHECK = {"client_connection_check_interval": "5000"}
 #: libpq's own, the same way round: the worker finds a database server that vanished mid-sweep
 #: in about a minute, not two hours. A URL's own `keepalives*` parameters are kept.
 CLIENT_KEEPALIVES = {"keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
-_SET_SERVER_KEEPALIVES = (
-    "SELECT set_config(s.name, v.value, false) FROM pg_settings s JOIN (VALUES "
-    + ", ".join(f"('{name}', '{value}')" for name, value in SERVER_KEEPALIVES.items())
-    + ") AS v (name, value) USING (name) WHERE s.source = 'default'"
-)
+
+
+def _set_where_default(settings: dict[str, str]) -> str:
+    """The statement that sets each of `settings` in the session where it is at its default
+    (a setting this server does not have is skipped)."""
+    return (
+        "SELECT set_config(s.name, v.value, false) FROM pg_settings s JOIN (VALUES "
+        + ", ".join(f"('{name}', '{value}')" for name, value in settings.items())
+        + ") AS v (name, value) USING (name) WHERE s.source = 'default'"
+    )
+
+
+_SET_SERVER_KEEPALIVES = _set_where_default(SERVER_KEEPALIVES)
+_SET_CLIENT_CHECK = _set_where_default(CLIENT_CHECK)
 
 
 def pool_kwargs(url: str) -> dict[str, Any]:
@@ -283,16 +294,21 @@ def pool_kwargs(url: str) -> dict[str, Any]:
 
 
 async def keep_alive(conn: AsyncConnection[Any]) -> None:
-    """A new session's SERVER_KEEPALIVES (the pool's `configure`): one round trip a session,
-    which the pool keeps a day. Ignored by the server on a Unix socket. A server that refuses
-    them (a proxy's own rules) leaves the session as it was, said in the log: the sweep needs
-    the session more than the probes."""
-    try:
-        await conn.execute(_SET_SERVER_KEEPALIVES)
-    except psycopg.DatabaseError as err:
-        if conn.broken:
-            raise  # the connection itself failed: the pool makes another
-        log.warning("the session's TCP keepalives were left as the server has them: %s", err)
+    """A new session's SERVER_KEEPALIVES and CLIENT_CHECK (the pool's `configure`): two round
+    trips a session, which the pool keeps a day. The keepalives are ignored by the server on a
+    Unix socket. A server that refuses either (a proxy's own rules, a platform that cannot look
+    at a client) leaves the session as it was for it, said in the log: the sweep needs the
+    session more than the probes."""
+    for statement, what in (
+        (_SET_SERVER_KEEPALIVES, "TCP keepalives were"),
+        (_SET_CLIENT_CHECK, "client_connection_check_interval was"),
+    ):
+        try:
+            await conn.execute(statement)
+        except psycopg.DatabaseError as err:
+            if conn.broken:
+                raise  # the connection itself failed: the pool makes another
+            log.warning("the session's %s left as the server has them: %s", what, err)
 
 
 #: How long a pool keeps a session (psycopg_pool takes up to 5% off it). psycopg_pool's own

@@ -11,14 +11,21 @@ import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from purge_ops.connect import CLIENT_KEEPALIVES, SERVER_KEEPALIVES, LazyPool, open_pool
+from purge_ops.connect import (
+    CLIENT_CHECK,
+    CLIENT_KEEPALIVES,
+    SERVER_KEEPALIVES,
+    LazyPool,
+    open_pool,
+)
 
 
 async def server_settings(conn: psycopg.AsyncConnection[Any]) -> dict[str, tuple[str, str]]:
-    """Each of SERVER_KEEPALIVES in this session: (its value, where it came from)."""
+    """Each of SERVER_KEEPALIVES and CLIENT_CHECK in this session: (its value, where it came
+    from)."""
     cur = await conn.execute(
         "SELECT name, setting, source FROM pg_settings WHERE name = ANY(%s)",
-        (list(SERVER_KEEPALIVES),),
+        ([*SERVER_KEEPALIVES, *CLIENT_CHECK],),
     )
     return {name: (setting, source) for name, setting, source in await cur.fetchall()}
 
@@ -44,10 +51,12 @@ async def test_a_pool_s_session_probes_a_silent_peer_at_both_ends(schema_url: st
     server, client, tcp = await session_of(await open_pool(schema_url))
 
     assert {name: source for name, (_, source) in server.items()} == dict.fromkeys(
-        SERVER_KEEPALIVES, "session"
+        [*SERVER_KEEPALIVES, *CLIENT_CHECK], "session"
     )
+    values = {name: value for name, (value, _) in server.items()}
+    assert {name: values[name] for name in CLIENT_CHECK} == CLIENT_CHECK
     if tcp:
-        assert {name: value for name, (value, _) in server.items()} == SERVER_KEEPALIVES
+        assert values == {**SERVER_KEEPALIVES, **CLIENT_CHECK}
     assert {k: client.get(k) for k in CLIENT_KEEPALIVES} == {
         k: str(v) for k, v in CLIENT_KEEPALIVES.items()
     }
