@@ -37,6 +37,7 @@ from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.input_checks import parse_input
+from activities.inputs import PurgeInput
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
 from purge_config.fleet import DEFAULT_DATABASE_KEY
@@ -170,10 +171,12 @@ async def ensure_schedules(
     databases it drops."""
     searchable = await namespace_answer(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
+    others: dict[str, set[str] | None] | None
     try:
         others = await _others_on_the_queue(client, config)
     except RPCError as err:
-        # Only said: what the config names is written all the same.
+        # Only said: what the config names is written all the same (but by a regional worker,
+        # which cannot then tell whether another config's schedule sweeps its targets).
         unlisted = ScheduleOutcome(
             "not listed",
             warns=True,
@@ -181,26 +184,27 @@ async def ensure_schedules(
             f"schedules could not be listed ({err.message}), so none the config no longer "
             "names is said",
         )
-        others, extra = [], [unlisted]
+        others, extra = None, [unlisted]
     else:
         extra = []
     regional = _regional(config, by_worker)
     outcomes = [
-        await _ensure(client, config, spec, searchable, by_worker, others if regional else [])
+        await _ensure(client, config, spec, searchable, by_worker, others if regional else {})
         for spec in specs
     ]
     if config.own_queue is None:
         # A regional config (every target on a database queue of its own): the other schedules
         # of its queue are the scheduler's config's, not this one's to call left behind.
         return outcomes + extra
-    return outcomes + [_left_behind(config, other) for other in others] + extra
+    return outcomes + [_left_behind(config, other) for other in others or {}] + extra
 
 
-async def _others_on_the_queue(client: Client, config: PurgeConfig) -> list[str]:
-    """The ids of the schedules this package made for the config's task queue that the config
-    does not name: one renamed or removed from it, or another config's of the same queue."""
+async def _others_on_the_queue(client: Client, config: PurgeConfig) -> dict[str, set[str] | None]:
+    """The schedules this package made for the config's task queue that the config does not
+    name (one renamed or removed from it, or another config's of the same queue), each with
+    the targets its passes sweep (None where its input does not read as a pass's)."""
     wanted = {spec.id for spec in config.schedules}
-    found: list[str] = []
+    found: dict[str, set[str] | None] = {}
     async for listed in await client.list_schedules():
         action = listed.schedule.action if listed.schedule else None
         if listed.id in wanted or getattr(action, "workflow", None) != WORKFLOW_TYPE:
@@ -215,7 +219,8 @@ async def _others_on_the_queue(client: Client, config: PurgeConfig) -> list[str]
             and made.task_queue == config.task_queue
             and MEMO_KEY in (made.memo or {})
         ):
-            found.append(listed.id)
+            held = _held_input(made, client.data_converter.payload_converter)
+            found[listed.id] = set(held.targets) if held is not None else None
     return found
 
 
@@ -237,25 +242,27 @@ async def _ensure(
     spec: ScheduleConfig,
     searchable: bool | None,
     by_worker: bool,
-    others: list[str],
+    others: dict[str, set[str] | None] | None,
 ) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs; safe to run from many workers
     at once (the loser of a create race updates, which is idempotent). `searchable` None: the
     namespace would not say whether it defines the attributes; a schedule made without them,
-    an existing one as it was made. `others`, given to a regional worker's start: schedules of
-    another config firing passes on the queue, beside which it creates none of its own."""
+    an existing one as it was made. `others`, given to a regional worker's start: the other
+    schedules firing passes on the queue, with their targets (None: they could not be listed);
+    it creates none beside one that sweeps its targets."""
     want = desired(config, spec, bool(searchable))
     schedule_id = spec.id
-    if others and not await _exists(client, schedule_id):
+    sweeping = _sweeping_these(others, config.scheduled_input(spec)["targets"], config.task_queue)
+    if sweeping and not await _exists(client, schedule_id):
         return ScheduleOutcome(
             "left as it is",
             warns=True,
-            summary=f"schedule {schedule_id}: not created: {', '.join(sorted(others))} of another "
-            f"config start passes on task queue {config.task_queue!r}, and every target of "
+            summary=f"schedule {schedule_id}: not created: {sweeping}, and every target of "
             "this config has a database queue of its own (a regional worker's config): a "
-            "worker creates no schedule beside them, whose passes would sweep its targets "
-            "again. Write the schedules with `pg-purge schedule` from the config that names "
-            "every database of the passes",
+            "worker creates no schedule whose passes would sweep its targets beside another. "
+            "Write the schedules with `pg-purge schedule` from the config that names every "
+            "database of the passes (or, where the other is this config's under an old id, "
+            "delete that one)",
         )
     was_on = config.task_queue
     dropped: dict[str, int] = {}  # what an update takes from the schedule's passes, said
@@ -323,6 +330,20 @@ async def _ensure(
     return ScheduleOutcome(action=action, summary=summary, warns=bool(dropped) or moved)
 
 
+def _sweeping_these(
+    others: dict[str, set[str] | None] | None, targets: list[str], queue: str
+) -> str:
+    """What keeps a regional worker from creating its schedule, said; empty where nothing does:
+    another schedule of the queue whose passes sweep any of `targets` (or whose input does not
+    read as a pass's), or no listing to tell."""
+    if others is None:
+        return "the namespace's schedules could not be listed to tell whether another sweeps them"
+    ids = sorted(i for i, swept in others.items() if swept is None or swept & set(targets))
+    if not ids:
+        return ""
+    return f"{', '.join(ids)} start passes on task queue {queue!r} that sweep its targets"
+
+
 async def _exists(client: Client, schedule_id: str) -> bool:
     try:
         await client.get_schedule_handle(schedule_id).describe()
@@ -340,23 +361,30 @@ def _dropped(
     how many targets it loses; empty when the held input does not read as a pass's of this
     release (a hand edit, another encoding, a later release's: replacing it is the config's to
     do)."""
-    if len(held.args) != 1:
+    had = _held_input(held, converter)
+    if had is None:
         return {}
+    keeps = _databases(parse_input(want))
+    return {db: count for db, count in _databases(had).items() if db not in keeps}
+
+
+def _held_input(
+    held: ScheduleActionStartWorkflow, converter: PayloadConverter
+) -> PurgeInput | None:
+    """The input a schedule's passes start with, None where it does not read as a pass's of this
+    release (a hand edit, another encoding, a later release's `format`): reading it must not
+    stop a worker's start."""
+    if len(held.args) != 1:
+        return None
     raw = held.args[0]
     try:
-        had = _databases(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
-        keeps = _databases(want)
+        return parse_input(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
     except Exception:
-        # Not a pass's input this release reads (a hand edit, another encoding, a later
-        # release's `format`): reading it must not stop a worker's start, and as before the
-        # guard, the config writes over it.
-        return {}
-    return {db: count for db, count in had.items() if db not in keeps}
+        return None
 
 
-def _databases(raw: object) -> Counter[str]:
+def _databases(order: PurgeInput) -> Counter[str]:
     """How many of a pass input's targets each database has (`_default`: `database_url`'s)."""
-    order = parse_input(raw)
     return Counter(order.databases.get(name) or DEFAULT_DATABASE_KEY for name in order.targets)
 
 

@@ -679,9 +679,10 @@ async def test_a_regional_worker_creates_no_schedule_beside_another_config_s_and
     """The scheduler's config names its schedule one id, a regional config (the same task
     queue, eu alone) another: a regional worker started with `--schedule` once created its own
     beside it (every pass's eu target swept twice an hour) and called the scheduler's `left
-    behind`, to be deleted. It now creates none, warning why, and calls none left behind; an
-    operator's `pg-purge schedule` from that config still writes its own, and calls the
-    scheduler's none either."""
+    behind`, to be deleted. It now creates none beside a schedule whose passes sweep its
+    targets, warning why, and calls none left behind; a regional worker of another database
+    (no schedule sweeps its targets) creates its own; an operator's `pg-purge schedule` from
+    the first config still writes its own, and calls the scheduler's none either."""
     central_id = f"purge-central-{uuid.uuid4().hex[:8]}"
     regional_id = f"purge-eu-{uuid.uuid4().hex[:8]}"
     cron = 'cron = "0 0 1 1 *"\n'
@@ -700,20 +701,29 @@ async def test_a_regional_worker_creates_no_schedule_beside_another_config_s_and
         ),
         env={"EU_URL": regions["eu"]},
     )
+    # A second regional config, us alone, its own id: no schedule sweeps its targets.
+    us_id = f"purge-us-{uuid.uuid4().hex[:8]}"
+    us = parse_config(
+        tomllib.loads(region_toml(task_queue, ("us",)) + f'[schedule]\nid = "{us_id}"\n{cron}'),
+        env={"US_URL": regions["us"]},
+    )
     [made] = await ensure_schedules(client, central)
     try:
         by_worker = await ensure_schedules(client, regional, by_worker=True)
+        by_us_worker = await ensure_schedules(client, us, by_worker=True)
         by_operator = await ensure_schedules(client, regional)
     finally:
-        await client.get_schedule_handle(central_id).delete()
-        with contextlib.suppress(RPCError):
-            await client.get_schedule_handle(regional_id).delete()
+        for made_id in (central_id, regional_id, us_id):
+            with contextlib.suppress(RPCError):
+                await client.get_schedule_handle(made_id).delete()
 
     assert made.action == "created"
     [left] = by_worker
     assert (left.action, left.warns) == ("left as it is", True)
     assert left.summary.startswith(
-        f"schedule {regional_id}: not created: {central_id} of another config start passes on "
-        f"task queue {task_queue!r}"
+        f"schedule {regional_id}: not created: {central_id} start passes on task queue "
+        f"{task_queue!r} that sweep its targets"
     )
+    # The eu worker's is not there to stop us (and it calls the central one nothing either).
+    assert [o.action for o in by_us_worker] == ["created"]
     assert [o.action for o in by_operator] == ["created"]  # the central one is not its own
