@@ -40,7 +40,9 @@ async def check_clock(
 
     The previous pass is the last one on that pass's task queue that had finished when this
     activity's own pass started (a pass that overlapped it, started by hand or by another
-    schedule while this one ran, is not its previous, whatever its instant); that queue is the
+    schedule while this one ran, is not its previous, whatever its instant). All those times
+    are Temporal's clock, as the instants are: a clock that stepped back as a whole is not
+    seen (a pass then deletes less, never more); one that jumped ahead is. That queue is the
     one of the `Purge` run that scheduled the activity (itself or through a child), not the
     activity's, which for a database with a queue of its own runs no pass. Its instant is the
     one it recorded in its result (or partial report): Temporal's history, never a server's
