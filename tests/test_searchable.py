@@ -28,6 +28,7 @@ from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from activities.search_attributes import FAILED_TARGETS, ROWS_REMOVED
 from purge_config import parse_config
+from purge_config.file import PurgeConfig
 from purge_config.names import TableName
 from purge_dev.servers import TemporalDevServer, venv_executable
 from purge_ops.namespace_check import namespace_defines
@@ -172,17 +173,22 @@ async def test_a_namespace_without_the_attributes_runs_passes_as_before(
     assert execution.typed_search_attributes.get(ROWS_REMOVED) is None
 
 
-async def test_the_schedule_starts_its_passes_with_the_attributes_where_they_are_defined(
-    searchable_client: Client, task_queue: str
-) -> None:
-    schedule_id = f"purge-searchable-{uuid.uuid4().hex[:8]}"
-    config = parse_config(
+def scheduled_config(task_queue: str, schedule_id: str) -> PurgeConfig:
+    """A config of one target whose schedule is `schedule_id` on `task_queue`."""
+    return parse_config(
         tomllib.loads(
             f'task_queue = "{task_queue}"\n[schedule]\nid = "{schedule_id}"\n'
             '[[targets]]\nkind = "idempotency"\n'
         ),
         env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
     )
+
+
+async def test_the_schedule_starts_its_passes_with_the_attributes_where_they_are_defined(
+    searchable_client: Client, task_queue: str
+) -> None:
+    schedule_id = f"purge-searchable-{uuid.uuid4().hex[:8]}"
+    config = scheduled_config(task_queue, schedule_id)
 
     (first,) = await ensure_schedules(searchable_client, config)
     (again,) = await ensure_schedules(searchable_client, config)
@@ -201,13 +207,7 @@ async def test_a_worker_whose_namespace_will_not_say_keeps_the_schedule_as_it_wa
     refusal read as "not defined", its start rewrote the schedule without them, the other's
     with them, at every start. Refused, a worker now leaves the schedule's choice as it is."""
     schedule_id = f"purge-refused-{uuid.uuid4().hex[:8]}"
-    config = parse_config(
-        tomllib.loads(
-            f'task_queue = "{task_queue}"\n[schedule]\nid = "{schedule_id}"\n'
-            '[[targets]]\nkind = "idempotency"\n'
-        ),
-        env={"PURGE_DATABASE_URL": "postgresql://x@y/z"},
-    )
+    config = scheduled_config(task_queue, schedule_id)
     (made,) = await ensure_schedules(searchable_client, config)
 
     async def refused(*args: Any, **kwargs: Any) -> Any:

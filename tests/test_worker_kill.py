@@ -17,6 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -247,37 +248,13 @@ async def test_a_worker_sent_sigterm_mid_sweep_hands_the_sweep_on_after_its_batc
     cancel at the end of the worker's grace), the worker exits 0, and the next worker's retry
     sweeps the rest from where it stood: the pass completes with no target failed, every
     expired row gone and counted once."""
-    # 2,000 expired rows among 20,000, each older than the next key's: the sweep takes them
-    # from k2000 down, and the batch that reaches k1000 waits there.
-    harness.db.execute(
-        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
-        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
-        " FROM generate_series(1, 20_000) i ORDER BY random()",
-        (harness.now_ms - HOUR, harness.now_ms + HOUR),
-    )
-    harness.db.execute("ANALYZE x_idempotency")
-    # The held batch waits for the row, not for the default 2 s lock timeout.
-    config = worker_config(
-        tmp_path / "purge.toml",
-        harness.url,
-        harness.task_queue,
-        '[[targets]]\nkind = "idempotency"\n\n'
-        '[sweep]\nlock_timeout = "60s"\nstatement_timeout = "120s"\n',
-    )
+    config = held_at_k1000(tmp_path, harness, statement_timeout="120s")
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     first = start_worker(config, env, tmp_path / "1.log")
     second = None
     try:
         with row_locked(harness.url, "x_idempotency", "k1000") as holder:
-            handle = await harness.client.start_workflow(
-                "Purge",
-                load_config(config).pass_input(),
-                id=f"purge-term-{uuid.uuid4()}",
-                task_queue=harness.task_queue,
-            )
-            wait_for(
-                lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000"
-            )
+            handle = await pass_waiting_at(harness, config, holder)
             first.send_signal(signal.SIGTERM)
             wait_for(
                 lambda: STOPPING in (tmp_path / "1.log").read_text(errors="replace"),
@@ -309,6 +286,40 @@ async def test_a_worker_sent_sigterm_mid_sweep_hands_the_sweep_on_after_its_batc
     assert "Traceback" not in (tmp_path / "1.log").read_text(errors="replace")
 
 
+def held_at_k1000(tmp_path: Path, harness: Harness, statement_timeout: str) -> Path:
+    """2,000 expired rows among 20,000, each older than the next key's (the sweep takes them
+    from k2000 down, and the batch that reaches a held k1000 waits there), and the config of a
+    worker whose batch waits for that row up to 60 s, not the default 2 s."""
+    harness.db.execute(
+        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
+        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
+        " FROM generate_series(1, 20_000) i ORDER BY random()",
+        (harness.now_ms - HOUR, harness.now_ms + HOUR),
+    )
+    harness.db.execute("ANALYZE x_idempotency")
+    return worker_config(
+        tmp_path / "purge.toml",
+        harness.url,
+        harness.task_queue,
+        '[[targets]]\nkind = "idempotency"\n\n'
+        f'[sweep]\nlock_timeout = "60s"\nstatement_timeout = "{statement_timeout}"\n',
+    )
+
+
+async def pass_waiting_at(
+    harness: Harness, config: Path, holder: psycopg.Connection[Any]
+) -> WorkflowHandle[Any, Any]:
+    """The config's pass, returned once its sweep's batch waits at `holder`'s row."""
+    handle = await harness.client.start_workflow(
+        "Purge",
+        load_config(config).pass_input(),
+        id=f"purge-held-{uuid.uuid4()}",
+        task_queue=harness.task_queue,
+    )
+    wait_for(lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000")
+    return handle
+
+
 def expired_rows(harness: Harness) -> int:
     [(left,)] = harness.db.execute(
         "SELECT count(*) FROM x_idempotency WHERE expires_at_ms < %s", (harness.now_ms,)
@@ -328,33 +339,12 @@ async def test_a_worker_killed_mid_statement_lets_its_table_go_within_seconds(
     running statement's client is there (`client_connection_check_interval`), where it once
     waited out the statement, and a retry found the table busy. The wait below ends well
     before the lock timeout would have ended that statement."""
-    harness.db.execute(
-        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
-        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
-        " FROM generate_series(1, 20_000) i ORDER BY random()",
-        (harness.now_ms - HOUR, harness.now_ms + HOUR),
-    )
-    harness.db.execute("ANALYZE x_idempotency")
-    config = worker_config(
-        tmp_path / "purge.toml",
-        harness.url,
-        harness.task_queue,
-        '[[targets]]\nkind = "idempotency"\n\n'
-        '[sweep]\nlock_timeout = "60s"\nstatement_timeout = "600s"\n',
-    )
+    config = held_at_k1000(tmp_path, harness, statement_timeout="600s")
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     worker = start_worker(config, env, tmp_path / "1.log")
     try:
         with row_locked(harness.url, "x_idempotency", "k1000") as holder:
-            handle = await harness.client.start_workflow(
-                "Purge",
-                load_config(config).pass_input(),
-                id=f"purge-kill-{uuid.uuid4()}",
-                task_queue=harness.task_queue,
-            )
-            wait_for(
-                lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000"
-            )
+            handle = await pass_waiting_at(harness, config, holder)
             assert not table_lock_free(harness)  # the waiting sweep holds it
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
