@@ -160,11 +160,11 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
         if not _plain(user if colon else info) or _parameters_in(info):
             return prefix + MASK
         shown += f"{user}:{MASK}@" if colon else f"{info}@"
-    else:
-        # No user info: `app:pw` may be a user and a password with no `@host` after them, in
-        # any host of a list: every port that is no number is masked.
-        listed, question, query = hosts.partition("?")
-        hosts = ",".join(_port_masked(host) for host in listed.split(",")) + question + query
+    elif not all(_plain_host(host) for host in hosts.partition("?")[0].split(",")):
+        # No user info, and a port that is no number (or a host that does not end): `app:pw`
+        # may be a user and a password with no `@host` after them, whose rest (a `,`, a `/`,
+        # a `?` of the password's) cannot be told from what follows. Nothing is shown.
+        return prefix + MASK
     rest = hosts + slash + path
     before, question, query = rest.partition("?")
     # A parameter's value may hold an unencoded `&`: its pieces would read as more parameters.
@@ -182,20 +182,19 @@ def _parameters_in(info: str) -> bool:
         return False
     from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
 
-    keys = {pair.partition("=")[0] for pair in after.split("&") if "=" in pair}
+    # Decoded, as libpq decodes a parameter's name (`pass%77ord` is `password`).
+    keys = {unquote(pair.partition("=")[0]) for pair in after.split("&") if "=" in pair}
     return bool(keys & KEYWORDS)
 
 
-def _port_masked(host: str) -> str:
-    """`host[:port]` (an IPv6 address in brackets) with a port that is no number masked."""
+def _plain_host(host: str) -> bool:
+    """Whether `host[:port]` (an IPv6 address in brackets) reads as a host and a port that is a
+    number (or none)."""
     if host.startswith("["):
-        address, bracket, after = host.partition("]")
-        port = after.removeprefix(":")
-        if not bracket or not after or port.isdigit():
-            return host
-        return f"{address}]:{MASK}"
-    name, colon, port = host.rpartition(":")
-    return f"{name}:{MASK}" if colon and not port.isdigit() else host
+        _, bracket, after = host.partition("]")
+        return bool(bracket) and (not after or (after[0] == ":" and after[1:].isdigit()))
+    _, colon, port = host.rpartition(":")
+    return not colon or port.isdigit()
 
 
 def _secret_key(key: str) -> bool:

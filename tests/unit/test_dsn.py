@@ -125,6 +125,12 @@ MISPLACED_PASSWORDS = {
     "no-host-after-the-password": "postgresql://app:SECRET/db",
     "a-bracket-in-the-port": "postgresql://app:SEC]RET/db",
     "first-of-two-hosts": "postgresql://app:SECRET,h2:5432/db",
+    "a-comma-in-the-password": "postgresql://app:SEC,RET/db",
+    "a-question-mark-in-the-password": "postgresql://app:SEC?RET/db",
+    "a-slash-in-the-password": "postgresql://app:SEC/RET",
+    "an-unclosed-bracket": "postgresql://[app:SECRET/db",
+    # libpq decodes a parameter's name: `pass%77ord` is `password`, misread as above.
+    "an-encoded-parameter-name": "postgresql://db?pass%77ord=SEC@RET",
 }
 
 
