@@ -203,13 +203,23 @@ class PurgeActivities:
             # the worker stops.
             stop = None if info.is_local else activity.is_worker_shutdown
             try:
+                # By keyword, as a `BatchedTarget` written before has always been called.
                 if isinstance(target, ListedTarget):
                     stats = await target.sweep(
-                        step.now_ms, resumed, beat.after_batch, ledger, budget_ms, stop=stop
+                        step.now_ms,
+                        resume=resumed,
+                        on_batch=beat.after_batch,
+                        ledger=ledger,
+                        budget_ms=budget_ms,
+                        stop=stop,
                     )
                 else:
                     stats = await target.sweep(
-                        step.now_ms, resumed, beat.after_batch, ledger, budget_ms
+                        step.now_ms,
+                        resume=resumed,
+                        on_batch=beat.after_batch,
+                        ledger=ledger,
+                        budget_ms=budget_ms,
                     )
                 if stop is not None and not stats.complete and stop():
                     _count_lost_replies(stats, beat, step.name)
