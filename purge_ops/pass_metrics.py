@@ -5,11 +5,12 @@ instrument is declared in `activities.metrics`, as the activity and the workflow
 
 - `purge_passes_completed` / `purge_passes_failed` (counters) and `purge_pass_seconds`
   (histogram): each `Purge` pass's end, for "no pass completed within two periods" and the
-  pass duration against the schedule's period; beside them, of the passes that end with a
-  report (not a dry run, nor an input refused), `purge_passes_skipping` for one whose report
-  has targets `skipped` (its budget spent before they started: no worker swept them, so no
-  sweep metric of theirs moves) and `purge_passes_whole` for one with none, for "every pass
-  skips targets". The four counters start at 0 with the worker.
+  pass duration against the schedule's period; beside them, of the passes a schedule started
+  that end with a report (not a dry run, nor an input refused), `purge_passes_skipping` for
+  one whose report has targets `skipped` (its budget spent before they started: no worker
+  swept them, so no sweep metric of theirs moves) and `purge_passes_whole` for one with none,
+  for "every scheduled pass skips targets": a pass typed by hand, of one target say, stands
+  for no scheduled one. The four counters start at 0 with the worker.
 - `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
   alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
 - After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
@@ -55,6 +56,7 @@ from activities.metrics import (
     Counter,
 )
 from activities.results import PurgeReport, SweepStatus
+from purge_ops.schedule import MEMO_KEY
 
 PURGE_WORKFLOW = "Purge"
 SWEEP_ACTIVITY = "purge_target"
@@ -110,9 +112,10 @@ class _Pass(WorkflowInboundInterceptor):
 
 def _ended(meter: MetricMeter, counter: Counter, report: object) -> None:
     counter.on(meter).add(1)
-    # Only a pass that swept (a dry run deletes nothing, a refused input left no report):
-    # neither kind may stand for a pass that swept every target.
-    if isinstance(report, PurgeReport) and not report.dry_run:
+    # Only a scheduled pass that swept (a dry run deletes nothing, a refused input left no
+    # report, and a pass typed by hand may name one target): no other may stand for the
+    # schedule's passes. A schedule's passes carry its memo (`schedule.desired`).
+    if isinstance(report, PurgeReport) and not report.dry_run and MEMO_KEY in workflow.memo():
         (PASSES_SKIPPING if _skipped_any(report) else PASSES_WHOLE).on(meter).add(1)
     took = workflow.now() - workflow.info().start_time
     PASS_SECONDS.on(meter).record(took.total_seconds())

@@ -14,7 +14,7 @@ from temporalio.client import ScheduleDescription
 from activities import builtin_kinds as kinds
 from purge_config.file import PurgeConfig, load_config
 from purge_ops.passes import sweep
-from purge_ops.schedule import ensure_schedules
+from purge_ops.schedule import MEMO_KEY, ensure_schedules
 from tests.conftest import Harness
 from tests.support.passes import listed
 from tests.support.procs import worker_config
@@ -82,6 +82,9 @@ async def test_the_schedule_firing_during_a_sweep_pass_starts_no_second_pass(
     passes = await listed(harness.client, query)  # visibility lags the histories a moment
     assert len(passes) == 1
     assert passes[0].id.startswith(schedule_id)  # started by the schedule, for the sweep
+    # With the schedule's memo, by which the worker tells a scheduled pass (pass_metrics).
+    started = harness.client.get_workflow_handle(passes[0].id, run_id=passes[0].run_id)
+    assert MEMO_KEY in await (await started.describe()).memo()
     assert any(line.startswith(f"started pass {schedule_id}") for line in said), said
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import re
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from activities.registry import TargetRegistry
 from purge_ops.pass_metrics import PassMetrics
 from purge_ops.ports import free_ports
 from purge_ops.runner import activity_worker, new_worker
+from purge_ops.schedule import MEMO_KEY
 from tests.support.pace import HandClock, budget_clock, cut_short_at
 from tests.support.passes import run_pass
 from tests.support.probes import http, samples, scrape, worker
@@ -216,7 +218,7 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
 
 
-async def test_passes_are_counted_skipping_or_whole_and_a_dry_run_in_neither(
+async def test_scheduled_passes_are_counted_skipping_or_whole_and_no_other_pass(
     tmp_path: Path,
     temporal_server: RunningTemporal,
     client: Client,
@@ -224,21 +226,37 @@ async def test_passes_are_counted_skipping_or_whole_and_a_dry_run_in_neither(
     task_queue: str,
 ) -> None:
     """`purge_passes_skipping` and `purge_passes_whole` (what PurgeTargetsSkipped reads): at 0
-    from the worker's start; skipping for a pass whose 1 ms budget x_auth spent, one at a time,
-    so x_idempotency was skipped (no activity: no sweep metric of its moves); whole for a pass
-    that swept both; neither for a dry run, which sweeps nothing either way."""
+    from the worker's start; of the passes a schedule started (its memo, which the schedule's
+    action gives each), skipping for one whose 1 ms budget x_auth spent, one at a time, so
+    x_idempotency was skipped (no activity: no sweep metric of its moves), and whole for one
+    that swept both; neither for a scheduled dry run, nor for a pass typed by hand, however
+    whole (a one-target sweep would have kept the alert quiet)."""
     [port] = free_ports(1)
     config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
     targets = ["x_auth", "x_idempotency"]
     spent = {"targets": targets, "max_concurrent": 1, "budget_ms": 1}
     queue = {"task_queue": task_queue, "workflow_type": "Purge"}
+
+    async def scheduled(request: dict[str, Any]) -> dict[str, Any]:
+        return await client.execute_workflow(
+            "Purge",
+            request,
+            id=f"purge-scheduled-{uuid.uuid4()}",
+            task_queue=task_queue,
+            memo={MEMO_KEY: "the schedule's fingerprint"},
+            result_type=dict,
+        )
+
     async with worker(config, temporal_server, port):
         at_start = samples(await metrics_text(port))
-        skipping = await run_pass(client, task_queue, spent)
+        skipping = await scheduled(spent)
         after_skip = samples(await metrics_text(port))
-        await run_pass(client, task_queue, {"targets": targets})
-        await run_pass(client, task_queue, {**spent, "dry_run": True})
+        await scheduled({"targets": targets})
+        await scheduled({**spent, "dry_run": True})
         after_whole = samples(await metrics_text(port))
+        await run_pass(client, task_queue, {"targets": ["x_auth"]})  # by hand: whole
+        await run_pass(client, task_queue, spent)  # by hand: skipping
+        after_by_hand = samples(await metrics_text(port))
 
     assert [s["status"] for s in skipping["swept"]] == ["ok", "skipped"]
     assert value(at_start, "purge_passes_skipping", **queue) == 0
@@ -247,7 +265,9 @@ async def test_passes_are_counted_skipping_or_whole_and_a_dry_run_in_neither(
     assert value(after_skip, "purge_passes_whole", **queue) == 0
     assert value(after_whole, "purge_passes_skipping", **queue) == 1
     assert value(after_whole, "purge_passes_whole", **queue) == 1
-    assert value(after_whole, "purge_passes_completed", **queue) == 3
+    assert value(after_by_hand, "purge_passes_skipping", **queue) == 1
+    assert value(after_by_hand, "purge_passes_whole", **queue) == 1
+    assert value(after_by_hand, "purge_passes_completed", **queue) == 5
 
 
 async def test_interceptors_given_to_new_worker_run_beside_the_alert_metrics(
