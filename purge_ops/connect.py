@@ -300,15 +300,15 @@ async def keep_alive(conn: AsyncConnection[Any]) -> None:
     at a client) leaves the session as it was for it, said in the log: the sweep needs the
     session more than the probes."""
     for statement, what in (
-        (_SET_SERVER_KEEPALIVES, "TCP keepalives were"),
-        (_SET_CLIENT_CHECK, "client_connection_check_interval was"),
+        (_SET_SERVER_KEEPALIVES, "TCP keepalives were left as the server has them"),
+        (_SET_CLIENT_CHECK, "client_connection_check_interval was left as the server has it"),
     ):
         try:
             await conn.execute(statement)
         except psycopg.DatabaseError as err:
             if conn.broken:
                 raise  # the connection itself failed: the pool makes another
-            log.warning("the session's %s left as the server has them: %s", what, err)
+            log.warning("the session's %s: %s", what, err)
 
 
 #: How long a pool keeps a session (psycopg_pool takes up to 5% off it). psycopg_pool's own

@@ -5,12 +5,15 @@ What the server, the role or the URL already set is kept."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from purge_ops import connect
 from purge_ops.connect import (
     CLIENT_CHECK,
     CLIENT_KEEPALIVES,
@@ -81,3 +84,27 @@ async def test_what_the_url_or_the_role_sets_is_kept(
         assert server["tcp_keepalives_idle"][0] == "50"
         assert server["tcp_user_timeout"][0] == "90000"
     assert (client.get("keepalives_idle"), client.get("keepalives_count")) == ("45", "3")
+
+
+async def test_a_server_refusing_the_client_check_keeps_the_keepalives(
+    schema_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server whose platform cannot look at a client mid-statement (Windows) refuses
+    client_connection_check_interval above 0: played here by a statement the server refuses.
+    The keepalives, set apart, are still set, and the refusal is one warning."""
+    monkeypatch.setattr(
+        connect,
+        "_SET_CLIENT_CHECK",
+        "SELECT set_config('client_connection_check_interval', 'no number', false)",
+    )
+    with caplog.at_level(logging.WARNING, logger=connect.log.name):
+        server, _, _ = await session_of(await open_pool(schema_url))
+
+    assert {name: server[name][1] for name in SERVER_KEEPALIVES} == dict.fromkeys(
+        SERVER_KEEPALIVES, "session"
+    )
+    assert server["client_connection_check_interval"][1] == "default"
+    [said] = [r.getMessage() for r in caplog.records if "client_connection_check" in r.getMessage()]
+    assert said.startswith(
+        "the session's client_connection_check_interval was left as the server has it: "
+    )
