@@ -110,7 +110,9 @@ def _refuse_misread(rest: str) -> None:
             "a parameter before its '@', which libpq reads as part of its user or password: "
             "write an '@' in a parameter as %40 (a '?' in a password as %3F)"
         )
-    if not at and slash and "@" in path.split("?", 1)[0]:
+    # libpq's host part ends at the first `/` or `?`: only a `/` before any `?` opens a path
+    # (`postgresql://?host=/tmp&user=me@srv` has none).
+    if not at and slash and "?" not in before_path and "@" in path.split("?", 1)[0]:
         # `postgresql://app:2024/pw@db/app`: a password's `/` ends the host part, so libpq
         # reads host `app`, port `2024` and the database `pw@db/app`, which messages show.
         raise UnencodedSlash(
@@ -167,10 +169,20 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
         return prefix + MASK
     rest = hosts + slash + path
     before, question, query = rest.partition("?")
-    # A parameter's value may hold an unencoded `&`: its pieces would read as more parameters.
-    if question and any(_secret_key(pair.partition("=")[0]) for pair in query.split("&")):
+    # Only parameters that read as libpq's own, none secret: a value may hold an unencoded `&`,
+    # whose pieces read as more parameters, and with no user info a password's rest may follow
+    # a port (`app:2024?pw`).
+    if question and not all(_plain_parameter(pair) for pair in query.split("&")):
         query = MASK
     return shown + before + question + query
+
+
+def _plain_parameter(pair: str) -> bool:
+    """Whether `key=value` of a URI's parameters is one of libpq's, and no secret one."""
+    from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
+
+    key, eq, _ = pair.partition("=")
+    return bool(eq) and unquote(key) in KEYWORDS and not _secret_key(key)
 
 
 def _parameters_in(info: str) -> bool:

@@ -131,6 +131,10 @@ MISPLACED_PASSWORDS = {
     "an-unclosed-bracket": "postgresql://[app:SECRET/db",
     # libpq decodes a parameter's name: `pass%77ord` is `password`, misread as above.
     "an-encoded-parameter-name": "postgresql://db?pass%77ord=SEC@RET",
+    # No user info, a password whose first piece is digits: its rest after the "port".
+    "digits-then-a-question-mark": "postgresql://app:2024?SEC-RET",
+    "digits-then-a-parameter": "postgresql://app:2024?SEC=RET",
+    "digits-in-a-host-list": "postgresql://app:5432,h2:5433?SEC-RET",
 }
 
 
@@ -186,6 +190,9 @@ def test_a_uri_libpq_would_read_otherwise_than_meant_is_refused_naming_the_fix(
         "dbname": "app",
     }
     assert parse_dsn("postgresql://app:pw?x@db/app")["password"] == "pw?x"
+    # A `?` before any `/` ends libpq's host part: an `@` in the parameters opens no path.
+    socket = {"host": "/run/postgresql", "user": "me@srv"}
+    assert parse_dsn("postgresql://?host=/run/postgresql&user=me@srv") == socket
     # A `?` and `=` of a password's own, where no libpq keyword follows the `?`.
     assert parse_dsn("postgresql://u:Xy?z=9@db:5432/app")["password"] == "Xy?z=9"
     assert redact("postgresql://u:Xy?z=9@db:5432/app") == "postgresql://u:***@db:5432/app"
