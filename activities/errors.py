@@ -55,8 +55,8 @@ class NewerPurgeFormat(Exception):
 
 class WorkerStopping(ApplicationError):
     """A sweep that ended after its batch because its worker began to stop (a deploy's
-    SIGTERM): retried at once, on another worker, from where it stopped. Benign: the SDK logs
-    it without a traceback, once per running sweep of every deploy."""
+    SIGTERM): retried by the target's retry policy, on another worker, from where it stopped.
+    Benign: the SDK logs it at DEBUG, so a worker at INFO says nothing of it at every deploy."""
 
     def __init__(self, message: str) -> None:
         super().__init__(

@@ -115,7 +115,8 @@ def _ended(meter: MetricMeter, counter: Counter, report: object) -> None:
     # Only a scheduled pass that swept (a dry run deletes nothing, a refused input left no
     # report, and a pass typed by hand may name one target): no other may stand for the
     # schedule's passes. A schedule's passes carry its memo (`schedule.desired`).
-    if isinstance(report, PurgeReport) and not report.dry_run and MEMO_KEY in workflow.memo():
+    scheduled = MEMO_KEY in workflow.info().raw_memo  # not decoded: any other key may not
+    if isinstance(report, PurgeReport) and not report.dry_run and scheduled:
         (PASSES_SKIPPING if _skipped_any(report) else PASSES_WHOLE).on(meter).add(1)
     took = workflow.now() - workflow.info().start_time
     PASS_SECONDS.on(meter).record(took.total_seconds())
