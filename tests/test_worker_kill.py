@@ -173,13 +173,7 @@ async def test_the_server_has_a_waiting_sweeps_progress_within_seconds(
     # 2,000 expired rows among 20,000, each older than the next key's: index batches of 200
     # take k2000 down towards k1000 first, and the one that reaches k1000 waits there. Each
     # batch commits and beats on its own.
-    harness.db.execute(
-        "INSERT INTO x_idempotency (key, response, expires_at_ms)"
-        " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
-        " FROM generate_series(1, 20_000) i ORDER BY random()",
-        (harness.now_ms - HOUR, harness.now_ms + HOUR),
-    )
-    harness.db.execute("ANALYZE x_idempotency")
+    seed_k_rows(harness)
     fixed_batches(monkeypatch, rows=200)
     durable_every(monkeypatch, 1)
     # The batch at k1000 waits there for as long as the test holds it (not the default 2 s):
@@ -286,10 +280,9 @@ async def test_a_worker_sent_sigterm_mid_sweep_hands_the_sweep_on_after_its_batc
     assert "Traceback" not in (tmp_path / "1.log").read_text(errors="replace")
 
 
-def held_at_k1000(tmp_path: Path, harness: Harness, statement_timeout: str) -> Path:
-    """2,000 expired rows among 20,000, each older than the next key's (the sweep takes them
-    from k2000 down, and the batch that reaches a held k1000 waits there), and the config of a
-    worker whose batch waits for that row up to 60 s, not the default 2 s."""
+def seed_k_rows(harness: Harness) -> None:
+    """2,000 expired rows among 20,000, k1 to k2000, each older than the next key's: a sweep
+    takes them from k2000 down."""
     harness.db.execute(
         "INSERT INTO x_idempotency (key, response, expires_at_ms)"
         " SELECT 'k' || i, null, CASE WHEN i <= 2_000 THEN %s - i ELSE %s END"
@@ -297,6 +290,13 @@ def held_at_k1000(tmp_path: Path, harness: Harness, statement_timeout: str) -> P
         (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
     harness.db.execute("ANALYZE x_idempotency")
+
+
+def held_at_k1000(tmp_path: Path, harness: Harness, statement_timeout: str) -> Path:
+    """2,000 expired rows among 20,000, each older than the next key's (the sweep takes them
+    from k2000 down, and the batch that reaches a held k1000 waits there), and the config of a
+    worker whose batch waits for that row up to 60 s, not the default 2 s."""
+    seed_k_rows(harness)
     return worker_config(
         tmp_path / "purge.toml",
         harness.url,
