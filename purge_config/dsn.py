@@ -112,7 +112,15 @@ def _refuse_misread(rest: str) -> None:
         )
     # libpq's host part ends at the first `/` or `?`: only a `/` before any `?` opens a path
     # (`postgresql://?host=/tmp&user=me@srv` has none).
-    if not at and slash and "?" not in before_path and "@" in path.split("?", 1)[0]:
+    database = path.split("?", 1)[0] if slash and "?" not in before_path else ""
+    if "=" in database:
+        # `postgresql://app@db/app&password=...`: libpq reads it all as the database's name,
+        # which messages then show.
+        raise Misread(
+            "an '=' in its database name, which libpq reads as part of the name: parameters "
+            "follow a '?' (postgresql://host/db?key=value&key=value)"
+        )
+    if not at and "@" in database:
         # `postgresql://app:2024/pw@db/app`: a password's `/` ends the host part, so libpq
         # reads host `app`, port `2024` and the database `pw@db/app`, which messages show.
         raise UnencodedSlash(
@@ -167,22 +175,36 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
         # may be a user and a password with no `@host` after them, whose rest (a `,`, a `/`,
         # a `?` of the password's) cannot be told from what follows. Nothing is shown.
         return prefix + MASK
-    rest = hosts + slash + path
-    before, question, query = rest.partition("?")
-    # Only parameters that read as libpq's own, none secret: a value may hold an unencoded `&`,
-    # whose pieces read as more parameters, and with no user info a password's rest may follow
-    # a port (`app:2024?pw`).
+    if "?" in hosts:
+        # The parameters begin before any `/`: everything after the `?` is theirs.
+        hosts, question, query = hosts.partition("?")
+        query, slash, database = query + slash + path, "", ""
+    else:
+        database, question, query = path.partition("?")
+    if slash and not _plain_word(database):
+        database = MASK  # a parameter typed into it (`app&password=...`, `app password=...`)
+    # Only parameters that read as libpq's own, none secret, each value a plain word: a value
+    # may hold an unencoded `&`, whose pieces read as more parameters, or another parameter
+    # (`sslmode=require?password=...`), and with no user info a password's rest may follow a
+    # port (`app:2024?pw`).
     if question and not all(_plain_parameter(pair) for pair in query.split("&")):
         query = MASK
-    return shown + before + question + query
+    return shown + hosts + slash + database + question + query
 
 
 def _plain_parameter(pair: str) -> bool:
-    """Whether `key=value` of a URI's parameters is one of libpq's, and no secret one."""
+    """Whether `key=value` of a URI's parameters is one of libpq's, no secret one, its value
+    a plain word."""
     from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
 
-    key, eq, _ = pair.partition("=")
-    return bool(eq) and unquote(key) in KEYWORDS and not _secret_key(key)
+    key, eq, value = pair.partition("=")
+    return bool(eq) and unquote(key) in KEYWORDS and not _secret_key(key) and _plain_word(value)
+
+
+def _plain_word(text: str) -> bool:
+    """Whether `text` holds none of what separates or assigns parameters: `=`, `?`, `;`, `&`,
+    a space."""
+    return not any(c in text for c in "=?;&") and not any(c.isspace() for c in text)
 
 
 def _parameters_in(info: str) -> bool:

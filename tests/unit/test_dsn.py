@@ -135,6 +135,12 @@ MISPLACED_PASSWORDS = {
     "digits-then-a-question-mark": "postgresql://app:2024?SEC-RET",
     "digits-then-a-parameter": "postgresql://app:2024?SEC=RET",
     "digits-in-a-host-list": "postgresql://app:5432,h2:5433?SEC-RET",
+    # A parameter typed into another's value, or into the database's name.
+    "a-question-mark-for-an-ampersand": "postgresql://app@db/app?sslmode=require?password=SEC-RET",
+    "a-semicolon-for-an-ampersand": "postgresql://app@db/app?sslmode=require;password=SEC-RET",
+    "a-second-equals-sign": "postgresql://app@db/app?application_name=x=SEC-RET",
+    "an-ampersand-for-a-question-mark": "postgresql://app@db/app&password=SEC-RET",
+    "a-space-for-a-question-mark": "postgresql://app@db/app password=SEC-RET",
 }
 
 
@@ -161,8 +167,9 @@ def test_no_display_of_a_uri_shows_a_piece_of_its_password(dsn: str) -> None:
         ("postgresql://db.example.com?password=p@ss", "write an '@' in a parameter as %40"),
         ("postgresql://db:5432?sslmode=require@h", "write an '@' in a parameter as %40"),
         ("postgresql://app:2024/pw@db/app", "in a password, write '/' as %2F"),
+        ("postgresql://app@db/app&password=p", "parameters follow a '?'"),
     ],
-    ids=["at-in-parameters", "at-after-a-port", "slash-in-password"],
+    ids=["at-in-parameters", "at-after-a-port", "slash-in-password", "parameter-in-database"],
 )
 def test_a_uri_libpq_would_read_otherwise_than_meant_is_refused_naming_the_fix(
     dsn: str, fix: str
