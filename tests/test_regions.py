@@ -33,7 +33,7 @@ from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
-from tests.support.passes import failed_pass, run_pass, until_polled
+from tests.support.passes import LISTING_WAIT_S, failed_pass, run_pass, until_polled
 from tests.support.procs import clean_env, identity, run_main, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -709,6 +709,11 @@ async def test_a_regional_worker_creates_no_schedule_beside_another_config_s_and
     )
     [made] = await ensure_schedules(client, central)
     try:
+        # The list of schedules the guard reads is a visibility read, which lags (seconds on a
+        # loaded machine): the moment the test needs is the central one listed.
+        async with asyncio.timeout(LISTING_WAIT_S):
+            while central_id not in [s.id async for s in await client.list_schedules()]:
+                await asyncio.sleep(0.1)
         by_worker = await ensure_schedules(client, regional, by_worker=True)
         by_us_worker = await ensure_schedules(client, us, by_worker=True)
         by_operator = await ensure_schedules(client, regional)
