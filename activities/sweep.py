@@ -181,7 +181,8 @@ class PurgeActivities:
         elsewhere = listed is not None and not resumed.resumes_on(listed)
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches or elsewhere:
-                # Before the first delete only: a resumed attempt already passed them.
+                # Before the first delete on these tables only: a resumed attempt on the same
+                # list already passed them.
                 try:
                     sweep.unchecked_guards = await _guard(target, step, info, deadline)
                 except psycopg.errors.QueryCanceled:
@@ -201,7 +202,8 @@ class PurgeActivities:
             # and hands the rest to another worker, by the target's retries, rather than at the
             # end of its grace. Not a local activity's: its workflow task is this worker's until
             # the worker stops.
-            stop = None if info.is_local else activity.is_worker_shutdown
+            listens = isinstance(target, ListedTarget) and not info.is_local
+            stop = activity.is_worker_shutdown if listens else None
             try:
                 # By keyword, as a `BatchedTarget` written before has always been called.
                 if isinstance(target, ListedTarget):

@@ -249,7 +249,8 @@ async def _poll(
     url: str | None,
     max_sweeps: int | None,
 ) -> None:
-    """Poll the config's queues until `stop`, then let running sweeps finish; at most
+    """Poll the config's queues until `stop`, then stop every worker at once (a running sweep
+    ends after its batch and goes on elsewhere; the rest gets GRACEFUL_SHUTDOWN); at most
     `max_sweeps` activities at once on each queue, when given."""
     queues = polled_queues(config)
     options: dict[str, object] = {}

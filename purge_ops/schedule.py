@@ -171,30 +171,33 @@ async def ensure_schedules(
     databases it drops."""
     searchable = await namespace_answer(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
-    others: dict[str, set[str] | None] | None
-    try:
-        others = await _others_on_the_queue(client, config)
-    except RPCError as err:
-        # Only said: what the config names is written all the same (but by a regional worker,
-        # which cannot then tell whether another config's schedule sweeps its targets).
-        unlisted = ScheduleOutcome(
-            "not listed",
-            warns=True,
-            summary=f"schedules on task queue {config.task_queue!r}: the namespace's "
-            f"schedules could not be listed ({err.message}), so none the config no longer "
-            "names is said",
-        )
-        others, extra = None, [unlisted]
-    else:
-        extra = []
     regional = _regional(config, by_worker)
+    # A regional config's queue's other schedules are the scheduler's config's: never its to
+    # call left behind, and, where its worker writes, read only for what they sweep.
+    others: dict[str, set[str] | None] | None = {}
+    extra: list[ScheduleOutcome] = []
+    if config.own_queue is not None or regional:
+        try:
+            others = await _others_on_the_queue(client, config)
+        except RPCError as err:
+            if regional:
+                others = None  # each schedule it would create says why it did not
+            else:
+                # Only said: what the config names is written all the same.
+                extra.append(
+                    ScheduleOutcome(
+                        "not listed",
+                        warns=True,
+                        summary=f"schedules on task queue {config.task_queue!r}: the "
+                        f"namespace's schedules could not be listed ({err.message}), so none "
+                        "the config no longer names is said",
+                    )
+                )
     outcomes = [
         await _ensure(client, config, spec, searchable, by_worker, others if regional else {})
         for spec in specs
     ]
     if config.own_queue is None:
-        # A regional config (every target on a database queue of its own): the other schedules
-        # of its queue are the scheduler's config's, not this one's to call left behind.
         return outcomes + extra
     return outcomes + [_left_behind(config, other) for other in others or {}] + extra
 

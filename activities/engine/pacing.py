@@ -105,13 +105,15 @@ class Pacer:
         return int(row[0]) if row else 0
 
     async def _sleep(self, seconds: float) -> None:
-        """Pause `seconds`, in slices between which a sweep that must end now (`stopping`)
-        ends the pause: a stopping worker's sweep does not sit out a long WAL-rate pause."""
-        self.paused_s += seconds
+        """Pause up to `seconds`, in slices between which a sweep that must end now
+        (`stopping`) ends the pause: a stopping worker's sweep does not sit out a long WAL-rate
+        pause. `paused_s` counts what was paused."""
         left = seconds
         while left > 0 and not self.stopping():
-            await asyncio.sleep(min(left, STOP_CHECK_S))
-            left -= STOP_CHECK_S
+            step = min(left, STOP_CHECK_S)
+            await asyncio.sleep(step)
+            self.paused_s += step
+            left -= step
 
 
 # The statements pacing reads the server by.
