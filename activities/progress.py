@@ -76,11 +76,18 @@ class Progress:
     statement that found less than a batch): the result follows at once, so the activity
     sends no heartbeat for it. Not a heartbeat detail."""
 
-    def resumes_on(self, tables: list[str]) -> bool:
-        """Whether this (an earlier attempt's progress) is a position among `tables`, the
-        target's tables as this worker lists them: its index within them, and its list theirs
-        (or none, from a release before the list: taken as it stands)."""
-        return self.table < len(tables) and self.tables in ([], tables)
+    def start_over_unless_on(self, tables: list[str]) -> bool:
+        """Start again from the first table, and say so, unless this (an earlier attempt's
+        progress) is a position among `tables`, the target's tables as this worker lists them:
+        its index within them, and its list theirs (or none, from a release before the list:
+        taken as it stands). An attempt on a worker whose config named them otherwise (mid-
+        deploy, on a queue workers of two configs poll) would skip tables never swept, or walk
+        from a page of another table. Sweeping a table again is harmless: its rows deleted are
+        counted by the ledger or the progress, not by where the sweep starts."""
+        if self.table < len(tables) and self.tables in ([], tables):
+            return False
+        self.table, self.page, self.leaf = 0, 0, 0
+        return True
 
     def details(self) -> dict[str, Any]:
         """The heartbeat details (plain JSON)."""

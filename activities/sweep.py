@@ -177,8 +177,9 @@ class PurgeActivities:
         counted_out = False
         # An earlier attempt's position among tables listed otherwise (a worker of another
         # config, mid-deploy): the sweep starts again from the first, so the guards count too.
-        listed = target.tables_listed() if isinstance(target, ListedTarget) else None
-        elsewhere = listed is not None and not resumed.resumes_on(listed)
+        elsewhere = isinstance(target, ListedTarget) and resumed.start_over_unless_on(
+            target.tables_listed()
+        )
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches or elsewhere:
                 # Before the first delete on these tables only: a resumed attempt on the same

@@ -46,11 +46,13 @@ class TargetSweeper:
         self.settings = access.settings
         self.partitions = access.partitions
         self.small = small
+        self.names = table_names(rules)
+        """The tables as heartbeated, for a retry to tell whether it resumes on the same list
+        (`Progress.start_over_unless_on`, asked where the activity resumes)."""
 
     async def sweep(self, ctx: SweepContext) -> SweepStats:
         """What this attempt did; its `removed` (and `archived`, and the partitions) count
         every attempt of the pass, as the ledger (or the progress) holds them."""
-        self._resume_where_listed(ctx)
         small = await self._small(ctx)
         if small is not None and not small.more:
             stats = small.stats
@@ -81,7 +83,7 @@ class TargetSweeper:
                 continue  # finished by an earlier attempt
             if index > progress.table:
                 progress.table, progress.page, progress.leaf = index, 0, 0
-            progress.tables = table_names(self.rules)
+            progress.tables = self.names
             async with self.access.pool.connection() as conn:
                 ctx, opened, table = await self._table(ctx, rule, not several, conn, alone)
             if opened is not None:
@@ -92,17 +94,6 @@ class TargetSweeper:
                 break  # held by another sweep, or out of time: the rest wait for the next pass
         await self._totals(ctx, stats)
         return stats
-
-    def _resume_where_listed(self, ctx: SweepContext) -> None:
-        """Start again from the first table where the progress resumed from lists the target's
-        tables otherwise than this worker does: an earlier attempt ran on a worker whose config
-        named them otherwise (mid-deploy, on a queue workers of two configs poll), and its
-        position would skip tables never swept, or walk from a page of another table. Sweeping
-        a table again is harmless: its rows deleted are counted by the ledger or the progress,
-        not by where the sweep starts."""
-        progress = ctx.progress
-        if not progress.resumes_on(table_names(self.rules)):
-            progress.table, progress.page, progress.leaf = 0, 0, 0
 
     @staticmethod
     def _resumed(small: SmallSweep | None, stats: SweepStats) -> None:
