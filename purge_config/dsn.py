@@ -9,6 +9,7 @@ tests/unit/test_dsn.py that these functions read strings as libpq does.
 
 from __future__ import annotations
 
+import functools
 from urllib.parse import unquote
 
 MASK = "***"
@@ -44,10 +45,16 @@ class UnencodedSlash(Misread):
 def __getattr__(name: str) -> frozenset[str]:
     # KEYWORDS is libpq's own list, so it is read (loading psycopg) only when asked for.
     if name == "KEYWORDS":
-        from psycopg.pq import Conninfo
-
-        return frozenset(option.keyword.decode() for option in Conninfo.get_defaults())
+        return _keywords()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _keywords() -> frozenset[str]:
+    """libpq's keywords, read once (loading psycopg)."""
+    from psycopg.pq import Conninfo
+
+    return frozenset(option.keyword.decode() for option in Conninfo.get_defaults())
 
 
 def parse_dsn(dsn: str) -> dict[str, str]:
@@ -195,10 +202,8 @@ def _redact_refused_uri(prefix: str, rest: str) -> str:
 def _plain_parameter(pair: str) -> bool:
     """Whether `key=value` of a URI's parameters is one of libpq's, no secret one, its value
     a plain word."""
-    from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
-
     key, eq, value = pair.partition("=")
-    return bool(eq) and unquote(key) in KEYWORDS and not _secret_key(key) and _plain_word(value)
+    return bool(eq) and unquote(key) in _keywords() and not _secret_key(key) and _plain_word(value)
 
 
 def _plain_word(text: str) -> bool:
@@ -214,11 +219,9 @@ def _parameters_in(info: str) -> bool:
     _, question, after = info.partition("?")
     if not question:
         return False
-    from purge_config.dsn import KEYWORDS  # libpq's own list (loads psycopg)
-
     # Decoded, as libpq decodes a parameter's name (`pass%77ord` is `password`).
     keys = {unquote(pair.partition("=")[0]) for pair in after.split("&") if "=" in pair}
-    return bool(keys & KEYWORDS)
+    return bool(keys & _keywords())
 
 
 def _plain_host(host: str) -> bool:
