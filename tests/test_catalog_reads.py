@@ -280,3 +280,54 @@ def test_a_patterns_matches_are_read_in_one_pass_over_the_catalog_on_stale_stati
         if node.get("Relation Name") in CATALOGS
     )
     assert read <= 5 * tenants
+
+
+def test_the_coarse_unit_probe_is_planned_without_walking_rows_deleted_since_the_index_vacuum(
+    db: psycopg.Connection[Any],
+) -> None:
+    """Every sweep of an epoch column probes its index for a value in a coarser unit
+    (`units.coarse_band`), and the probe is planned again after every ANALYZE. Its bounds lie
+    below the column's histogram: as constants, the planner read the index's actual least key
+    to estimate them, over the entries of an hour's deleted rows that a VACUUM left in the index
+    (it skips the index while few pages hold dead rows): about a hundred heap pages at every
+    planning, on the pass's path. The planning reads only the catalog; the probe still finds a
+    coarse value through the index."""
+    db.execute("CREATE TABLE probed (id bigint PRIMARY KEY, at_ms bigint NOT NULL)")
+    db.execute(
+        "INSERT INTO probed SELECT i, 1700000000000 + i * 36 FROM generate_series(1, 200000) i"
+    )
+    db.execute("CREATE INDEX ON probed (at_ms)")
+    db.execute("VACUUM ANALYZE probed")
+    # The oldest tenth deleted, the index left as a VACUUM that skips it leaves it.
+    db.execute("DELETE FROM probed WHERE id <= 20000")
+    db.execute("VACUUM (INDEX_CLEANUP OFF, ANALYZE) probed")
+    rel = db.execute("SELECT 'probed'::regclass::text").fetchone()
+    assert rel is not None
+    probe = catalog.value_in_range(sql.Identifier("probed"), "at_ms", 10**8, 10**11)
+    explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + probe
+    params = {"rel": rel[0], "column": "at_ms"}
+    db.execute(explain, params)  # the catalog's caches warmed
+
+    def planned() -> tuple[int, Any]:
+        row = db.execute(explain, params).fetchone()
+        assert row is not None
+        plan = row[0][0]
+        buffers = plan["Planning"]
+        return buffers["Shared Hit Blocks"] + buffers["Shared Read Blocks"], plan["Plan"]
+
+    pages, _ = planned()
+    # Measured: 10 (the catalog); 128 with the bounds as constants.
+    assert pages < 40
+    db.execute("INSERT INTO probed VALUES (0, 1700000000)")  # seconds, in a column of ms
+    pages, plan = planned()
+    assert pages < 40
+    assert db.execute(probe, params).fetchone() == (1700000000,)
+    assert _scans_of(plan, "probed") == ["Index Only Scan"]
+
+
+def _scans_of(node: dict[str, Any], relation: str) -> list[str]:
+    """The kinds of the scans of `relation` in an EXPLAIN (FORMAT JSON) plan node."""
+    found = [node["Node Type"]] if node.get("Relation Name") == relation else []
+    for child in node.get("Plans", []):
+        found += _scans_of(child, relation)
+    return found

@@ -169,9 +169,15 @@ def value_in_range(relation: sql.Identifier, column: str, low: int, high: int) -
     `serving_index` finds an index on `%(rel)s` that leads with `%(column)s`: a probe of that
     index. Without one it reads no row of the table (the gate is checked first), never a
     scan."""
+    # The bounds are subqueries (InitPlans), never constants the planner sees: bounds below the
+    # column's histogram made it read the index's actual least key to estimate them, walking the
+    # entries of every row deleted since the index was last vacuumed (a VACUUM skips the index
+    # while few pages hold dead rows), heap page by heap page, at every planning: after each
+    # ANALYZE, and each custom plan of the prepared probe. ORDER BY keeps the index whatever
+    # the planner's default guess at the rows in range: a sort would read the table.
     probe = sql.SQL(
-        "SELECT (SELECT {col} FROM {t} WHERE {col} >= {low} AND {col} < {high} LIMIT 1)"
-        " WHERE EXISTS ("
+        "SELECT (SELECT {col} FROM {t} WHERE {col} >= (SELECT {low}) AND {col} < (SELECT {high})"
+        " ORDER BY {col} LIMIT 1) WHERE EXISTS ("
     ).format(col=sql.Identifier(column), t=relation, low=sql.Literal(low), high=sql.Literal(high))
     return sql.Composed([probe, serving_index(), sql.SQL(")")])
 
