@@ -165,7 +165,7 @@ def serving_index() -> sql.SQL:
 
 
 def value_in_range(relation: sql.Identifier, column: str, low: int, high: int) -> sql.Composed:
-    """One value of `column` from `low` up to below `high` (NULL when none), read only where
+    """The least value of `column` from `low` up to below `high` (NULL when none), read only where
     `serving_index` finds an index on `%(rel)s` that leads with `%(column)s`: a probe of that
     index. Without one it reads no row of the table (the gate is checked first), never a
     scan."""
