@@ -23,7 +23,7 @@ from activities import builtin_kinds as kinds
 from activities.builtin_kinds import build_registry
 from activities.engine.access import lock_table
 from activities.engine.rules import ExpiryRule, FullBucketRule, NewestRelatedRule
-from activities.engine.small_tables import rule_column
+from activities.engine.small_tables import _no_coarse_value, rule_column
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
@@ -311,6 +311,31 @@ async def test_a_row_in_seconds_written_since_the_statistics_is_refused_in_one_s
         assert "some of its values look like epoch seconds, not milliseconds" in refusal
         [(rows,)] = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table(prefix, 0)))
         assert rows == live + 1  # tenant 0 has no expired row; the one in seconds stayed
+
+
+def test_the_probe_that_ends_a_small_tables_statement_says_why_in_the_servers_log(
+    db: psycopg.Connection[Any],
+) -> None:
+    """The one-statement sweep ends its transaction where the column's index holds a value in a
+    coarser unit (the batched sweep then refuses the table). The server logs that statement's
+    error every pass until the row is fixed: it names the table, the column and the value, not
+    a bare `division by zero` a DBA would chase. Without such a value it returns nothing, and
+    without an index it reads nothing, the value notwithstanding."""
+    db.execute("CREATE TABLE probed (id bigint PRIMARY KEY, at_ms bigint NOT NULL)")
+    db.execute("INSERT INTO probed SELECT i, 1700000000000 + i FROM generate_series(1, 50) i")
+    db.execute("INSERT INTO probed VALUES (0, 1700000000)")  # seconds, in a column of ms
+    [(rel,)] = db.execute("SELECT 'probed'::regclass::text")
+    params = {"rel": rel, "column": "at_ms"}
+    probe = _no_coarse_value(sql.Identifier("probed"), "at_ms", (10**8, 10**11))
+
+    assert db.execute(probe, params).fetchall() == []  # no index leads with the column
+    db.execute("CREATE INDEX ON probed (at_ms)")
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation) as refused:
+        db.execute(probe, params)
+    said = str(refused.value)
+    assert f"pg-purge: {rel} column at_ms holds 1700000000, an instant before 1973" in said
+    db.execute("DELETE FROM probed WHERE id = 0")
+    assert db.execute(probe, params).fetchall() == []
 
 
 async def test_a_table_another_sweep_holds_is_left_busy_after_busy_wait(

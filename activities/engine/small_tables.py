@@ -249,13 +249,21 @@ def _sample(facts: tuple[Any, ...], sample: Any) -> list[tuple[int, float]]:
 
 
 def _no_coarse_value(relation: sql.Identifier, column: str, band: tuple[int, int]) -> sql.Composed:
-    """A statement that fails (a division by zero) where an index leading with `column` holds a
-    value in `band` (one in a coarser unit: `units.coarse_band`), and reads no row of the table
-    without such an index. It ends the transaction with nothing deleted; the batched sweep,
-    whose unit check probes the same index, then refuses the table naming the value
-    (`units.refuse_coarse`)."""
+    """A statement that fails where an index leading with `column` holds a value in `band` (one
+    in a coarser unit: `units.coarse_band`), and reads no row of the table without such an
+    index. It ends the transaction with nothing deleted; the batched sweep, whose unit check
+    probes the same index, then refuses the table naming the value (`units.refuse_coarse`).
+    Its error, which the server logs every pass until the row is fixed, says so itself, naming
+    the table, the column and the value: plain SQL has no statement that raises, so it is a
+    cast of that sentence to an integer (the sentence holds the value found, so it is never
+    cast while planning)."""
     probe = catalog.value_in_range(relation, column, *band)
-    return sql.SQL("SELECT 1 / (({}) IS NULL)::int").format(probe)
+    return sql.SQL(
+        "SELECT ('pg-purge: ' || %(rel)s || ' column ' || %(column)s || ' holds ' || p.v"
+        " || ', an instant before 1973 in its unit (a value in a coarser unit?):"
+        " the table is refused, nothing deleted')::int"
+        " FROM ({}) p(v) WHERE p.v IS NOT NULL"
+    ).format(probe)
 
 
 def _firsts(sample: Any) -> list[int]:
