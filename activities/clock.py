@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from activities.errors import BadPurgeInput
+from activities.shown import shown
 
 #: The instants a pass may run at. A `now_ms` outside them is almost surely seconds or microseconds
 #: sent where milliseconds belong, and at microseconds every row on every table looks expired.
@@ -32,7 +33,7 @@ def iso_ms(now_ms: int) -> str:
 def check_now_ms(now_ms: object) -> int:
     """Return `now_ms` if it is a plausible epoch-millisecond instant, else raise BadPurgeInput."""
     if isinstance(now_ms, bool) or not isinstance(now_ms, int):
-        raise BadPurgeInput(f"now_ms must be an integer of epoch milliseconds, got {now_ms!r}")
+        raise BadPurgeInput(f"now_ms must be an integer of epoch milliseconds, got {shown(now_ms)}")
     if now_ms < EARLIEST_NOW_MS:
         raise BadPurgeInput(
             f"now_ms {now_ms} is before 2000-01-01 ({iso_ms(max(now_ms, 0))}): "

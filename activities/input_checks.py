@@ -8,7 +8,6 @@ instead of failing its task forever. No side effects: the workflow imports this 
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import fields
@@ -17,6 +16,7 @@ from typing import Any
 from activities.clock import check_now_ms
 from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.inputs import PurgeInput, PurgeStep
+from activities.shown import masked, shown
 from purge_config.fleet import DATABASE_NAME, MAX_BUDGET_MS, MAX_TARGETS_PER_PASS
 from purge_config.names import QUEUE_NAME, STEP_NAME
 
@@ -53,14 +53,14 @@ def parse_input(raw: object) -> PurgeInput:
         raw = {k: v for k, v in raw.items() if v is not None}
     if not isinstance(raw, dict):
         raise BadPurgeInput(
-            f'input must be an object like {{"targets": ["x_idempotency"]}}, got {_show(raw)}'
+            f'input must be an object like {{"targets": ["x_idempotency"]}}, got {shown(raw)}'
         )
     _known_keys(raw, "input", INPUT_KEYS)
     if "targets" not in raw:
         raise BadPurgeInput("input has no 'targets' list")
     targets = raw["targets"]
     if not isinstance(targets, list):
-        raise BadPurgeInput(f"input 'targets' must be a list of names, got {_show(targets)}")
+        raise BadPurgeInput(f"input 'targets' must be a list of names, got {shown(targets)}")
     if len(targets) > MAX_TARGETS_PER_PASS:
         raise BadPurgeInput(
             f"input 'targets' has {len(targets)} names, at most {MAX_TARGETS_PER_PASS} "
@@ -69,7 +69,7 @@ def parse_input(raw: object) -> PurgeInput:
     for name in targets:
         if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
             raise BadPurgeInput(
-                f"input 'targets' holds {_show(name)}, not a target name "
+                f"input 'targets' holds {shown(name)}, not a target name "
                 f"(letters, digits, _ . : @ -, at most 228)"
             )
     patterns = raw.get("patterns", [])
@@ -80,7 +80,7 @@ def parse_input(raw: object) -> PurgeInput:
         or not all(isinstance(name, str) for name in patterns)
         or not set(patterns) <= set(targets)
     ):
-        raise BadPurgeInput(f"input 'patterns' must list names of 'targets', got {_show(patterns)}")
+        raise BadPurgeInput(f"input 'patterns' must list names of 'targets', got {shown(patterns)}")
     return PurgeInput(
         targets=list(targets),
         dry_run=_dry_run(raw, "input"),
@@ -102,12 +102,12 @@ def parse_step(raw: object) -> PurgeStep:
         raw = {f.name: getattr(raw, f.name) for f in fields(raw)}
     if not isinstance(raw, dict):
         raise BadPurgeInput(
-            f'step must be an object like {{"name": ..., "now_ms": ...}}, got {_show(raw)}'
+            f'step must be an object like {{"name": ..., "now_ms": ...}}, got {shown(raw)}'
         )
     _known_keys(raw, "step", STEP_KEYS)
     name = raw.get("name")
     if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
-        raise BadPurgeInput(f"step 'name' is not a target name, got {_show(name)}")
+        raise BadPurgeInput(f"step 'name' is not a target name, got {shown(name)}")
     return PurgeStep(
         name=name,
         now_ms=check_now_ms(raw.get("now_ms")),
@@ -128,7 +128,7 @@ def _count(raw: dict[Any, Any], key: str, low: int, high: int) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise BadPurgeInput(
-            f"input '{key}' must be a whole number from {low} to {high}, got {_show(value)}"
+            f"input '{key}' must be a whole number from {low} to {high}, got {shown(value)}"
         )
     return value
 
@@ -140,13 +140,13 @@ def _databases(raw: dict[Any, Any], count: int) -> dict[str, str]:
         for k, v in value.items()
     ):
         raise BadPurgeInput(
-            f"input 'databases' must map target names to database names, got {_show(value)}"
+            f"input 'databases' must map target names to database names, got {shown(value)}"
         )
     found = dict(value)
     ranges = raw.get("database_ranges", [])
     bad = BadPurgeInput(
         "input 'database_ranges' must be a list of [database, start, stop] over the "
-        f"positions of 'targets', got {_show(ranges)}"
+        f"positions of 'targets', got {shown(ranges)}"
     )
     if not isinstance(ranges, list):
         raise bad
@@ -175,7 +175,7 @@ def _queues(raw: dict[Any, Any]) -> dict[str, str]:
         for k, v in value.items()
     ):
         raise BadPurgeInput(
-            f"input 'queues' must map database names to task queue names, got {_show(value)}"
+            f"input 'queues' must map database names to task queue names, got {shown(value)}"
         )
     return dict(value)
 
@@ -183,47 +183,23 @@ def _queues(raw: dict[Any, Any]) -> dict[str, str]:
 def _known_keys(raw: dict[Any, Any], what: str, allowed: tuple[str, ...]) -> None:
     sent = raw.get("format", FORMAT)
     if isinstance(sent, bool) or not isinstance(sent, int) or sent < 1:
-        raise BadPurgeInput(f"{what} 'format' must be a whole number from 1, got {_show(sent)}")
+        raise BadPurgeInput(f"{what} 'format' must be a whole number from 1, got {shown(sent)}")
     unknown = sorted(str(key) for key in raw if key not in allowed)
     if sent > FORMAT:
         # Said to be a later release's (a typo sends no format): it may mean more by a key this
         # release knows, too, so it is not read here at all.
-        new = f"; keys new to it: {_masked(repr(unknown))}" if unknown else ""
+        new = f"; keys new to it: {masked(repr(unknown))}" if unknown else ""
         raise NewerPurgeFormat(
             f"{what} of format {sent}, from a later release (this worker reads format {FORMAT}"
             f"{new}): left to a worker of that release"
         )
     if unknown:
-        shown = _masked(repr(unknown))
-        raise BadPurgeInput(f"{what} has unknown keys {shown}, allowed: {', '.join(allowed)}")
+        keys = masked(repr(unknown))
+        raise BadPurgeInput(f"{what} has unknown keys {keys}, allowed: {', '.join(allowed)}")
 
 
 def _dry_run(raw: dict[Any, Any], what: str) -> bool:
     dry_run = raw.get("dry_run", False)
     if not isinstance(dry_run, bool):
-        raise BadPurgeInput(f"{what} 'dry_run' must be true or false, got {_show(dry_run)}")
+        raise BadPurgeInput(f"{what} 'dry_run' must be true or false, got {shown(dry_run)}")
     return dry_run
-
-
-def _show(value: object) -> str:
-    text = _masked(repr(value))
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-#: What a connection string, or a piece of one, holds where it may hold a secret: a URL's `://`
-#: (its user info may hold a password, in forms no pattern could end rightly: raw `@`, quotes,
-#: spaces, `/`), or a keyword of libpq's secrets (`dsn.SECRET_KEYS`; `sslpassword` and
-#: `pgpassword` included).
-_SECRET_HINT = re.compile(
-    r"://|password|oauth_client_secret|scram_client_key|scram_server_key", re.I
-)
-
-
-def _masked(text: str) -> str:
-    """`text` as an error quotes a value sent by hand, but where it may hold a connection
-    string's secret: then only its length, so that an error (and the history it is written to)
-    never repeats a password, whatever the input held. A value of the right shape is never
-    quoted: only the wrong ones, where the shape matters less than what they may hold."""
-    if _SECRET_HINT.search(text) is None:
-        return text
-    return f"<{len(text)} characters not shown: may hold a password>"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from activities.clock import check_now_ms
 from activities.errors import BadPurgeInput
-from activities.input_checks import parse_input
+from activities.input_checks import parse_input, parse_step
 
 #: Values put where a database name goes, each holding the secret SEC-RET (in pieces where the
 #: string is split): a keyword string with a quoted password, a URL's parameter or user info
@@ -50,3 +51,25 @@ def test_a_refused_value_of_no_connection_string_is_quoted_as_sent() -> None:
     with pytest.raises(BadPurgeInput) as refused:
         parse_input({"targets": ["x_auth"], "databases": {"x_auth": 7}})
     assert "got {'x_auth': 7}" in str(refused.value)
+
+
+@pytest.mark.parametrize("value", SECRETS_TYPED.values(), ids=SECRETS_TYPED.keys())
+def test_a_refused_instant_is_quoted_with_no_piece_of_a_secret(value: str) -> None:
+    """`now_ms` is checked apart from the other fields (`clock.check_now_ms`: a step's, and a
+    pattern's expansion's): a connection string pasted there is masked as anywhere else."""
+    for refuse in (
+        lambda: parse_step({"name": "x_auth", "now_ms": value}),
+        lambda: check_now_ms(value),
+    ):
+        with pytest.raises(BadPurgeInput) as refused:
+            refuse()
+        message = str(refused.value)
+        assert "now_ms must be an integer of epoch milliseconds, got <" in message
+        assert "SEC" not in message
+        assert "RET" not in message
+
+
+def test_a_refused_instant_of_no_connection_string_is_quoted_as_sent() -> None:
+    with pytest.raises(BadPurgeInput) as refused:
+        parse_step({"name": "x_auth", "now_ms": "1700000000000"})
+    assert "got '1700000000000'" in str(refused.value)
