@@ -23,6 +23,9 @@ from purge_config.values import (
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
 DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
+#: An environment variable's name, as a shell or Kubernetes (`-` and `.` too) gives one: what
+#: `url_env` holds. Anything else may be the connection string itself, pasted there.
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 #: The name a pass's input gives the default database (`database_url`, and a `python` target's
 #: own) when it routes that database's activities: the input's `queues` maps names to task
 #: queues, and every version of the workflow reads only names that DATABASE_NAME accepts.
@@ -137,7 +140,17 @@ def parse_databases(
             )
         no_unknown(where, f"{at}.", entry, _DATABASE_KEYS)
         url = opt_str(where, f"{at}.url", entry, "url", secret=True)
-        variable = opt_str(where, f"{at}.url_env", entry, "url_env")
+        variable = opt_str(where, f"{at}.url_env", entry, "url_env", secret=True)
+        if variable is not None and not VARIABLE_NAME.fullmatch(variable):
+            # Refused here, before a database of another worker's queue is passed over: a URL
+            # written where its variable's name belongs would otherwise be quoted whole in the
+            # error below, password and all, or leave that database unswept without a word.
+            raise ConfigError(
+                f"{where}: {at}.url_env: must name an environment variable (letters, digits, "
+                f"_, - and ., not starting with a digit); its {len(variable)} characters are "
+                "not shown, since they may be a connection string: that goes in the variable, "
+                "or in url"
+            )
         if (url is None) == (variable is None):
             raise ConfigError(
                 f"{where}: {at}: give exactly one of url and url_env (the variable holding "

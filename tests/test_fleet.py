@@ -614,7 +614,7 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         ),
         "url_env named across lines": (
             {"databases": {"a": {"url_env": "A\nB"}}},
-            "databases.a.url_env: the variable 'A\\nB' is not set",
+            "databases.a.url_env: must name an environment variable",
         ),
         "budget over a day": (
             {"pass": {"budget": "2d"}, "schedule": {"cron": "0 3 * * 0"}},
@@ -627,6 +627,31 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
         message = str(refused.value)
         assert expected in message, (label, message)
         assert "\n" not in message
+
+
+@pytest.mark.parametrize("queue", [{}, {"task_queue": "purge-a"}], ids=["polled", "routed"])
+def test_a_connection_string_written_as_url_env_is_refused_unquoted(
+    queue: dict[str, str],
+) -> None:
+    """`url_env` names the variable that holds the URL; an operator who writes the URL itself
+    there is refused in one line that shows none of it, the password least of all. A database on
+    a queue of its own is refused so too, rather than passed over as another worker's (whose
+    variable this worker need not have), which left it unswept without a word."""
+    for pasted in ("postgresql://purge:s3cr3t@db/app", "host=db password=s3cr3t"):
+        with pytest.raises(ConfigError) as refused:
+            parse_config(
+                {
+                    "database_url": "postgresql://app@db/app",
+                    "databases": {"a": {"url_env": pasted, **queue}},
+                    "targets": [{"kind": "idempotency", "name": "i@a", "database": "a"}],
+                },
+                env={},
+            )
+        message = str(refused.value)
+        assert "databases.a.url_env: must name an environment variable" in message
+        assert "s3cr3t" not in message
+        assert "db=" not in message
+        assert "db/app" not in message.split("url_env:")[1]
 
 
 def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> None:
