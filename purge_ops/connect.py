@@ -123,15 +123,16 @@ def check_temporal_address(address: str) -> None:
         # a status-1 "cannot reach" for what is a setting to fix.
         raise ConfigError(
             f"Temporal address {address!r} (TEMPORAL_ADDRESS, or a profile's address) has no "
-            f"port: give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
+            f"port (1-65535): give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
         )
 
 
 def _has_port(address: str) -> bool:
-    """Whether `address` ends in `:PORT`, after the brackets of an IPv6 literal (`[::1]:7233`);
-    a port's range is the SDK's to check (`connect_temporal` says its refusal)."""
+    """Whether `address` ends in `:PORT`, a port from 1 to 65535, after the brackets of an IPv6
+    literal (`[::1]:7233`). Out of range, the SDK refused it only as it connected: for `run`,
+    after its database pool had waited to connect."""
     host, colon, port = address.rpartition(":")
-    return bool(host and colon and port.isdigit() and port.isascii())
+    return bool(host and colon and port.isdigit() and port.isascii() and 0 < int(port) < 65536)
 
 
 async def connect_temporal(

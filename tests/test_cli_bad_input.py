@@ -191,7 +191,7 @@ def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, add
 
 
 @pytest.mark.parametrize("command", ["schedule", "run"])
-@pytest.mark.parametrize("address", ["nohost", "127.0.0.1", "nohost:", "[::1]"])
+@pytest.mark.parametrize("address", ["nohost", "127.0.0.1", "nohost:", "[::1]", "h:99999", "h:0"])
 def test_a_temporal_address_without_a_port_is_one_line(
     config: Path, command: str, address: str
 ) -> None:
@@ -205,7 +205,7 @@ def test_a_temporal_address_without_a_port_is_one_line(
 
     line = one_line(done)
     assert f"Temporal address {address!r} (TEMPORAL_ADDRESS" in line
-    assert "has no port: give HOST:PORT, like 'localhost:7233'" in line
+    assert "has no port (1-65535): give HOST:PORT, like 'localhost:7233'" in line
 
 
 def test_an_ipv6_temporal_address_with_a_port_is_taken(config: Path) -> None:
