@@ -100,6 +100,7 @@ from purge_config.file import (
 from purge_config.names import STEP_NAME
 from purge_config.patterns import split_match_name
 from purge_config.specs import TargetSpec
+from purge_config.values import masked
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
 from purge_ops.checks import check_passes, check_targets
@@ -134,7 +135,11 @@ class _Parser(argparse.ArgumentParser):
     (argparse's own is the usage, then the error), and exits 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        # argparse quotes the arguments it refuses ('x', or every one it did not expect, bare):
+        # a connection string typed where another argument goes (`pg-purge check URL`, as
+        # `discover` takes one) is said by its length, never its password.
+        said = re.sub(r"'[^']*'|\S+", lambda word: masked(word.group()), message)
+        self.exit(2, f"{self.prog}: {said} (see {self.prog} --help)\n")
 
 
 def parser() -> argparse.ArgumentParser:

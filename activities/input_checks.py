@@ -16,9 +16,10 @@ from typing import Any
 from activities.clock import check_now_ms
 from activities.errors import BadPurgeInput, NewerPurgeFormat
 from activities.inputs import PurgeInput, PurgeStep
-from activities.shown import masked, shown
+from activities.shown import shown
 from purge_config.fleet import DATABASE_NAME, MAX_BUDGET_MS, MAX_TARGETS_PER_PASS
 from purge_config.names import QUEUE_NAME, STEP_NAME
+from purge_config.values import masked
 
 #: The keys a workflow input may have.
 INPUT_KEYS = (

@@ -46,6 +46,7 @@ from purge_config.values import (
     duration_within,
     no_unknown,
     opt_str,
+    quoted,
     shown,
 )
 
@@ -313,7 +314,7 @@ def parse_config(
 
     task_queue = opt_str(where, "task_queue", raw) or DEFAULT_TASK_QUEUE
     if not _QUEUE.fullmatch(task_queue):
-        raise ConfigError(f"{where}: task_queue: not a task queue name, got {task_queue!r}")
+        raise ConfigError(f"{where}: task_queue: not a task queue name, got {quoted(task_queue)}")
 
     if "schedule" in raw and "schedules" in raw:
         raise ConfigError(

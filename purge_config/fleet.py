@@ -16,6 +16,7 @@ from purge_config.values import (
     duration_within,
     no_unknown,
     opt_str,
+    quoted,
     read_duration,
     shown,
     type_of,
@@ -105,7 +106,7 @@ def parse_queues(where: str, raw: object, main_queue: str) -> dict[str, str]:
             at = f"databases.{name}" if str(name).isprintable() else f"databases.{name!r}"
             raise ConfigError(
                 f"{where}: {at}.task_queue: not a task queue name (1 to 200 of letters, digits "
-                f"and _ . : / -), got {queue!r}"
+                f"and _ . : / -), got {quoted(queue)}"
             )
         if queue != main_queue:
             queues[name] = queue

@@ -33,6 +33,7 @@ from purge_config.values import (
     no_unknown,
     one_of,
     opt_str,
+    quoted,
     read_duration,
     read_rate,
     req_str,
@@ -294,7 +295,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     guards, partitions = _guards(at, raw), _partitions(at, raw)
     database = opt_str(at, "database", raw) or ""
     if database and not DATABASE_NAME.fullmatch(database):
-        raise ConfigError(f"{at}: database: not a database name, got {database!r}")
+        raise ConfigError(f"{at}: database: not a database name, got {quoted(database)}")
     common = _Common(
         kind=kind, name=name, settings=settings, guards=guards, database=database,
         partitions=partitions,

@@ -177,6 +177,36 @@ def shown(text: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
+#: What a connection string, or a piece of one, holds where it may hold a secret: a URL's `://`
+#: (its user info may hold a password, in forms no pattern could end rightly: raw `@`, quotes,
+#: spaces, `/`), or a keyword of libpq's secrets (`dsn.SECRET_KEYS`; `sslpassword` and
+#: `pgpassword` included).
+_SECRET_HINT = re.compile(
+    r"://|password|oauth_client_secret|scram_client_key|scram_server_key", re.I
+)
+
+
+def masked(text: str) -> str:
+    """`text` as an error quotes a value typed by hand, but where it may hold a connection
+    string's secret (one pasted into the wrong field): then only its length, so that an error
+    (and the log, stderr or history it is written to) never repeats a password. A value of the
+    right shape is never quoted: only the wrong ones, where the shape matters less than what
+    they may hold."""
+    if _SECRET_HINT.search(text) is None:
+        return text
+    return hidden(text)
+
+
+def hidden(text: str) -> str:
+    """What a message says of `text` where it may hold a password: its length alone."""
+    return f"<{len(text)} characters not shown: may hold a password>"
+
+
+def quoted(value: object) -> str:
+    """`value`'s repr as a refusal quotes it, `masked`."""
+    return masked(repr(value))
+
+
 def type_of(value: object) -> str:
     """What a TOML value is, by its type alone: for a refusal that must not quote it."""
     if isinstance(value, str):

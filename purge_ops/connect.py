@@ -28,6 +28,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 from activities.metrics import PASS_SECONDS, TARGET_SECONDS
 from purge_config.dsn import redact
 from purge_config.errors import ConfigError, first_line, server_details, without_row_values
+from purge_config.values import hidden, masked
 
 log = logging.getLogger("purge.connect")
 
@@ -115,16 +116,33 @@ def check_temporal_address(address: str) -> None:
         # The SDK takes `http://host:port` with a warning (an error in its future versions)
         # and does not read `https://` as TLS: say what it wants instead of either.
         raise ConfigError(
-            f"Temporal address {address!r}: give HOST:PORT, without a scheme "
+            f"Temporal address {_address(address)}: give HOST:PORT, without a scheme "
             "(TLS is set by TEMPORAL_TLS or a profile in temporal.toml)"
+        )
+    if "@" in address:
+        # No user info goes in Temporal's address (its key has a variable of its own): most
+        # likely a database's URL without its scheme, said by its length and refused here.
+        raise ConfigError(
+            f"Temporal address {_address(address)} (TEMPORAL_ADDRESS, or a profile's address) "
+            "holds an @: give HOST:PORT (an API key is TEMPORAL_API_KEY)"
         )
     if not _has_port(address):
         # The SDK would take `host` as port 80 (443 with TLS) and fail only at connect time,
         # a status-1 "cannot reach" for what is a setting to fix.
         raise ConfigError(
-            f"Temporal address {address!r} (TEMPORAL_ADDRESS, or a profile's address) has no "
-            f"port (1-65535): give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
+            f"Temporal address {_address(address)} (TEMPORAL_ADDRESS, or a profile's address) "
+            f"has no port (1-65535): give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
         )
+
+
+def _address(address: str, quote: bool = True) -> str:
+    """`address` as a message says it (quoted, with `quote`): whole, but where it may hold a
+    password (user info's `@`, a secret's keyword: a database's URL pasted into
+    TEMPORAL_ADDRESS), only its length."""
+    schemeless = address.replace("://", "", 1)
+    if "@" in address or masked(schemeless) != schemeless:
+        return hidden(address)
+    return repr(address) if quote else address
 
 
 def _has_port(address: str) -> bool:
@@ -163,8 +181,8 @@ async def connect_temporal(
     except ValueError as err:
         # An address the SDK cannot make a URL of (`host:99999`, `[::1`): the setting is wrong.
         raise ConfigError(
-            f"Temporal address {settings['target_host']!r}: not a HOST:PORT the client takes "
-            f"({str(err).splitlines()[0] if str(err) else 'invalid'})"
+            f"Temporal address {_address(settings['target_host'])}: not a HOST:PORT the client "
+            f"takes ({str(err).splitlines()[0] if str(err) else 'invalid'})"
         ) from None
     except RuntimeError as err:
         # The SDK reports every failed connect as a RuntimeError holding the Rust client's
@@ -197,7 +215,8 @@ _STATUS = re.compile(r'Status \{ code: (\w+), message: "((?:[^"\\]|\\.)*)"')
 def why_unreachable(settings: ClientConnectConfig, error: str) -> str:
     """One line saying why Temporal at `settings`' address did not take the connection, from
     the SDK's connect error, and which of Temporal's variables sets what was missing."""
-    where = f"cannot reach Temporal at {settings.get('target_host', DEFAULT_TEMPORAL_ADDRESS)}"
+    address = settings.get("target_host", DEFAULT_TEMPORAL_ADDRESS)
+    where = f"cannot reach Temporal at {_address(address, quote=False)}"
     tls = settings.get("tls")
     status = _STATUS.search(error)
     code, message = (status.group(1), status.group(2)) if status else ("", "")

@@ -181,6 +181,47 @@ def test_report_tables_of_no_pattern_target_is_refused_before_temporal(
     )
 
 
+#: A database's URL, as an operator might type it where another argument or setting goes.
+URL = f"postgresql://purge:{SECRET}@db:5432/app"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["check", URL], "unrecognized arguments: <"),
+        (["sweep", "--target", URL], "--target: not a target name: <"),
+        (["run", "--metrics", URL], "--metrics: want HOST:PORT"),
+        (["report", "--last", URL], "--last: want a whole number from 1 to 100,000, got <"),
+        (["check", "host=db", f"password={SECRET}"], "unrecognized arguments: host=db <"),
+    ],
+    ids=["positional", "target", "metrics", "last", "keywords"],
+)
+def test_a_connection_string_typed_where_an_argument_goes_is_said_by_its_length(
+    config: Path, args: list[str], said: str
+) -> None:
+    """`discover` takes a URL as its argument; typed so to another command, or to a flag,
+    argparse's refusal quoted it whole on stderr. It is said by its length (`one_line` checks
+    that the password is nowhere)."""
+    line = one_line(
+        run_main(*args, "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=CLOSED))
+    )
+
+    assert said in line
+    assert "characters not shown: may hold a password>" in line
+
+
+@pytest.mark.parametrize("address", [URL, f"purge:{SECRET}@db:7233", f"db:7233?password={SECRET}"])
+def test_a_database_url_given_as_temporals_address_is_said_by_its_length(
+    config: Path, address: str
+) -> None:
+    line = one_line(
+        run_main("schedule", "--config", str(config), env=clean_env(TEMPORAL_ADDRESS=address))
+    )
+
+    assert "Temporal address <" in line
+    assert "characters not shown: may hold a password>" in line
+
+
 @pytest.mark.parametrize("address", ["h:99999", "[::1", "http://127.0.0.1:1", "https://h:7233"])
 def test_a_temporal_address_the_client_cannot_take_is_one_line(config: Path, address: str) -> None:
     """Among them an address with a scheme, which the SDK takes with a warning on stderr (and

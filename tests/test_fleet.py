@@ -654,6 +654,38 @@ def test_a_connection_string_written_as_url_env_is_refused_unquoted(
         assert "db/app" not in message.split("url_env:")[1]
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (
+            {"targets": [{"kind": "idempotency", "database": "postgresql://purge:s3cr3t@db/app"}]},
+            "[[targets]] #1: database: not a database name, got <",
+        ),
+        (
+            {
+                "databases": {
+                    "a": {"url": "postgresql://purge@db/a", "task_queue": "x password=s3cr3t"}
+                }
+            },
+            "databases.a.task_queue: not a task queue name",
+        ),
+        ({"task_queue": "postgresql://purge:s3cr3t@db/app"}, "task_queue: not a task queue name"),
+    ],
+    ids=["target-database", "database-queue", "task-queue"],
+)
+def test_a_connection_string_in_a_name_field_is_refused_by_its_length(
+    extra: dict[str, Any], said: str
+) -> None:
+    """A target's `database` (the key invites a URL), a database's or the config's task queue:
+    a connection string written there fails the name's check, and the refusal quoted it."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"database_url": "postgresql://app@db/app", **extra}, env={})
+    message = str(refused.value)
+    assert said in message
+    assert "characters not shown: may hold a password>" in message
+    assert "s3cr3t" not in message
+
+
 def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> None:
     config = parse_config(
         {
