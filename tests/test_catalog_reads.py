@@ -18,10 +18,12 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from activities.engine import catalog, leftover, partitions
+from activities import builtin_kinds as kinds
+from activities.engine import catalog, leftover, partitions, units
 from activities.engine.catalog import plan_nodes
 from activities.pattern_matches import HASH_JOINS, candidates
 from activities.spread_steps import PatternStep
+from purge_config.names import TableName
 from purge_config.patterns import parse_table, pattern_of
 
 #: The catalogs a per-table read may look into, by index, a few rows each.
@@ -331,3 +333,69 @@ def _scans_of(node: dict[str, Any], relation: str) -> list[str]:
     for child in node.get("Plans", []):
         found += _scans_of(child, relation)
     return found
+
+
+def test_a_partitioned_tables_coarse_unit_probe_plans_none_of_its_partitions(
+    db: psycopg.Connection[Any],
+) -> None:
+    """On a table partitioned by its epoch column the probe's constant bounds prune every
+    partition while planning; as InitPlans (a plain table's form, above) each of them would be
+    opened and planned at every planning, which the sweep's drops of partitions bring each
+    pass."""
+    db.execute("CREATE TABLE parted (id bigint, at_ms bigint NOT NULL) PARTITION BY RANGE (at_ms)")
+    day = 86_400_000
+    for n in range(40):
+        low = 1_700_000_000_000 + n * day
+        db.execute(
+            sql.SQL("CREATE TABLE {} PARTITION OF parted FOR VALUES FROM ({}) TO ({})").format(
+                sql.Identifier(f"parted_{n}"), sql.Literal(low), sql.Literal(low + day)
+            )
+        )
+    db.execute("CREATE INDEX ON parted (at_ms)")
+    db.execute(
+        "INSERT INTO parted"
+        " SELECT i, 1700000000000 + i::bigint * 3600000 FROM generate_series(0, 959) i"
+    )
+    db.execute("ANALYZE parted")
+    rel = db.execute("SELECT 'parted'::regclass::text").fetchone()
+    assert rel is not None
+    params = {"rel": rel[0], "column": "at_ms"}
+
+    def partitions_planned(partitioned: bool) -> int:
+        probe = catalog.value_in_range(
+            sql.Identifier("parted"), "at_ms", 10**8, 10**11, partitioned
+        )
+        row = db.execute(sql.SQL("EXPLAIN (FORMAT JSON) ") + probe, params).fetchone()
+        assert row is not None
+        return sum(len(_scans_of(row[0][0]["Plan"], f"parted_{n}")) for n in range(40))
+
+    assert partitions_planned(partitioned=True) == 0
+    assert partitions_planned(partitioned=False) == 40
+
+
+async def test_a_sweep_probes_a_plain_table_by_initplans_and_a_partitioned_one_by_constants(
+    db: psycopg.Connection[Any], pool: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which form a sweep's unit check sends follows the table it reads in the plan's round trip
+    (the columns' read, which carries the relkind)."""
+    sent: list[bool] = []
+    probe = units.value_in_range
+
+    def recorded(*args: Any, partitioned: bool = False) -> Any:
+        sent.append(partitioned)
+        return probe(*args, partitioned=partitioned)
+
+    monkeypatch.setattr(units, "value_in_range", recorded)
+    db.execute("CREATE TABLE plain_ms (id bigint PRIMARY KEY, at_ms bigint NOT NULL)")
+    db.execute("CREATE INDEX ON plain_ms (at_ms)")
+    db.execute(
+        "CREATE TABLE split_ms (id bigint, at_ms bigint NOT NULL) PARTITION BY RANGE (at_ms)"
+    )
+    db.execute("CREATE TABLE split_ms_0 PARTITION OF split_ms FOR VALUES FROM (0) TO (MAXVALUE)")
+    db.execute("CREATE INDEX ON split_ms (at_ms)")
+    now_ms = 1_800_000_000_000
+    for table in ("plain_ms", "split_ms"):
+        target = kinds.expiring(pool, table, TableName(table), "at_ms")
+        await target.sweep(now_ms)
+
+    assert sent == [False, True]

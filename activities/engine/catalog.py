@@ -164,21 +164,33 @@ def serving_index() -> sql.SQL:
     )
 
 
-def value_in_range(relation: sql.Identifier, column: str, low: int, high: int) -> sql.Composed:
+def value_in_range(
+    relation: sql.Identifier, column: str, low: int, high: int, partitioned: bool = False
+) -> sql.Composed:
     """The least value of `column` from `low` up to below `high` (NULL when none), read only where
     `serving_index` finds an index on `%(rel)s` that leads with `%(column)s`: a probe of that
     index. Without one it reads no row of the table (the gate is checked first), never a
-    scan."""
+    scan. For a `partitioned` table, its bounds are constants (below)."""
+
     # The bounds are subqueries (InitPlans), never constants the planner sees: bounds below the
     # column's histogram made it read the index's actual least key to estimate them, walking the
     # entries of every row deleted since the index was last vacuumed (a VACUUM skips the index
     # while few pages hold dead rows), heap page by heap page, at every planning: after each
     # ANALYZE, and each custom plan of the prepared probe. ORDER BY keeps the index whatever
-    # the planner's default guess at the rows in range: a sort would read the table.
+    # the planner's default guess at the rows in range: a sort would read the table. But a
+    # partitioned table's partitions are pruned while planning only by constants: with
+    # InitPlans every partition is opened and planned at each planning (each pass, where the
+    # sweep drops partitions), so there the bounds stay constants (its partitions by the
+    # column are pruned, none planned).
+    def bound(value: int) -> sql.Composable:
+        return (
+            sql.Literal(value) if partitioned else sql.SQL("(SELECT {})").format(sql.Literal(value))
+        )
+
     probe = sql.SQL(
-        "SELECT (SELECT {col} FROM {t} WHERE {col} >= (SELECT {low}) AND {col} < (SELECT {high})"
+        "SELECT (SELECT {col} FROM {t} WHERE {col} >= {low} AND {col} < {high}"
         " ORDER BY {col} LIMIT 1) WHERE EXISTS ("
-    ).format(col=sql.Identifier(column), t=relation, low=sql.Literal(low), high=sql.Literal(high))
+    ).format(col=sql.Identifier(column), t=relation, low=bound(low), high=bound(high))
     return sql.Composed([probe, serving_index(), sql.SQL(")")])
 
 

@@ -102,5 +102,12 @@ def remember(conn: AsyncConnection[Any], qualified: str, rows: list[Any]) -> Col
     return columns
 
 
+def partitioned(conn: AsyncConnection[Any], qualified: str) -> bool | None:
+    """Whether the table `qualified` is partitioned, as this worker last read its columns
+    through `conn`'s settings; None when it has not kept them."""
+    columns = _READ.get((*session_key(conn), qualified))
+    return columns[0][2] == "p" if columns else None
+
+
 def _columns(rows: list[Any]) -> Columns:
     return tuple((str(name), str(kind), str(relkind)) for name, kind, relkind in rows)

@@ -21,6 +21,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, AsyncCursor
 
+from activities.engine import column_memory
 from activities.engine.catalog import column_sample, column_statistics, value_in_range
 from activities.engine.errors import BadTable
 from activities.engine.rules import ident
@@ -89,8 +90,11 @@ class UnitCheck:
             # The sample is as old as the table's last ANALYZE (autovacuum's waits for a tenth
             # of the table to change): rows written in a coarser unit since are not in it. An
             # index on the column finds one at the cost of a probe.
+            # A table not kept in memory (a bind outside a plan's round trip) is probed as a
+            # partitioned one: the constants cost a plain table planning time, never more.
+            split = column_memory.partitioned(conn, rel["rel"]) is not False
             probe = await conn.execute(
-                value_in_range(ident(table), column, *band), rel, prepare=True
+                value_in_range(ident(table), column, *band, partitioned=split), rel, prepare=True
             )
         return cls(table, column, unit, read, probe)
 
