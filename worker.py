@@ -100,7 +100,7 @@ from purge_config.file import (
 from purge_config.names import STEP_NAME
 from purge_config.patterns import split_match_name
 from purge_config.specs import TargetSpec
-from purge_config.values import masked
+from purge_config.values import hidden, masked
 from purge_ops import ddl, discover_render, logs
 from purge_ops import discover as discovery
 from purge_ops.checks import check_passes, check_targets
@@ -137,8 +137,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse quotes the arguments it refuses ('x', or every one it did not expect, bare):
         # a connection string typed where another argument goes (`pg-purge check URL`, as
-        # `discover` takes one) is said by its length, never its password.
-        said = re.sub(r"'[^']*'|\S+", lambda word: masked(word.group()), message)
+        # `discover` takes one) is said by its length, never its password; from its first word
+        # that may hold one to the end, since a keyword string's password may follow a space
+        # (`password = s3cret`, `password='my secret'`).
+        said = message
+        for word in re.finditer(r"'[^']*'|\S+", message):
+            if masked(word.group()) != word.group():
+                said = message[: word.start()] + hidden(message[word.start() :])
+                break
         self.exit(2, f"{self.prog}: {said} (see {self.prog} --help)\n")
 
 

@@ -14,6 +14,7 @@ from purge_config.names import QUEUE_NAME
 from purge_config.values import (
     duration_text,
     duration_within,
+    hidden,
     no_unknown,
     opt_str,
     quoted,
@@ -24,9 +25,12 @@ from purge_config.values import (
 
 #: A database's name in the config, in target keys, in the workflow input and in metric labels.
 DATABASE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
-#: An environment variable's name, as a shell or Kubernetes (`-` and `.` too) gives one: what
-#: `url_env` holds. Anything else may be the connection string itself, pasted there.
-VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+#: An environment variable's name, as a shell or Kubernetes (`-` and `.` too, not a digit first)
+#: gives one: what `url_env` holds. Anything else (`:`, `/`, `@`, `=`, a space) may be the
+#: connection string itself, pasted there.
+VARIABLE_NAME = re.compile(r"[A-Za-z_.-][A-Za-z0-9_.-]*")
+#: What a refused `url_env` may show of itself: nothing a password could hide in.
+_PLAIN = re.compile(r"[\w .-]*")
 #: The name a pass's input gives the default database (`database_url`, and a `python` target's
 #: own) when it routes that database's activities: the input's `queues` maps names to task
 #: queues, and every version of the workflow reads only names that DATABASE_NAME accepts.
@@ -146,11 +150,11 @@ def parse_databases(
             # Refused here, before a database of another worker's queue is passed over: a URL
             # written where its variable's name belongs would otherwise be quoted whole in the
             # error below, password and all, or leave that database unswept without a word.
+            got = repr(variable) if _PLAIN.fullmatch(variable) else hidden(variable)
             raise ConfigError(
                 f"{where}: {at}.url_env: must name an environment variable (letters, digits, "
-                f"_, - and ., not starting with a digit); its {len(variable)} characters are "
-                "not shown, since they may be a connection string: that goes in the variable, "
-                "or in url"
+                f"_, - and ., not starting with a digit), got {got}: a connection string goes "
+                "in that variable, or in url"
             )
         if (url is None) == (variable is None):
             raise ConfigError(

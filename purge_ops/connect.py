@@ -131,7 +131,7 @@ def check_temporal_address(address: str) -> None:
         # a status-1 "cannot reach" for what is a setting to fix.
         raise ConfigError(
             f"Temporal address {_address(address)} (TEMPORAL_ADDRESS, or a profile's address) "
-            f"has no port (1-65535): give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
+            f"has no port from 1 to 65535: give HOST:PORT, like {DEFAULT_TEMPORAL_ADDRESS!r}"
         )
 
 
@@ -179,7 +179,7 @@ async def connect_temporal(
     try:
         client = await Client.connect(**settings, runtime=runtime, data_converter=DATA_CONVERTER)
     except ValueError as err:
-        # An address the SDK cannot make a URL of (`host:99999`, `[::1`): the setting is wrong.
+        # An address the SDK cannot make a URL of (`[::1`): the setting is wrong.
         raise ConfigError(
             f"Temporal address {_address(settings['target_host'])}: not a HOST:PORT the client "
             f"takes ({str(err).splitlines()[0] if str(err) else 'invalid'})"

@@ -193,8 +193,11 @@ URL = f"postgresql://purge:{SECRET}@db:5432/app"
         (["run", "--metrics", URL], "--metrics: want HOST:PORT"),
         (["report", "--last", URL], "--last: want a whole number from 1 to 100,000, got <"),
         (["check", "host=db", f"password={SECRET}"], "unrecognized arguments: host=db <"),
+        (["check", f"host=db password = {SECRET}"], "unrecognized arguments: host=db <"),
+        (["check", f"host=db password='x {SECRET}'"], "unrecognized arguments: host=db <"),
+        (["sweep", "--target", f"password='x {SECRET}'"], "--target: not a target name: <"),
     ],
-    ids=["positional", "target", "metrics", "last", "keywords"],
+    ids=["positional", "target", "metrics", "last", "keywords", "spaced", "quoted", "quoted-flag"],
 )
 def test_a_connection_string_typed_where_an_argument_goes_is_said_by_its_length(
     config: Path, args: list[str], said: str
@@ -246,7 +249,7 @@ def test_a_temporal_address_without_a_port_is_one_line(
 
     line = one_line(done)
     assert f"Temporal address {address!r} (TEMPORAL_ADDRESS" in line
-    assert "has no port (1-65535): give HOST:PORT, like 'localhost:7233'" in line
+    assert "has no port from 1 to 65535: give HOST:PORT, like 'localhost:7233'" in line
 
 
 def test_an_ipv6_temporal_address_with_a_port_is_taken(config: Path) -> None:

@@ -612,6 +612,11 @@ def test_fleet_config_errors_are_one_clear_line(monkeypatch: pytest.MonkeyPatch)
             {"databases": {"a": {"url_env": "PURGE_TEST_SPACES"}}},
             "databases.a.url_env: the variable PURGE_TEST_SPACES is not set (or empty)",
         ),
+        "url_env starting with a digit": (
+            {"databases": {"a": {"url_env": "1DB"}}},
+            "databases.a.url_env: must name an environment variable (letters, digits, _, - and"
+            " ., not starting with a digit), got '1DB'",
+        ),
         "url_env named across lines": (
             {"databases": {"a": {"url_env": "A\nB"}}},
             "databases.a.url_env: must name an environment variable",
