@@ -8,10 +8,10 @@ the wrong field must not be repeated there.
 
 from __future__ import annotations
 
-from purge_config.values import masked
+from purge_config.values import quoted
 
 
 def shown(value: object) -> str:
-    """`value`'s repr as a refusal quotes it: `masked`, and at most 60 characters."""
-    text = masked(repr(value))
+    """`value` as a refusal quotes it (`purge_config.values.quoted`), at most 60 characters."""
+    text = quoted(value)
     return text if len(text) <= 60 else text[:57] + "..."
