@@ -428,11 +428,9 @@ class TemporalDevServer(_Child):
         namespaces: Sequence[str] = (),
     ) -> None:
         self.log_dir = log_dir
-        ports = free_ports(4)
-        self.port = port or ports[0]
-        self.ui_port = ui_port or ports[1]
-        # Pinned rather than random so restarts keep them and we can poll the HTTP API.
-        self.http_port, self.metrics_port = ports[2], ports[3]
+        self._given = (port, ui_port)
+        self._choose_ports()
+        self._started = False
         self.db_filename = db_filename
         self.headless = headless
         self.dynamic_config = dict(dynamic_config or {})
@@ -450,8 +448,31 @@ class TemporalDevServer(_Child):
     def ui_url(self) -> str:
         return f"http://127.0.0.1:{self.ui_port}"
 
+    def _choose_ports(self) -> None:
+        ports = free_ports(4)
+        self.port = self._given[0] or ports[0]
+        self.ui_port = self._given[1] or ports[1]
+        # Pinned rather than random so restarts keep them and we can poll the HTTP API.
+        self.http_port, self.metrics_port = ports[2], ports[3]
+
     def start(self, timeout: float = 60.0) -> Self:
-        """Start the server and wait until the `default` namespace answers."""
+        """Start the server and wait until the `default` namespace answers. At its first start,
+        a port it chose that another process bound since (a server of a test beside it, in the
+        moment between the choice and the bind) is chosen again, twice at most; a port given,
+        or one a restart keeps, is not."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+            except EmbeddedServerError as err:
+                if self._started or attempt == 2 or "address already in use" not in str(err):
+                    raise
+                self._choose_ports()
+                continue
+            self._started = True
+            break
+        return self
+
+    def _start(self, timeout: float) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         argv = [
             venv_executable("temporal"), "server", "start-dev",
@@ -473,7 +494,6 @@ class TemporalDevServer(_Child):
             argv += ["--namespace", namespace]
         self._spawn(argv, self.log_dir / "temporal.log")
         self._wait_ready(timeout)
-        return self
 
     def _wait_ready(self, timeout: float) -> None:
         url = f"http://127.0.0.1:{self.http_port}/api/v1/namespaces/default"

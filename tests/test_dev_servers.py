@@ -1,0 +1,32 @@
+"""The servers the tests, the bench and `worker.py dev` start (`purge_dev.servers`): what they
+do when the machine is busy beside them."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import urllib.request
+
+from purge_dev.servers import TemporalDevServer
+from tests.support.servers import scratch_dir
+
+
+def test_a_dev_server_whose_chosen_port_was_bound_meanwhile_starts_on_others() -> None:
+    """Its four ports are chosen free, then bound by the server a moment later: a server of a
+    test beside it can bind one in between (seen in a default run: `can't set metrics port ...:
+    address already in use`, the test failing at its fixture). The first start chooses again."""
+    base = scratch_dir("purge-test-ports-")
+    server = TemporalDevServer(base)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", server.metrics_port))
+        taken.listen()
+        blocked = server.metrics_port
+        try:
+            server.start()
+            assert server.metrics_port != blocked
+            url = f"http://127.0.0.1:{server.http_port}/api/v1/namespaces/default"
+            with urllib.request.urlopen(url, timeout=5) as reply:
+                assert reply.status == 200
+        finally:
+            server.stop(immediate=True)
+            shutil.rmtree(base, ignore_errors=True)
