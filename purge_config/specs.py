@@ -10,7 +10,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict
 
 from purge_config.errors import ConfigError, did_you_mean, first_line
@@ -138,7 +138,10 @@ class TargetSpec:
         """What this entry says of the rows it deletes, as text: everything but its sweep's
         bounds (`settings`: batch sizes, timeouts, pacing), which change how it deletes, never
         what. Two configs whose entries of one name differ here would delete different rows;
-        the task queues of their passes differ with it (`PurgeConfig.own_queue`)."""
+        the task queues of their passes differ with it (`PurgeConfig.own_queue`). The same
+        entry reads the same here in every release (`_said`): a key added to this text must be
+        left out where its value is its default, or every queue of every config moves at that
+        release's deploy, and its workers share no queue with the last release's."""
         said = {
             "kind": self.kind,
             "name": self.name,
@@ -147,10 +150,10 @@ class TargetSpec:
             "column": self.column,
             "max_age_ms": self.max_age_ms,
             "unit": self.unit,
-            "guards": asdict(self.guards),
+            "guards": _said(self.guards),
             "database": self.database,
-            "partitions": asdict(self.partitions),
-            "row_filter": asdict(self.row_filter) if self.row_filter else None,
+            "partitions": _said(self.partitions),
+            "row_filter": _said(self.row_filter) if self.row_filter else None,
             "archives": [str(a) if a else None for a in self.archives],
             "allow_any": self.allow_any,
             "age_from": str(self.age_from) if self.age_from else None,
@@ -179,6 +182,32 @@ class TargetSpec:
         return replace(
             self, name=name, tables=tables, archives=archives, age_from=age_from, allow_any=False
         )
+
+
+#: The fields of each part of a rule (`TargetSpec.rule`) when its text was first hashed into
+#: task queue names: said always, as they were. A field added to one of these classes since is
+#: said only where it is not at its default, so that a release adding one names every queue of
+#: an unchanged config as the release before it did (docs/fleets.md, "Rolling deploys").
+_RULE_FIELDS: dict[type, frozenset[str]] = {
+    Guards: frozenset({"max_rows", "max_fraction", "max_clock_jump_ms"}),
+    PartitionPolicy: frozenset({"mode", "detached_schema"}),
+    RowFilter: frozenset({"match", "null", "not_null"}),
+}
+
+
+def _said(part: Guards | PartitionPolicy | RowFilter) -> dict[str, Any]:
+    """One part of a rule as its text holds it: its fields of `_RULE_FIELDS`, and any other of
+    its fields whose value is not the field's default."""
+    [first] = [names for kind, names in _RULE_FIELDS.items() if isinstance(part, kind)]
+    defaults = {
+        f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+        for f in fields(part)
+    }
+    return {
+        name: value
+        for name, value in asdict(part).items()
+        if name in first or value != defaults[name]
+    }
 
 
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
