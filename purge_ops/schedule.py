@@ -36,7 +36,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.input_checks import parse_input
+from activities.input_checks import FORMAT, parse_input
 from activities.inputs import PurgeInput
 from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
@@ -154,7 +154,25 @@ def matches(current: Schedule, want: Schedule, converter: PayloadConverter) -> b
         and (current.spec.jitter or timedelta(0)) == (want.spec.jitter or timedelta(0))
         and current.spec.time_zone_name == want.spec.time_zone_name
         and not current.spec.intervals
+        and _same_input(action, wanted, converter)
     )
+
+
+def _same_input(
+    held: ScheduleActionStartWorkflow,
+    wanted: ScheduleActionStartWorkflow,
+    converter: PayloadConverter,
+) -> bool:
+    """Whether the schedule's passes start with the input wanted, as JSON reads it back: an
+    input edited by hand, or written by another release under the same fingerprint, is not."""
+    if len(held.args) != 1 or len(wanted.args) != 1:
+        return False
+    raw = held.args[0]
+    try:
+        value = converter.from_payload(raw) if isinstance(raw, Payload) else raw
+    except Exception:
+        return False
+    return bool(value == json.loads(json.dumps(wanted.args[0])))
 
 
 async def ensure_schedules(
@@ -168,7 +186,9 @@ async def ensure_schedules(
     it names no target on, the schedule is left as it is (`left as it is`): writing it would
     drop every other database's targets from every pass. `pg-purge schedule`, typed by an
     operator, and a worker of a config with targets of its own write it and say which
-    databases it drops."""
+    databases it drops. A worker leaves a schedule whose input a later release wrote (its
+    `format` above this release's) as it is too, whatever its config: mid-deploy, an old worker
+    restarted late would otherwise turn every pass back to the old release's input."""
     searchable = await namespace_answer(client)
     specs = [s for s in config.schedules if s.ensure or not only_ensured]
     regional = _regional(config, by_worker)
@@ -289,6 +309,16 @@ async def _ensure(
         converter = client.data_converter.payload_converter
         if matches(current.schedule, want, converter):
             action = "unchanged"
+        elif by_worker and (later := _later_format(held, converter)) is not None:
+            return ScheduleOutcome(
+                "left as it is",
+                warns=True,
+                summary=f"schedule {schedule_id}: its passes start with an input of format "
+                f"{later}, a later release's (this one writes format {FORMAT}): a worker "
+                "of this release writes no schedule over it, which would turn the passes back "
+                "to this release's mid-deploy. Write it with `pg-purge schedule` from this "
+                "config if that is meant",
+            )
         else:
             wanted = want.action
             assert isinstance(wanted, ScheduleActionStartWorkflow)  # as desired() made it
@@ -384,6 +414,22 @@ def _held_input(
         return parse_input(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
     except Exception:
         return None
+
+
+def _later_format(held: ScheduleActionStartWorkflow, converter: PayloadConverter) -> int | None:
+    """The `format` of the schedule's input where it is a later release's (above this release's
+    FORMAT); None for any other, or one that does not read as an object."""
+    if len(held.args) != 1:
+        return None
+    raw = held.args[0]
+    try:
+        value = converter.from_payload(raw) if isinstance(raw, Payload) else raw
+    except Exception:
+        return None
+    sent = value.get("format") if isinstance(value, dict) else None
+    if isinstance(sent, int) and not isinstance(sent, bool) and sent > FORMAT:
+        return sent
+    return None
 
 
 def _databases(order: PurgeInput) -> Counter[str]:

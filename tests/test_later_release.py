@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tomllib
 import urllib.request
 import uuid
 from datetime import timedelta
@@ -21,15 +22,24 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.api.enums.v1 import TaskQueueType
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    ScheduleActionStartWorkflow,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+    WorkflowExecutionStatus,
+)
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.errors import BadPurgeTarget
+from activities.input_checks import FORMAT
 from activities.registry import TargetRegistry
+from purge_config import parse_config
 from purge_ops.connect import connect_temporal
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
+from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import child_ids, events, kinds
 from tests.support.passes import FAIL_WITHIN_S, failed_pass, until_polled
@@ -226,3 +236,58 @@ async def test_a_failed_expansion_and_a_failed_child_count_in_the_failures_metri
         series = page.get("purge_target_failures", [])
         found = [v for labels, v in series if labels["target"] == target]
         assert sum(found) == 1, (target, series)
+
+
+async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(
+    client: Client, task_queue: str
+) -> None:
+    """Mid-deploy, a worker of this release started with `--schedule` after a later release had
+    written the schedule (its input of a later `format`) wrote this release's input back, so
+    every pass went back to the old release's: it now leaves it as it is and warns, whatever its
+    config. `pg-purge schedule`, typed by an operator, still writes it."""
+    schedule_id = f"purge-later-{uuid.uuid4().hex[:8]}"
+    config = parse_config(
+        tomllib.loads(
+            f'task_queue = "{task_queue}"\ndatabase_url = "postgresql://app@db/app"\n'
+            '[[targets]]\nkind = "idempotency"\n'
+            f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+        ),
+        env={},
+    )
+    ours = config.scheduled_input(config.schedules[0])
+    later_input = {**ours, "format": FORMAT + 1, "next": {"a": 1}}
+    handle = client.get_schedule_handle(schedule_id)
+
+    def to_later(given: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = given.description.schedule
+        assert isinstance(schedule.action, ScheduleActionStartWorkflow)
+        schedule.action.args = [later_input]
+        return ScheduleUpdate(schedule=schedule)
+
+    async def held() -> Any:
+        action = (await handle.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        [arg] = action.args
+        return client.data_converter.payload_converter.from_payload(arg)
+
+    [made] = await ensure_schedules(client, config)
+    try:
+        await handle.update(to_later)
+        [by_worker] = await ensure_schedules(client, config, by_worker=True)
+        kept = await held()
+        [by_operator] = await ensure_schedules(client, config)
+        written = await held()
+    finally:
+        await handle.delete()
+
+    assert made.action == "created"
+    assert (by_worker.action, by_worker.warns) == ("left as it is", True)
+    assert by_worker.summary == (
+        f"schedule {schedule_id}: its passes start with an input of format {FORMAT + 1}, a "
+        f"later release's (this one writes format {FORMAT}): a worker of this release writes no "
+        "schedule over it, which would turn the passes back to this release's mid-deploy. "
+        "Write it with `pg-purge schedule` from this config if that is meant"
+    )
+    assert kept == later_input
+    assert by_operator.action == "updated"
+    assert written == ours
