@@ -942,8 +942,9 @@ async def test_a_walk_span_that_runs_into_statement_timeout_is_taken_again_in_fe
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A table with no index on its expiry column (a walk, 8 heap pages a batch), whose first
-    row on each of pages 1 to 3 takes 0.2 s to delete (a trigger's sleep): the first span holds
-    the three, runs past the 500 ms statement_timeout and is rolled back whole; the same pages
+    row on each of pages 1 to 3 takes 0.4 s to delete (a trigger's sleep): the first span holds
+    the three, runs past the 1.1 s statement_timeout (always: a sleep is never shorter; a span
+    of one or two of them leaves 300 ms or more of it) and is rolled back whole; the same pages
     are walked again in spans of 2 pages, then 1, and the sweep completes, every expired row
     gone and counted, saying why it slowed. Before, the span failed the attempt, and every retry
     began with the same span."""
@@ -951,7 +952,7 @@ async def test_a_walk_span_that_runs_into_statement_timeout_is_taken_again_in_fe
     db.execute("CREATE TABLE walked (key text NOT NULL, at bigint NOT NULL, slow boolean)")
     db.execute(
         "CREATE FUNCTION walked_slow() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN IF OLD.slow THEN PERFORM pg_sleep(0.2); END IF; RETURN OLD; END $$"
+        " BEGIN IF OLD.slow THEN PERFORM pg_sleep(0.4); END IF; RETURN OLD; END $$"
     )
     fill = (
         "INSERT INTO walked SELECT lpad(i::text, 8, '0'), %s, {slow} FROM generate_series(0, 899) i"
@@ -972,7 +973,7 @@ async def test_a_walk_span_that_runs_into_statement_timeout_is_taken_again_in_fe
         "CREATE TRIGGER slow BEFORE DELETE ON walked FOR EACH ROW EXECUTE FUNCTION walked_slow()"
     )
     db.execute("ANALYZE walked")
-    settings = SweepSettings(statement_timeout_ms=500)
+    settings = SweepSettings(statement_timeout_ms=1_100)
     target = kinds.expiring(pool, "walked", TableName("walked"), "at", settings=settings)
 
     stats = await target.sweep(NOW)
@@ -981,6 +982,6 @@ async def test_a_walk_span_that_runs_into_statement_timeout_is_taken_again_in_fe
     assert stats.removed == 900
     assert db.execute("SELECT count(*) FROM walked").fetchone() == (0,)
     assert any(
-        "a batch's range of heap pages ran into statement_timeout (500 ms), was rolled back" in a
+        "a batch's range of heap pages ran into statement_timeout (1100 ms), was rolled back" in a
         for a in stats.advice
     ), stats.advice

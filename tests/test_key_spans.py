@@ -225,13 +225,21 @@ async def test_spans_walk_a_timestamp_key_in_microseconds(
     assert len(reads) <= 3 < stats.batches
 
 
+#: How long deleting a slow row takes (`slow_rows`), and the statement_timeout the tests of
+#: them sweep under: three slow rows in one statement always run past it (a sleep is never
+#: shorter), while two leave 300 ms of it, and one 700 ms, for a loaded machine's rest.
+SLOW_ROW_S = 0.4
+SLOW_TIMEOUT_MS = 1_100
+
+
 @pytest.fixture
 def slow_rows(db: psycopg.Connection[Any]) -> None:
-    """Deleting a row whose key starts with 'slow' takes 0.2 s (a trigger's sleep): three such
-    rows in one statement run past a 500 ms statement_timeout, one does not."""
+    """Deleting a row whose key starts with 'slow' takes SLOW_ROW_S (a trigger's sleep): three
+    such rows in one statement run past SLOW_TIMEOUT_MS, one or two do not."""
     db.execute(
         "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$"
-        " BEGIN IF OLD.key LIKE 'slow%' THEN PERFORM pg_sleep(0.2); END IF; RETURN OLD; END $$"
+        f" BEGIN IF OLD.key LIKE 'slow%' THEN PERFORM pg_sleep({SLOW_ROW_S}); END IF;"
+        " RETURN OLD; END $$"
     )
     db.execute(
         "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency"
@@ -254,7 +262,9 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
         "UPDATE x_idempotency SET key = 'slow' || key"
         " WHERE key IN ('k2000', 'k2060', 'k2120', 'k2180', 'k2240')"
     )
-    result, ledger = await swept_counted(pool, db, SweepSettings(statement_timeout_ms=500))
+    result, ledger = await swept_counted(
+        pool, db, SweepSettings(statement_timeout_ms=SLOW_TIMEOUT_MS)
+    )
 
     assert result.removed == 4_000
     assert db.execute(
@@ -262,7 +272,7 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
     ).fetchone() == (0,)
     assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
     assert ledger == (4_000,)
-    assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
+    assert f"ran into statement_timeout ({SLOW_TIMEOUT_MS} ms), was rolled back" in result.advice
 
 
 def rest_batches(monkeypatch: pytest.MonkeyPatch, name: str = "run_key_rest") -> list[str]:
@@ -368,21 +378,23 @@ async def test_a_last_batch_that_runs_into_statement_timeout_is_taken_in_narrowe
     rests = rest_batches(monkeypatch)
     fill(db, 4_000, 40_000, spacing_ms=1_000)
     db.execute("UPDATE x_idempotency SET key = 'slow' || key WHERE key IN ('k0', 'k40', 'k80')")
-    result, ledger = await swept_counted(pool, db, SweepSettings(statement_timeout_ms=500))
+    result, ledger = await swept_counted(
+        pool, db, SweepSettings(statement_timeout_ms=SLOW_TIMEOUT_MS)
+    )
 
     assert result.removed == 4_000
     assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
     assert ledger == (4_000,)
     assert rests[0] == "QueryCanceled"
     assert rests[-1] == "deleted"
-    assert "ran into statement_timeout (500 ms), was rolled back" in result.advice
+    assert f"ran into statement_timeout ({SLOW_TIMEOUT_MS} ms), was rolled back" in result.advice
 
 
 @pytest.mark.usefixtures("slow_rows")
 async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One slow row (0.2 s, far past twice the 15 ms target on any machine) in the middle of
+    """One slow row (0.4 s, far past twice the 15 ms target on any machine) in the middle of
     4,000 even keys: the span that meets it is followed by one of half its width, so about half
     its rows, whatever each batch's size was before. The moment is the sleep, which no
     machine's speed shortens: batch times are taken as they are."""
@@ -398,7 +410,7 @@ async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     )
 
     assert stats.removed == 4_000
-    slow = next(i for i, (_, ms) in enumerate(batches) if ms >= 200)
+    slow = next(i for i, (_, ms) in enumerate(batches) if ms >= SLOW_ROW_S * 1000)
     assert slow + 1 < len(batches) - 1  # the next batch is a span, not the last boundary read
     slow_rows, _ = batches[slow]
     assert batches[slow + 1][0] <= max(slow_rows // 2 + 1, 51)
@@ -498,7 +510,7 @@ async def test_a_first_batch_by_the_estimate_that_runs_past_ten_targets_is_rolle
 ) -> None:
     """A first batch that takes every expired row by the planner's estimate runs under a
     statement_timeout of ten batch targets (here 100 ms), not the setting's 10 s: one of its
-    250 rows takes 0.2 s to delete, as a stale estimate's many rows would take long. It is
+    250 rows takes 0.4 s to delete, as a stale estimate's many rows would take long. It is
     rolled back whole, the sweep goes on by boundary reads under the setting's timeout and
     removes every expired row, counted once, and it says why."""
     fixed_batches(monkeypatch, rows=ROWS)

@@ -405,9 +405,9 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
 ) -> None:
     """One expired row is held locked by another session until its batch has waited a second
-    (under a lock_timeout far longer): that batch reports a long wait, every other batch (100
-    rows, far under a second on any machine) a short one, and p95 is the nearest-rank 95th
-    percentile of exactly the durations the batches reported."""
+    (under a lock_timeout far longer): that batch, the first, reports the wait, and p95 is the
+    nearest-rank 95th percentile of exactly the durations the batches reported, below the
+    wait's. How long the other batches (100 rows) take is the machine's, and not asserted."""
     fill(db, 40_000)  # 4,000 expired rows: 40 batches of 100
     # The oldest expired row: the index-ordered sweep meets it in its first batch.
     db.execute(
@@ -428,13 +428,13 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
 
     durations = [b["batch_ms"] for b in beats if not b.get("clean_exit")]
     assert len(durations) == result.batches >= 40
-    # The batch that waited for the lock, and only it; every other batch is 100 rows.
-    slow = [ms for ms in durations if ms >= 1_000]
-    assert len(slow) == 1, durations
-    assert durations.index(slow[0]) == 0
+    # The batch that waited for the lock is the first, and it waited the second it was held.
+    assert durations[0] >= 1_000, durations
     ordered = sorted(durations)
     assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
-    assert result.p95_batch_ms < 1_000  # one slow batch in 40 is above the 95th percentile
+    # The 95th percentile of 40 or more batches is the third largest or lower: below the
+    # wait's, unless two other batches of 100 rows each stalled longer than it.
+    assert result.p95_batch_ms < durations[0]
 
 
 async def test_a_role_that_may_only_read_the_ledger_sweeps_counting_from_heartbeats(

@@ -183,9 +183,10 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
     """The application's WAL counts against the cap too: 8 MB made by another session after the
     sweep's first batch is over thirty seconds at 256kB/s, past the 10 s budget, so the sweep
     stops there at once and reports the rest as backlog, saying why. The moment is the pacer's
-    second check, before the second batch, on any machine: the budget is the pacer's real clock,
-    and a first batch on a slow machine takes a fraction of it, where a 2 s budget could run out
-    before the check (then the reason would be the budget's)."""
+    second check, before the second batch, on any machine: the budget and the pacer read one
+    clock that only the test moves (`budget_clock`), which it never does, so however long a
+    slow machine's first batch takes, none of the budget is spent before that check (on the
+    real clock, a first batch past 10 s would have given the budget's own reason)."""
     with psycopg.connect(quiet_server.url(), autocommit=True) as db:
         expired = fill(db, 10_000)
         in_four_batches(db, monkeypatch)
@@ -205,6 +206,8 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
             return await before_batch(pacer)
 
         monkeypatch.setattr(Pacer, "before_batch", others_write_first)
+        clock = budget_clock(monkeypatch)
+        monkeypatch.setattr(pacing, "time", types.SimpleNamespace(monotonic=clock.monotonic))
         pool = await open_pool(quiet_server.url())
         try:
             target = kinds.idempotency(
