@@ -253,6 +253,9 @@ class _Child:
         try:
             self.proc = subprocess.Popen(
                 argv,
+                # The environment as Python holds it, which a caller in this process may have
+                # set alone (tests/support/procs.use_env); the same as the process's otherwise.
+                env=dict(os.environ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

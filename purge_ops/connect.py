@@ -96,7 +96,9 @@ def temporal_settings(address: str | None = None, namespace: str | None = None) 
     ConfigError for what is wrong in them: read before anything connects (`run` opens its
     database pools first), so that a bad TEMPORAL_ADDRESS is said as such."""
     try:
-        settings = ClientConfig.load_client_connect_config()
+        # The environment as Python holds it (the same as the process's, but where a caller in
+        # this process set `os.environ` alone: tests/support/procs.use_env).
+        settings = ClientConfig.load_client_connect_config(override_env_vars=dict(os.environ))
     except Exception as err:
         # An unknown TEMPORAL_PROFILE or a malformed temporal.toml: the operator's to fix.
         # The SDK's TOML errors quote the line with a caret under it: its first line says it.

@@ -178,7 +178,15 @@ def run_main(*args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO)
 
 def use_env(patch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
     """Make `os.environ` exactly `env` (usually a `clean_env(...)`) until `patch` is undone: for
-    code run in this process that reads the environment (Temporal's client configuration)."""
+    code run in this process that reads the environment (Temporal's client configuration, read
+    through `os.environ`: `purge_ops.connect.temporal_settings`).
+
+    Python's view only: the C library's environment is left as it is (`os.putenv` and
+    `os.unsetenv` do nothing meanwhile). Other threads read it as they run (Temporal's runtime,
+    libpq, the time zone for a log line's time), and glibc's setenv moving it beside a getenv
+    crashed a test worker with a segmentation fault, the session then waiting on it for ever."""
+    patch.setattr(os, "putenv", lambda key, value: None)
+    patch.setattr(os, "unsetenv", lambda key: None)
     for key in list(os.environ):
         if key not in env:
             patch.delenv(key)
