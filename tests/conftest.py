@@ -35,7 +35,7 @@ from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
 from tests.support.faults import WorkersTally
 from tests.support.pace import machine_pace
-from tests.support.procs import logging_kept
+from tests.support.procs import logging_kept, only_in_python
 from tests.support.servers import (
     RunningTemporal,
     cluster_template,
@@ -90,6 +90,15 @@ def bytecode_caches_on() -> None:
 def paced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The machine made much faster or slower for the sweep (PURGE_TEST_PACE, support/pace.py)."""
     machine_pace(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def environment_in_python_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test's changes to the environment (`monkeypatch.setenv`, `use_env`) made in Python's view
+    alone (`only_in_python`): the threads Temporal's runtime and libpq run read the C library's
+    as they go, and setting it beside them crashed a test worker. What the package reads of the
+    environment it reads through `os.environ`; a child process gets the env a test hands it."""
+    only_in_python(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

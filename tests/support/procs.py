@@ -176,6 +176,13 @@ def run_main(*args: str, env: Mapping[str, str] | None = None, cwd: Path = REPO)
     return Done(status, out.getvalue(), err.getvalue())
 
 
+def only_in_python(patch: pytest.MonkeyPatch) -> None:
+    """Until `patch` is undone, a change to `os.environ` (`patch.setenv` too) changes Python's
+    view alone, not the C library's environment, which other threads read (`use_env`)."""
+    patch.setattr(os, "putenv", lambda key, value: None)
+    patch.setattr(os, "unsetenv", lambda key: None)
+
+
 def use_env(patch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
     """Make `os.environ` exactly `env` (usually a `clean_env(...)`) until `patch` is undone: for
     code run in this process that reads the environment (Temporal's client configuration, read
@@ -185,8 +192,7 @@ def use_env(patch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
     `os.unsetenv` do nothing meanwhile). Other threads read it as they run (Temporal's runtime,
     libpq, the time zone for a log line's time), and glibc's setenv moving it beside a getenv
     crashed a test worker with a segmentation fault, the session then waiting on it for ever."""
-    patch.setattr(os, "putenv", lambda key, value: None)
-    patch.setattr(os, "unsetenv", lambda key: None)
+    only_in_python(patch)
     for key in list(os.environ):
         if key not in env:
             patch.delenv(key)
