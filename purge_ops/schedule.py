@@ -309,44 +309,35 @@ async def _ensure(
         converter = client.data_converter.payload_converter
         if matches(current.schedule, want, converter):
             action = "unchanged"
-        elif by_worker and (later := _later_format(held, converter)) is not None:
-            return ScheduleOutcome(
-                "left as it is",
-                warns=True,
-                summary=f"schedule {schedule_id}: its passes start with an input of format "
-                f"{later}, a later release's (this one writes format {FORMAT}): a worker "
-                "of this release writes no schedule over it, which would turn the passes back "
-                "to this release's mid-deploy. Write it with `pg-purge schedule` from this "
-                "config if that is meant",
-            )
         else:
             wanted = want.action
             assert isinstance(wanted, ScheduleActionStartWorkflow)  # as desired() made it
-            dropped = _dropped(held, wanted.args[0], converter)  # the input it already built
-            if dropped and _regional(config, by_worker):
-                return ScheduleOutcome(
-                    "left as it is",
-                    warns=True,
-                    summary=f"schedule {schedule_id}: its passes sweep {_said(dropped)}, "
-                    "which this config names no target on, and every target of this config has "
-                    "a database queue of its own (a regional worker's config): a worker writes "
-                    "no schedule that would drop them. Write it with `pg-purge schedule` from "
-                    "the config that names every database of the pass (from this one, if it "
-                    "drops them on purpose), or give this config's schedule another `id` under "
-                    "[schedule]",
-                )
+            # Judged on the schedule as described, then again on the description the update is
+            # made from (another writer, a later release's worker, may have come between).
+            left, dropped = _kept_from(held, wanted, config, schedule_id, by_worker, converter)
+            if left is not None:
+                return left
 
-            def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
+            def update(given: ScheduleUpdateInput) -> ScheduleUpdate | None:
+                nonlocal left, dropped
+                now = given.description.schedule
+                if isinstance(now.action, ScheduleActionStartWorkflow):
+                    left, dropped = _kept_from(
+                        now.action, wanted, config, schedule_id, by_worker, converter
+                    )
+                    if left is not None:
+                        return None  # no update
                 # Replace what the config owns; keep what an operator owns: the state (a
                 # pause, its note, a limit on remaining actions), and the times the spec skips
                 # or is bounded by (a freeze window), which no config says.
-                now = given.description.schedule
                 want.state = now.state
                 want.spec.skip = now.spec.skip
                 want.spec.start_at, want.spec.end_at = now.spec.start_at, now.spec.end_at
                 return ScheduleUpdate(schedule=want)
 
             await handle.update(update)
+            if left is not None:
+                return left
             action = "updated"
     described = await handle.describe()
     summary = summarize(config, spec, described)
@@ -361,6 +352,43 @@ async def _ensure(
         summary += f"\ndrops {_said(dropped)}: its passes no longer sweep them"
     moved = action == "updated" and was_on != config.task_queue
     return ScheduleOutcome(action=action, summary=summary, warns=bool(dropped) or moved)
+
+
+def _kept_from(
+    held: ScheduleActionStartWorkflow,
+    wanted: ScheduleActionStartWorkflow,
+    config: PurgeConfig,
+    schedule_id: str,
+    by_worker: bool,
+    converter: PayloadConverter,
+) -> tuple[ScheduleOutcome | None, dict[str, int]]:
+    """Whether a worker leaves the schedule whose passes start as `held` as it is, and why (None:
+    it writes `wanted`), with the databases writing it drops: a later release's input, or,
+    from a regional worker's config, an input naming a database it names no target on."""
+    if by_worker and (later := _later_format(held, converter)) is not None:
+        return ScheduleOutcome(
+            "left as it is",
+            warns=True,
+            summary=f"schedule {schedule_id}: its passes start with an input of format "
+            f"{later}, a later release's (this one writes format {FORMAT}): a worker "
+            "of this release writes no schedule over it, which would turn the passes back "
+            "to this release's mid-deploy. Write it with `pg-purge schedule` from this "
+            "config if that is meant",
+        ), {}
+    dropped = _dropped(held, wanted.args[0], converter)  # the input desired() built
+    if dropped and _regional(config, by_worker):
+        return ScheduleOutcome(
+            "left as it is",
+            warns=True,
+            summary=f"schedule {schedule_id}: its passes sweep {_said(dropped)}, "
+            "which this config names no target on, and every target of this config has "
+            "a database queue of its own (a regional worker's config): a worker writes "
+            "no schedule that would drop them. Write it with `pg-purge schedule` from "
+            "the config that names every database of the pass (from this one, if it "
+            "drops them on purpose), or give this config's schedule another `id` under "
+            "[schedule]",
+        ), dropped
+    return None, dropped
 
 
 def _sweeping_these(

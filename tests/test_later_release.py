@@ -17,14 +17,17 @@ import contextlib
 import tomllib
 import urllib.request
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import (
     Client,
     ScheduleActionStartWorkflow,
+    ScheduleHandle,
     ScheduleUpdate,
     ScheduleUpdateInput,
     WorkflowExecutionStatus,
@@ -35,7 +38,7 @@ from temporalio.worker import Worker
 from activities.errors import BadPurgeTarget
 from activities.input_checks import FORMAT
 from activities.registry import TargetRegistry
-from purge_config import parse_config
+from purge_config import PurgeConfig, parse_config
 from purge_ops.connect import connect_temporal
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
@@ -238,6 +241,38 @@ async def test_a_failed_expansion_and_a_failed_child_count_in_the_failures_metri
         assert sum(found) == 1, (target, series)
 
 
+def schedule_config(task_queue: str, schedule_id: str, *kinds: str) -> PurgeConfig:
+    """A config of `kinds`' targets on one database, with a schedule of `schedule_id`."""
+    entries = "".join(f'[[targets]]\nkind = "{kind}"\n' for kind in kinds)
+    return parse_config(
+        tomllib.loads(
+            f'task_queue = "{task_queue}"\ndatabase_url = "postgresql://app@db/app"\n'
+            f'{entries}[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+        ),
+        env={},
+    )
+
+
+def rewritten(args: dict[str, Any]) -> Callable[[ScheduleUpdateInput], ScheduleUpdate]:
+    """An update of a schedule's passes' input to `args`, all else as it is."""
+
+    def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = given.description.schedule
+        assert isinstance(schedule.action, ScheduleActionStartWorkflow)
+        schedule.action.args = [args]
+        return ScheduleUpdate(schedule=schedule)
+
+    return update
+
+
+async def held_input(client: Client, schedule_id: str) -> Any:
+    """The input a schedule's passes start with, as JSON reads it."""
+    action = (await client.get_schedule_handle(schedule_id).describe()).schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    [arg] = action.args
+    return client.data_converter.payload_converter.from_payload(arg)
+
+
 async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(
     client: Client, task_queue: str
 ) -> None:
@@ -246,37 +281,18 @@ async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(
     every pass went back to the old release's: it now leaves it as it is and warns, whatever its
     config. `pg-purge schedule`, typed by an operator, still writes it."""
     schedule_id = f"purge-later-{uuid.uuid4().hex[:8]}"
-    config = parse_config(
-        tomllib.loads(
-            f'task_queue = "{task_queue}"\ndatabase_url = "postgresql://app@db/app"\n'
-            '[[targets]]\nkind = "idempotency"\n'
-            f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
-        ),
-        env={},
-    )
+    config = schedule_config(task_queue, schedule_id, "idempotency")
     ours = config.scheduled_input(config.schedules[0])
     later_input = {**ours, "format": FORMAT + 1, "next": {"a": 1}}
     handle = client.get_schedule_handle(schedule_id)
 
-    def to_later(given: ScheduleUpdateInput) -> ScheduleUpdate:
-        schedule = given.description.schedule
-        assert isinstance(schedule.action, ScheduleActionStartWorkflow)
-        schedule.action.args = [later_input]
-        return ScheduleUpdate(schedule=schedule)
-
-    async def held() -> Any:
-        action = (await handle.describe()).schedule.action
-        assert isinstance(action, ScheduleActionStartWorkflow)
-        [arg] = action.args
-        return client.data_converter.payload_converter.from_payload(arg)
-
     [made] = await ensure_schedules(client, config)
     try:
-        await handle.update(to_later)
+        await handle.update(rewritten(later_input))
         [by_worker] = await ensure_schedules(client, config, by_worker=True)
-        kept = await held()
+        kept = await held_input(client, schedule_id)
         [by_operator] = await ensure_schedules(client, config)
-        written = await held()
+        written = await held_input(client, schedule_id)
     finally:
         await handle.delete()
 
@@ -291,3 +307,35 @@ async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(
     assert kept == later_input
     assert by_operator.action == "updated"
     assert written == ours
+
+
+async def test_a_later_release_writing_between_a_workers_read_and_its_update_is_kept(
+    client: Client, task_queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of this release reads the schedule (another config's input, which it would
+    rewrite), then a later release's worker writes it, then this one's update is made: the
+    update is judged again on the description it is made from, and the later input kept."""
+    schedule_id = f"purge-later-{uuid.uuid4().hex[:8]}"
+    older = schedule_config(task_queue, schedule_id, "idempotency", "auth")
+    config = schedule_config(task_queue, schedule_id, "idempotency")
+    later_input = {**config.scheduled_input(config.schedules[0]), "format": FORMAT + 1}
+    update = ScheduleHandle.update
+
+    async def another_writer_first(
+        self: ScheduleHandle, updater: Callable[..., Any], **kwargs: Any
+    ) -> None:
+        monkeypatch.setattr(ScheduleHandle, "update", update)  # once
+        await update(self, rewritten(later_input))
+        await update(self, updater, **kwargs)
+
+    [made] = await ensure_schedules(client, older)
+    try:
+        monkeypatch.setattr(ScheduleHandle, "update", another_writer_first)
+        [by_worker] = await ensure_schedules(client, config, by_worker=True)
+        kept = await held_input(client, schedule_id)
+    finally:
+        await client.get_schedule_handle(schedule_id).delete()
+
+    assert made.action == "created"
+    assert (by_worker.action, by_worker.warns) == ("left as it is", True)
+    assert kept == later_input
