@@ -302,6 +302,8 @@ class EmbeddedPostgres(_Child):
     ) -> None:
         self.base_dir = base_dir
         self.data_dir = base_dir / "data"
+        self._given = port
+        self._started = False
         self.port = port or free_ports(1)[0]
         # Durability off: these servers hold throwaway data and start often.
         self.settings = {"fsync": "off", "full_page_writes": "off", **(settings or {})}
@@ -312,7 +314,24 @@ class EmbeddedPostgres(_Child):
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}"
 
     def start(self, timeout: float = 60.0) -> Self:
-        """Create the cluster if new, start the server, and wait until it takes connections."""
+        """Create the cluster if new, start the server, and wait until it takes connections. At
+        its first start, a port it chose that another process bound since (in the moment between
+        the choice and the bind, after a cluster's copy) is chosen again, twice at most, as
+        `TemporalDevServer.start` does; a port given, or one a restart keeps, is not."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+            except EmbeddedServerError as err:
+                retry = not self._started and self._given is None and attempt < 2
+                if not retry or "Address already in use" not in str(err):
+                    raise
+                self.port = free_ports(1)[0]
+                continue
+            self._started = True
+            break
+        return self
+
+    def _start(self, timeout: float) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if self._user:
             account = pwd.getpwnam(self._user)
@@ -353,7 +372,6 @@ class EmbeddedPostgres(_Child):
             os.chown(log, account.pw_uid, account.pw_gid)
         self._spawn(argv, log, user=self._user)
         self._wait_ready(timeout)
-        return self
 
     def standby(self, base_dir: Path) -> EmbeddedPostgres:
         """A streaming replica of this (running) server under `base_dir`, made with

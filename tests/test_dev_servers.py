@@ -7,7 +7,9 @@ import shutil
 import socket
 import urllib.request
 
-from purge_dev.servers import TemporalDevServer
+import psycopg
+
+from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.support.servers import scratch_dir
 
 
@@ -29,4 +31,28 @@ def test_a_dev_server_whose_chosen_port_was_bound_meanwhile_starts_on_others() -
                 assert reply.status == 200
         finally:
             server.stop(immediate=True)
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def test_an_embedded_postgres_whose_chosen_port_was_bound_meanwhile_starts_on_another() -> None:
+    """Its port is chosen free when it is made and bound only once its cluster is there (a copy,
+    initdb, pg_basebackup): another server can bind it in between. The first start chooses
+    again; a restart keeps the port it started on."""
+    base = scratch_dir("purge-test-ports-")
+    server = EmbeddedPostgres(base)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", server.port))
+        taken.listen()
+        blocked = server.port
+        try:
+            server.start()
+            assert server.port != blocked
+            with psycopg.connect(server.url()) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+            started_on = server.port
+            server.stop()
+            server.start()
+            assert server.port == started_on
+        finally:
+            server.remove()
             shutil.rmtree(base, ignore_errors=True)

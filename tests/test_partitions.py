@@ -851,14 +851,23 @@ async def test_a_sigkilled_worker_mid_detach_is_replaced_and_every_partition_cou
     older reader. Its backend, orphaned, completes the detach once the reader ends: the
     partition is out of the table, not dropped, counted nowhere. A second worker retries the
     target (after the heartbeat timeout), finds the partition by its ledger mark, drops it and
-    counts it, then the rest: exact, nothing pending, nothing left behind."""
+    counts it, then the rest: exact, nothing pending, nothing left behind.
+
+    The workers' sessions keep the server from looking for a gone client mid-statement
+    (`client_connection_check_interval = 0` in their URL, which a worker leaves as given): at
+    its every 5 s, one look falling between the kill and the reader's end would cancel the
+    orphan's detach, where this test needs the moment it completes."""
     total = make_events(harness.db, now=harness.now_ms)
     cutoff = harness.now_ms - MAX_AGE
     expired = int(
         harness.db.execute("SELECT count(*) FROM events WHERE at_ms <= %s", (cutoff,)).fetchone()[0]
     )  # type: ignore[index]
+    unchecked = make_conninfo(
+        harness.url,
+        options=f"-c search_path={harness.schema} -c client_connection_check_interval=0",
+    )
     config = worker_config(
-        tmp_path / "purge.toml", harness.url, harness.task_queue, PARTITIONED_TARGET
+        tmp_path / "purge.toml", unchecked, harness.task_queue, PARTITIONED_TARGET
     )
     env = clean_env(TEMPORAL_ADDRESS=temporal_server.address)
     first = start_worker(config, env, tmp_path / "first.log")

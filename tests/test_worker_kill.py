@@ -247,7 +247,12 @@ async def test_a_worker_sent_sigterm_mid_sweep_hands_the_sweep_on_after_its_batc
     first = start_worker(config, env, tmp_path / "1.log")
     second = None
     try:
-        with row_locked(harness.url, "x_idempotency", "k1000") as holder:
+        # k1500, not k1000: the batch after the first (500 rows, to k1501) is a span of at most
+        # 1,000 keys from k1501, so it holds k1500 and leaves 500 rows or more after it on any
+        # machine. The worker's batches are sized by its own timings (no pace reaches its
+        # process): a later span, up to four times as wide, could reach k1000 and every key
+        # after it, and the held batch then be the sweep's last.
+        with row_locked(harness.url, "x_idempotency", "k1500") as holder:
             handle = await pass_waiting_at(harness, config, holder)
             first.send_signal(signal.SIGTERM)
             wait_for(
@@ -316,7 +321,7 @@ async def pass_waiting_at(
         id=f"purge-held-{uuid.uuid4()}",
         task_queue=harness.task_queue,
     )
-    wait_for(lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at k1000")
+    wait_for(lambda: waiting_sweeps(harness.db, holder) == 1, 60, "the sweep to wait at the row")
     return handle
 
 
