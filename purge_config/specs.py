@@ -206,7 +206,7 @@ def _said(part: Guards | PartitionPolicy | RowFilter) -> dict[str, Any]:
     return {
         name: value
         for name, value in asdict(part).items()
-        if name in first or value != defaults[name]
+        if name in first or getattr(part, name) != defaults[name]
     }
 
 

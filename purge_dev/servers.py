@@ -319,11 +319,13 @@ class EmbeddedPostgres(_Child):
         the choice and the bind, after a cluster's copy) is chosen again, twice at most, as
         `TemporalDevServer.start` does; a port given, or one a restart keeps, is not."""
         for attempt in range(3):
+            log = self.base_dir / "postgres.log"
+            offset = log.stat().st_size if log.exists() else 0
             try:
                 self._start(timeout)
-            except EmbeddedServerError as err:
+            except EmbeddedServerError:
                 retry = not self._started and self._given is None and attempt < 2
-                if not retry or "Address already in use" not in str(err):
+                if not retry or self.running or not _bind_refused(log, offset):
                     raise
                 self.port = free_ports(1)[0]
                 continue
@@ -433,6 +435,17 @@ class EmbeddedPostgres(_Child):
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _bind_refused(log: Path, offset: int) -> bool:
+    """Whether PostgreSQL wrote, past `offset` of its log (this start's lines), that it could
+    not bind its port."""
+    try:
+        with log.open("rb") as lines:
+            lines.seek(offset)
+            return b"Address already in use" in lines.read()
+    except OSError:
+        return False
 
 
 class TemporalDevServer(_Child):

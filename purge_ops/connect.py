@@ -96,9 +96,13 @@ def temporal_settings(address: str | None = None, namespace: str | None = None) 
     ConfigError for what is wrong in them: read before anything connects (`run` opens its
     database pools first), so that a bad TEMPORAL_ADDRESS is said as such."""
     try:
-        # The environment as Python holds it (the same as the process's, but where a caller in
-        # this process set `os.environ` alone: tests/support/procs.use_env).
-        settings = ClientConfig.load_client_connect_config(override_env_vars=dict(os.environ))
+        # Temporal's variables as Python holds them (the same as the process's, but where a
+        # caller in this process set `os.environ` alone: tests/support/procs.use_env); only
+        # theirs, as the SDK would read (any other may not be UTF-8, which it refuses). The
+        # default temporal.toml is still found by the process's HOME.
+        settings = ClientConfig.load_client_connect_config(
+            override_env_vars={k: v for k, v in os.environ.items() if k.startswith("TEMPORAL_")}
+        )
     except Exception as err:
         # An unknown TEMPORAL_PROFILE or a malformed temporal.toml: the operator's to fix.
         # The SDK's TOML errors quote the line with a caret under it: its first line says it.

@@ -73,8 +73,9 @@ class ScheduleOutcome:
 
     action: str
     """`created`, `updated`, `unchanged`, `left as it is` (a regional worker's config, naming no
-    target on a database the schedule's passes sweep, or beside another config's schedules),
-    `left behind`, or `not listed` (the namespace's schedules could not be listed)."""
+    target on a database the schedule's passes sweep, or beside another config's schedules; or
+    a worker's, where a later release wrote the schedule's input with a higher `format`), `left
+    behind`, or `not listed` (the namespace's schedules could not be listed)."""
     summary: str
     """What will run, when: the config's schedule and the server's next fire times."""
     warns: bool = False
@@ -165,14 +166,10 @@ def _same_input(
 ) -> bool:
     """Whether the schedule's passes start with the input wanted, as JSON reads it back: an
     input edited by hand, or written by another release under the same fingerprint, is not."""
-    if len(held.args) != 1 or len(wanted.args) != 1:
+    if len(wanted.args) != 1:
         return False
-    raw = held.args[0]
-    try:
-        value = converter.from_payload(raw) if isinstance(raw, Payload) else raw
-    except Exception:
-        return False
-    return bool(value == json.loads(json.dumps(wanted.args[0])))
+    value = _held_value(held, converter)
+    return value is not _UNREAD and bool(value == json.loads(json.dumps(wanted.args[0])))
 
 
 async def ensure_schedules(
@@ -295,14 +292,10 @@ async def _ensure(
     except ScheduleAlreadyRunningError:
         handle = client.get_schedule_handle(schedule_id)
         current = await handle.describe()
-        held = current.schedule.action
-        if not isinstance(held, ScheduleActionStartWorkflow) or held.workflow != WORKFLOW_TYPE:
-            # Someone else's schedule under this id: replacing it would stop their workflow.
-            what = getattr(held, "workflow", None) or "no workflow"
-            raise ScheduleConflict(
-                f"schedule {schedule_id} exists and starts {what}, not {WORKFLOW_TYPE}: left as "
-                f"it is; give this config's schedule another id (`id` under [schedule])"
-            ) from None
+        try:
+            held = _ours(current.schedule.action, schedule_id)
+        except ScheduleConflict as err:
+            raise err from None  # said alone, not as what the create's refusal led to
         was_on = held.task_queue
         if searchable is None:
             want = desired(config, spec, bool(held.typed_search_attributes.search_attributes))
@@ -313,7 +306,9 @@ async def _ensure(
             wanted = want.action
             assert isinstance(wanted, ScheduleActionStartWorkflow)  # as desired() made it
             # Judged on the schedule as described, then again on the description the update is
-            # made from (another writer, a later release's worker, may have come between).
+            # made from: another writer (a later release's worker) coming between the two is
+            # seen. The SDK sends its update with no conflict token, so one that writes between
+            # that description and the update still is not: this narrows the race, no more.
             left, dropped = _kept_from(held, wanted, config, schedule_id, by_worker, converter)
             if left is not None:
                 return left
@@ -321,12 +316,10 @@ async def _ensure(
             def update(given: ScheduleUpdateInput) -> ScheduleUpdate | None:
                 nonlocal left, dropped
                 now = given.description.schedule
-                if isinstance(now.action, ScheduleActionStartWorkflow):
-                    left, dropped = _kept_from(
-                        now.action, wanted, config, schedule_id, by_worker, converter
-                    )
-                    if left is not None:
-                        return None  # no update
+                fresh = _ours(now.action, schedule_id)
+                left, dropped = _kept_from(fresh, wanted, config, schedule_id, by_worker, converter)
+                if left is not None:
+                    return None  # no update
                 # Replace what the config owns; keep what an operator owns: the state (a
                 # pause, its note, a limit on remaining actions), and the times the spec skips
                 # or is bounded by (a freeze window), which no config says.
@@ -352,6 +345,18 @@ async def _ensure(
         summary += f"\ndrops {_said(dropped)}: its passes no longer sweep them"
     moved = action == "updated" and was_on != config.task_queue
     return ScheduleOutcome(action=action, summary=summary, warns=bool(dropped) or moved)
+
+
+def _ours(action: object, schedule_id: str) -> ScheduleActionStartWorkflow:
+    """A schedule's action where it starts this package's passes; else ScheduleConflict: it is
+    someone else's schedule under this id, and replacing it would stop their workflow."""
+    if isinstance(action, ScheduleActionStartWorkflow) and action.workflow == WORKFLOW_TYPE:
+        return action
+    what = getattr(action, "workflow", None) or "no workflow"
+    raise ScheduleConflict(
+        f"schedule {schedule_id} exists and starts {what}, not {WORKFLOW_TYPE}: left as "
+        f"it is; give this config's schedule another id (`id` under [schedule])"
+    )
 
 
 def _kept_from(
@@ -435,25 +440,35 @@ def _held_input(
     """The input a schedule's passes start with, None where it does not read as a pass's of this
     release (a hand edit, another encoding, a later release's `format`): reading it must not
     stop a worker's start."""
-    if len(held.args) != 1:
+    value = _held_value(held, converter)
+    if value is _UNREAD:
         return None
-    raw = held.args[0]
     try:
-        return parse_input(converter.from_payload(raw) if isinstance(raw, Payload) else raw)
+        return parse_input(value)
     except Exception:
         return None
+
+
+#: What `_held_value` returns for an input that does not decode.
+_UNREAD = object()
+
+
+def _held_value(held: ScheduleActionStartWorkflow, converter: PayloadConverter) -> object:
+    """The one argument a schedule's passes start with, decoded (as JSON reads it); `_UNREAD`
+    where there is not one, or it does not decode."""
+    if len(held.args) != 1:
+        return _UNREAD
+    raw = held.args[0]
+    try:
+        return converter.from_payload(raw) if isinstance(raw, Payload) else raw
+    except Exception:
+        return _UNREAD
 
 
 def _later_format(held: ScheduleActionStartWorkflow, converter: PayloadConverter) -> int | None:
     """The `format` of the schedule's input where it is a later release's (above this release's
     FORMAT); None for any other, or one that does not read as an object."""
-    if len(held.args) != 1:
-        return None
-    raw = held.args[0]
-    try:
-        value = converter.from_payload(raw) if isinstance(raw, Payload) else raw
-    except Exception:
-        return None
+    value = _held_value(held, converter)
     sent = value.get("format") if isinstance(value, dict) else None
     if isinstance(sent, int) and not isinstance(sent, bool) and sent > FORMAT:
         return sent

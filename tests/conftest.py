@@ -96,8 +96,10 @@ def paced(monkeypatch: pytest.MonkeyPatch) -> None:
 def environment_in_python_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A test's changes to the environment (`monkeypatch.setenv`, `use_env`) made in Python's view
     alone (`only_in_python`): the threads Temporal's runtime and libpq run read the C library's
-    as they go, and setting it beside them crashed a test worker. What the package reads of the
-    environment it reads through `os.environ`; a child process gets the env a test hands it."""
+    as they go, and setting it beside them crashed a test worker. The package reads its own
+    variables and Temporal's through `os.environ`, and hands it to the servers `purge_dev`
+    starts; libpq's `PG*` variables, the default temporal.toml's HOME and a child process
+    started without an env of its own read the process's, which no test changes."""
     only_in_python(monkeypatch)
 
 

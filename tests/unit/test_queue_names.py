@@ -103,3 +103,21 @@ def test_a_field_a_later_release_adds_moves_no_queue_until_set(attribute: str, k
     else:
         assert moved.own_queue != was.own_queue
         assert moved.routed_queues == was.routed_queues
+
+
+def test_a_field_a_later_release_adds_with_a_dataclass_default_moves_no_queue() -> None:
+    """A later field whose default is made by a factory (another part, say): compared as the
+    value it is, not as the dict the digest's text holds."""
+    made = config()
+    spec = made.targets[1]
+    grown_class = dataclasses.make_dataclass(
+        "LaterGuards",
+        [("limits", Any, dataclasses.field(default_factory=Guards))],
+        bases=(Guards,),
+        frozen=True,
+    )
+    fields = {f.name: getattr(spec.guards, f.name) for f in dataclasses.fields(Guards)}
+    grown = dataclasses.replace(spec, guards=grown_class(**fields))
+    targets = tuple(grown if t is spec else t for t in made.targets)
+
+    assert dataclasses.replace(made, targets=targets).own_queue == made.own_queue
