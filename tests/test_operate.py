@@ -196,33 +196,48 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
     tmp_path: Path, harness: Harness, schedule_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No worker polls the schedule's task queue, so its pass cannot go on, as one whose
-    workflow task no worker of the release running can run: the firing behind it is skipped
-    (overlap SKIP), then the pass, whose execution timeout is its budget, worker_wait and
-    PASS_GRACE, times out, and the next firing starts a pass. PASS_GRACE is made a second, the
-    budget and worker_wait the least they may be (10 s and 1 s), and the cron `quiet_cron`'s."""
-    monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(seconds=1))
+    workflow task no worker of the release running can run: a firing while it runs is skipped
+    (overlap SKIP); the pass, whose execution timeout is its budget, worker_wait and
+    PASS_GRACE, times out; and the next firing starts a pass.
+
+    The skip is seen beside a pass that cannot end while the test looks (PASS_GRACE an hour,
+    that pass then terminated): with its timeout 12 s on, a machine slow to take the second
+    firing saw the first pass time out first, and no skip (CI's slow suite, once). Then, with
+    PASS_GRACE a second and the budget and worker_wait the least they may be (10 s and 1 s),
+    the schedule rewritten, a pass times out 12 s on and the next firing starts one. The cron
+    is `quiet_cron`'s."""
     nobody = f"{harness.task_queue}-unpolled"
     short = (
         f'[schedule]\nid = "{schedule_id}"\ncron = "{quiet_cron()}"\n'
         '[pass]\nbudget = "10s"\nworker_wait = "1s"\n'
     )
     config = load_config(config_file(tmp_path, harness.url, nobody, short))
+    monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(hours=1))
     await ensure_schedules(harness.client, config)
     handle = harness.client.get_schedule_handle(schedule_id)
 
-    second: ScheduleActionExecutionStartWorkflow | None = None
-    try:
-        # Back to back: the scheduler takes the second while the first's pass runs, however
-        # slow the machine (the pass is timed out 12 s after it starts).
-        await handle.trigger()
-        await handle.trigger()
-        fired = await until_described(handle, lambda d: d.info.num_actions_skipped_overlap == 1)
-        [taken] = fired.info.recent_actions
-        first = taken.action
-        assert isinstance(first, ScheduleActionExecutionStartWorkflow)
-        stuck = harness.client.get_workflow_handle(
-            first.workflow_id, run_id=first.first_execution_run_id
+    def started(action: object) -> WorkflowHandle[Any, Any]:
+        assert isinstance(action, ScheduleActionExecutionStartWorkflow)
+        return harness.client.get_workflow_handle(
+            action.workflow_id, run_id=action.first_execution_run_id
         )
+
+    last: WorkflowHandle[Any, Any] | None = None
+    try:
+        await handle.trigger()
+        running = await until_described(handle, lambda d: len(d.info.running_actions) == 1)
+        held = started(running.info.running_actions[0])
+        await handle.trigger()
+        await until_described(handle, lambda d: d.info.num_actions_skipped_overlap == 1)
+        await held.terminate("its firing behind it was skipped")
+        await until_described(handle, lambda d: not d.info.running_actions)
+
+        monkeypatch.setattr(schedules, "PASS_GRACE", timedelta(seconds=1))
+        [rewritten] = await ensure_schedules(harness.client, config)
+        assert rewritten.action == "updated"
+        await handle.trigger()
+        fired = await until_described(handle, lambda d: len(d.info.recent_actions) == 2)
+        stuck = started(fired.info.recent_actions[1].action)
         timeout = (await stuck.describe()).raw_description.execution_config
         assert timeout.workflow_execution_timeout.ToTimedelta() == timedelta(seconds=12)
         async with asyncio.timeout(120):
@@ -232,16 +247,14 @@ async def test_a_pass_that_cannot_go_on_times_out_and_the_next_firing_runs(
         # Once the schedule knows its pass ended, the next firing starts one.
         await until_described(handle, lambda d: not d.info.running_actions)
         await handle.trigger()
-        fired = await until_described(handle, lambda d: len(d.info.recent_actions) == 2)
-        later = fired.info.recent_actions[1].action
-        assert isinstance(later, ScheduleActionExecutionStartWorkflow)
-        second = later
-        assert second.workflow_id != first.workflow_id
+        fired = await until_described(handle, lambda d: len(d.info.recent_actions) == 3)
+        last = started(fired.info.recent_actions[2].action)
+        assert last.id != stuck.id
     finally:
         await handle.delete()
-        if second is not None:
+        if last is not None:
             with contextlib.suppress(RPCError):  # it times out by itself 12 s on
-                await harness.client.get_workflow_handle(second.workflow_id).terminate("done")
+                await last.terminate("done")
 
 
 async def test_schedule_again_is_unchanged_and_a_changed_cron_updates_it_in_place(
