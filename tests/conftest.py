@@ -385,9 +385,12 @@ HEAVY_FIRST = (
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """The default run on pytest-xdist: `-n logical` (see below), at most 4 workers (each starts
     its own PostgreSQL; they share one Temporal dev server, the controller's), `--dist
-    loadgroup` (the tests marked `xdist_group` together on one worker). Set here, not in
-    pyproject's addopts, where they would make `-p no:xdist` fail to parse; `-n N` and `--dist`
-    given on the command line win."""
+    loadgroup` (the tests marked `xdist_group` together on one worker), and `--max-worker-restart
+    0`: a worker that crashes ends the run, failed, where a replaced one left pytest-xdist 3.8's
+    loadgroup scheduler waiting for ever once every test had run (a segfault in a default run,
+    stopped by hand after 11 minutes; pytest-dev/pytest-xdist#1378). Set here, not in
+    pyproject's addopts, where they would make `-p no:xdist` fail to parse; `-n N`, `--dist`
+    and `--max-worker-restart` given on the command line win."""
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return  # a worker runs what the controller hands it
     option = config.option
@@ -397,6 +400,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
             option.maxprocesses = 4
     if option.dist == "no":
         option.dist = "loadgroup"
+    if option.maxworkerrestart is None:
+        option.maxworkerrestart = "0"
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown under `-p no:xdist`
