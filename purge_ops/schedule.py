@@ -266,11 +266,11 @@ async def _ensure(
 ) -> ScheduleOutcome:
     """Create the schedule, or update it in place when it differs (unless a worker leaves it as it
     is: `_kept_from`); safe to run from many workers at once (the loser of a create race
-    updates, which is idempotent). `searchable` None: the
-    namespace would not say whether it defines the attributes; a schedule made without them,
-    an existing one as it was made. `others`, given to a regional worker's start: the other
-    schedules firing passes on the queue, with their targets (None: they could not be listed);
-    it creates none beside one that sweeps its targets."""
+    updates, which is idempotent). `searchable` None: the namespace would not say whether it
+    defines the attributes; a schedule made without them, an existing one as it was made.
+    `others`, given to a regional worker's start: the other schedules firing passes on the
+    queue, with their targets (None: they could not be listed); it creates none beside one that
+    sweeps its targets."""
     want = desired(config, spec, bool(searchable))
     schedule_id = spec.id
     sweeping = _sweeping_these(others, config.scheduled_input(spec)["targets"], config.task_queue)
