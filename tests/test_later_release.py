@@ -45,7 +45,7 @@ from purge_ops.runner import new_worker
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import child_ids, events, kinds
-from tests.support.passes import FAIL_WITHIN_S, failed_pass, until_polled
+from tests.support.passes import FAIL_WITHIN_S, failed_pass, held_input, until_polled
 from tests.support.probes import samples
 from tests.support.servers import RunningTemporal
 
@@ -263,14 +263,6 @@ def rewritten(args: dict[str, Any]) -> Callable[[ScheduleUpdateInput], ScheduleU
         return ScheduleUpdate(schedule=schedule)
 
     return update
-
-
-async def held_input(client: Client, schedule_id: str) -> Any:
-    """The input a schedule's passes start with, as JSON reads it."""
-    action = (await client.get_schedule_handle(schedule_id).describe()).schedule.action
-    assert isinstance(action, ScheduleActionStartWorkflow)
-    [arg] = action.args
-    return client.data_converter.payload_converter.from_payload(arg)
 
 
 async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(

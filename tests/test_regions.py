@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 from temporalio.api.enums.v1 import EventType, TaskQueueType
-from temporalio.client import Client, ScheduleActionStartWorkflow
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.builtin_kinds import build_registry
@@ -33,7 +33,7 @@ from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
-from tests.support.passes import LISTING_WAIT_S, failed_pass, run_pass, until_polled
+from tests.support.passes import LISTING_WAIT_S, failed_pass, held_input, run_pass, until_polled
 from tests.support.procs import clean_env, identity, run_main, start_worker, stop, wait_for
 from tests.support.rows import HOUR
 from tests.support.servers import RunningTemporal
@@ -603,11 +603,7 @@ async def test_a_regional_worker_started_with_schedule_leaves_the_central_schedu
     handle = client.get_schedule_handle(schedule_id)
 
     async def targets() -> list[str]:
-        action = (await handle.describe()).schedule.action
-        assert isinstance(action, ScheduleActionStartWorkflow)
-        [arg] = action.args
-        held = client.data_converter.payload_converter.from_payload(arg)
-        return list(held["targets"])
+        return list((await held_input(client, schedule_id))["targets"])
 
     [made] = await ensure_schedules(client, central)
     try:

@@ -14,6 +14,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
+    ScheduleActionStartWorkflow,
     ScheduleDescription,
     ScheduleHandle,
     WorkflowExecution,
@@ -171,6 +172,14 @@ async def until_polled(
     async with asyncio.timeout(60):
         while await listed_pollers(client, queue, kind) < at_least:
             await asyncio.sleep(0.05)
+
+
+async def held_input(client: Client, schedule_id: str) -> Any:
+    """The input a schedule's passes start with, as JSON reads it."""
+    action = (await client.get_schedule_handle(schedule_id).describe()).schedule.action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    [arg] = action.args
+    return client.data_converter.payload_converter.from_payload(arg)
 
 
 async def until_described(
