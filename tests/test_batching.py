@@ -40,6 +40,7 @@ from tests.support.pace import (
     durable_every,
     durations_as_measured,
     fixed_batches,
+    unhurried_whole_batch,
     until_a_sweep_waits,
 )
 from tests.support.plans import batch_plan_nodes
@@ -144,7 +145,7 @@ async def test_a_batch_quicker_than_its_target_grows_the_next_and_a_slower_one_s
 
 
 async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_batch(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows in expiry order (a fixed TTL's table) lie together, so the first index batch takes
     as many as fill a bounded number of heap pages: 3,000 expired of 30,000 go in one batch.
@@ -160,6 +161,7 @@ async def test_an_index_sweep_of_rows_in_expiry_order_starts_with_a_large_first_
         )
         analyze(db, "x_idempotency")
 
+    unhurried_whole_batch(monkeypatch)
     fill("i")
     ordered = await kinds.idempotency(pool).sweep(NOW)
     fill("random()")
@@ -905,8 +907,12 @@ async def test_a_whole_batch_whose_timeout_leaves_results_owed_rolls_back_and_th
 
 
 async def test_large_table_read_whole_for_a_small_share_gets_the_index_to_create(
-    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], caplog: pytest.LogCaptureFixture
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    unhurried_whole_batch(monkeypatch)
     db.execute("CREATE TABLE audit (id bigint, expires_ms bigint NOT NULL, body text)")
     db.execute(
         "INSERT INTO audit SELECT i, CASE WHEN i %% 100 = 0 THEN %s ELSE %s END, repeat('x', 120)"

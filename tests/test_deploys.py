@@ -356,13 +356,15 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
         "targets": ["t1"],
         "databases": {"t1": "_default"},
         "queues": {"_default": own},
-        "worker_wait_ms": 1000,
+        # The first attempt's schedule-to-start timeout too: three seconds for a task handed
+        # to a poll already waiting (tens of milliseconds), however loaded the server.
+        "worker_wait_ms": 3000,
     }
     workflow_id = f"purge-deploy-{uuid.uuid4()}"
     async with harness.run_worker([]):
         async with Worker(harness.client, task_queue=own, activities=[leaves_after_its_heartbeat]):
             # Its poll waiting on the server before the pass schedules: the first attempt is
-            # taken at once, whatever worker_wait's one second would allow a slow start.
+            # taken at once, not left to a slow worker's start within worker_wait.
             await until_polled(harness.client, own, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
             failing = asyncio.create_task(
                 failed_pass(harness.client, harness.task_queue, request, workflow_id)

@@ -27,7 +27,7 @@ from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
-from tests.support.pace import durations_as_measured, fixed_batches
+from tests.support.pace import durations_as_measured, fixed_batches, unhurried_whole_batch
 from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW
 
@@ -466,6 +466,7 @@ async def test_a_sweep_the_planner_expects_to_fit_its_first_batch_reads_no_bound
     it); where none is expired, it finds none and the sweep ends there. Where the planner
     expects more, the first batch reads its boundary as before."""
     fixed_batches(monkeypatch, rows=ROWS)
+    unhurried_whole_batch(monkeypatch)
     reads = boundary_reads(monkeypatch)
     wholes = rest_batches(monkeypatch, "run_key_whole")
     fill(db, expired, 40_000, spacing_ms=1)

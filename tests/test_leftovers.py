@@ -35,7 +35,13 @@ from purge_ops.render import report_table
 from purge_ops.runner import new_worker
 from tests.conftest import Harness
 from tests.support.activity import activity_env
-from tests.support.pace import HandClock, budget_clock, cut_short_at, fixed_batches
+from tests.support.pace import (
+    HandClock,
+    budget_clock,
+    cut_short_at,
+    fixed_batches,
+    unhurried_whole_batch,
+)
 from tests.support.passes import listed, run_pass
 from tests.support.procs import worker_config
 from tests.support.rows import HOUR, PAST_NOW
@@ -462,6 +468,7 @@ async def test_the_views_count_every_row_a_sweep_removed_with_no_flush_after_its
     )  # in expiry order: `expired` of them (up to NOW), the first in the heap
     db.execute("VACUUM ANALYZE x_idempotency")
     fixed_batches(monkeypatch, rows=500)
+    unhurried_whole_batch(monkeypatch)
     if first == "run_key_batch" and last == "run_key_batch":
         monkeypatch.setattr(batching, "fits_first_batch", lambda plan, rows: False)
     kinds_run: list[str] = []
