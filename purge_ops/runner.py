@@ -20,6 +20,7 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.dsn import redact
 from purge_config.file import PurgeConfig
+from purge_config.schedules import ScheduleConfig
 from purge_ops import schedule
 from purge_ops.connect import (
     LazyPool,
@@ -195,6 +196,10 @@ async def run_worker(
                     # drops databases or moves the queue: said as a warning.
                     level = logging.WARNING if outcome.warns else logging.INFO
                     log.log(level, "%s %s", outcome.action, outcome.summary.replace("\n", "; "))
+            # A schedule left unwritten that is still the old config's is said now, at the
+            # deploy, not when its passes' targets fail for want of the old workers.
+            for line in await schedule.behind(client, config, _unwritten(config, ensure_schedule)):
+                log.warning("%s", line)
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
             await _poll(client, config, registry, health, stop, url, max_sweeps)
@@ -203,6 +208,16 @@ async def run_worker(
             await probes.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _unwritten(
+    config: PurgeConfig, ensure_schedule: bool | Literal["ensured"]
+) -> list[ScheduleConfig]:
+    """The config's schedules a worker's start does not write: every one without `--schedule`
+    or `ensure = true`; with only `ensure = true` ("ensured"), those that do not say it."""
+    if ensure_schedule is True:
+        return []
+    return [s for s in config.schedules if not (ensure_schedule and s.ensure)]
 
 
 @contextlib.asynccontextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,6 +43,7 @@ from activities.search_attributes import at_start
 from purge_config import PurgeConfig, ScheduleConfig
 from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_ops.namespace_check import namespace_answer
+from purge_ops.passes import not_this_pass
 from workflows.spread import CHUNK_GRACE
 
 WORKFLOW_TYPE = "Purge"
@@ -346,6 +348,43 @@ async def _ensure(
         summary += f"\ndrops {_said(dropped)}: its passes no longer sweep them"
     moved = action == "updated" and was_on != config.task_queue
     return ScheduleOutcome(action=action, summary=summary, warns=bool(dropped) or moved)
+
+
+async def behind(client: Client, config: PurgeConfig, specs: Sequence[ScheduleConfig]) -> list[str]:
+    """For each of `specs` (the config's schedules a worker did not write as it started) whose
+    schedule starts this package's passes on the config's task queue but not the passes the
+    config would (`passes.not_this_pass`: targets it lacks, or sent to another config's
+    queues): one line saying so. Mid-deploy, workers of a new config started without
+    `--schedule` leave the old config's input in place; its passes send their targets to the
+    old config's queues, and once the old workers are gone each of those targets waits
+    `worker_wait` and fails `NoPurgeWorker`. A schedule this worker cannot read (absent, not
+    allowed, not this package's, an input a later release or a hand wrote) is not said: it
+    stops no start."""
+    lines: list[str] = []
+    converter = client.data_converter.payload_converter
+    for spec in specs:
+        try:
+            described = await client.get_schedule_handle(spec.id).describe()
+        except RPCError:
+            continue
+        action = described.schedule.action
+        if (
+            not isinstance(action, ScheduleActionStartWorkflow)
+            or action.workflow != WORKFLOW_TYPE
+            or action.task_queue != config.task_queue
+            or _later_format(action, converter) is not None
+        ):
+            continue
+        held = _held_value(action, converter)
+        why = "" if held is _UNREAD else not_this_pass(held, config.scheduled_input(spec))
+        if why:
+            lines.append(
+                f"schedule {spec.id} starts passes that are not this config's: {why}. They "
+                "sweep by the config that wrote it, and a target routed to its queues fails "
+                "NoPurgeWorker once no worker of that config runs: `pg-purge schedule` (or a "
+                "worker started with --schedule) writes this config's"
+            )
+    return lines
 
 
 def _ours(action: object, schedule_id: str) -> ScheduleActionStartWorkflow:

@@ -6,7 +6,9 @@ pass completes, each target swept once, by a worker that knows it."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +30,13 @@ from activities.sweep import PurgeActivities
 from purge_config.file import load_config, parse_config
 from purge_config.names import TableName
 from purge_config.settings import Guards
+from purge_ops import runner
+from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import child_ids, events
 from tests.support.passes import failed_pass, run_pass, until_polled
-from tests.support.procs import clean_env, identity, start_worker, stop, wait_for
+from tests.support.procs import clean_env, identity, start_worker, stop, use_env, wait_for
 from tests.support.rows import HOUR, auth_rows, keys
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
@@ -202,6 +206,62 @@ async def test_a_pass_of_the_old_config_is_swept_by_old_workers_while_a_new_one_
         runs = await attempts(harness.client, workflow_id)
         assert runs["t3"] == [(old.own_queue, old_worker)], runs
         assert new_worker not in {who for tries in runs.values() for _, who in tries}
+
+
+async def test_a_worker_started_without_schedule_says_the_schedule_is_another_configs(
+    harness: Harness,
+    temporal_server: RunningTemporal,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mid-deploy, workers of a new config (t1's `max_age` changed) started without
+    `--schedule` leave the old config's schedule: its passes send t1 to the old config's queue,
+    where it fails `NoPurgeWorker` once the old workers are gone. A new worker says so as it
+    starts, with the fix; a worker of the config that wrote it, and one that writes it with
+    `--schedule`, say nothing of it."""
+    schedule_id = f"purge-deploy-{uuid.uuid4().hex[:8]}"
+
+    def config(extra: str, names: list[str]) -> Any:
+        return parse_config(
+            tomllib.loads(
+                f"database_url = {harness.url!r}\ntask_queue = {harness.task_queue!r}\n"
+                f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+                + tables_toml(names).replace('column = "at"\n', f'column = "at"\n{extra}', 1)
+            ),
+            env={},
+        )
+
+    old, new = config("", ["t1", "t2"]), config('max_age = "1h"\n', ["t1", "t2"])
+    use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
+
+    async def started(config: Any, **options: Any) -> list[str]:
+        """The warnings a worker of these arguments logs as it starts (then stopped)."""
+        caplog.clear()
+        stopping = asyncio.Event()
+        stopping.set()  # stops once it polls
+        with caplog.at_level(logging.WARNING, logger="purge"):
+            await runner.run_worker(
+                config, stop=stopping, temporal_address=temporal_server.address, **options
+            )
+        return [r.getMessage() for r in caplog.records if schedule_id in r.getMessage()]
+
+    await ensure_schedules(harness.client, old)
+    try:
+        by_old, by_new = await started(old), await started(new)
+        by_writer = await started(new, ensure_schedule=True)  # writes it, and is its config
+        after = await started(new)
+    finally:
+        await harness.client.get_schedule_handle(schedule_id).delete()
+
+    assert by_old == []
+    assert by_new == [
+        f"schedule {schedule_id} starts passes that are not this config's: it sends some of "
+        "this pass's targets to other task queues (another config's). They sweep by the config "
+        "that wrote it, and a target routed to its queues fails NoPurgeWorker once no worker of "
+        "that config runs: `pg-purge schedule` (or a worker started with --schedule) writes "
+        "this config's"
+    ]
+    assert (by_writer, after) == ([], [])
 
 
 # Real worker processes, 7 s: the slow suite (tests/README.md), as the fleet tests are.
@@ -386,6 +446,10 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
     assert (
         f"no worker whose config names this target took its retry from task queue {own!r}"
         in (failed["message"])
+    )
+    assert failed["message"].endswith(
+        "run a worker with the config that scheduled this pass, or, where the workers now run "
+        "another config, write the schedule from it (`pg-purge schedule`)"
     )
 
 

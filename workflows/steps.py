@@ -80,6 +80,13 @@ def routed(route: Route | None) -> dict[str, Any]:
     }
 
 
+#: What to do where no worker of the config that started a pass is left.
+_OWN_CONFIG = (
+    "run a worker with the config that scheduled this pass, or, where the workers now run "
+    "another config, write the schedule from it (`pg-purge schedule`)"
+)
+
+
 def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     """The failure of an activity no worker of its queue took in time, said plainly: whether
     no worker ever took it, or one began it and stopped or died, and then what it removed."""
@@ -100,15 +107,13 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
             return Failure(
                 "NoPurgeWorker",
                 f"{began}; no worker whose config names this target took its retry from task "
-                f"queue {route.queue!r} {waited}; run a worker with the config that scheduled "
-                "this pass",
+                f"queue {route.queue!r} {waited}; {_OWN_CONFIG}",
             )
         return Failure(
             "NoPurgeWorker",
             f"no worker whose config names this target took it from task queue "
             f"{route.queue!r} {waited}: a worker polls only the queue of its own config's "
-            "targets, so one whose config lacks it (mid-deploy) never takes it; run a worker "
-            "with the config that scheduled this pass",
+            f"targets, so one whose config lacks it (mid-deploy) never takes it; {_OWN_CONFIG}",
         )
     took = f"{began}; then no worker took its retry from" if began else "no worker polled"
     return Failure(
