@@ -161,7 +161,7 @@ class TargetRegistry:
         factory that raises, or returns what is not a target, fails only the names no fixed
         target, pattern or other factory gives (`TargetFactoryFailed`, naming it): the
         others are found, its error logged. Two targets under one name fail that name alone."""
-        asked = self._from_factories()
+        asked = self.ask_factories()
         failed = "; ".join(message for message, _ in asked.failed)
         # The first factory's own error, with its traceback (none for one that returned a
         # non-target).
@@ -210,9 +210,10 @@ class TargetRegistry:
             text += f" and {count} target {'factory' if count == 1 else 'factories'}"
         return text
 
-    def _from_factories(self) -> _Asked:
-        """Every factory asked, each on its own: one that fails leaves the others' targets."""
-        asked = _Asked()
+    def ask_factories(self) -> FactoryAnswers:
+        """Every factory asked, each on its own: one that fails leaves the others' targets.
+        A step asks them each time it resolves a name; `pg-purge check` asks them once."""
+        asked = FactoryAnswers()
         for factory in self._factories:
             described = _describe(factory)
             try:
@@ -241,8 +242,8 @@ class TargetRegistry:
 
 
 @dataclass
-class _Asked:
-    """What the factories gave when asked for one step."""
+class FactoryAnswers:
+    """What the factories gave when asked once (for one step, or by `pg-purge check`)."""
 
     found: dict[str, PurgeTarget] = field(default_factory=dict)
     failed: list[tuple[str, Exception | None]] = field(default_factory=list)

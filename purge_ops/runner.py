@@ -120,7 +120,9 @@ def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
     release before the digest), as the config's queue serves them for its own targets."""
     queues: dict[str, list[str]] = {}
     if config.own_queue is not None:
-        on = {t.database for t in config.targets if t.database not in config.queues}
+        # A python target's database is its factory's own business: none of this config's.
+        own = [t for t in config.targets if t.database not in config.queues]
+        on = {t.database for t in own if t.kind != "python"}
         queues[config.own_queue] = sorted(db or "default (database_url)" for db in on)
     unreached = unreached_sharers(config)
     for database, queue in config.routed_queues.items():
@@ -303,18 +305,20 @@ def _say_what_it_polls(
         "worker on task queue %r of %s, database %s, targets: %s",
         config.task_queue,
         client.service_client.config.target_host,
-        redact(url) if url else "none (no target sweeps the default database)",
+        redact(url) if url else "none (no target of a built-in kind sweeps the default database)",
         registry.describe(),
     )
     for queue, databases in queues.items():
         if queue == config.own_queue:
+            where = [f"on databases {', '.join(databases)}"] if databases else []
+            if any(t.kind == "python" for t in config.targets):
+                where.append("python targets on their factories' own connections")
             log.info(
-                "polling task queue %r for the activities of its own targets (%s), on "
-                "databases %s; only workers whose config says the same of exactly these "
-                "targets poll it",
+                "polling task queue %r for the activities of its own targets (%s), %s; only "
+                "workers whose config says the same of exactly these targets poll it",
                 queue,
                 ", ".join(sorted(set(config.own_names))),
-                ", ".join(databases),
+                " and ".join(where),
             )
             continue
         log.info(

@@ -4,9 +4,10 @@ before its first delete, with nothing deleted or counted and no Temporal asked a
 A target is checked as its sweep checks it (the table exists; its columns, their types and
 epoch units; with `partitions` set, the rights to take them out) and for the rights its batches
 need (SELECT and DELETE on each table, INSERT on an archive), which a sweep learns only at its
-first DELETE. A pattern is checked for every table it matches now. A `python` target is its
-own code's to check; a database whose URL this config lacks (a region's, known only to the
-workers next to it) is not reached.
+first DELETE. A pattern is checked for every table it matches now. A `python` target's
+factory is asked once, as a worker asks it for every step, for the names the config gives it;
+its targets' own code is not run. A database whose URL this config lacks (a region's, known
+only to the workers next to it) is not reached.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from typing import cast
 
 import psycopg
 
@@ -25,6 +27,7 @@ from activities.engine.rules import ident
 from activities.engine.sql_target import SqlTarget
 from activities.errors import BadPurgeTarget
 from activities.pattern_matches import PatternTargets
+from activities.registry import CountingTarget, TargetFactory, TargetRegistry
 from activities.spread_steps import PatternStep
 from purge_config.errors import first_line
 from purge_config.file import PurgeConfig
@@ -47,7 +50,10 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     skipped: str = ""
-    """Why it was not checked (a python target, a database this config has no URL for)."""
+    """Why it was not checked (a database this config has no URL for)."""
+    label: str = ""
+    """What its line says of it in place of its tables: a python target's, the names its
+    factory gave."""
 
 
 async def check_config(
@@ -78,7 +84,7 @@ async def check_config(
         swept: list[tuple[Verdict, str, SqlTarget]] = []
         for spec in specs:
             if spec.kind == "python":
-                verdict = Verdict(spec.name, skipped="a python target: its factory's own code")
+                verdict = _check_factory(spec, [n for n in spec.names if not names or n in names])
             elif spec.database not in pools:
                 verdict = Verdict(
                     spec.name,
@@ -100,6 +106,47 @@ async def check_config(
         for line in verdict.advice:
             say(f"        advice: {line}")
     return 1 if any(v.problems for v in verdicts) else 0
+
+
+def _check_factory(spec: TargetSpec, wanted: list[str]) -> Verdict:
+    """A python target's factory asked once, as a worker asks it at every step: whether it gives
+    a target for each of `wanted`, and which of them a dry run could count. One that gives no
+    target at all is said skipped, not failed: a factory whose targets the application's own
+    start-up builds gives them only in a worker built in code (docs/own-targets.md), which
+    `check` is not; `pg-purge run` runs none of that start-up either."""
+    assert spec.factory is not None  # every python entry has one (purge_config.specs)
+    verdict = Verdict(spec.name, label="python")
+    # Checked against the PurgeTarget protocol as it is asked, as by the worker's registry.
+    factory = cast(TargetFactory, spec.factory)
+    asked = TargetRegistry(factories=[factory]).ask_factories()
+    if asked.failed:
+        verdict.problems += [message for message, _ in asked.failed]
+        return verdict
+    if not asked.found:
+        verdict.skipped = (
+            "its factory gave no target when asked: a pass's step on a worker that runs it so "
+            "(`pg-purge run`) fails UnknownPurgeTarget; one whose targets your application's "
+            "start-up builds gives them only in a worker built in code"
+        )
+        return verdict
+    gave = ", ".join(sorted(asked.found))
+    given = []
+    for name in wanted:
+        target = asked.found.get(name)
+        if target is None:
+            verdict.problems.append(
+                f"it gives no target named {name!r} (asked now, it gave {gave}); a pass's step "
+                "for it would fail UnknownPurgeTarget"
+            )
+            continue
+        given.append(name)
+        if not isinstance(target, CountingTarget):
+            verdict.advice.append(
+                f"{name} has no count_expired: a dry run of it fails (DryRunUnsupported)"
+            )
+    if given:
+        verdict.label = f"python, gives {', '.join(given)}"
+    return verdict
 
 
 async def _check_target(
@@ -215,7 +262,7 @@ async def _check_pattern(
 def _line(verdict: Verdict) -> str:
     if verdict.skipped:
         return f"skipped {verdict.name}: {verdict.skipped}"
-    tables = f"{verdict.tables} table{'s' if verdict.tables != 1 else ''}"
+    tables = verdict.label or f"{verdict.tables} table{'s' if verdict.tables != 1 else ''}"
     if not verdict.problems:
         return f"ok      {verdict.name} ({tables})"
     shown = verdict.problems[:NAMED_FAILURES]

@@ -53,8 +53,18 @@ def count(db: psycopg.Connection[Any], table: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def check(path: Path, *args: str) -> Done:
-    return await asyncio.to_thread(run_main, "check", "--config", str(path), *args, env=NO_TEMPORAL)
+#: A python entry whose factory gives no target in `check`'s process.
+GAVE_NOTHING = (
+    "its factory gave no target when asked: a pass's step on a worker that runs it so "
+    "(`pg-purge run`) fails UnknownPurgeTarget; one whose targets your application's start-up "
+    "builds gives them only in a worker built in code"
+)
+
+
+async def check(path: Path, *args: str, **env: str) -> Done:
+    return await asyncio.to_thread(
+        run_main, "check", "--config", str(path), *args, env={**NO_TEMPORAL, **env}
+    )
 
 
 async def test_targets_that_a_pass_would_sweep_are_ok_and_nothing_is_deleted(
@@ -78,8 +88,9 @@ async def test_targets_that_a_pass_would_sweep_are_ok_and_nothing_is_deleted(
 async def test_a_python_target_named_by_its_names_is_said_skipped(
     tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
 ) -> None:
-    """`check --target tmp_uploads`, a name a python target's `names` gives: its line says
-    it is its own code's, where it once printed nothing and said 0."""
+    """`check --target tmp_uploads`, a name a python target's `names` gives, whose factory gives
+    nothing until an application's start-up builds its store (a worker built in code): its
+    line says why it was skipped, where it once printed nothing and said 0."""
     tokens(db)
     targets = TOKENS + (
         '[[targets]]\nkind = "python"\nfactory = "tests.support.apptargets:targets"\n'
@@ -91,8 +102,57 @@ async def test_a_python_target_named_by_its_names_is_said_skipped(
 
     assert done.returncode == 0, done.stdout + done.stderr
     [line] = done.stdout.splitlines()
-    assert line.startswith("skipped ")
-    assert line.endswith(": a python target: its factory's own code")
+    assert line == f"skipped tests.support.apptargets:targets: {GAVE_NOTHING}"
+
+
+async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_it(
+    tmp_path: Path, schema_url: str
+) -> None:
+    """`check` asks each python entry's factory once, as a worker asks it at every step, and
+    runs none of its targets' code: the documented factory gives tmp_uploads (ok); one whose
+    target has no count_expired is ok, with the advice that a dry run of it fails; one that
+    lacks a name the config gives it, one that raises and one that returns what is not a
+    target fail, one line each, as a pass's step would fail. Exit 1."""
+
+    def entry(factory: str, *names: str) -> str:
+        listed = ", ".join(f'"{n}"' for n in names)
+        return (
+            f'[[targets]]\nkind = "python"\nfactory = "tests.support.{factory}"\n'
+            f"names = [{listed}]\n"
+        )
+
+    targets = (
+        entry("ownpool_targets:targets", "tmp_uploads")
+        + entry("checked_factories:uncounted", "no_count", "no_such")
+        + entry("checked_factories:raising", "app_rows")
+        + entry("checked_factories:stray", "strays")
+    )
+    path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
+
+    # The documented factory's module builds its pool of APP_DATABASE_URL (never opened here).
+    every = await check(path, APP_DATABASE_URL=schema_url)
+    named = await check(path, "--target", "no_count")
+
+    assert every.returncode == 1, every.stdout + every.stderr
+    assert every.stderr == ""
+    assert every.stdout.splitlines() == [
+        "ok      tests.support.ownpool_targets:targets (python, gives tmp_uploads)",
+        "FAILED  tests.support.checked_factories:uncounted (python, gives no_count): it gives "
+        "no target named 'no_such' (asked now, it gave no_count); a pass's step for it would "
+        "fail UnknownPurgeTarget",
+        "        advice: no_count has no count_expired: a dry run of it fails (DryRunUnsupported)",
+        "FAILED  tests.support.checked_factories:raising (python): target factory "
+        "tests.support.checked_factories:raising raised RuntimeError: the application's store "
+        "is not built",
+        "FAILED  tests.support.checked_factories:stray (python): target factory "
+        "tests.support.checked_factories:stray returned 'tmp_uploads', which has no name and "
+        "purge_expired",
+    ]
+    # Only the names asked for: no_such is not checked where no_count alone is.
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert named.stdout.splitlines()[0] == (
+        "ok      tests.support.checked_factories:uncounted (python, gives no_count)"
+    )
 
 
 async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
@@ -134,8 +194,7 @@ async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
         f"\"tokns\") (did you mean '{schema}.tokens'?)",
         'FAILED  far (1 table): table sessions_zz does not exist (looked for "sessions_zz")',
     ]
-    assert lines[7].startswith("skipped "), lines
-    assert lines[7].endswith(": a python target: its factory's own code"), lines
+    assert lines[7] == f"skipped tests.support.apptargets:targets: {GAVE_NOTHING}", lines
     assert len(lines) == 8, lines
     assert done.stderr == ""
     assert count(db, "tokens") == 10

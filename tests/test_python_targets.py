@@ -3,6 +3,7 @@ The factory is called when a step needs it, so a store built after the worker st
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import uuid
@@ -18,10 +19,13 @@ from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport
 from purge_config.file import load_config
+from purge_ops import runner
 from tests.conftest import Harness
 from tests.support import apptargets
 from tests.support.passes import failed_pass, run_pass
+from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, idempotency_rows, keys
+from tests.support.servers import RunningTemporal
 
 
 @pytest.fixture
@@ -190,6 +194,37 @@ async def test_the_docs_factory_builds_its_own_pool_under_a_worker_of_its_config
     assert [(s["name"], s["removed"]) for s in dry["swept"]] == [("tmp_uploads", 1)]
     assert [(s["name"], s["removed"]) for s in swept["swept"]] == [("tmp_uploads", 1)]
     assert keys(harness.db, "tmp_uploads") == {"open"}
+
+
+async def test_a_worker_of_python_targets_alone_names_no_database_of_its_own(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A config of python targets alone: its worker says at start that its targets sweep on
+    their factories' own connections, where it said `database none` and then polled its own
+    queue `on databases default (database_url)`, a database it has no URL for."""
+    config_file = tmp_path / "purge.toml"
+    config_file.write_text(
+        f'task_queue = "py-{uuid.uuid4().hex[:8]}"\n[[targets]]\nkind = "python"\n'
+        'factory = "tests.support.checked_factories:uncounted"\nnames = ["no_count"]\n'
+    )
+    config = load_config(config_file, env={})
+    use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
+    stopping = asyncio.Event()
+    stopping.set()  # stops once it polls
+
+    with caplog.at_level(logging.INFO, logger="purge"):
+        await runner.run_worker(config, stop=stopping, temporal_address=temporal_server.address)
+
+    said = caplog.text
+    assert "database none (no target of a built-in kind sweeps the default database)" in said
+    assert (
+        f"polling task queue {config.own_queue!r} for the activities of its own targets "
+        "(no_count), python targets on their factories' own connections; only workers"
+    ) in said
+    assert "database_url" not in said
 
 
 class Named:
