@@ -32,7 +32,7 @@ from purge_config.names import TableName
 from purge_config.settings import EpochUnit
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
-from tests.support.pace import durable_every, fixed_batches
+from tests.support.pace import durable_every, fixed_batches, row_locked, until_a_sweep_waits
 from tests.support.rows import HOUR, PAST_NOW
 
 NOW = PAST_NOW
@@ -213,6 +213,73 @@ def swept_exactly(db: psycopg.Connection[Any], expired: int) -> None:
         " WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id)"
     ).fetchall()
     assert orphans == 0
+
+
+#: The sweep waits for the other sessions' locks as long as the test needs, never rolled back
+#: by its own lock_timeout (2 s by default) on a slow machine.
+PATIENT = ENTRY + 'lock_timeout = "60s"\n'
+
+
+def late_event(url: str, job: int, pid: list[int]) -> str:
+    """An event for `job` inserted in a session of its own (its backend's pid put in `pid`):
+    "inserted", or the detail of the foreign-key violation it met."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        pid.append(conn.info.backend_pid)
+        try:
+            conn.execute(
+                f"INSERT INTO events (job_id, at) VALUES (%s, {at_value('timestamptz', 0)})", (job,)
+            )
+        except psycopg.errors.ForeignKeyViolation as err:
+            return err.diag.message_detail or ""
+    return "inserted"
+
+
+async def test_an_event_committed_while_the_batch_waits_for_it_goes_with_its_job(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """docs/sweeping.md, "When a related row arrives mid-batch": an insert of a new event for
+    job 1 still open when the batch reaches job 1 makes the batch wait; committed, it does not
+    save the job (judged by the events its statement saw when it started), and the cascade
+    deletes the new event with it."""
+    make(db)
+    insert(db)
+    with psycopg.connect(schema_url, autocommit=True) as writer:
+        writer.execute("BEGIN")
+        writer.execute(
+            f"INSERT INTO events (job_id, at) VALUES (1, {at_value('timestamptz', 0)})"
+        )  # job 1's newest event now: seen at the batch's start, it would have kept job 1
+        running = asyncio.ensure_future(sweep(target(pool, PATIENT)))
+        await until_a_sweep_waits(db, running, holder=writer)
+        writer.execute("COMMIT")
+    result, _ = await running
+
+    assert result.removed == len(GONE)
+    assert ids(db) == {j[0] for j in JOBS} - GONE
+    assert 1 not in ids(db, "events", "job_id")  # the new event too
+
+
+async def test_an_event_for_a_job_the_batch_deleted_waits_then_fails_its_key(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """The same section: the batch has deleted job 1 and waits at job 5 (another session
+    holds it); an insert of an event for job 1 then waits for the batch, and once the batch
+    commits fails with a foreign-key violation."""
+    make(db)
+    insert(db)
+    pid: list[int] = []
+    with row_locked(schema_url, "jobs", 5, column="id") as holder:
+        running = asyncio.ensure_future(sweep(target(pool, PATIENT)))
+        await until_a_sweep_waits(db, running, holder=holder)
+        late = asyncio.ensure_future(asyncio.to_thread(late_event, schema_url, 1, pid))
+        blocked = "SELECT cardinality(pg_blocking_pids(%s)) > 0"
+        while not (pid and db.execute(blocked, (pid[0],)).fetchone() == (True,)):
+            assert not late.done(), f"the event did not wait for the batch: {late.result()}"
+            await asyncio.sleep(0.01)
+    result, _ = await running
+
+    assert (await late).startswith('Key (job_id)=(1) is not present in table "jobs"')
+    assert result.removed == len(GONE)
+    assert ids(db) == {j[0] for j in JOBS} - GONE
 
 
 async def test_many_batches_count_exactly_what_one_would(
