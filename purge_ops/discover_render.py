@@ -121,9 +121,11 @@ def _header(found: Discovery, url: str) -> list[str]:
         f"# pg-purge discover: {found.database} as {found.user}, at {at} (this machine's clock)",
         *_comment(
             "Read in one read-only transaction: nothing was written. Keep the entries you want, "
-            "set each max_age to your own policy, then `pg-purge run --config FILE`. Expiry is "
-            "inclusive here: a row whose column plus max_age is exactly now goes (the "
-            "frameworks' own cleanups use <, so that one row goes one pass sooner)."
+            "set each max_age to your own policy, then `pg-purge schema --apply --config FILE` "
+            "(the sweep's ledger), `pg-purge check --config FILE` and `pg-purge run --config "
+            "FILE --schedule`. Expiry is inclusive here: a row whose column plus max_age is "
+            "exactly now goes (the frameworks' own cleanups use <, so that one row goes one "
+            "pass sooner)."
         ),
         "",
     ]

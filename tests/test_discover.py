@@ -215,11 +215,18 @@ async def test_the_printed_config_starts_a_worker_that_sweeps_what_discover_coun
 ) -> None:
     """The printed text, saved as a file, is read by the package's own config reader; a
     worker built from it (`run_worker`, as `pg-purge run` does) sweeps a pass of its targets,
-    and each removes exactly the rows discover said would go now."""
+    and each removes exactly the rows discover said would go now. Its header names the steps
+    from it to a scheduled worker, the ledger's tables first (else no count is exact)."""
     fill_published(database)
     found = await discover(database)
     path = tmp_path / "purge.toml"
-    path.write_text(discover_render.as_toml(found, database), encoding="utf-8")
+    text = discover_render.as_toml(found, database)
+    path.write_text(text, encoding="utf-8")
+    header = " ".join(line[2:] for line in text.splitlines()[1:4])
+    assert (
+        "then `pg-purge schema --apply --config FILE` (the sweep's ledger), `pg-purge check "
+        "--config FILE` and `pg-purge run --config FILE --schedule`."
+    ) in header, header
 
     config = harness.adopt(load_config(path, env={}))
     expected = {
