@@ -354,13 +354,17 @@ async def behind(client: Client, config: PurgeConfig, specs: Sequence[ScheduleCo
     """For each of `specs` (the config's schedules a worker did not write as it started) whose
     schedule starts this package's passes on the config's task queue but not the passes the
     config would (`passes.not_this_pass`: targets it lacks, or sent to another config's
-    queues): one line saying so. Mid-deploy, workers of a new config started without
-    `--schedule` leave the old config's input in place; its passes send their targets to the
-    old config's queues, and once the old workers are gone each of those targets waits
-    `worker_wait` and fails `NoPurgeWorker`. A schedule this worker cannot read (absent, not
-    allowed, not this package's, an input a later release or a hand wrote) is not said: it
-    stops no start."""
+    queues): one line saying so. Mid-deploy, workers of a new config started before
+    `pg-purge schedule` writes it (or without it ever running) find the old config's input;
+    its passes send their targets to the old config's queues, and once the old workers are
+    gone each of those targets waits `worker_wait` and fails `NoPurgeWorker`. A regional
+    worker's config (every target on a queue of its own) says nothing: it names only its own
+    databases, and the scheduler's passes are not its to judge (nor to write). A schedule this
+    worker cannot read (absent, not allowed, not this package's, an input that is not a pass's
+    of this release: a later release's, one written by hand) is not said: it stops no start."""
     lines: list[str] = []
+    if config.own_queue is None:
+        return lines
     converter = client.data_converter.payload_converter
     for spec in specs:
         try:
@@ -372,17 +376,17 @@ async def behind(client: Client, config: PurgeConfig, specs: Sequence[ScheduleCo
             not isinstance(action, ScheduleActionStartWorkflow)
             or action.workflow != WORKFLOW_TYPE
             or action.task_queue != config.task_queue
-            or _later_format(action, converter) is not None
+            or _held_input(action, converter) is None
         ):
             continue
-        held = _held_value(action, converter)
-        why = "" if held is _UNREAD else not_this_pass(held, config.scheduled_input(spec))
+        why = not_this_pass(_held_value(action, converter), config.scheduled_input(spec))
         if why:
             lines.append(
                 f"schedule {spec.id} starts passes that are not this config's: {why}. They "
                 "sweep by the config that wrote it, and a target routed to its queues fails "
                 "NoPurgeWorker once no worker of that config runs: `pg-purge schedule` (or a "
-                "worker started with --schedule) writes this config's"
+                "worker started with --schedule) writes this config's; where another config "
+                "owns that schedule, give this one another `id` under [schedule]"
             )
     return lines
 

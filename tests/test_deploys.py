@@ -30,12 +30,17 @@ from activities.sweep import PurgeActivities
 from purge_config.file import load_config, parse_config
 from purge_config.names import TableName
 from purge_config.settings import Guards
-from purge_ops import runner
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import child_ids, events
-from tests.support.passes import failed_pass, run_pass, until_polled
+from tests.support.passes import (
+    failed_pass,
+    rewritten,
+    run_pass,
+    started_and_stopped,
+    until_polled,
+)
 from tests.support.procs import clean_env, identity, start_worker, stop, use_env, wait_for
 from tests.support.rows import HOUR, auth_rows, keys
 from tests.support.servers import RunningTemporal
@@ -218,7 +223,9 @@ async def test_a_worker_started_without_schedule_says_the_schedule_is_another_co
     `--schedule` leave the old config's schedule: its passes send t1 to the old config's queue,
     where it fails `NoPurgeWorker` once the old workers are gone. A new worker says so as it
     starts, with the fix; a worker of the config that wrote it, and one that writes it with
-    `--schedule`, say nothing of it."""
+    `--schedule`, say nothing of it. Nor do a worker of a regional config (its one target on a
+    database queue of its own: the scheduler's passes are not its to judge), and one that
+    finds an input that is not a pass's (written by hand): each starts."""
     schedule_id = f"purge-deploy-{uuid.uuid4().hex[:8]}"
 
     def config(extra: str, names: list[str]) -> Any:
@@ -232,26 +239,36 @@ async def test_a_worker_started_without_schedule_says_the_schedule_is_another_co
         )
 
     old, new = config("", ["t1", "t2"]), config('max_age = "1h"\n', ["t1", "t2"])
+    regional = parse_config(
+        tomllib.loads(
+            f"task_queue = {harness.task_queue!r}\n"
+            f'[databases.eu]\nurl = {harness.url!r}\ntask_queue = "eu-{schedule_id}"\n'
+            f'[schedule]\nid = "{schedule_id}"\ncron = "0 0 1 1 *"\n'
+            + tables_toml(["t1"]).replace('column = "at"\n', 'column = "at"\ndatabase = "eu"\n')
+        ),
+        env={},
+    )
+    assert regional.own_queue is None
     use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
 
     async def started(config: Any, **options: Any) -> list[str]:
         """The warnings a worker of these arguments logs as it starts (then stopped)."""
         caplog.clear()
-        stopping = asyncio.Event()
-        stopping.set()  # stops once it polls
         with caplog.at_level(logging.WARNING, logger="purge"):
-            await runner.run_worker(
-                config, stop=stopping, temporal_address=temporal_server.address, **options
-            )
+            await started_and_stopped(config, temporal_server.address, **options)
         return [r.getMessage() for r in caplog.records if schedule_id in r.getMessage()]
 
+    handle = harness.client.get_schedule_handle(schedule_id)
     await ensure_schedules(harness.client, old)
     try:
         by_old, by_new = await started(old), await started(new)
         by_writer = await started(new, ensure_schedule=True)  # writes it, and is its config
         after = await started(new)
+        by_regional = await started(regional)
+        await handle.update(rewritten({"targets": [{"name": "t1"}]}))  # by hand, not a pass's
+        garbled = await started(new)
     finally:
-        await harness.client.get_schedule_handle(schedule_id).delete()
+        await handle.delete()
 
     assert by_old == []
     assert by_new == [
@@ -259,9 +276,10 @@ async def test_a_worker_started_without_schedule_says_the_schedule_is_another_co
         "this pass's targets to other task queues (another config's). They sweep by the config "
         "that wrote it, and a target routed to its queues fails NoPurgeWorker once no worker of "
         "that config runs: `pg-purge schedule` (or a worker started with --schedule) writes "
-        "this config's"
+        "this config's; where another config owns that schedule, give this one another `id` "
+        "under [schedule]"
     ]
-    assert (by_writer, after) == ([], [])
+    assert (by_writer, after, by_regional, garbled) == ([], [], [], [])
 
 
 # Real worker processes, 7 s: the slow suite (tests/README.md), as the fleet tests are.

@@ -26,10 +26,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import (
     Client,
-    ScheduleActionStartWorkflow,
     ScheduleHandle,
-    ScheduleUpdate,
-    ScheduleUpdateInput,
     WorkflowExecutionStatus,
 )
 from temporalio.service import RPCError
@@ -45,7 +42,13 @@ from purge_ops.runner import new_worker
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import child_ids, events, kinds
-from tests.support.passes import FAIL_WITHIN_S, failed_pass, held_input, until_polled
+from tests.support.passes import (
+    FAIL_WITHIN_S,
+    failed_pass,
+    held_input,
+    rewritten,
+    until_polled,
+)
 from tests.support.probes import samples
 from tests.support.servers import RunningTemporal
 
@@ -251,18 +254,6 @@ def schedule_config(task_queue: str, schedule_id: str, *kinds: str) -> PurgeConf
         ),
         env={},
     )
-
-
-def rewritten(args: dict[str, Any]) -> Callable[[ScheduleUpdateInput], ScheduleUpdate]:
-    """An update of a schedule's passes' input to `args`, all else as it is."""
-
-    def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
-        schedule = given.description.schedule
-        assert isinstance(schedule.action, ScheduleActionStartWorkflow)
-        schedule.action.args = [args]
-        return ScheduleUpdate(schedule=schedule)
-
-    return update
 
 
 async def test_a_worker_leaves_a_schedule_a_later_release_wrote_as_it_is(

@@ -3,7 +3,6 @@ The factory is called when a step needs it, so a store built after the worker st
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import uuid
@@ -19,10 +18,9 @@ from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport
 from purge_config.file import load_config
-from purge_ops import runner
 from tests.conftest import Harness
 from tests.support import apptargets
-from tests.support.passes import failed_pass, run_pass
+from tests.support.passes import failed_pass, run_pass, started_and_stopped
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
@@ -212,11 +210,9 @@ async def test_a_worker_of_python_targets_alone_names_no_database_of_its_own(
     )
     config = load_config(config_file, env={})
     use_env(monkeypatch, clean_env())  # Temporal's client settings come from the test alone
-    stopping = asyncio.Event()
-    stopping.set()  # stops once it polls
 
     with caplog.at_level(logging.INFO, logger="purge"):
-        await runner.run_worker(config, stop=stopping, temporal_address=temporal_server.address)
+        await started_and_stopped(config, temporal_server.address)
 
     said = caplog.text
     assert "database none (no target of a built-in kind sweeps the default database)" in said

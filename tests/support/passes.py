@@ -17,6 +17,8 @@ from temporalio.client import (
     ScheduleActionStartWorkflow,
     ScheduleDescription,
     ScheduleHandle,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
     WorkflowExecution,
     WorkflowFailureError,
 )
@@ -26,7 +28,7 @@ from temporalio.worker import Worker
 from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig
-from purge_ops.runner import new_worker
+from purge_ops.runner import new_worker, run_worker
 
 
 def quiet_cron() -> str:
@@ -105,6 +107,15 @@ async def run_pass_beside_older(
         return await run_pass(client, task_queue, config.pass_input(), workflow_id)
 
 
+async def started_and_stopped(config: PurgeConfig, address: str, **options: Any) -> None:
+    """`run_worker(config)` (as `pg-purge run` runs it) against the Temporal at `address`, told
+    to stop before it starts: it connects, does what a start does (writing or reading the
+    schedule, saying what it polls), polls, and stops at once. `options` as run_worker's."""
+    stopping = asyncio.Event()
+    stopping.set()
+    await run_worker(config, stop=stopping, temporal_address=address, **options)
+
+
 #: How long a pass expected to fail at once may take to fail (seconds of real time): far beyond
 #: what it takes on a loaded machine, far short of for ever.
 FAIL_WITHIN_S = 120
@@ -180,6 +191,19 @@ async def until_polled(
     async with asyncio.timeout(60):
         while await listed_pollers(client, queue, kind) < at_least:
             await asyncio.sleep(0.05)
+
+
+def rewritten(args: dict[str, Any]) -> Callable[[ScheduleUpdateInput], ScheduleUpdate]:
+    """An update of a schedule's passes' input to `args`, all else as it is (a hand edit, or a
+    later release's write)."""
+
+    def update(given: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = given.description.schedule
+        assert isinstance(schedule.action, ScheduleActionStartWorkflow)
+        schedule.action.args = [args]
+        return ScheduleUpdate(schedule=schedule)
+
+    return update
 
 
 async def held_input(client: Client, schedule_id: str) -> Any:
