@@ -27,7 +27,7 @@ from activities.engine.rules import ident
 from activities.engine.sql_target import SqlTarget
 from activities.errors import BadPurgeTarget
 from activities.pattern_matches import PatternTargets
-from activities.registry import CountingTarget, TargetFactory, TargetRegistry
+from activities.registry import CountingTarget, FactoryAnswers, TargetFactory, TargetRegistry
 from activities.spread_steps import PatternStep
 from purge_config.errors import first_line
 from purge_config.file import PurgeConfig
@@ -50,7 +50,8 @@ class Verdict:
     problems: list[str] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)
     skipped: str = ""
-    """Why it was not checked (a database this config has no URL for)."""
+    """Why it was not checked (a database this config has no URL for, a python entry whose
+    factory gave no target)."""
     label: str = ""
     """What its line says of it in place of its tables: a python target's, the names its
     factory gave."""
@@ -82,9 +83,18 @@ async def check_config(
                 pools[database] = await stack.enter_async_context(pool)
         verdicts = []
         swept: list[tuple[Verdict, str, SqlTarget]] = []
+        # Every factory asked once, checked or not: a name two of them give, or one of them
+        # and an entry, fails on the worker whichever entry is checked.
+        answers = {s.name: _ask(s) for s in config.targets if s.kind == "python"}
+        givers: dict[str, list[str]] = {}
+        for spec in config.targets:
+            given = answers[spec.name].found if spec.kind == "python" else (spec.name,)
+            for name in given:
+                givers.setdefault(name, []).append(spec.name)
         for spec in specs:
             if spec.kind == "python":
-                verdict = _check_factory(spec, [n for n in spec.names if not names or n in names])
+                wanted = [n for n in spec.names if not names or n in names]
+                verdict = _check_factory(spec, answers[spec.name], wanted, givers)
             elif spec.database not in pools:
                 verdict = Verdict(
                     spec.name,
@@ -108,17 +118,25 @@ async def check_config(
     return 1 if any(v.problems for v in verdicts) else 0
 
 
-def _check_factory(spec: TargetSpec, wanted: list[str]) -> Verdict:
-    """A python target's factory asked once, as a worker asks it at every step: whether it gives
-    a target for each of `wanted`, and which of them a dry run could count. One that gives no
-    target at all is said skipped, not failed: a factory whose targets the application's own
-    start-up builds gives them only in a worker built in code (docs/own-targets.md), which
-    `check` is not; `pg-purge run` runs none of that start-up either."""
+def _ask(spec: TargetSpec) -> FactoryAnswers:
+    """A python entry's factory asked once, as a worker asks it at every step."""
     assert spec.factory is not None  # every python entry has one (purge_config.specs)
-    verdict = Verdict(spec.name, label="python")
     # Checked against the PurgeTarget protocol as it is asked, as by the worker's registry.
     factory = cast(TargetFactory, spec.factory)
-    asked = TargetRegistry(factories=[factory]).ask_factories()
+    return TargetRegistry(factories=[factory]).ask_factories()
+
+
+def _check_factory(
+    spec: TargetSpec, asked: FactoryAnswers, wanted: list[str], givers: dict[str, list[str]]
+) -> Verdict:
+    """A python entry's factory's answer (`_ask`): whether it gives a target for each of
+    `wanted`, whether a name it gives is given twice (by it, by another factory or an entry
+    of the config, `givers`: the worker refuses such a name, `DuplicatePurgeTarget`), and
+    which of `wanted` a dry run could count. One that gives no target at all is said skipped,
+    not failed: a factory whose targets the application's own start-up builds gives them only
+    in a worker built in code (docs/own-targets.md), which `check` is not; `pg-purge run` runs
+    none of that start-up either."""
+    verdict = Verdict(spec.name, label="python")
     if asked.failed:
         verdict.problems += [message for message, _ in asked.failed]
         return verdict
@@ -129,6 +147,13 @@ def _check_factory(spec: TargetSpec, wanted: list[str]) -> Verdict:
             "start-up builds gives them only in a worker built in code"
         )
         return verdict
+    for name in sorted(asked.found):
+        others = [who for who in givers.get(name, []) if who != spec.name]
+        if name in asked.clashes or others:
+            by = f"it and {', '.join(others)}" if others else "it, twice"
+            verdict.problems.append(
+                f"{name!r} is given by {by}: a pass's step for it would fail DuplicatePurgeTarget"
+            )
     gave = ", ".join(sorted(asked.found))
     given = []
     for name in wanted:

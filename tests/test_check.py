@@ -106,13 +106,15 @@ async def test_a_python_target_named_by_its_names_is_said_skipped(
 
 
 async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_it(
-    tmp_path: Path, schema_url: str
+    tmp_path: Path, schema_url: str, db: psycopg.Connection[Any]
 ) -> None:
     """`check` asks each python entry's factory once, as a worker asks it at every step, and
     runs none of its targets' code: the documented factory gives tmp_uploads (ok); one whose
     target has no count_expired is ok, with the advice that a dry run of it fails; one that
-    lacks a name the config gives it, one that raises and one that returns what is not a
-    target fail, one line each, as a pass's step would fail. Exit 1."""
+    lacks a name the config gives it, one that raises, one that returns what is not a target,
+    one that gives a name twice and one that gives the name of an entry of the config fail,
+    one line each, as a pass's step would fail. Exit 1."""
+    tokens(db)
 
     def entry(factory: str, *names: str) -> str:
         listed = ", ".join(f'"{n}"' for n in names)
@@ -126,6 +128,9 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
         + entry("checked_factories:uncounted", "no_count", "no_such")
         + entry("checked_factories:raising", "app_rows")
         + entry("checked_factories:stray", "strays")
+        + entry("checked_factories:doubled", "dup")
+        + entry("checked_factories:shadowing", "own_rows")
+        + TOKENS
     )
     path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
 
@@ -147,6 +152,13 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
         "FAILED  tests.support.checked_factories:stray (python): target factory "
         "tests.support.checked_factories:stray returned 'tmp_uploads', which has no name and "
         "purge_expired",
+        "FAILED  tests.support.checked_factories:doubled (python, gives dup): 'dup' is given by "
+        "it, twice: a pass's step for it would fail DuplicatePurgeTarget",
+        "        advice: dup has no count_expired: a dry run of it fails (DryRunUnsupported)",
+        "FAILED  tests.support.checked_factories:shadowing (python, gives own_rows): 'tokens' is "
+        "given by it and tokens: a pass's step for it would fail DuplicatePurgeTarget",
+        "        advice: own_rows has no count_expired: a dry run of it fails (DryRunUnsupported)",
+        "ok      tokens (1 table)",
     ]
     # Only the names asked for: no_such is not checked where no_count alone is.
     assert named.returncode == 0, named.stdout + named.stderr
