@@ -216,8 +216,9 @@ def swept_exactly(db: psycopg.Connection[Any], expired: int) -> None:
 
 
 #: The sweep waits for the other sessions' locks as long as the test needs, never rolled back
-#: by its own lock_timeout (2 s by default) on a slow machine.
-PATIENT = ENTRY + 'lock_timeout = "60s"\n'
+#: by its own lock_timeout (2 s by default) or statement_timeout (10 s, lock waits included)
+#: on a slow machine.
+PATIENT = ENTRY + 'lock_timeout = "60s"\nstatement_timeout = "600s"\n'
 
 
 def late_event(url: str, job: int, pid: list[int]) -> str:

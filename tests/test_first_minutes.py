@@ -10,6 +10,8 @@ import asyncio
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,8 @@ from tests.support.procs import clean_env
 from tests.support.servers import RunningTemporal
 
 REPO = Path(__file__).resolve().parents[1]
+#: The shell a reader pastes the blocks into.
+BASH = shutil.which("bash") or "/bin/bash"
 
 pytestmark = pytest.mark.slow
 
@@ -47,25 +51,32 @@ def as_run_here(block: str, url: str, variable: str) -> str:
             line = f"export {variable}={shlex.quote(url)}"
         lines.append(line)
     assert any(line.startswith(f"export {variable}=") for line in lines), block
-    return "set -e\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n" + "\n".join(lines) + "\n"
+    stop = "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n"
+    return "set -e\n" + stop + "\n".join(lines) + "\n"
 
 
-async def run_block(script: str, cwd: Path, temporal: RunningTemporal) -> str:
-    """Run `script` with bash in `cwd`; its output, after checking it succeeded."""
+def run_block(script: str, cwd: Path, temporal: RunningTemporal) -> str:
+    """Run `script` with bash in `cwd`, in a process group of its own; its output, after
+    checking it succeeded. A script still running after 300 s (a hang's bound) is killed with
+    every process it started, the worker it left in the background too."""
     env = clean_env(TEMPORAL_ADDRESS=temporal.address)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
-    done = await asyncio.to_thread(
-        subprocess.run,
-        ["bash", "-c", script],
+    with subprocess.Popen(
+        [BASH, "-c", script],
         cwd=cwd,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+        start_new_session=True,
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    assert proc.returncode == 0, out + err
+    return out
 
 
 def table_line(out: str, name: str) -> list[str]:
@@ -86,8 +97,8 @@ async def test_a_python_target_beside_dev_runs_as_the_docs_print_it(
     )
     block = fenced("own-targets.md", "### Try it beside `dev`", "sh")
 
-    out = await run_block(
-        as_run_here(block, schema_url, "APP_DATABASE_URL"), tmp_path, temporal_server
+    out = await asyncio.to_thread(
+        run_block, as_run_here(block, schema_url, "APP_DATABASE_URL"), tmp_path, temporal_server
     )
 
     assert "ok      myapp.purge:targets (python, gives tmp_uploads)" in out.splitlines()
@@ -103,8 +114,8 @@ async def test_a_table_of_your_own_beside_dev_runs_as_the_docs_print_it(
     schema, `check`, a worker, a dry run of 5, a sweep of 5, the report."""
     block = fenced("operating.md", "In a second shell", "sh")
 
-    out = await run_block(
-        as_run_here(block, schema_url, "PURGE_DATABASE_URL"), tmp_path, temporal_server
+    out = await asyncio.to_thread(
+        run_block, as_run_here(block, schema_url, "PURGE_DATABASE_URL"), tmp_path, temporal_server
     )
 
     assert "ok      tokens (1 table)" in out.splitlines()
