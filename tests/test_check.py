@@ -21,6 +21,7 @@ from activities.registry import TargetRegistry
 from activities.sweep import PurgeActivities
 from purge_config.names import TableName
 from tests.conftest import Pools
+from tests.support import ownpool_targets
 from tests.support.activity import activity_env
 from tests.support.procs import Done, clean_env, run_main, worker_config
 from tests.support.rows import HOUR
@@ -134,9 +135,13 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
     )
     path = worker_config(tmp_path / "purge.toml", schema_url, "purge", targets)
 
-    # The documented factory's module builds its pool of APP_DATABASE_URL (never opened here).
-    every = await check(path, APP_DATABASE_URL=schema_url)
-    named = await check(path, "--target", "no_count")
+    # The documented factory's module builds its pool of APP_DATABASE_URL (never opened here),
+    # once a process: forgotten after, or a later test of this process would find this one's.
+    try:
+        every = await check(path, APP_DATABASE_URL=schema_url)
+        named = await check(path, "--target", "no_count")
+    finally:
+        ownpool_targets._built.clear()
 
     assert every.returncode == 1, every.stdout + every.stderr
     assert every.stderr == ""

@@ -171,6 +171,7 @@ async def test_the_docs_factory_builds_its_own_pool_under_a_worker_of_its_config
     own pool from its setting and sweeps, a dry run first."""
     from tests.support import ownpool_targets
 
+    assert ownpool_targets._built == [], "a target built by an earlier test of this process"
     monkeypatch.setenv("APP_DATABASE_URL", harness.url)
     config_file = tmp_path / "purge.toml"
     config_file.write_text(
