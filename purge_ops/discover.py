@@ -50,6 +50,17 @@ EXPIRY_NAME = re.compile(
     re.IGNORECASE,
 )
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+#: A column that says when a row was made, and a table name that says its rows are short-lived
+#: (a token, a code, an attempt, a session, an audit row): such a table with no expiry-like
+#: column is named in a comment (`Discovery.made_only`), never an entry, since how long to keep
+#: its rows is a policy only the application knows. Most tables have a `created_at`; only these
+#: names are said, or every table would be.
+MADE_NAME = re.compile(r"^(?:created|inserted|issued|requested)(?:_(?:at|on|time))?$", re.I)
+SHORT_LIVED = re.compile(
+    r"(?:^|_)(?:tokens?|nonces?|otps?|resets?|verifications?|confirmations?|challenges?"
+    r"|attempts?|sessions?|idempotency|throttles?|audits?)(?:_|$)",
+    re.I,
+)
 
 
 def snake(name: str) -> str:
@@ -208,6 +219,10 @@ class Discovery:
     families: tuple[Family, ...] = ()
     skipped: tuple[str, ...] = ()
     """Tables with an expiry-like column that no config can name, and why."""
+    made_only: tuple[str, ...] = ()
+    """Tables whose name says their rows are short-lived, with no finding but a column that
+    says when a row was made (`schema.table (column)`): entries only their owner can write,
+    with the `max_age` their policy says."""
     names: Mapping[str, str] = field(default_factory=dict)
     """The target name of each single (`schema.table:column`) and family (`pattern:column`,
     `Family.key`): `target_names`."""
@@ -259,8 +274,12 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
     inherited = await _inheritance_children(conn, [t.oid for t in tables if not t.partitioned])
     findings: list[Finding] = []
     skipped: list[str] = []
+    made_only: list[str] = []
     for table in tables:
-        for candidate in _candidates(table):
+        candidates = _candidates(table)
+        if not candidates and (made := _made_at(table)):
+            made_only.append(f"{table.qualified} ({made})")
+        for candidate in candidates:
             if not (SQL_NAME.fullmatch(table.schema) and SQL_NAME.fullmatch(table.name)):
                 skipped.append(
                     f"{table.qualified} ({candidate.column}): a config names tables whose "
@@ -288,6 +307,7 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
         singles=tuple(singles),
         families=tuple(families),
         skipped=tuple(dict.fromkeys(skipped)),
+        made_only=tuple(made_only),
         names=target_names(singles, families),
     )
 
@@ -483,6 +503,17 @@ def _candidates(table: Table) -> list[_Candidate]:
         for column, kind in table.columns.items()
         if expiry_like(column) and kind in (*INSTANTS, *INTEGERS, *OTHER_TIMES)
     ]
+
+
+def _made_at(table: Table) -> str | None:
+    """The column of `table` that says when a row was made, where its name says its rows are
+    short-lived (MADE_NAME, SHORT_LIVED) and the column holds an instant; else None."""
+    if not SHORT_LIVED.search(snake(table.name)):
+        return None
+    return next(
+        (c for c, kind in table.columns.items() if MADE_NAME.match(snake(c)) and kind in INSTANTS),
+        None,
+    )
 
 
 async def _measure(

@@ -110,6 +110,13 @@ def as_toml(found: Discovery, url: str) -> str:
     if found.skipped:
         lines += _section("Not nameable in a config")
         lines += [f"# {line}" for line in found.skipped]
+    if found.made_only:
+        lines += _section("Short-lived by their name, dated only by when a row was made")
+        lines += _comment(
+            "No entry: how long to keep these rows is your policy. For each you keep, add an "
+            "`expiring` entry on that column with the max_age it says (docs/discover.md)."
+        )
+        lines += [f"#   {line}" for line in found.made_only]
     if not (framework or expiry or found.families):
         lines += ["", "# Nothing found that an entry could sweep."]
     return "\n".join(lines) + "\n"
@@ -325,6 +332,7 @@ def as_json(found: Discovery) -> str:
             "findings": [_finding_json(found, f) for f in found.singles],
             "families": [_family_json(found, f) for f in found.families],
             "skipped": list(found.skipped),
+            "made_only": list(found.made_only),
         },
         indent=2,
     )

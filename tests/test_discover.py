@@ -285,6 +285,40 @@ async def test_a_presets_table_in_two_schemas_is_two_targets_of_two_names(
     ]
 
 
+async def test_short_lived_tables_dated_by_their_making_are_named_in_a_comment(
+    database: str,
+) -> None:
+    """A table whose name says its rows are short-lived (reset tokens, login attempts, an audit
+    log) and whose rows say only when they were made: named in a comment with that column, no
+    entry (its age is the owner's policy). A table of another name with a created_at (users),
+    a made-at column that holds no instant, and a short-lived table with an expiry column (an
+    entry already) are not named there."""
+    run_sql(
+        database,
+        """
+        CREATE TABLE password_reset_tokens (token text PRIMARY KEY, created_at timestamptz);
+        CREATE TABLE "LoginAttempts" (id int, "createdAt" timestamp);
+        CREATE TABLE audit_log (id int, inserted_at timestamptz, body text);
+        CREATE TABLE users (id int, created_at timestamptz);
+        CREATE TABLE api_tokens (id int, created bigint);
+        CREATE TABLE refresh_tokens (id int, created_at timestamptz, expires_at timestamptz);
+        """,
+    )
+
+    found = await discover(database)
+    text = discover_render.as_toml(found, database)
+
+    assert found.made_only == (
+        "public.LoginAttempts (createdAt)",
+        "public.audit_log (inserted_at)",
+        "public.password_reset_tokens (created_at)",
+    )
+    assert "#   public.password_reset_tokens (created_at)" in text.splitlines()
+    assert {f.table for f in found.singles} == {"refresh_tokens"}
+    config = tomllib.loads(text)
+    assert [t["table"] for t in config["targets"]] == ["public.refresh_tokens"]
+
+
 async def test_other_expiry_columns_families_and_their_indexes(database: str) -> None:
     """Tables no framework explains: an expiry-like column of each type found with its counts;
     one that no target reads as it is (a date, a duration) said why; tables of one shape in
