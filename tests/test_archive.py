@@ -321,6 +321,40 @@ async def test_a_row_the_archive_already_holds_fails_the_target_at_once_moving_n
     assert rows_of(db, f"{arc}.audit_log") == archived
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "ALTER TABLE {arc}.audit_log ADD CONSTRAINT small CHECK (amount < 0.5)",
+        # A partitioned archive whose one partition takes only ids below 50.
+        "DROP TABLE {arc}.audit_log; CREATE TABLE {arc}.audit_log (id bigint NOT NULL,"
+        " actor text NOT NULL, body jsonb, amount numeric(12, 2), created_at bigint NOT NULL,"
+        " size integer) PARTITION BY RANGE (id); CREATE TABLE {arc}.audit_log_low PARTITION OF"
+        " {arc}.audit_log FOR VALUES FROM (0) TO (50)",
+    ],
+    ids=["check", "no-partition"],
+)
+async def test_a_row_the_archive_refuses_fails_the_target_at_once_moving_nothing(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str, refusal: str
+) -> None:
+    """A row the archive's own rules refuse (a CHECK of its own; no partition of it for the
+    row): every attempt would meet it, so the target fails at once, BadPurgeTarget,
+    non-retryable, naming the archive and its rule but not the row, and the batch moves
+    nothing."""
+    make_audit(db, arc)
+    db.execute(refusal.format(arc=arc))
+    fill_audit(db, 100, expired_every=2)
+    before = rows_of(db, "audit_log")
+
+    with pytest.raises(BadPurgeTarget) as refused, contract_errors():
+        await audit(pool, arc).purge_expired(NOW)
+
+    assert refused.value.non_retryable
+    message = str(refused.value)
+    assert f"archive {arc}.audit_log refused a row being archived" in message, message
+    assert "user" not in message  # the DETAIL, which shows the row, is not said
+    assert rows_of(db, "audit_log") == before
+
+
 async def test_an_archive_column_generated_there_but_not_here_is_refused(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], arc: str
 ) -> None:

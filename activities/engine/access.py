@@ -273,6 +273,16 @@ class TableAccess:
                 f"key of one being archived ({first_line(err)}); a key archived before and "
                 "written again since? this batch moved nothing"
             ) from err
+        except errors.CheckViolation as err:
+            if rule.archive is None:
+                raise
+            # Only the archive's INSERT can raise it (a DELETE meets no CHECK): a constraint
+            # of the archive's, or no partition of it for the row. Every retry would meet the
+            # same row. The first line names the constraint; the DETAIL, not said, the row.
+            raise BadTable(
+                f"table {rule.table}: archive {rule.archive} refused a row being archived "
+                f"({first_line(err)}); this batch moved nothing"
+            ) from err
         except errors.InsufficientPrivilege as err:
             raise MissingRights(
                 f"table {rule.table}: {first_line(err)}; the worker's role needs "
