@@ -245,7 +245,7 @@ class PurgeActivities:
                 "its time ran out while its guards counted the rows: no batch ran; the next "
                 "pass counts again"
             )
-        _record_gauges(step.name, sweep)
+        _record_gauges(step, sweep)
         return stats.removed
 
 
@@ -324,9 +324,19 @@ def _rows_removed() -> MetricCounter:
     return metrics.ROWS_REMOVED.on(_meter())
 
 
-def _record_gauges(name: str, sweep: PurgeSweep) -> None:
-    """What a sweep left, for alerts: expired rows left and how long the oldest has waited."""
-    labels = {"target": name}
+def _wall_s() -> float:
+    """This worker's clock, as the sweep's end is stamped by (`purge_ops.pass_metrics`)."""
+    return time.time()
+
+
+def _record_gauges(step: PurgeStep, sweep: PurgeSweep) -> None:
+    """What a sweep left, for alerts: expired rows left and how long the oldest has waited,
+    at the sweep's end. The sweep reads that age as of the pass's instant, and the alert rules
+    add to it only the time since the sweep ended (deploy/prometheus/purge-rules.yml): the
+    time between the two (up to the sweep's time budget, or the pass's) is added here, or a
+    row left by a sweep that ended late in its pass would page that much later. 0, nothing
+    expired left, stays 0."""
+    labels = {"target": step.name}
     if sweep.paused_s:
         metrics.PAUSED_SECONDS.on(_meter()).add(math.ceil(sweep.paused_s), labels)
     if sweep.status == "busy":
@@ -334,8 +344,11 @@ def _record_gauges(name: str, sweep: PurgeSweep) -> None:
         # alert firing on what the last sweep that ran left. The gauges keep that sweep's values.
         return
     metrics.BACKLOG_ROWS.on(_meter()).set(sweep.backlog, labels)
-    if sweep.oldest_expired_age_s is not None:
-        metrics.OLDEST_EXPIRED_AGE.on(_meter()).set(sweep.oldest_expired_age_s, labels)
+    age = sweep.oldest_expired_age_s
+    if age is not None:
+        if age > 0:
+            age += max(0.0, _wall_s() - step.now_ms / 1000)
+        metrics.OLDEST_EXPIRED_AGE.on(_meter()).set(age, labels)
 
 
 class _Beat:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from temporalio.client import Client
 
 import worker
 from activities import builtin_kinds as kinds
+from activities import sweep as sweep_module
 from activities.engine import batching, partition_advice
 from activities.engine import leftover as leftover_module
 from activities.inputs import PurgeStep
@@ -264,9 +266,12 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
 ) -> None:
     """The config's smallest budget (1s), spent while the sweep's first batch waits on a row:
     the pass ends with a backlog, and the gauges say how many rows are left and how long the
-    oldest has waited; a target that fails counts once in purge_target_failures."""
+    oldest has waited at the sweep's end (here ten minutes after the pass's instant, as a
+    sweep that ran to its time budget: the alert rules add only the time since that end); a
+    target that fails counts once in purge_target_failures."""
     expired = fill(harness.db, "x_idempotency", 20_000, 10, harness.now_ms)
     clock = budget_clock(monkeypatch)
+    monkeypatch.setattr(sweep_module, "_wall_s", lambda: time.time() + 600)
     [spec] = parse_config(
         {"sweep": {"time_budget": "1s"}, "targets": [{"kind": "idempotency"}]}, env={}
     ).targets
@@ -285,9 +290,9 @@ async def test_gauges_after_a_pass_that_ran_out_of_budget_and_a_failure_counter(
     backlog = int(left.fetchone()[0])  # type: ignore[index]
     assert 0 < backlog < expired
     assert metrics["purge_backlog_rows{x_idempotency}"] == backlog
-    # Rows written an hour before the pass's instant: the oldest has waited about that long.
+    # Rows written an hour before the pass's instant, the sweep ended ten minutes after it.
     age = metrics["purge_oldest_expired_age_seconds{x_idempotency}"]
-    assert 3_600 <= age <= 3_600 + 120, age
+    assert 3_600 + 600 <= age <= 3_600 + 600 + 120, age
     assert metrics["purge_rows_removed{x_idempotency}"] == expired - backlog
     assert metrics["purge_target_failures{nowhere}"] == 1
     # Served from the target's first pass on, at 0 until it fails (for the alert rules).
