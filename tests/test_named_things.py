@@ -291,7 +291,7 @@ class TestTheReader:
             ("section", "sweep"),  # the docs
             ("key", "partitions"),
             ("command", "report --last"),  # a runbook and the docs
-            ("command", "sweep --dry-run --target"),
+            ("command", "schedule --print-input"),  # a runbook's, and the docs' own
         } <= found
 
     def test_it_flags_the_runbook_that_named_batch_size(self) -> None:
