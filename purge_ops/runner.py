@@ -121,8 +121,11 @@ def polled_queues(config: PurgeConfig) -> dict[str, list[str]]:
     queues: dict[str, list[str]] = {}
     if config.own_queue is not None:
         # A python target's database is its factory's own business: none of this config's.
-        own = [t for t in config.targets if t.database not in config.queues]
-        on = {t.database for t in own if t.kind != "python"}
+        on = {
+            t.database
+            for t in config.targets
+            if t.database not in config.queues and t.kind != "python"
+        }
         queues[config.own_queue] = sorted(db or "default (database_url)" for db in on)
     unreached = unreached_sharers(config)
     for database, queue in config.routed_queues.items():

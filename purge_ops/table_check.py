@@ -83,14 +83,7 @@ async def check_config(
                 pools[database] = await stack.enter_async_context(pool)
         verdicts = []
         swept: list[tuple[Verdict, str, SqlTarget]] = []
-        # Every factory asked once, checked or not: a name two of them give, or one of them
-        # and an entry, fails on the worker whichever entry is checked.
-        answers = {s.name: _ask(s) for s in config.targets if s.kind == "python"}
-        givers: dict[str, list[str]] = {}
-        for spec in config.targets:
-            given = answers[spec.name].found if spec.kind == "python" else (spec.name,)
-            for name in given:
-                givers.setdefault(name, []).append(spec.name)
+        answers, givers = _asked(config) if any(s.kind == "python" for s in specs) else ({}, {})
         for spec in specs:
             if spec.kind == "python":
                 wanted = [n for n in spec.names if not names or n in names]
@@ -118,18 +111,28 @@ async def check_config(
     return 1 if any(v.problems for v in verdicts) else 0
 
 
-def _ask(spec: TargetSpec) -> FactoryAnswers:
-    """A python entry's factory asked once, as a worker asks it at every step."""
-    assert spec.factory is not None  # every python entry has one (purge_config.specs)
-    # Checked against the PurgeTarget protocol as it is asked, as by the worker's registry.
-    factory = cast(TargetFactory, spec.factory)
-    return TargetRegistry(factories=[factory]).ask_factories()
+def _asked(config: PurgeConfig) -> tuple[dict[str, FactoryAnswers], dict[str, list[str]]]:
+    """Every python entry's factory asked once, as a worker asks it at every step, checked
+    entry or not (a name two of them give, or one of them and an entry, fails on the worker
+    whichever is checked): each one's answer by the entry's name, and each name given with the
+    entries that give it."""
+    answers: dict[str, FactoryAnswers] = {}
+    givers: dict[str, list[str]] = {}
+    for spec in config.targets:
+        if spec.kind == "python":
+            # Checked against the PurgeTarget protocol as it is asked, as by a worker's registry.
+            factory = cast(TargetFactory, spec.factory)
+            answers[spec.name] = TargetRegistry(factories=[factory]).ask_factories()
+        given = answers[spec.name].found if spec.kind == "python" else (spec.name,)
+        for name in given:
+            givers.setdefault(name, []).append(spec.name)
+    return answers, givers
 
 
 def _check_factory(
     spec: TargetSpec, asked: FactoryAnswers, wanted: list[str], givers: dict[str, list[str]]
 ) -> Verdict:
-    """A python entry's factory's answer (`_ask`): whether it gives a target for each of
+    """A python entry's factory's answer (`_asked`): whether it gives a target for each of
     `wanted`, whether a name it gives is given twice (by it, by another factory or an entry
     of the config, `givers`: the worker refuses such a name, `DuplicatePurgeTarget`), and
     which of `wanted` a dry run could count. One that gives no target at all is said skipped,
