@@ -83,7 +83,8 @@ async def check_config(
                 pools[database] = await stack.enter_async_context(pool)
         verdicts = []
         swept: list[tuple[Verdict, str, SqlTarget]] = []
-        answers, givers = _asked(config) if any(s.kind == "python" for s in specs) else ({}, {})
+        python = any(s.kind == "python" for s in config.targets)
+        answers, givers = _asked(config) if python else ({}, {})
         for spec in specs:
             if spec.kind == "python":
                 wanted = [n for n in spec.names if not names or n in names]
@@ -98,6 +99,8 @@ async def check_config(
                 verdict = await _check_pattern(spec, pools[spec.database], now_ms, swept)
             else:
                 verdict = Verdict(spec.name)
+                if len(givers.get(spec.name, ())) > 1:
+                    verdict.problems.append(_given_twice(spec.name, givers, spec.name))
                 target = build_target(spec, pools[spec.database])
                 checked = await _check_target(target, now_ms, verdict)
                 if checked is not None:
@@ -119,6 +122,8 @@ def _asked(config: PurgeConfig) -> tuple[dict[str, FactoryAnswers], dict[str, li
     answers: dict[str, FactoryAnswers] = {}
     givers: dict[str, list[str]] = {}
     for spec in config.targets:
+        if spec.pattern is not None:
+            continue  # its matches' names are `NAME@...`; a factory's target wins over one
         if spec.kind == "python":
             # Checked against the PurgeTarget protocol as it is asked, as by a worker's registry.
             factory = cast(TargetFactory, spec.factory)
@@ -151,12 +156,8 @@ def _check_factory(
         )
         return verdict
     for name in sorted(asked.found):
-        others = [who for who in givers.get(name, []) if who != spec.name]
-        if name in asked.clashes or others:
-            by = f"it and {', '.join(others)}" if others else "it, twice"
-            verdict.problems.append(
-                f"{name!r} is given by {by}: a pass's step for it would fail DuplicatePurgeTarget"
-            )
+        if name in asked.clashes or len(givers.get(name, ())) > 1:
+            verdict.problems.append(_given_twice(name, givers, spec.name))
     gave = ", ".join(sorted(asked.found))
     given = []
     for name in wanted:
@@ -175,6 +176,15 @@ def _check_factory(
     if given:
         verdict.label = f"python, gives {', '.join(given)}"
     return verdict
+
+
+def _given_twice(name: str, givers: dict[str, list[str]], own: str) -> str:
+    """The problem of a target name more than one target gives (`_asked`), on entry `own`."""
+    others = list(givers.get(name, []))
+    if own in others:
+        others.remove(own)  # once: a factory named by two entries is named again
+    by = f"it and {', '.join(others)}" if others else "it, twice"
+    return f"{name!r} is given by {by}: a pass's step for it would fail DuplicatePurgeTarget"
 
 
 async def _check_target(

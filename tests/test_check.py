@@ -114,7 +114,8 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
     target has no count_expired is ok, with the advice that a dry run of it fails; one that
     lacks a name the config gives it, one that raises, one that returns what is not a target,
     one that gives a name twice and one that gives the name of an entry of the config fail,
-    one line each, as a pass's step would fail. Exit 1."""
+    one line each, as a pass's step would fail; so does that entry, checked alone or not.
+    Exit 1."""
     tokens(db)
 
     def entry(factory: str, *names: str) -> str:
@@ -139,7 +140,8 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
     # once a process: forgotten after, or a later test of this process would find this one's.
     try:
         every = await check(path, APP_DATABASE_URL=schema_url)
-        named = await check(path, "--target", "no_count")
+        named = await check(path, "--target", "no_count", APP_DATABASE_URL=schema_url)
+        tokens_only = await check(path, "--target", "tokens", APP_DATABASE_URL=schema_url)
     finally:
         ownpool_targets._built.clear()
 
@@ -163,13 +165,18 @@ async def test_a_python_entrys_factory_is_asked_for_the_names_the_config_gives_i
         "FAILED  tests.support.checked_factories:shadowing (python, gives own_rows): 'tokens' is "
         "given by it and tokens: a pass's step for it would fail DuplicatePurgeTarget",
         "        advice: own_rows has no count_expired: a dry run of it fails (DryRunUnsupported)",
-        "ok      tokens (1 table)",
+        "FAILED  tokens (1 table): 'tokens' is given by it and "
+        "tests.support.checked_factories:shadowing: a pass's step for it would fail "
+        "DuplicatePurgeTarget",
     ]
     # Only the names asked for: no_such is not checked where no_count alone is.
     assert named.returncode == 0, named.stdout + named.stderr
     assert named.stdout.splitlines()[0] == (
         "ok      tests.support.checked_factories:uncounted (python, gives no_count)"
     )
+    # An entry checked alone is still judged against every factory's names.
+    assert tokens_only.returncode == 1, tokens_only.stdout + tokens_only.stderr
+    assert tokens_only.stdout.splitlines() == every.stdout.splitlines()[-1:]
 
 
 async def test_what_a_pass_would_refuse_is_one_line_a_target_and_exit_1(
