@@ -350,7 +350,7 @@ async def test_a_row_the_archive_refuses_fails_the_target_at_once_moving_nothing
 
     assert refused.value.non_retryable
     message = str(refused.value)
-    assert f"archive {arc}.audit_log refused a row being archived" in message, message
+    assert f"a row of a batch archived to {arc}.audit_log was refused" in message, message
     assert "user" not in message  # the DETAIL, which shows the row, is not said
     assert rows_of(db, "audit_log") == before
 

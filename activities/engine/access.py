@@ -276,12 +276,13 @@ class TableAccess:
         except errors.CheckViolation as err:
             if rule.archive is None:
                 raise
-            # Only the archive's INSERT can raise it (a DELETE meets no CHECK): a constraint
-            # of the archive's, or no partition of it for the row. Every retry would meet the
-            # same row. The first line names the constraint; the DETAIL, not said, the row.
+            # Most often the archive's INSERT: a CHECK of the archive's, or no partition of it
+            # for the row; but a referencing table's ON DELETE SET NULL, or a trigger, may meet
+            # one too. Every retry would meet the same row. The first line names the relation
+            # and the rule; the DETAIL, not said, shows the row.
             raise BadTable(
-                f"table {rule.table}: archive {rule.archive} refused a row being archived "
-                f"({first_line(err)}); this batch moved nothing"
+                f"table {rule.table}: a row of a batch archived to {rule.archive} was refused "
+                f"({first_line(err)}); every retry would meet it, and this batch moved nothing"
             ) from err
         except errors.InsufficientPrivilege as err:
             raise MissingRights(
