@@ -220,9 +220,9 @@ class Discovery:
     skipped: tuple[str, ...] = ()
     """Tables with an expiry-like column that no config can name, and why."""
     made_only: tuple[str, ...] = ()
-    """Tables whose name says their rows are short-lived, with no finding but a column that
-    says when a row was made (`schema.table (column)`): entries only their owner can write,
-    with the `max_age` their policy says."""
+    """Tables whose name says their rows may be short-lived, that no finding sweeps as they
+    are, with a column that says when a row was made (`schema.table (column)`): entries only
+    their owner can write, with the `max_age` their policy says."""
     names: Mapping[str, str] = field(default_factory=dict)
     """The target name of each single (`schema.table:column`) and family (`pattern:column`,
     `Family.key`): `target_names`."""
@@ -274,12 +274,8 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
     inherited = await _inheritance_children(conn, [t.oid for t in tables if not t.partitioned])
     findings: list[Finding] = []
     skipped: list[str] = []
-    made_only: list[str] = []
     for table in tables:
-        candidates = _candidates(table)
-        if not candidates and (made := _made_at(table)):
-            made_only.append(f"{table.qualified} ({made})")
-        for candidate in candidates:
+        for candidate in _candidates(table):
             if not (SQL_NAME.fullmatch(table.schema) and SQL_NAME.fullmatch(table.name)):
                 skipped.append(
                     f"{table.qualified} ({candidate.column}): a config names tables whose "
@@ -299,6 +295,17 @@ async def _read(conn: AsyncConnection[Any], database: str, now_ms: int) -> Disco
                     "DELETE of it removes too: a sweep refuses it; name the children instead",
                 )
             findings.append(finding)
+    # Tables no finding sweeps as they are (none found, or each with a problem: an `expires_in`
+    # duration, say) that a config can name.
+    swept = {f.qualified for f in findings if not f.problem}
+    made_only = [
+        f"{table.qualified} ({made})"
+        for table in tables
+        if table.qualified not in swept
+        and SQL_NAME.fullmatch(table.schema)
+        and SQL_NAME.fullmatch(table.name)
+        and (made := _made_at(table))
+    ]
     singles, families = group(findings, tables)
     return Discovery(
         database=database,

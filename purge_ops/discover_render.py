@@ -111,7 +111,7 @@ def as_toml(found: Discovery, url: str) -> str:
         lines += _section("Not nameable in a config")
         lines += [f"# {line}" for line in found.skipped]
     if found.made_only:
-        lines += _section("Short-lived by their name, dated only by when a row was made")
+        lines += _section("Perhaps short-lived by their name, dated by when a row was made")
         lines += _comment(
             "No entry: how long to keep these rows is your policy. For each you keep, add an "
             "`expiring` entry on that column with the max_age it says (docs/discover.md)."

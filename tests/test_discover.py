@@ -290,7 +290,8 @@ async def test_short_lived_tables_dated_by_their_making_are_named_in_a_comment(
 ) -> None:
     """A table whose name says its rows are short-lived (reset tokens, login attempts, an audit
     log) and whose rows say only when they were made: named in a comment with that column, no
-    entry (its age is the owner's policy). A table of another name with a created_at (users),
+    entry (its age is the owner's policy); so is one whose expiry-like column no entry sweeps
+    as it is (an `expires_in` duration). A table of another name with a created_at (users),
     a made-at column that holds no instant, and a short-lived table with an expiry column (an
     entry already) are not named there."""
     run_sql(
@@ -302,6 +303,9 @@ async def test_short_lived_tables_dated_by_their_making_are_named_in_a_comment(
         CREATE TABLE users (id int, created_at timestamptz);
         CREATE TABLE api_tokens (id int, created bigint);
         CREATE TABLE refresh_tokens (id int, created_at timestamptz, expires_at timestamptz);
+        CREATE TABLE oauth_tokens (id int, expires_in int, created_at timestamptz);
+        INSERT INTO oauth_tokens VALUES (1, 3600, now());
+        CREATE TABLE "reset-tokens" (id int, created_at timestamptz);
         """,
     )
 
@@ -311,10 +315,11 @@ async def test_short_lived_tables_dated_by_their_making_are_named_in_a_comment(
     assert found.made_only == (
         "public.LoginAttempts (createdAt)",
         "public.audit_log (inserted_at)",
+        "public.oauth_tokens (created_at)",  # its expires_in is a duration: no entry sweeps it
         "public.password_reset_tokens (created_at)",
-    )
+    )  # not "reset-tokens": no config can name it
     assert "#   public.password_reset_tokens (created_at)" in text.splitlines()
-    assert {f.table for f in found.singles} == {"refresh_tokens"}
+    assert {f.table for f in found.singles if f.is_target} == {"refresh_tokens"}
     config = tomllib.loads(text)
     assert [t["table"] for t in config["targets"]] == ["public.refresh_tokens"]
 
