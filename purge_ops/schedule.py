@@ -371,15 +371,14 @@ async def behind(client: Client, config: PurgeConfig, specs: Sequence[ScheduleCo
             described = await client.get_schedule_handle(spec.id).describe()
         except RPCError:
             continue
-        action = described.schedule.action
-        if (
-            not isinstance(action, ScheduleActionStartWorkflow)
-            or action.workflow != WORKFLOW_TYPE
-            or action.task_queue != config.task_queue
-            or _held_input(action, converter) is None
-        ):
+        try:
+            action = _ours(described.schedule.action, spec.id)
+        except ScheduleConflict:
             continue
-        why = not_this_pass(_held_value(action, converter), config.scheduled_input(spec))
+        value = _held_value(action, converter)
+        if action.task_queue != config.task_queue or _as_pass(value) is None:
+            continue
+        why = not_this_pass(value, config.scheduled_input(spec))
         if why:
             lines.append(
                 f"schedule {spec.id} starts passes that are not this config's: {why}. They "
@@ -484,7 +483,11 @@ def _held_input(
     """The input a schedule's passes start with, None where it does not read as a pass's of this
     release (a hand edit, another encoding, a later release's `format`): reading it must not
     stop a worker's start."""
-    value = _held_value(held, converter)
+    return _as_pass(_held_value(held, converter))
+
+
+def _as_pass(value: object) -> PurgeInput | None:
+    """`value` (`_held_value`'s) read as a pass's input of this release; else None."""
     if value is _UNREAD:
         return None
     try:
