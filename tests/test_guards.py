@@ -304,10 +304,14 @@ async def test_a_dry_runs_count_the_deadline_cancels_is_reported_skipped_not_fai
 ) -> None:
     """A dry run's count still running at the step's deadline is cancelled by the statement
     timeout the deadline set: the target is reported `skipped`, saying why, not failed (its
-    retries would have less time still). Made to happen as for the guards' count above."""
+    retries would have less time still). Made to happen as for the guards' count above. Its
+    checks before the count end by that deadline too, not by the setting's statement_timeout
+    (here the longest there is): they read the locked table first, and waited until the lock
+    timeout failed the step."""
     seed(db, real_now, expired=6, live=4)
     clock = budget_clock(monkeypatch)
-    target = kinds.idempotency(pool, settings=PATIENT)
+    longest = dataclasses.replace(PATIENT, statement_timeout_ms=600_000)
+    target = kinds.idempotency(pool, settings=longest)
     monkeypatch.setattr(target, "preview", held_past_the_deadline(db, clock, target.preview))
     counted = await activity_env().run(
         PurgeActivities(TargetRegistry([target])).purge_target,

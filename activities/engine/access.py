@@ -4,6 +4,7 @@ rule bound and checked on it, the table's plan, and its advisory lock."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
@@ -15,6 +16,7 @@ from psycopg import AsyncConnection, errors, sql
 from activities.engine import catalog
 from activities.engine.batch_sql import local_timeouts
 from activities.engine.column_memory import TypesAhead, TypesChanged, assumed_types
+from activities.engine.context import ms_left
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
 from activities.engine.partition_checks import check_partitions
 from activities.engine.partitions import read_layout
@@ -50,21 +52,29 @@ class TableAccess:
         self.settings = settings
         self.partitions = partitions
 
-    async def check(self, rules: list[Rule], now_ms: int, sweeping: bool = False) -> list[str]:
+    async def check(
+        self,
+        rules: list[Rule],
+        now_ms: int,
+        sweeping: bool = False,
+        deadline: float | None = None,
+    ) -> list[str]:
         """Before anything is deleted: each table's epoch columns in their unit; and with
         `partitions` set to drop or detach, refuse a role that could not finish what it starts
         (MissingRights, BadTable). With `sweeping` (a sweep of several tables before its first,
         `check`, a dry run), also what each table's own sweep would refuse only once reached
         (`refuse_table`). The advice: where the setting can do nothing (a plain table,
         another key, a rule that is not one column's comparison), and a write time taken for
-        an expiry (`written_column_advice`)."""
+        an expiry (`written_column_advice`). Each statement ends by `deadline` too (a step's,
+        `SweepContext.deadline_in`; a dry run's), where that is sooner than `statement_timeout`: a
+        table another session locked otherwise held a dry run that long past its deadline."""
         advice = []
         for rule in rules:
             written = written_column_advice(rule)
             if written:
                 advice.append(written)
             async with self.connection(rule) as conn, conn.transaction():
-                await self.set_timeouts(conn, self.settings.statement_timeout_ms)
+                await self.set_timeouts(conn, self.statement_ms(deadline))
                 pred = await self.bind(conn, rule, now_ms)
                 if sweeping:
                     await self.refuse_table(conn, rule, pred)
@@ -240,6 +250,13 @@ class TableAccess:
         that broke mid-sweep lost its locks with its session (the pool discards it)."""
         with contextlib.suppress(psycopg.Error):
             await conn.execute(unlock_tables())
+
+    def statement_ms(self, deadline: float | None) -> int:
+        """`statement_timeout`, or what is left before `deadline` where that is sooner (1 ms once
+        it has passed: a statement then is cancelled at once, never run without a limit)."""
+        if deadline is None or math.isinf(deadline):
+            return self.settings.statement_timeout_ms
+        return max(1, min(self.settings.statement_timeout_ms, ms_left(deadline)))
 
     async def set_timeouts(self, conn: AsyncConnection[Any], statement_timeout_ms: int) -> None:
         """Lock and statement timeouts local to this transaction: they never leak to the pool."""

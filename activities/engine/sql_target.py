@@ -171,7 +171,8 @@ class SqlTarget:
         table's count ends by `deadline` (as `measure`'s).
         """
         deadline = self.deadline() if deadline is None else deadline
-        stats = SweepStats(advice=await self._access.check(self.rules, now_ms, sweeping=True))
+        checked = await self._access.check(self.rules, now_ms, sweeping=True, deadline=deadline)
+        stats = SweepStats(advice=checked)
         for rule in self.rules:
             async with self._access.connection(rule) as conn, conn.transaction():
                 await self._access.set_timeouts(conn, max(1, ms_left(deadline)))
