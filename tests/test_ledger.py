@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -430,8 +429,12 @@ async def test_p95_batch_ms_is_the_nearest_rank_of_the_batches_own_durations(
     assert len(durations) == result.batches >= 40
     # The batch that waited for the lock is the first, and it waited the second it was held.
     assert durations[0] >= 1_000, durations
-    ordered = sorted(durations)
-    assert result.p95_batch_ms == round(ordered[math.ceil(0.95 * len(ordered)) - 1], 3)
+    # Nearest rank, by its definition: one of the durations, at least as long as 95% of them,
+    # and longer than fewer than 95% (tests/unit/test_results.py pins the rank by hand).
+    p95 = result.p95_batch_ms
+    assert p95 in {round(ms, 3) for ms in durations}
+    assert sum(round(ms, 3) <= p95 for ms in durations) >= 0.95 * len(durations)
+    assert sum(round(ms, 3) < p95 for ms in durations) < 0.95 * len(durations)
     # The 95th percentile of 40 or more batches is the third largest or lower: below the
     # wait's, unless two other batches of 100 rows each stalled longer than it.
     assert result.p95_batch_ms < durations[0]
@@ -528,7 +531,12 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     clock = budget_clock(monkeypatch)
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
-    with running_postgres("purge-crash-pg-", template) as server:
+    # The WAL writer writes lazy commits out within wal_writer_delay (200 ms by default), which
+    # survives a crash of the server alone: on a slow machine it would have written them all
+    # before the crash, and a report of a batch no durable point covers would go unseen. At its
+    # longest, the last lazy commits are still in the WAL buffers when the server crashes.
+    slow_writer = {"wal_writer_delay": "10s"}
+    with running_postgres("purge-crash-pg-", template, slow_writer) as server:
         with psycopg.connect(server.url(), autocommit=True) as db:
             db.execute(reference_ddl())
             db.execute("DROP TABLE purge_shares")
