@@ -6,11 +6,13 @@ pass completes, each target swept once, by a worker that knows it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 import tomllib
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from activities import builtin_kinds as kinds
 from activities.inputs import PurgeStep
@@ -34,6 +36,7 @@ from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
 from tests.support.activity import activity_env
 from tests.support.history import child_ids, events
+from tests.support.history import kinds as event_kinds
 from tests.support.passes import (
     failed_pass,
     rewritten,
@@ -45,6 +48,9 @@ from tests.support.procs import clean_env, identity, start_worker, stop, use_env
 from tests.support.rows import HOUR, auth_rows, keys
 from tests.support.servers import RunningTemporal
 from tests.support.tenants import create_tenants, tenant_prefix, tenant_schemas
+from tests.test_fleet import until_polled_by
+from workflows.chunk import PurgeChunkWorkflow
+from workflows.purge import PurgeWorkflow
 
 #: Passes per case: with the old behaviour half of them failed the target one worker lacked,
 #: so all eight passing by chance would be one in 256.
@@ -469,6 +475,90 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
         "run a worker with the config that scheduled this pass, or, where the workers now run "
         "another config, write the schedule from it (`pg-purge schedule`)"
     )
+
+
+@pytest.mark.waits
+async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fails_alone(
+    harness: Harness,
+) -> None:
+    """A deploy's dip: the queue's one worker has begun t1 and t2 and begins to stop. t1 ends
+    after its batch (retried, as `WorkerStopping` is), t2's sweep goes on, and no worker takes
+    t1's retry within `worker_wait`. Once t2 completes (the queue's workers were busy, not
+    gone), t1 fails alone as `WorkersBusy`, saying what it had removed, and t3 is swept by the
+    new worker, where before BEGUN_HELD t1 failed as `NoPurgeWorker` and took its queue with
+    it: t3 `not tried`. (A test of the workflow: the activities are stand-ins.)"""
+    own = f"{harness.task_queue}:0123456789ab"
+    started: list[str] = []
+    t2_may_end = asyncio.Event()
+
+    @activity.defn(name="purge_target")
+    async def stand_in(step: Any) -> dict[str, Any]:
+        started.append(step["name"])
+        if step["name"] == "t1" and activity.info().attempt == 1:
+            activity.heartbeat({"removed": 700, "batches": 2})
+            await activity.wait_for_worker_shutdown()
+            raise ApplicationError("its worker is stopping")  # retried
+        if step["name"] == "t2":
+            await t2_may_end.wait()
+        return {"name": step["name"], "removed": 1}
+
+    request = {
+        "targets": ["t1", "t2", "t3"],
+        "databases": dict.fromkeys(["t1", "t2", "t3"], "_default"),
+        "queues": {"_default": own},
+        "max_concurrent": 2,
+        "max_per_database": 2,
+        "worker_wait_ms": 3000,
+        "budget_ms": 600_000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    old = Worker(
+        harness.client,
+        task_queue=own,
+        activities=[stand_in],
+        max_concurrent_activities=2,
+        graceful_shutdown_timeout=timedelta(minutes=5),  # t2's sweep runs on while it stops
+    )
+    async with harness.run_worker([]), contextlib.AsyncExitStack() as stack:
+        old_running = asyncio.create_task(old.run())
+        stack.push_async_callback(lambda: asyncio.wait_for(old_running, 60))
+        stack.callback(t2_may_end.set)
+        await until_polled(harness.client, own, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+        failing = asyncio.create_task(
+            failed_pass(harness.client, harness.task_queue, request, workflow_id)
+        )
+        async with asyncio.timeout(60):
+            while sorted(started) != ["t1", "t2"]:
+                assert not failing.done(), failing.result()
+                await asyncio.sleep(0.05)
+        stopping = asyncio.create_task(old.shutdown())
+        # The moment: t1's retry timed out unstarted while t2's sweep is still out.
+        async with asyncio.timeout(60):
+            while "ACTIVITY_TASK_TIMED_OUT" not in event_kinds(
+                await events(harness.client, workflow_id)
+            ):
+                await asyncio.sleep(0.05)
+        new = f"new-{uuid.uuid4()}"
+        await stack.enter_async_context(
+            Worker(harness.client, task_queue=own, activities=[stand_in], identity=new)
+        )
+        await until_polled_by(harness.client, own, new)
+        t2_may_end.set()
+        error = await failing
+        await stopping
+
+    report = error.details[0]
+    assert [s["name"] for s in report["swept"]] == ["t2", "t3"]
+    [failed] = report["failed"]
+    assert (failed["name"], failed["type"]) == ("t1", "WorkersBusy")
+    assert failed["message"].startswith(
+        "an attempt began on a worker that then stopped or died, having removed at least 700 "
+        f"rows (its last heartbeat); then its retry waited in task queue {own!r} longer than "
+        "worker_wait (3 s) while that queue's workers took this pass's other sweeps"
+    )
+    assert started.count("t1") == 1  # its retry was never taken
+    recorded = await harness.client.get_workflow_handle(workflow_id).fetch_history()
+    await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(recorded)
 
 
 async def beside_a_dead_queue(

@@ -395,7 +395,23 @@ def is_spread_searchable(shape: Shape) -> None:
     assert shape.failure == "PurgeTargetsFailed"
 
 
+def is_begun_held(shape: Shape) -> None:
+    """A pass of three targets, two at once, on a queue whose one worker began the first two
+    and stopped: the first's retry timed out unstarted while the second was out, so it was held
+    (behind the begun-retry-held marker), not failed with its queue: the third was sent after
+    it, and once a worker took one of the queue's sweeps the first failed alone."""
+    assert shape.events.count("ACTIVITY_TASK_TIMED_OUT") == 1
+    assert shape.scheduled == shape.request["targets"] == ["t1", "t2", "t3"]
+    assert shape.events.count("ACTIVITY_TASK_COMPLETED") == 2
+    assert shape.events.count("MARKER_RECORDED") == 2  # the concurrent pass's, the hold's
+    timed_out = shape.events.index("ACTIVITY_TASK_TIMED_OUT")
+    third = len(shape.events) - 1 - shape.events[::-1].index("ACTIVITY_TASK_SCHEDULED")
+    assert timed_out < third  # sent after the first's timeout: its queue not failed
+    assert shape.failure == "PurgeTargetsFailed"
+
+
 SHAPES: dict[str, Callable[[Shape], None]] = {
+    "begun-held": is_begun_held,
     "spread-child-cancelled": is_spread_child_cancelled,
     "spread-child-unpolled": is_spread_child_unpolled,
     "chunk-unpolled": is_chunk_unpolled,

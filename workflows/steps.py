@@ -145,10 +145,26 @@ def began_before(details: Sequence[Any]) -> str:
 
 @dataclass(frozen=True)
 class Untaken:
-    """A target whose activity no worker of its queue took within worker_wait, and none had
-    begun: that queue's workers may be absent, or only busy (`sweep_limited` tells which)."""
+    """A target whose activity no worker of its queue took within worker_wait: that queue's
+    workers may be absent, or only busy (`sweep_limited` tells which)."""
 
     failed: FailedTarget
+    began: str = ""
+    """What an earlier attempt of it had done (`began_before`); empty where none had begun."""
+
+    def behind_busy(self, route: Route) -> FailedTarget:
+        """The failure of a begun target whose retry waited past worker_wait while its queue's
+        workers took the pass's other sweeps: busy, not gone. Not sent again: a new activity
+        would count from nothing where the target's database has no ledger."""
+        return FailedTarget(
+            name=self.failed.name,
+            type="WorkersBusy",
+            message=f"{self.began}; then its retry waited in task queue {route.queue!r} longer "
+            f"than worker_wait ({route.worker_wait_ms // 1000} s) while that queue's workers "
+            "took this pass's other sweeps: busy, not gone, so its other targets were still "
+            "sent; the next pass sweeps the rest (keep the queue's slots, `--max-sweeps` times "
+            "its workers, at or above `[pass] max_concurrent` through a deploy)",
+        )
 
 
 async def sweep_one(
@@ -174,7 +190,7 @@ async def _swept_or_untaken(
     local: bool,
 ) -> Outcome | Untaken:
     """`sweep_one`'s outcome, or `Untaken` (its failure not yet counted) where no worker took
-    the activity and none had begun it."""
+    the activity (its first attempt, or a retry of one that began) within worker_wait."""
     step = PurgeStep(name=name, now_ms=now_ms, dry_run=dry_run, budget_ms=budget_ms)
     try:
         if local:
@@ -206,9 +222,8 @@ async def _swept_or_untaken(
         # failure comes wrapped in an ActivityError; a local activity's is its cause itself.
         failure = (isinstance(err, ActivityError) and unpolled(err, route)) or failure_of(err)
         failed = FailedTarget(name=name, type=failure.type, message=failure.message)
-        if isinstance(err, ActivityError) and _never_taken(err):
-            return Untaken(failed)
-        return counted(failed)
+        untaken = _untaken(err, failed) if isinstance(err, ActivityError) else None
+        return untaken or counted(failed)
     # Read leniently: a worker of a later release may send a status or a figure this release
     # does not know, mid-deploy (activities.wire).
     return read(PurgeSweep, raw)
@@ -221,14 +236,13 @@ def counted(failed: FailedTarget) -> FailedTarget:
     return failed
 
 
-def _never_taken(err: ActivityError) -> bool:
-    """Whether `err` is an activity's schedule-to-start timeout with no attempt begun."""
+def _untaken(err: ActivityError, failed: FailedTarget) -> Untaken | None:
+    """`failed` as `Untaken` where `err` is an activity's schedule-to-start timeout (of its
+    first attempt, or of a retry after one that began); None for any other failure."""
     cause = err.cause
-    return (
-        isinstance(cause, TimeoutError)
-        and cause.type == TimeoutType.SCHEDULE_TO_START
-        and not began_before(cause.last_heartbeat_details)
-    )
+    if not isinstance(cause, TimeoutError) or cause.type != TimeoutType.SCHEDULE_TO_START:
+        return None
+    return Untaken(failed, began=began_before(cause.last_heartbeat_details))
 
 
 def skipped(name: str, dry_run: bool, budget_ms: int | None) -> PurgeSweep:
@@ -268,7 +282,9 @@ async def sweep_limited(
     before BUSY_RESENT; under it, that wait tells busy workers from absent ones. Sent again if
     a worker took another activity of that queue after this one was sent (its workers are only
     busy: `--max-sweeps` below `max_concurrent`, two passes at once, a deploy's dip); held
-    while others of that queue are still out; failed only once none of them was taken."""
+    while others of that queue are still out; failed only once none of them was taken. One
+    whose attempt began (its worker stopped) and whose retry was not taken is judged alike
+    under BEGUN_HELD, but failed alone rather than sent again."""
     outcomes: dict[str, Outcome] = {}
     waiting = list(names)
     position = {name: i for i, name in enumerate(names)}
@@ -326,6 +342,19 @@ async def sweep_limited(
             busy[database_of(name)] -= 1
             outcome = task.result()
             route = route_of(name)
+            if isinstance(outcome, Untaken) and outcome.began:
+                assert route is not None  # only a routed activity has a schedule-to-start bound
+                queue = route.queue
+                if not workflow.patched(BEGUN_HELD):
+                    outcomes[name] = counted(outcome.failed)
+                    failed_untaken(queue, [])  # its worker gone, and (so it took) all of them
+                elif taken[queue] > taken_when_sent[name]:
+                    outcomes[name] = counted(outcome.behind_busy(route))
+                elif any(_queue_of(route_of(other)) == queue for other in running.values()):
+                    held[queue].append(outcome)  # its queue's others may yet be taken
+                else:
+                    failed_untaken(queue, [outcome])
+                continue
             if isinstance(outcome, Untaken):
                 assert route is not None  # only a routed activity has a schedule-to-start bound
                 queue = route.queue
@@ -341,11 +370,12 @@ async def sweep_limited(
             outcomes[name] = outcome
             if route is None:
                 continue
-            if isinstance(outcome, FailedTarget) and outcome.type == "NoPurgeWorker":
-                failed_untaken(route.queue, [])  # begun, then its retry not taken: gone
-            else:
-                taken[route.queue] += 1
-                resend += [each.failed.name for each in held.pop(route.queue, [])]
+            taken[route.queue] += 1
+            for each in held.pop(route.queue, []):
+                if each.began:
+                    outcomes[each.failed.name] = counted(each.behind_busy(route))
+                else:
+                    resend.append(each.failed.name)
         waiting[:0] = sorted(resend, key=position.__getitem__)
     # Held targets whose queue's last activity out was sent again and then not started by the
     # deadline: nothing of their queue was taken after they were sent.
@@ -363,6 +393,16 @@ def _queue_of(route: Route | None) -> str | None:
 #: as `NoPurgeWorker` at once. Asked only when such a timeout comes, so every other history is
 #: unchanged.
 BUSY_RESENT = "busy-queue-resent"
+
+
+#: The patch under which a target whose attempt began and whose retry no worker took within
+#: worker_wait is judged as an untaken one is (`BUSY_RESENT`): held while its queue's other
+#: sweeps are out, failed alone as `WorkersBusy` once a worker took one of them, and as
+#: `NoPurgeWorker` with its queue (the rest of the run's targets there not tried) only when
+#: none was. A run before it failed it and its queue at once, though the queue's workers were
+#: only busy (a deploy's stopped worker, its retry behind the others' full slots). Asked only
+#: when such a timeout comes, so every other history is unchanged.
+BEGUN_HELD = "begun-retry-held"
 
 
 #: The patch that marks a run that fails at once the targets of a task queue no worker took an
