@@ -44,6 +44,8 @@ from purge_config.specs import (
 from purge_config.values import (
     cron_period_ms,
     duration_within,
+    hidden,
+    masked,
     no_unknown,
     opt_str,
     quoted,
@@ -297,8 +299,15 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def path_shown(path: Path) -> str:
     """`path` as a message shows it: quoted where it holds what would break the line (a
-    newline, a control character)."""
-    return shown(str(path))
+    newline, a control character), and by its length alone where it may hold a connection
+    string's secret (a URL pasted where the config's file goes: `masked`, and the URL's `//`
+    that `Path` folds into one `/`)."""
+    text = shown(str(path))
+    return hidden(text) if _FOLDED_URL.match(text) else masked(text)
+
+
+#: A URL after `Path()` has folded its `//`: `postgresql:/user:secret@host/db`.
+_FOLDED_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
 
 
 def parse_config(
@@ -364,7 +373,7 @@ def _parse_targets(where: str, raw: Mapping[str, Any]) -> tuple[TargetSpec, ...]
     entries = raw.get("targets", [])
     if not isinstance(entries, list):
         raise ConfigError(
-            f"{where}: targets: must be an array of [[targets]] tables, got {entries!r}"
+            f"{where}: targets: must be an array of [[targets]] tables, got {quoted(entries)}"
         )
     sweep = raw.get("sweep", {})
     if isinstance(sweep, dict):
@@ -397,7 +406,7 @@ def _check_targets(where: str, targets: tuple[TargetSpec, ...], known_databases:
         for name in spec.names if spec.kind == "python" else (spec.name,):
             if name in seen:
                 raise ConfigError(
-                    f"{where}: [[targets]] #{i}: {key}: {name!r} is already a name of "
+                    f"{where}: [[targets]] #{i}: {key}: {quoted(name)} is already a name of "
                     f"[[targets]] #{seen[name]}; two targets cannot share a name"
                 )
             seen[name] = i
@@ -421,7 +430,7 @@ def _check_not_a_match(
         match = other.matched(spec.name)
         if match is not None:
             raise ConfigError(
-                f"{where}: [[targets]] #{index}: name: {spec.name!r} is also the name of the "
+                f"{where}: [[targets]] #{index}: name: {quoted(spec.name)} is also the name of the "
                 f"pattern {other.name}'s match {match.tables[0]}; rename one of them"
             )
 
@@ -436,5 +445,5 @@ def check_metrics_address(text: str, where: str) -> str:
     """`HOST:PORT` for the metrics endpoint, or a ConfigError naming `where`."""
     match = _METRICS.fullmatch(text)
     if not match or not 1 <= int(match.group("port")) <= 65535:
-        raise ConfigError(f"{where}: want HOST:PORT like '0.0.0.0:9464', got {text!r}")
+        raise ConfigError(f"{where}: want HOST:PORT like '0.0.0.0:9464', got {quoted(text)}")
     return text

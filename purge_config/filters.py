@@ -13,6 +13,7 @@ from typing import Any
 from purge_config.errors import ConfigError
 from purge_config.names import SQL_NAME, TableName
 from purge_config.patterns import parse_table
+from purge_config.values import quoted
 
 #: What a `match` value may be: the TOML types some column can hold. A TOML table cannot be one,
 #: and a date-time without an offset names no instant (it would be read in some session's zone).
@@ -48,7 +49,7 @@ def parse_filter(at: str, raw: Mapping[str, Any], expiry_column: str) -> RowFilt
     if not isinstance(table, dict) or ("match" in raw and not table):
         raise ConfigError(
             f"{at}: match: must be a table of column = value or [values], like "
-            f'{{ state = "failed" }}, got {table!r}'
+            f'{{ state = "failed" }}, got {quoted(table)}'
         )
     for column, value in table.items():
         _column(at, f"match.{column}" if column.isprintable() else "match", column)
@@ -58,18 +59,19 @@ def parse_filter(at: str, raw: Mapping[str, Any], expiry_column: str) -> RowFilt
     both = sorted(set(null) & set(not_null))
     if both:
         raise ConfigError(
-            f"{at}: match_not_null: {both[0]!r} is also in match_null: no row could match both"
+            f"{at}: match_not_null: {quoted(both[0])} is also in match_null: no row could match "
+            "both"
         )
     equal_and_null = sorted({column for column, _ in match} & set(null))
     if equal_and_null:
         raise ConfigError(
-            f"{at}: match_null: {equal_and_null[0]!r} is also in match: a NULL equals no value, "
-            "so no row could match both"
+            f"{at}: match_null: {quoted(equal_and_null[0])} is also in match: a NULL equals no "
+            "value, so no row could match both"
         )
     if expiry_column in null:
         raise ConfigError(
-            f"{at}: match_null: {expiry_column!r} is the target's column: a row whose column is "
-            "NULL never expires, so no row could match"
+            f"{at}: match_null: {quoted(expiry_column)} is the target's column: a row whose "
+            "column is NULL never expires, so no row could match"
         )
     return RowFilter(tuple(match), null, not_null)
 
@@ -78,7 +80,7 @@ def _column(at: str, key: str, column: object) -> str:
     if not isinstance(column, str) or not SQL_NAME.fullmatch(column):
         raise ConfigError(
             f"{at}: {key}: not a column name (letters, digits and _, starting with a letter or _, "
-            f"at most 63), got {column!r}"
+            f"at most 63), got {quoted(column)}"
         )
     return column
 
@@ -88,11 +90,13 @@ def _columns(at: str, key: str, raw: Mapping[str, Any]) -> tuple[str, ...]:
         return ()
     value = raw[key]
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"{at}: {key}: must be a non-empty list of column names, got {value!r}")
+        raise ConfigError(
+            f"{at}: {key}: must be a non-empty list of column names, got {quoted(value)}"
+        )
     columns = tuple(_column(at, key, column) for column in value)
     twice = sorted({c for c in columns if columns.count(c) > 1})
     if twice:
-        raise ConfigError(f"{at}: {key}: {twice[0]!r} appears twice")
+        raise ConfigError(f"{at}: {key}: {quoted(twice[0])} appears twice")
     return columns
 
 
@@ -104,7 +108,9 @@ def _values(at: str, key: str, value: object) -> tuple[MatchValue, ...]:
         _value(at, key, item)
     # By type(), not isinstance(): [1, true] is two types, as it is to any column.
     if len({type(v) for v in values}) > 1:
-        raise ConfigError(f"{at}: {key}: values of one column must be of one type, got {value!r}")
+        raise ConfigError(
+            f"{at}: {key}: values of one column must be of one type, got {quoted(value)}"
+        )
     return tuple(values)
 
 
@@ -117,11 +123,11 @@ def _value(at: str, key: str, value: object) -> None:
     if not isinstance(value, str | int | float | bool | datetime | date | time):
         raise ConfigError(
             f"{at}: {key}: a value must be a string, number, boolean, date, time or date-time "
-            f"with an offset (or a list of them), got {value!r}"
+            f"with an offset (or a list of them), got {quoted(value)}"
         )
     if isinstance(value, str) and "\x00" in value:
         # PostgreSQL's text holds no NUL: every sweep of the target would fail on it.
-        raise ConfigError(f"{at}: {key}: PostgreSQL's text cannot hold a NUL, got {value!r}")
+        raise ConfigError(f"{at}: {key}: PostgreSQL's text cannot hold a NUL, got {quoted(value)}")
 
 
 def archive_table(at: str, key: str, raw: Mapping[str, Any], source: TableName) -> TableName | None:
@@ -130,7 +136,7 @@ def archive_table(at: str, key: str, raw: Mapping[str, Any], source: TableName) 
         return None
     text = raw[key]
     if not isinstance(text, str) or not text:
-        raise ConfigError(f"{at}: {key}: must be a non-empty string, got {text!r}")
+        raise ConfigError(f"{at}: {key}: must be a non-empty string, got {quoted(text)}")
     try:
         table = parse_table(text)
     except ConfigError as err:
@@ -139,6 +145,6 @@ def archive_table(at: str, key: str, raw: Mapping[str, Any], source: TableName) 
         # Written differently they may still be one table: the sweep compares them in the
         # catalog before anything moves (activities.engine.archive).
         raise ConfigError(
-            f"{at}: {key}: the archive must be another table than the one swept, got {text!r}"
+            f"{at}: {key}: the archive must be another table than the one swept, got {quoted(text)}"
         )
     return table

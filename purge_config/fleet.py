@@ -107,7 +107,7 @@ def parse_queues(where: str, raw: object, main_queue: str) -> dict[str, str]:
             continue
         queue = entry["task_queue"]
         if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
-            at = f"databases.{name}" if str(name).isprintable() else f"databases.{name!r}"
+            at = f"databases.{name}" if str(name).isprintable() else f"databases.{quoted(name)}"
             raise ConfigError(
                 f"{where}: {at}.task_queue: not a task queue name (1 to 200 of letters, digits "
                 f"and _ . : / -), got {quoted(queue)}"
@@ -129,7 +129,7 @@ def parse_databases(
         )
     urls: dict[str, str] = {}
     for name, entry in raw.items():
-        at = f"databases.{name}" if name.isprintable() else f"databases.{name!r}"
+        at = f"databases.{name}" if name.isprintable() else f"databases.{quoted(name)}"
         if not DATABASE_NAME.fullmatch(name):
             raise ConfigError(
                 f"{where}: {at}: not a database name (letters, digits, _ and -, starting with a "
@@ -182,7 +182,7 @@ def parse_databases(
 def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
     """`[pass]`; the budget must end before the schedule fires again (`period_ms`)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: pass: must be a [pass] table, got {raw!r}")
+        raise ConfigError(f"{where}: pass: must be a [pass] table, got {quoted(raw)}")
     no_unknown(where, "pass.", raw, _PASS_KEYS)
     counts = {key: _at_least_one(where, key, raw) for key in ("max_concurrent", "max_per_database")}
     worker_wait = duration_within(
@@ -191,13 +191,13 @@ def parse_pass(where: str, raw: object, period_ms: int | None) -> PassLimits:
     if "budget" in raw:
         budget = read_duration(where, "pass.budget", raw, "budget")
         if budget < MIN_BUDGET_MS:
-            raise ConfigError(f"{where}: pass.budget: at least 10s, got {raw['budget']!r}")
+            raise ConfigError(f"{where}: pass.budget: at least 10s, got {quoted(raw['budget'])}")
         if budget > MAX_BUDGET_MS:
-            raise ConfigError(f"{where}: pass.budget: at most 1d, got {raw['budget']!r}")
+            raise ConfigError(f"{where}: pass.budget: at most 1d, got {quoted(raw['budget'])}")
         if period_ms is not None and budget >= period_ms:
             raise ConfigError(
                 f"{where}: pass.budget: must end before the schedule fires again (every "
-                f"{duration_text(period_ms)}), got {raw['budget']!r}"
+                f"{duration_text(period_ms)}), got {quoted(raw['budget'])}"
             )
     else:
         # 50 minutes, or five sixths of a shorter period, so a pass never meets the next.
@@ -218,6 +218,6 @@ def _at_least_one(where: str, key: str, raw: Mapping[str, Any]) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
         raise ConfigError(
-            f"{where}: pass.{key}: must be a whole number from 1 to 1000, got {value!r}"
+            f"{where}: pass.{key}: must be a whole number from 1 to 1000, got {quoted(value)}"
         )
     return value

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 from purge_config.errors import ConfigError
+from purge_config.values import quoted
 
 #: A target name: what a person types after `--target` and reads in a metric label; `@` for a
 #: target of a named database (`x_idempotency@shard1`).
@@ -40,8 +41,8 @@ class TableName:
         parts = text.split(".")
         if len(parts) > 2 or not all(SQL_NAME.fullmatch(part) for part in parts):
             raise ConfigError(
-                f"{text!r} is not a table name: want table or schema.table, each part letters, "
-                "digits and _, starting with a letter or _, at most 63 characters"
+                f"{quoted(text)} is not a table name: want table or schema.table, each part "
+                "letters, digits and _, starting with a letter or _, at most 63 characters"
             )
         return cls(table=parts[-1], schema=parts[0] if len(parts) == 2 else None)
 

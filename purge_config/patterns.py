@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from purge_config.errors import ConfigError
 from purge_config.names import SQL_NAME, TableName
+from purge_config.values import quoted
 
 #: What one `*` matches: one run of the characters an identifier here may hold.
 STAR_MATCHES = "[A-Za-z0-9_]+"
@@ -45,17 +46,19 @@ def parse_table(text: str) -> TableName:
     other = sorted({c for c in text if c in _OTHER_WILDCARDS})
     if other:
         raise ConfigError(
-            f"{text!r}: a pattern takes only '*' (one run of letters, digits and _), "
+            f"{quoted(text)}: a pattern takes only '*' (one run of letters, digits and _), "
             f"not {' '.join(other)}"
         )
     parts = text.split(".")
     if len(parts) > 2 or not all(_PART.fullmatch(p) for p in parts):
         raise ConfigError(
-            f"{text!r} is not a table pattern: want table or schema.table, each part letters, "
-            "digits, _ and one '*', at most 63 characters"
+            f"{quoted(text)} is not a table pattern: want table or schema.table, each part "
+            "letters, digits, _ and one '*', at most 63 characters"
         )
     if any(p.count("*") > 1 for p in parts):
-        raise ConfigError(f"{text!r}: at most one '*' in the schema part and one in the table part")
+        raise ConfigError(
+            f"{quoted(text)}: at most one '*' in the schema part and one in the table part"
+        )
     return TableName(table=parts[-1], schema=parts[0] if len(parts) == 2 else None)
 
 

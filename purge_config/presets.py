@@ -15,6 +15,7 @@ from typing import Any
 from purge_config.errors import ConfigError
 from purge_config.names import TableName
 from purge_config.patterns import parse_table
+from purge_config.values import quoted
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,14 @@ def _check_match(at: str, preset: FrameworkPreset, match: object) -> None:
         if value is None:
             raise ConfigError(
                 f"{at}: match: must keep {column} (one or more of "
-                f"{', '.join(sorted(allowed))}), got {match!r}"
+                f"{', '.join(sorted(allowed))}), got {quoted(match)}"
             )
         values = value if isinstance(value, list) else [value]
         for one in values:
             if not isinstance(one, str) or one not in allowed:
                 raise ConfigError(
                     f"{at}: match.{column}: only finished states ({', '.join(sorted(allowed))}), "
-                    f"got {one!r}"
+                    f"got {quoted(one)}"
                 )
 
 

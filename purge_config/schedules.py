@@ -18,6 +18,7 @@ from purge_config.values import (
     default_catchup_ms,
     no_unknown,
     opt_str,
+    quoted,
     read_duration,
 )
 
@@ -60,7 +61,7 @@ ALWAYS_ZONES = frozenset({"UTC", "Etc/UTC"})
 def parse_schedule(where: str, raw: object) -> ScheduleConfig:
     """The single `[schedule]`: every target on one cron."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: schedule: must be a [schedule] table, got {raw!r}")
+        raise ConfigError(f"{where}: schedule: must be a [schedule] table, got {quoted(raw)}")
     no_unknown(where, "schedule.", raw, _KEYS)
     return _parse_one(where, "schedule", raw, DEFAULT_SCHEDULE_ID)
 
@@ -69,10 +70,10 @@ def parse_schedules(where: str, raw: object) -> tuple[ScheduleConfig, ...]:
     """`[schedules.NAME]` tables, each with its cron and the targets it sweeps (checked
     against the config's targets by `check_membership`)."""
     if not isinstance(raw, dict) or not raw:
-        raise ConfigError(f"{where}: schedules: must be [schedules.NAME] tables, got {raw!r}")
+        raise ConfigError(f"{where}: schedules: must be [schedules.NAME] tables, got {quoted(raw)}")
     found: list[ScheduleConfig] = []
     for name, entry in raw.items():
-        at = f"schedules.{name}" if name.isprintable() else f"schedules.{name!r}"
+        at = f"schedules.{name}" if name.isprintable() else f"schedules.{quoted(name)}"
         if not STEP_NAME.fullmatch(name):
             raise ConfigError(
                 f"{where}: {at}: not a schedule name (letters, digits and _ . : @ -, starting "
@@ -80,7 +81,7 @@ def parse_schedules(where: str, raw: object) -> tuple[ScheduleConfig, ...]:
             )
         if not isinstance(entry, dict):
             raise ConfigError(
-                f"{where}: {at}: must be a table with cron and targets, got {entry!r}"
+                f"{where}: {at}: must be a table with cron and targets, got {quoted(entry)}"
             )
         no_unknown(where, f"{at}.", entry, _NAMED_KEYS)
         targets = entry.get("targets")
@@ -90,7 +91,7 @@ def parse_schedules(where: str, raw: object) -> tuple[ScheduleConfig, ...]:
             or not all(isinstance(t, str) for t in targets)
         ):
             raise ConfigError(
-                f"{where}: {at}.targets: want a list of target names, got {targets!r}"
+                f"{where}: {at}.targets: want a list of target names, got {quoted(targets)}"
             )
         spec = _parse_one(where, at, entry, f"purge-{name}")
         found.append(replace(spec, name=name, targets=tuple(targets)))
@@ -98,7 +99,8 @@ def parse_schedules(where: str, raw: object) -> tuple[ScheduleConfig, ...]:
     for spec in found:
         if ids.count(spec.id) > 1:
             raise ConfigError(
-                f"{where}: schedules.{spec.name}.id: {spec.id!r} is the id of another schedule too"
+                f"{where}: schedules.{spec.name}.id: {quoted(spec.id)} is the id of another "
+                "schedule too"
             )
     return tuple(found)
 
@@ -113,19 +115,19 @@ def check_membership(
         for target in spec.targets:
             if target not in names:
                 raise ConfigError(
-                    f"{where}: schedules.{spec.name}.targets: {target!r} is not a target of this "
-                    "config"
+                    f"{where}: schedules.{spec.name}.targets: {quoted(target)} is not a target "
+                    "of this config"
                 )
             if target in owner and owner[target] != spec.name:
                 raise ConfigError(
-                    f"{where}: schedules.{spec.name}.targets: {target!r} is in schedules."
+                    f"{where}: schedules.{spec.name}.targets: {quoted(target)} is in schedules."
                     f"{owner[target]} too; a target belongs to one schedule"
                 )
             owner[target] = spec.name
     for name in names:
         if name not in owner:
             raise ConfigError(
-                f"{where}: targets: {name!r} is in no schedule; with [schedules.NAME] every "
+                f"{where}: targets: {quoted(name)} is in no schedule; with [schedules.NAME] every "
                 "target is in exactly one (its targets list)"
             )
     return tuple(
@@ -138,16 +140,16 @@ def _parse_one(where: str, at: str, raw: Mapping[str, Any], default_id: str) -> 
     if not cron_ok(cron):
         raise ConfigError(
             f"{where}: {at}.cron: want five cron fields (minute hour day month weekday) "
-            f"like '23 * * * *', got {cron!r}"
+            f"like '23 * * * *', got {quoted(cron)}"
         )
     if not cron_fires(cron):
         raise ConfigError(
-            f"{where}: {at}.cron: {cron!r} never fires: no date matches its day, month and "
+            f"{where}: {at}.cron: {quoted(cron)} never fires: no date matches its day, month and "
             "weekday at once (Temporal's server asks all three), so no pass would ever start"
         )
     ensure = raw.get("ensure", False)
     if not isinstance(ensure, bool):
-        raise ConfigError(f"{where}: {at}.ensure: must be true or false, got {ensure!r}")
+        raise ConfigError(f"{where}: {at}.ensure: must be true or false, got {quoted(ensure)}")
     spec = ScheduleConfig(
         id=opt_str(where, f"{at}.id", raw, "id") or default_id,
         cron=cron,
@@ -169,19 +171,19 @@ def _check(where: str, at: str, raw: Mapping[str, Any], spec: ScheduleConfig) ->
     if spec.catchup_window_ms < MIN_CATCHUP_MS:
         raise ConfigError(
             f"{where}: {at}.catchup_window: at least 10s (Temporal's minimum), "
-            f"got {raw['catchup_window']!r}"
+            f"got {quoted(raw['catchup_window'])}"
         )
     if spec.jitter_ms > HOUR_MS:
         raise ConfigError(
             f"{where}: {at}.jitter: at most 1h, so a pass stays near its time, "
-            f"got {raw['jitter']!r}"
+            f"got {quoted(raw['jitter'])}"
         )
     if not QUEUE_NAME.fullmatch(spec.id):
         # A name may hold what an id may not (@): the default id, purge- and the name, then fails.
         given = "" if "id" in raw else " (purge- and the schedule's name: give it an id)"
         raise ConfigError(
             f"{where}: {at}.id: not a schedule id (letters, digits and _ . : / -), "
-            f"got {spec.id!r}{given}"
+            f"got {quoted(spec.id)}{given}"
         )
     if spec.time_zone in ALWAYS_ZONES:
         return  # Temporal's server knows it, whatever this machine's zone files
@@ -192,10 +194,11 @@ def _check(where: str, at: str, raw: Mapping[str, Any], spec: ScheduleConfig) ->
             # A slim container image without zone files (and no tzdata package): the zone may
             # be right; this machine cannot tell.
             raise ConfigError(
-                f"{where}: {at}.time_zone: {spec.time_zone!r} cannot be checked: this machine "
-                "has no time zone database (install its tzdata, or `pip install tzdata`), or "
+                f"{where}: {at}.time_zone: {quoted(spec.time_zone)} cannot be checked: this "
+                "machine has no time zone database (install its tzdata, or `pip install tzdata`), "
+                "or "
                 'use "UTC"'
             ) from None
         raise ConfigError(
-            f"{where}: {at}.time_zone: not an IANA time zone, got {spec.time_zone!r}"
+            f"{where}: {at}.time_zone: not an IANA time zone, got {quoted(spec.time_zone)}"
         ) from None

@@ -213,13 +213,13 @@ def _said(part: Guards | PartitionPolicy | RowFilter) -> dict[str, Any]:
 def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) -> SweepSettings:
     """`base` with the sweep keys of `raw` applied (only those keys are read here)."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: {prefix.rstrip('.')}: must be a table, got {raw!r}")
+        raise ConfigError(f"{where}: {prefix.rstrip('.')}: must be a table, got {quoted(raw)}")
     changes: dict[str, Any] = {}
     for key in SWEEP_FLAGS:
         if key in raw:
             if not isinstance(raw[key], bool):
                 raise ConfigError(
-                    f"{where}: {prefix}{key}: must be true or false, got {raw[key]!r}"
+                    f"{where}: {prefix}{key}: must be true or false, got {quoted(raw[key])}"
                 )
             changes[key] = raw[key]
     for key, (attr, low, high) in SWEEP_KEYS.items():
@@ -229,7 +229,7 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
         if not low <= value <= high:
             raise ConfigError(
                 f"{where}: {prefix}{key}: must be from {duration_text(low)} to "
-                f"{duration_text(high)}, got {raw[key]!r}"
+                f"{duration_text(high)}, got {quoted(raw[key])}"
             )
         changes[attr] = value
     if "max_replica_lag" in raw:
@@ -237,7 +237,7 @@ def sweep_settings(where: str, prefix: str, raw: object, base: SweepSettings) ->
         if not 100 <= lag <= 3_600_000:
             raise ConfigError(
                 f"{where}: {prefix}max_replica_lag: must be from 100ms to 60m, "
-                f"got {raw['max_replica_lag']!r}"
+                f"got {quoted(raw['max_replica_lag'])}"
             )
         changes["max_replica_lag_ms"] = lag
     if "max_wal_rate" in raw:
@@ -258,20 +258,24 @@ def _guards(at: str, raw: Mapping[str, Any]) -> Guards:
     if max_rows is not None and (
         isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1
     ):
-        raise ConfigError(f"{at}: max_rows: must be a whole number of at least 1, got {max_rows!r}")
+        raise ConfigError(
+            f"{at}: max_rows: must be a whole number of at least 1, got {quoted(max_rows)}"
+        )
     fraction = raw.get("max_fraction")
     if fraction is not None and (
         isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1
     ):
         raise ConfigError(
             f"{at}: max_fraction: must be a share above 0 and at most 1 (0.25 for a quarter), "
-            f"got {fraction!r}"
+            f"got {quoted(fraction)}"
         )
     jump = None
     if "max_clock_jump" in raw:
         jump = read_duration(at, "max_clock_jump", raw, "max_clock_jump")
         if jump < 1000:
-            raise ConfigError(f"{at}: max_clock_jump: at least 1s, got {raw['max_clock_jump']!r}")
+            raise ConfigError(
+                f"{at}: max_clock_jump: at least 1s, got {quoted(raw['max_clock_jump'])}"
+            )
     return Guards(
         max_rows=max_rows,
         max_fraction=float(fraction) if fraction is not None else None,
@@ -284,7 +288,7 @@ def _partitions(at: str, raw: Mapping[str, Any]) -> PartitionPolicy:
     if mode is None:
         raise ConfigError(
             f"{at}: partitions: must be one of {', '.join(map(repr, PARTITION_MODES))}, "
-            f"got {raw['partitions']!r}"
+            f"got {quoted(raw['partitions'])}"
         )
     schema = raw.get("detached_schema")
     if schema is None:
@@ -297,14 +301,15 @@ def _partitions(at: str, raw: Mapping[str, Any]) -> PartitionPolicy:
     if not isinstance(schema, str) or not SQL_NAME.fullmatch(schema):
         raise ConfigError(
             f"{at}: detached_schema: not a schema name (letters, digits and _, starting with a "
-            f"letter or _, at most 63), got {schema!r}"
+            f"letter or _, at most 63), got {quoted(schema)}"
         )
     if mode != "detach":
         # Said out loud: an operator who names an archive schema but leaves `drop` (or the
         # default) would lose the partitions they meant to keep.
         raise ConfigError(
-            f"{at}: detached_schema: only with partitions = 'detach' (partitions is {mode!r}: "
-            f"nothing would be kept in {schema!r}), got {schema!r}"
+            f"{at}: detached_schema: only with partitions = 'detach' (partitions is "
+            f"{quoted(mode)}: "
+            f"nothing would be kept in {quoted(schema)}), got {quoted(schema)}"
         )
     return PartitionPolicy(mode, schema)
 
@@ -318,7 +323,7 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
     if not TARGET_NAME.fullmatch(name):
         raise ConfigError(
             f"{at}: name: letters, digits and _ . : @ - (at most 100), starting with a letter, "
-            f"digit or _, got {name!r}"
+            f"digit or _, got {quoted(name)}"
         )
     settings = sweep_settings(at, "", raw, defaults)
     guards, partitions = _guards(at, raw), _partitions(at, raw)
@@ -337,8 +342,8 @@ def parse_target(where: str, index: int, raw: object, defaults: SweepSettings) -
             # to whichever rule says they are old.
             keys = [key for key, _ in builtin.tables]
             raise ConfigError(
-                f"{at}: {keys[-1]}: the same table as {keys[0]}, got {str(tables[-1])!r}; each "
-                "is swept by its own rule"
+                f"{at}: {keys[-1]}: the same table as {keys[0]}, got {quoted(str(tables[-1]))}; "
+                "each is swept by its own rule"
             )
         archives = tuple(
             archive_table(at, key, raw, table)
@@ -370,13 +375,15 @@ def _entry(where: str, index: int, raw: object) -> tuple[str, str, dict[str, Any
     and the entry itself, refused for a key its kind does not take."""
     at = f"{where}: [[targets]] #{index}"
     if not isinstance(raw, dict):
-        raise ConfigError(f"{at}: must be a table, got {raw!r}")
+        raise ConfigError(f"{at}: must be a table, got {quoted(raw)}")
     kind = raw.get("kind")
     if kind is None:
         raise ConfigError(f"{at}: kind: missing; want one of {', '.join(KINDS)}")
     if kind not in KINDS:
         hint = did_you_mean(kind, KINDS) if isinstance(kind, str) else ""
-        raise ConfigError(f"{at}: kind: must be one of {', '.join(KINDS)}, got {kind!r}{hint}")
+        raise ConfigError(
+            f"{at}: kind: must be one of {', '.join(KINDS)}, got {quoted(kind)}{hint}"
+        )
     name_hint = raw.get("name")
     # Only a valid name labels the entry: an invalid one (a newline, say) is shown, quoted, by
     # the check of `name` below, and would otherwise break the one-line message here.
@@ -402,7 +409,7 @@ def _python_spec(at: str, raw: Mapping[str, Any]) -> TargetSpec:
     if not isinstance(names, list) or not all(
         isinstance(n, str) and TARGET_NAME.fullmatch(n) for n in names
     ):
-        raise ConfigError(f"{at}: names: must be a list of target names, got {names!r}")
+        raise ConfigError(f"{at}: names: must be a list of target names, got {quoted(names)}")
     factory = _resolve_factory(at, path)
     return TargetSpec(kind="python", name=path, factory=factory, names=tuple(names))
 
@@ -414,7 +421,7 @@ def _expiring_spec(at: str, raw: Mapping[str, Any], common: _Common) -> TargetSp
     if not SQL_NAME.fullmatch(column):
         raise ConfigError(
             f"{at}: column: not a column name (letters, digits and _, starting with a letter "
-            f"or _, at most 63), got {column!r}"
+            f"or _, at most 63), got {quoted(column)}"
         )
     max_age_ms = 0
     if "max_age" in raw:
@@ -423,7 +430,7 @@ def _expiring_spec(at: str, raw: Mapping[str, Any], common: _Common) -> TargetSp
     if unit is None:
         raise ConfigError(
             f"{at}: unit: the unit of an integer epoch column, one of {', '.join(EPOCH_UNITS)}, "
-            f"got {raw['unit']!r}"
+            f"got {quoted(raw['unit'])}"
         )
     archive = archive_table(at, "archive_table", raw, table)
     partitions = common["partitions"]
@@ -458,17 +465,17 @@ def _age_from(
     if related == table:
         raise ConfigError(
             f"{at}: age_from: the table itself ({table}); for a row's own column leave "
-            f"age_from out, got {value!r}"
+            f"age_from out, got {quoted(value)}"
         )
     if archive is not None:
         raise ConfigError(
             f"{at}: age_from: with archive_table, the rows of {related} that each delete "
-            f"cascades to would be lost, not archived; remove one of them, got {value!r}"
+            f"cascades to would be lost, not archived; remove one of them, got {quoted(value)}"
         )
     if partitions.removes:
         raise ConfigError(
-            f"{at}: partitions: {partitions.mode!r} judges a partition by its bounds, but with "
-            "age_from a row's age is in another table; keep partitions = 'delete'"
+            f"{at}: partitions: {quoted(partitions.mode)} judges a partition by its bounds, but "
+            "with age_from a row's age is in another table; keep partitions = 'delete'"
         )
     return related
 
@@ -484,7 +491,7 @@ def _check_pattern(
     among `archives`) has one of its stars to fill it."""
     allow_any = raw.get("allow_any", False)
     if not isinstance(allow_any, bool):
-        raise ConfigError(f"{at}: allow_any: must be true or false, got {allow_any!r}")
+        raise ConfigError(f"{at}: allow_any: must be true or false, got {quoted(allow_any)}")
     pattern = pattern_of(tables[0])
     companions = [*tables[1:], *(a for a in archives if a is not None)]
     if pattern is None:
@@ -518,8 +525,9 @@ def _filtered(
     """`row_filter`, unless partitions would leave whole with rows it keeps."""
     if partitions.removes and row_filter is not None:
         raise ConfigError(
-            f"{at}: partitions: {partitions.mode!r} takes a partition out whole, judged by its "
-            "bounds alone, with every row the filter (match, match_null, match_not_null) keeps; "
+            f"{at}: partitions: {quoted(partitions.mode)} takes a partition out whole, judged "
+            "by its bounds alone, with every row the filter (match, match_null, match_not_null) "
+            "keeps; "
             "with a filter, keep partitions = 'delete'"
         )
     return row_filter
@@ -531,8 +539,8 @@ def _copied(
     """`archives`, unless partitions would leave whole without their rows' copy."""
     if partitions.removes and any(archives):
         raise ConfigError(
-            f"{at}: partitions: {partitions.mode!r} takes partitions out without copying their "
-            "rows to the archive table; with an archive, keep partitions = 'delete'"
+            f"{at}: partitions: {quoted(partitions.mode)} takes partitions out without copying "
+            "their rows to the archive table; with an archive, keep partitions = 'delete'"
         )
     return archives
 
@@ -547,7 +555,7 @@ def _table(at: str, key: str, raw: Mapping[str, Any], default: str | None) -> Ta
 
 def _resolve_factory(at: str, path: str) -> Factory:
     if not _FACTORY.fullmatch(path):
-        raise ConfigError(f"{at}: factory: want 'package.module:function', got {path!r}")
+        raise ConfigError(f"{at}: factory: want 'package.module:function', got {quoted(path)}")
     module_name, _, attr_path = path.partition(":")
     # What the module prints as it is imported is held back: stdout may be a command's own
     # output (`schema` prints SQL), and a refusal is one line. Said on stderr if it imports.
@@ -557,8 +565,10 @@ def _resolve_factory(at: str, path: str) -> Factory:
             obj: Any = pkgutil.resolve_name(path)
     except AttributeError:
         if module_name in sys.modules:  # imported: it is the name that is missing
-            raise ConfigError(f"{at}: factory: {module_name!r} has no {attr_path!r}") from None
-        raise ConfigError(f"{at}: factory: cannot import {module_name!r}") from None
+            raise ConfigError(
+                f"{at}: factory: {quoted(module_name)} has no {quoted(attr_path)}"
+            ) from None
+        raise ConfigError(f"{at}: factory: cannot import {quoted(module_name)}") from None
     except (Exception, SystemExit) as err:
         # Any error of the module's own import (a SyntaxError, a failing top-level call, a
         # sys.exit() at its top level, as a script's) is a bad factory for this config: one
@@ -572,12 +582,12 @@ def _resolve_factory(at: str, path: str) -> Factory:
             else ""
         )
         raise ConfigError(
-            f"{at}: factory: cannot import {module_name!r}: {type(err).__name__}: "
+            f"{at}: factory: cannot import {quoted(module_name)}: {type(err).__name__}: "
             f"{first_line(err)}{hint}"
         ) from None
     if printed.getvalue():
         sys.stderr.write(printed.getvalue())
     if not callable(obj):
-        raise ConfigError(f"{at}: factory: {path!r} is not callable")
+        raise ConfigError(f"{at}: factory: {quoted(path)} is not callable")
     factory: Factory = obj
     return factory

@@ -53,22 +53,22 @@ def parse_duration(text: str) -> int:
     while match := _AGE_PART.match(text, pos):
         unit = match.group(2)
         if unit in seen:
-            raise ConfigError(f"unit {unit!r} appears twice in {text!r}")
+            raise ConfigError(f"unit {quoted(unit)} appears twice in {quoted(text)}")
         seen.add(unit)
         # More than 20 significant digits is past the century anyway, and int() raises a
         # ValueError (not a ConfigError, so a traceback) on a string of over 4300 digits.
         digits = match.group(1).lstrip("0") or "0"
         if len(digits) > 20:
-            raise ConfigError(f"{text!r} is longer than 100 years")
+            raise ConfigError(f"{quoted(text)} is longer than 100 years")
         total += int(digits) * _UNITS_MS[unit]
         pos = match.end()
     if not text or pos != len(text):
         raise ConfigError(
-            f"not a duration, got {text!r}; want a number and a unit (ms s m h d w), "
+            f"not a duration, got {quoted(text)}; want a number and a unit (ms s m h d w), "
             "or several: '30d', '1h30m', '0s'"
         )
     if total > MAX_AGE_LIMIT_MS:
-        raise ConfigError(f"{text!r} is longer than 100 years")
+        raise ConfigError(f"{quoted(text)} is longer than 100 years")
     return total
 
 
@@ -133,7 +133,7 @@ def read_duration(where: str, key: str, raw: Mapping[str, Any], field_name: str)
     """The duration at `raw[field_name]`, in ms; a ConfigError naming `where` and `key`."""
     value = raw[field_name]
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: {key}: must be a string like '30d', got {value!r}")
+        raise ConfigError(f"{where}: {key}: must be a string like '30d', got {quoted(value)}")
     try:
         return parse_duration(value)
     except ConfigError as err:
@@ -301,10 +301,12 @@ def read_rate(where: str, key: str, raw: Mapping[str, Any], field_name: str) -> 
     value = raw[field_name]
     match = _RATE.fullmatch(value) if isinstance(value, str) else None
     if match is None:
-        raise ConfigError(f"{where}: {key}: want a rate like '32MB/s' (B kB MB GB), got {value!r}")
+        raise ConfigError(
+            f"{where}: {key}: want a rate like '32MB/s' (B kB MB GB), got {quoted(value)}"
+        )
     rate = int(float(match.group(1)) * _RATE_BYTES[match.group(2)])
     if rate < 64 * 1024:
-        raise ConfigError(f"{where}: {key}: at least 64kB/s, got {value!r}")
+        raise ConfigError(f"{where}: {key}: at least 64kB/s, got {quoted(value)}")
     return rate
 
 
@@ -321,6 +323,6 @@ def duration_within(
     if not low <= value <= high:
         raise ConfigError(
             f"{where}: {key}: must be from {duration_text(low)} to {duration_text(high)}, "
-            f"got {raw[name]!r}"
+            f"got {quoted(raw[name])}"
         )
     return value

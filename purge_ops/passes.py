@@ -34,6 +34,7 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import current, pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from purge_config.file import path_shown
 from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_config.patterns import split_match_name
 from purge_config.schedules import ScheduleConfig
@@ -842,13 +843,14 @@ def _workflow_type(history: WorkflowHistory) -> str:
 
 def _history_file(path: Path) -> WorkflowHistory:
     """The history in `path`, as `temporal workflow show -o json` writes it."""
+    shown = path_shown(path)  # a URL typed where the file goes is said by its length
     try:
         return WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
     except OSError as err:
-        raise UnreadableHistory(f"{path}: cannot read: {err.strerror or err}") from None
+        raise UnreadableHistory(f"{shown}: cannot read: {err.strerror or err}") from None
     except Exception as err:  # JSON, the SDK's checks and protobuf's parser each raise their own
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise UnreadableHistory(f"{path}: not a workflow history: {reason}") from None
+        raise UnreadableHistory(f"{shown}: not a workflow history: {reason}") from None
 
 
 async def replay(

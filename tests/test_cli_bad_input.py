@@ -462,3 +462,49 @@ def test_a_server_s_refusal_a_command_meets_is_one_line_with_status_1(
     assert capsys.readouterr().err == (
         "pg-purge: the database refused: canceling statement due to statement timeout\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "--config", URL],
+        ["check", "--config", f"host=db password={SECRET}"],
+        ["replay", URL],
+    ],
+    ids=["config-url", "config-keywords", "replay-file"],
+)
+def test_a_connection_string_typed_where_a_file_goes_is_said_by_its_length(
+    args: list[str],
+) -> None:
+    """`--config` (or $PURGE_CONFIG) and `replay`'s FILE name a file; a URL typed there was
+    quoted whole as the file that does not exist, password and all."""
+    line = one_line(run_main(*args, env=clean_env(TEMPORAL_ADDRESS=CLOSED)))
+
+    assert "characters not shown: may hold a password>" in line
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        (f'metrics = "{URL}"\n', "metrics: want HOST:PORT like '0.0.0.0:9464', got <"),
+        (
+            f'[[targets]]\nkind = "expiring"\nname = "t"\ntable = "{URL}"\ncolumn = "at"\n',
+            "is not a table name",
+        ),
+        (f'[schedule]\nid = "{URL}"\n', "schedule.id"),
+        (f'[schedule]\ntime_zone = "{URL}"\n', "time_zone"),
+    ],
+    ids=["metrics", "table", "schedule-id", "time-zone"],
+)
+def test_a_connection_string_pasted_into_any_config_key_is_said_by_its_length(
+    tmp_path: Path, entry: str, said: str
+) -> None:
+    """Not only `database_url`, `url` and `task_queue`: every refusal of a config value quotes
+    it through one mask, so a URL pasted into the wrong key is never repeated."""
+    path = tmp_path / "purge.toml"
+    path.write_text(entry + '[[targets]]\nkind = "idempotency"\n', encoding="utf-8")
+
+    line = one_line(run_main("check", "--config", str(path), env=clean_env()))
+
+    assert said in line
+    assert "characters not shown: may hold a password>" in line
