@@ -42,6 +42,7 @@ from temporalio.worker import (
 from temporalio.workflow import NondeterminismError
 
 from activities.builtin_kinds import build_registry
+from activities.engine import small_tables
 from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.runner import new_worker, run_worker
@@ -295,13 +296,25 @@ async def test_a_worker_stopped_mid_local_sweep_loses_nothing(
 
 
 async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
-    pg_url: str, harness: Harness
+    pg_url: str, harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`temporal workflow cancel` while a local sweep's DELETE waits for a row an application
     holds: the pass ends cancelled, the statement still commits once the row is let go (its
-    rows in the ledger), nothing is half done and no live row is touched."""
+    rows in the ledger), nothing is half done and no live row is touched. The row is let go
+    only once the cancellation has reached the sweep's task (the child learns of it at its
+    next workflow task, up to 8 s later), and its counts read once that task has ended."""
     prefix = tenant_prefix()
     held = f"{prefix}_0001"
+    sweeping: list[asyncio.Task[Any]] = []
+    transaction = small_tables._transaction
+
+    def noted(*args: Any) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        sweeping.append(task)  # the local sweep's own task, which a cancellation reaches
+        return transaction(*args)
+
+    monkeypatch.setattr(small_tables, "_transaction", noted)
     with tenant_schemas(pg_url, prefix) as conn, psycopg.connect(pg_url) as holder:
         create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
         holder.execute(
@@ -319,10 +332,15 @@ async def test_a_cancelled_pass_lets_a_local_sweep_finish_its_statement(
             await until_a_sweep_waits(conn, running, holder=holder)
             assert waiting_sweeps(conn, holder=holder) == 1
             await handle.cancel()
-            await asyncio.sleep(0.2)
+            async with asyncio.timeout(60):
+                while not any(task.cancelling() for task in sweeping):
+                    await asyncio.sleep(0.05)
             holder.rollback()
             with pytest.raises(WorkflowFailureError) as ended:
                 await running
+            async with asyncio.timeout(60):
+                while not all(task.done() for task in sweeping):
+                    await asyncio.sleep(0.05)
         left = counts(conn, prefix, harness.now_ms)
         done = harness.db.execute(
             "SELECT removed FROM purge_progress WHERE target = %s", (f"sessions@{held}",)
