@@ -48,6 +48,13 @@ from purge_config.file import PurgeConfig, load_config, parse_config
 from purge_ops.runner import new_worker, run_worker
 from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
+from tests.support.delete_log import (
+    MEETING_S,
+    drop_log,
+    log_each_delete,
+    meet_first,
+    one_at_a_time,
+)
 from tests.support.history import (
     child_ids,
     child_runs,
@@ -602,65 +609,6 @@ async def test_a_worker_of_the_release_before_beside_this_one_fails_no_target(
     assert completed_by == {identity(first), identity(second)}
 
 
-def _log_each_delete(conn: psycopg.Connection[Any], prefix: str, schemas: list[str]) -> str:
-    """Every DELETE statement on these tenants' tables writes when it began and ended to the
-    table returned (`public.PREFIX_log`), in its own transaction (so only committed sweeps
-    show), and takes 150 ms: two sweeps run at once overlap there. `_meet_first` makes the
-    first two meet there."""
-    log = f"public.{prefix}_log"
-    conn.execute(
-        f"CREATE TABLE {log} (pid int NOT NULL, at timestamptz NOT NULL, edge text NOT NULL);"
-        f"CREATE SEQUENCE public.{prefix}_arrivals"
-    )
-    _meet_first(conn, prefix, 0)
-    for schema in schemas:
-        for edge in ("BEFORE", "AFTER"):
-            conn.execute(
-                f"CREATE TRIGGER log_{edge.lower()} {edge} DELETE ON {schema}.sessions"
-                f" FOR EACH STATEMENT EXECUTE FUNCTION public.{prefix}_logged()"
-            )
-    return log
-
-
-def _meet_first(conn: psycopg.Connection[Any], prefix: str, meet: int) -> None:
-    """From now, the first `meet` DELETEs (counted afresh) each wait, once their start is
-    logged, until all `meet` have started (a sequence counts them: it is read across sessions
-    at once, not at commit), up to MEETING_S: sweeps run at once then overlap in the log
-    however slowly each starts, and sweeps run one after another do not meet, waiting out the
-    bound. `meet` 0: none waits."""
-    conn.execute(
-        f"CREATE OR REPLACE FUNCTION public.{prefix}_logged() RETURNS trigger LANGUAGE plpgsql"
-        " AS $$DECLARE arrived bigint; until timestamptz; BEGIN"
-        f" INSERT INTO public.{prefix}_log VALUES (pg_backend_pid(), clock_timestamp(), TG_WHEN);"
-        " IF TG_WHEN = 'BEFORE' THEN"
-        f"  arrived := nextval('public.{prefix}_arrivals');"
-        f"  until := clock_timestamp() + interval '{MEETING_S} s';"
-        f"  WHILE arrived <= {meet} AND clock_timestamp() < until"
-        f"   AND (SELECT last_value FROM public.{prefix}_arrivals) < {meet} LOOP"
-        "   PERFORM pg_sleep(0.01);"
-        "  END LOOP;"
-        "  PERFORM pg_sleep(0.15);"
-        " END IF; RETURN NULL; END$$;"
-        f"ALTER SEQUENCE public.{prefix}_arrivals RESTART"
-    )
-
-
-#: How long the first DELETEs wait to meet (seconds): only the end of a run whose sweeps never
-#: run at once (its test's sweeps get a statement timeout twice that).
-MEETING_S = 60
-
-
-def _one_at_a_time(log: list[tuple[int, str]]) -> bool:
-    """Whether each DELETE's BEFORE in `log` (pid, edge; in time order) is followed by its own
-    AFTER, never by another's BEFORE."""
-    if len(log) % 2:
-        return False
-    return all(
-        (begin[1], end) == ("BEFORE", (begin[0], "AFTER"))
-        for begin, end in zip(log[::2], log[1::2], strict=True)
-    )
-
-
 async def test_max_sweeps_bounds_local_sweeps(
     pg_url: str, harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -675,7 +623,7 @@ async def test_max_sweeps_bounds_local_sweeps(
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
-        log_table = _log_each_delete(conn, prefix, [f"{prefix}_{i:04d}" for i in range(TENANTS)])
+        log_table = log_each_delete(conn, prefix, [f"{prefix}_{i:04d}" for i in range(TENANTS)])
         try:
             cfg = parse_config(
                 {"database_url": harness.url, "task_queue": harness.task_queue,
@@ -703,7 +651,7 @@ async def test_max_sweeps_bounds_local_sweeps(
             # The control: the expired rows again, a fresh log, a worker without the bound.
             create_tenants_expired_again(conn, prefix, harness.now_ms)
             conn.execute(f"TRUNCATE {log_table}")
-            _meet_first(conn, prefix, 2)
+            meet_first(conn, prefix, 2)
             control = await run_pass_beside(
                 lambda stop: run_worker(cfg, stop=stop, temporal_address=temporal_server.address),
                 harness.client,
@@ -712,10 +660,7 @@ async def test_max_sweeps_bounds_local_sweeps(
             )
             unbounded = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
         finally:
-            conn.execute(
-                f"DROP TABLE {log_table}; DROP FUNCTION public.{prefix}_logged CASCADE;"
-                f"DROP SEQUENCE public.{prefix}_arrivals"
-            )
+            drop_log(conn, prefix)
 
     assert result["statuses"] == {"ok": TENANTS}
     assert set(left.values()) == {(0, 2)}
@@ -724,12 +669,12 @@ async def test_max_sweeps_bounds_local_sweeps(
     assert len(local_sweeps(child)) == TENANTS
     assert len(log) >= 2 * TENANTS
     # One at a time: each statement's BEFORE is followed by its own AFTER, never another's.
-    assert _one_at_a_time(log), log
+    assert one_at_a_time(log), log
     # Without the bound, the same pass's DELETEs overlap in the same log.
     assert control["statuses"] == {"ok": TENANTS}
     assert control["removed"] == sum(expired_of(i) for i in range(TENANTS))
     assert len(unbounded) >= 2 * TENANTS
-    assert not _one_at_a_time(unbounded), unbounded
+    assert not one_at_a_time(unbounded), unbounded
 
 
 def create_tenants_expired_again(conn: psycopg.Connection[Any], prefix: str, now_ms: int) -> None:

@@ -21,6 +21,7 @@ from activities.sweep import PurgeActivities
 from purge_config.file import PurgeConfig, parse_config
 from tests.conftest import Harness
 from tests.support.activity import activity_env
+from tests.support.delete_log import drop_log, log_each_delete, meet_first, most_at_once
 from tests.support.history import child_runs, events, local_sweeps, scheduled_targets
 from tests.support.passes import run_pass, run_pass_beside_older
 from tests.support.tenants import (
@@ -161,18 +162,29 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
 ) -> None:
     """The large match's child schedules one sweep at a time (`max_per_database`, 1 in most of
     these); the small matches' child sweeps several at once, each a local activity. Every
-    expired row gone, every live one kept, the count exact."""
+    expired row gone, every live one kept, the count exact. How many at once is read from the
+    database's own log of the small tables' DELETEs: the first that many wait there to meet (so
+    they overlap however slowly each starts), and no more than that many ever overlap."""
     prefix = tenant_prefix()
     most, per_database = limits
+    # The small tables with expired rows: a sweep of one with none may delete by no statement.
+    logged = [f"{prefix}_{i:04d}" for i in range(SMALL + 1) if i != 3 and expired_of(i)]
+    together = min(at_once[-1], len(logged))
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(SMALL + 1), harness.now_ms)
         make_large(conn, f"{prefix}_0003", harness.now_ms)
+        log_table = log_each_delete(conn, prefix, logged)
+        meet_first(conn, prefix, together)
         cfg = harness.adopt(config(prefix, max_concurrent=most, max_per_database=per_database))
         workflow_id = f"purge-small-{uuid.uuid4()}"
-        async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
-            result = await run_pass(
-                harness.client, harness.task_queue, cfg.pass_input(), workflow_id
-            )
+        try:
+            async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+                result = await run_pass(
+                    harness.client, harness.task_queue, cfg.pass_input(), workflow_id
+                )
+            log = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
+        finally:
+            drop_log(conn, prefix)
         scheduled = await first_task_schedules(harness, workflow_id)
 
         assert result["statuses"] == {"ok": SMALL + 1}
@@ -180,6 +192,8 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
         left = counts(conn, prefix, harness.now_ms)
     assert scheduled == children
     assert await child_concurrency(harness, workflow_id) == at_once
+    assert {pid for pid, _ in log}, "no DELETE of a small table was logged"
+    assert most_at_once(log) == together, log
     assert {expired for expired, _ in left.values()} == {0}
     assert sorted(live for _, live in left.values()) == [2] * SMALL + [2 + LARGE_ROWS]
 
