@@ -47,7 +47,13 @@ from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
-from tests.support.pace import budget_clock, cut_short_at, row_locked
+from tests.support.pace import (
+    budget_clock,
+    cut_short_at,
+    row_locked,
+    unhurried_whole_batch,
+    until_a_sweep_waits,
+)
 from tests.support.passes import failed_pass, run_pass, run_pass_beside, until_polled
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
@@ -713,53 +719,48 @@ def test_a_url_env_database_and_the_budget_default_below_a_short_period() -> Non
 
 
 async def test_two_passes_started_by_two_paths_never_sweep_one_table_at_once(
-    harness: Harness,
-    temporal_server: RunningTemporal,
+    harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One pass started by the client, another by the `temporal` CLI, on a table whose
-    deletes are slow: one of them sweeps it, the other finds it busy (or nothing left), and
-    together they remove exactly the expired rows."""
+    """One pass started by the client sweeps the table, its batch waiting on a row an
+    application holds (as long as the test holds it); another, started by the `temporal` CLI
+    meanwhile, finds the table busy within its busy_wait and removes nothing, rather than
+    waiting on the same row. Once the row is let go, the first removes exactly the expired
+    rows. (Without the table's lock the second would wait on the row, past the test's bound.)"""
     harness.db.execute(
         "INSERT INTO x_idempotency SELECT 'k' || i, null, CASE WHEN i %% 2 = 0 THEN %s ELSE %s END"
         " FROM generate_series(1, 600) i",
         (harness.now_ms - HOUR, harness.now_ms + HOUR),
     )
-    harness.db.execute(
-        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS"
-        " $$BEGIN PERFORM pg_sleep(0.002); RETURN OLD; END$$"
-    )
-    harness.db.execute(
-        "CREATE TRIGGER slow BEFORE DELETE ON x_idempotency FOR EACH ROW"
-        " EXECUTE FUNCTION slow_delete()"
-    )
-    patient = SweepSettings(busy_wait_ms=100)
+    unhurried_whole_batch(monkeypatch)
+    patient = SweepSettings(busy_wait_ms=100, lock_timeout_ms=60_000, statement_timeout_ms=600_000)
     request = '{"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60000}'
     async with harness.run_worker([kinds.idempotency(harness.pool, settings=patient)]):
-        by_client = await harness.client.start_workflow(
-            "Purge", {"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60_000},
-            id=f"purge-client-{uuid.uuid4()}", task_queue=harness.task_queue,
-        )  # fmt: skip
-        cli_id = f"purge-cli-{uuid.uuid4()}"
-        await asyncio.to_thread(
-            subprocess.run,
-            [
-                venv_executable("temporal"), "workflow", "start",
-                "--address", temporal_server.address, "--task-queue", harness.task_queue,
-                "--type", "Purge", "--workflow-id", cli_id, "--input", request,
-            ],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
-        results = [
-            await by_client.result(),
-            await harness.client.get_workflow_handle(cli_id).result(),
-        ]
+        with row_locked(harness.url, "x_idempotency", "k2") as holder:
+            by_client = await harness.client.start_workflow(
+                "Purge", {"targets": ["x_idempotency"], "max_concurrent": 2, "budget_ms": 60_000},
+                id=f"purge-client-{uuid.uuid4()}", task_queue=harness.task_queue,
+            )  # fmt: skip
+            first = asyncio.ensure_future(by_client.result())
+            # The moment: the first pass's sweep holds the table, its batch waiting on the row.
+            await until_a_sweep_waits(harness.db, first, holder=holder)
+            cli_id = f"purge-cli-{uuid.uuid4()}"
+            await asyncio.to_thread(
+                subprocess.run,
+                [
+                    venv_executable("temporal"), "workflow", "start",
+                    "--address", temporal_server.address, "--task-queue", harness.task_queue,
+                    "--type", "Purge", "--workflow-id", cli_id, "--input", request,
+                ],
+                check=True,
+                capture_output=True,
+            )  # fmt: skip
+            async with asyncio.timeout(60):
+                second = await harness.client.get_workflow_handle(cli_id).result()
+            assert not first.done()
+        results = [await first, second]
 
-    sweeps = [r["swept"][0] for r in results]
-    assert sum(s["removed"] for s in sweeps) == 300
-    assert sorted(s["status"] for s in sweeps) in (["busy", "ok"], ["ok", "ok"])
-    if all(s["status"] == "ok" for s in sweeps):
-        assert 0 in [s["removed"] for s in sweeps]  # one found nothing left
+    sweeps = [(r["swept"][0]["status"], r["swept"][0]["removed"]) for r in results]
+    assert sweeps == [("ok", 300), ("busy", 0)]
     assert len(keys(harness.db, "x_idempotency")) == 300
 
 
