@@ -27,7 +27,11 @@ from purge_config.names import TableName
 from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
-from tests.support.pace import durations_as_measured, fixed_batches, unhurried_whole_batch
+from tests.support.pace import (
+    ENGINE_RESIZE,
+    fixed_batches,
+    unhurried_whole_batch,
+)
 from tests.support.plans import batch_plan_nodes
 from tests.support.rows import HOUR, PAST_NOW
 
@@ -262,6 +266,20 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
         "UPDATE x_idempotency SET key = 'slow' || key"
         " WHERE key IN ('k2000', 'k2060', 'k2120', 'k2180', 'k2240')"
     )
+    spans: list[tuple[int, int, str]] = []  # start, end, how it ended
+    run_span = batching.run_key_span
+
+    async def noted(*args: Any) -> Any:
+        start, end = args[-2:]
+        try:
+            ran = await run_span(*args)
+        except Exception as err:
+            spans.append((start, end, type(err).__name__))
+            raise
+        spans.append((start, end, "deleted"))
+        return ran
+
+    monkeypatch.setattr(batching, "run_key_span", noted)
     result, ledger = await swept_counted(
         pool, db, SweepSettings(statement_timeout_ms=SLOW_TIMEOUT_MS)
     )
@@ -273,6 +291,10 @@ async def test_a_span_that_runs_into_statement_timeout_is_rolled_back_and_taken_
     assert db.execute("SELECT count(*) FROM x_idempotency").fetchone() == (40_000,)
     assert ledger == (4_000,)
     assert f"ran into statement_timeout ({SLOW_TIMEOUT_MS} ms), was rolled back" in result.advice
+    # Taken again from the same start at a quarter of the width it was cancelled at.
+    cancelled = next(i for i, (_, _, how) in enumerate(spans) if how == "QueryCanceled")
+    start, end, _ = spans[cancelled]
+    assert spans[cancelled + 1][:2] == (start, start + (end - start) // 4)
 
 
 def rest_batches(monkeypatch: pytest.MonkeyPatch, name: str = "run_key_rest") -> list[str]:
@@ -395,10 +417,15 @@ async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One slow row (0.4 s, far past twice the 15 ms target on any machine) in the middle of
-    4,000 even keys: the span that meets it is followed by one of half its width, so about half
-    its rows, whatever each batch's size was before. The moment is the sleep, which no
-    machine's speed shortens: batch times are taken as they are."""
-    durations_as_measured(monkeypatch)
+    4,000 even keys: the span that meets it is followed by one of half its width, so half its
+    rows. The moment is the sleep, which no machine's speed shortens; every other batch keeps
+    its size (a loaded machine's would otherwise shrink towards the floor, where half of
+    anything is the floor), so the span that meets it holds a full batch."""
+
+    def kept_unless_slow(size: int, ms: float, target_ms: int, span: tuple[int, int]) -> int:
+        return ENGINE_RESIZE(size, ms, target_ms, span) if ms >= SLOW_ROW_S * 1000 else size
+
+    monkeypatch.setattr(batching, "_resize", kept_unless_slow)
     monkeypatch.setattr(batching, "FIRST_ROWS", ROWS)
     monkeypatch.setattr(batching, "ROWS_RANGE", (50, 2 * ROWS))
     fill(db, 4_000, 40_000, spacing_ms=1_000)
@@ -413,7 +440,8 @@ async def test_a_span_that_runs_past_twice_the_target_halves_the_next(
     slow = next(i for i, (_, ms) in enumerate(batches) if ms >= SLOW_ROW_S * 1000)
     assert slow + 1 < len(batches) - 1  # the next batch is a span, not the last boundary read
     slow_rows, _ = batches[slow]
-    assert batches[slow + 1][0] <= max(slow_rows // 2 + 1, 51)
+    assert slow_rows >= ROWS // 2  # a span of a batch's rows, not the floor's
+    assert slow_rows // 2 - 1 <= batches[slow + 1][0] <= slow_rows // 2 + 1
 
 
 async def test_where_a_batch_takes_less_than_one_key_step_the_batches_read_their_boundary(
