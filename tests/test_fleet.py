@@ -185,6 +185,10 @@ async def test_a_pass_without_limits_is_the_sequential_pass(
     history = await client.get_workflow_handle("purge-plain").fetch_history()
 
     assert sleepers.most["*"] == 1
+    # Each target scheduled only once the one before it completed, whatever the sleeps' overlap.
+    steps = {"ACTIVITY_TASK_SCHEDULED", "ACTIVITY_TASK_COMPLETED"}
+    order = [kind for kind in event_kinds(list(history.events)) if kind in steps]
+    assert order == ["ACTIVITY_TASK_SCHEDULED", "ACTIVITY_TASK_COMPLETED"] * 3
     assert not any(e.HasField("marker_recorded_event_attributes") for e in history.events)
 
 
