@@ -51,7 +51,7 @@ from purge_ops import schedule as schedules
 from purge_ops.passes import summarize, sweeps_any
 from purge_ops.ports import free_ports
 from purge_ops.runner import new_worker
-from purge_ops.schedule import desired, ensure_schedules, pass_timeout
+from purge_ops.schedule import desired, ensure_schedules
 from tests.conftest import Harness
 from tests.support.history import history
 from tests.support.old_workflows import PurgeWithoutDuplicateCheck
@@ -657,6 +657,15 @@ async def test_sweep_waits_out_a_running_pass_that_is_not_this_one_then_sweeps(
     assert keys(harness.db, "x_idempotency") == {"c"}
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"', 2)
     assert len(passes) == 2
+    await started_once_it_ended(harness, first)
+
+
+async def started_once_it_ended(harness: Harness, first: WorkflowHandle[Any, Any]) -> None:
+    """`sweep`'s own pass started only once `first` had ended: it waited, as it said."""
+    ended = await first.describe()
+    own = await harness.client.get_workflow_handle(f"purge-sweep-{harness.task_queue}").describe()
+    assert ended.close_time is not None
+    assert own.start_time >= ended.close_time, (own.start_time, ended.close_time)
 
 
 async def test_sweep_waits_out_another_schedule_s_pass_of_some_of_its_targets(
@@ -686,7 +695,8 @@ async def test_sweep_waits_out_another_schedule_s_pass_of_some_of_its_targets(
     assert "not this pass (it does not sweep x_idempotency); waiting for it to end" in out
     assert re.search(r"^x_idempotency\s+1\s", out, re.MULTILINE), out
     assert keys(harness.db, "x_idempotency") == {"c"}
-    assert len(held.runs) == 2  # hot's pass, then this sweep's, one after the other
+    assert len(held.runs) == 2  # hot's pass, then this sweep's
+    await started_once_it_ended(harness, first)  # one after the other
 
 
 @pytest.mark.parametrize("held_as", ["another schedule's", "by hand"])
@@ -806,9 +816,8 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     assert described.status == WorkflowExecutionStatus.RUNNING
     # Bounded as the schedule's passes are: one no worker can go on with does not hold every
     # later `sweep` of its targets behind it.
-    parsed = load_config(config)
     ends_by = described.raw_description.execution_config.workflow_execution_timeout
-    assert ends_by.ToTimedelta() == pass_timeout(parsed, parsed.pass_input())
+    assert ends_by.ToTimedelta() == timedelta(minutes=95)  # budget 50 + worker_wait 5 + 40
     await handle.terminate()
 
 

@@ -365,6 +365,7 @@ async def test_a_key_the_server_quotes_reaches_no_history_and_no_log_line(
     [failed] = PurgeReport.from_json(error.details[0]).failed
     assert failed.type == "BadPurgeTarget"
     assert "archive kept already holds a row" in failed.message
+    assert "archive kept already holds a row" in log.getvalue()  # the refusal was logged
     assert TOKEN not in log.getvalue()
     shown = (await history(harness.client, refused)).to_json()
     # The server's error is there, as the cause, its DETAIL left out.
