@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.ledger import Ledger
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeSweep
@@ -502,6 +503,35 @@ async def test_a_workers_next_pass_opens_the_ledger_as_the_tables_are_then(
     assert counted[0] == ("ok", expired, False, (expired,))
     in_ledger = (expired,) if since == "unchanged" else None
     assert counted[1] == ("ok", expired, False, in_ledger)
+
+
+async def test_a_durable_point_the_ledgers_row_lock_holds_fails_in_seconds_not_never(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sweep's last durable point meets this pass's ledger row locked by another session
+    (an older attempt's, an operator's): it fails under the ledger's own timeouts, retried as
+    any lock timeout is, rather than wait with the table's lock held until the activity's
+    start-to-close (30 minutes)."""
+    durable_every(monkeypatch, 1_000_000)  # every batch lazy: one durable point, at the end
+    fill(db, 4_000)
+    original = Ledger.durable_point
+
+    async def behind_a_lock(self: Ledger, conn: psycopg.AsyncConnection[Any]) -> None:
+        holder.execute("SELECT 1 FROM purge_progress FOR UPDATE")
+        await original(self, conn)
+
+    monkeypatch.setattr(Ledger, "durable_point", behind_a_lock)
+    activities = PurgeActivities(TargetRegistry([kinds.idempotency(pool, settings=TINY)]))
+    with psycopg.connect(schema_url) as holder:  # its transaction open until the block ends
+        async with asyncio.timeout(60):
+            # Its lock or statement timeout, whichever the server meets first.
+            with pytest.raises((psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
+                await activity_env().run(
+                    activities.purge_target, PurgeStep(name="x_idempotency", now_ms=NOW)
+                )
 
 
 ENDS = ["out of time", "cancelled", "a crash at its first report"]

@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.exceptions import ApplicationError
 
 from activities import builtin_kinds as kinds
-from activities.engine import detaching
+from activities.engine import detaching, leftover
 from activities.engine.ledger import mark_key
 from activities.engine.sql_target import SqlTarget
 from activities.inputs import PurgeStep
@@ -940,3 +940,32 @@ async def test_a_target_of_two_tables_is_refused_before_its_first_table_loses_a_
     assert "x_auth_lockouts" in refused.value.message
     assert count(db, "x_auth_failures") == 1
     assert children(db, "x_auth_lockouts") == ["lockouts_old"]
+
+
+async def test_the_read_after_a_sweep_gives_up_on_a_partition_ddl_holds(
+    db: psycopg.Connection[Any],
+    pool: AsyncConnectionPool[Any],
+    schema_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The statistics read after a partitioned table's sweep walks its partition tree, which
+    takes a lock on every partition: one that DDL holds (here a session's ACCESS EXCLUSIVE,
+    taken as the read begins) ends that read within its own timeout, and the sweep reports
+    its table's live rows as unknown, rather than wait, its table's lock held, as long as the
+    DDL does."""
+    total = make_events(db)
+    flush_views = leftover.flush_views
+
+    async def as_ddl_begins(conn: psycopg.AsyncConnection[Any], flushed: bool) -> None:
+        holder.execute(f"LOCK TABLE {part_name(0)} IN ACCESS EXCLUSIVE MODE")
+        await flush_views(conn, flushed)
+
+    monkeypatch.setattr(leftover, "flush_views", as_ddl_begins)
+    with psycopg.connect(schema_url) as holder:  # its transaction open until the block ends
+        async with asyncio.timeout(60):
+            result = await sweep(events(pool, "delete"))
+
+    assert result.removed == EXPIRED_ROWS
+    assert result.live_rows_from == "unknown"
+    assert result.dead_tuple_share is None
+    assert count(db) == total - EXPIRED_ROWS

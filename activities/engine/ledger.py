@@ -58,8 +58,9 @@ from purge_config.settings import SweepSettings
 LEDGER_KEEP_MS = 7 * 86_400_000
 #: How long opening the ledger may take: a report's bookkeeping, never worth holding up a pass.
 OPEN_TIMEOUT_MS = 2_000
-#: The longest a sweep's lazy commits wait for a durable point: heartbeats (which report only
-#: durable batches) stay this close together, and a server crash undoes at most this much work.
+#: How long after a durable point a batch may still commit lazily: the batches a server crash
+#: can undo, and the wait of heartbeats (which report only durable batches), are this much
+#: plus the batch begun just before it ended, and any pacing pause or backlog count between.
 DURABLE_EVERY_S = 0.5
 #: What DURABLE_EVERY_S is measured by, read once a batch and once a durable point: a module
 #: name, so that a test can count batches instead of seconds (tests/support/pace.py).
@@ -197,13 +198,22 @@ class Ledger:
         )
 
     async def durable_point(self, conn: AsyncConnection[Any]) -> None:
-        """Make every lazy commit of this server before now durable (see `durable_point`)."""
-        await conn.execute(durable_point(), self.params)
+        """Make every lazy commit of this server before now durable (see `durable_point`),
+        under OPEN_TIMEOUT_MS's lock and statement timeouts (one implicit transaction up to one
+        Sync): the ledger's row locked by another session (an older attempt's, an operator's
+        DDL) fails the write in seconds rather than holding the sweep, and its table's lock,
+        until the activity's start-to-close."""
+        async with settled_pipeline(conn):
+            await conn.execute(local_timeouts(), (OPEN_TIMEOUT_MS, OPEN_TIMEOUT_MS), prepare=True)
+            await conn.execute(durable_point(), self.params)
 
     async def mark(self, conn: AsyncConnection[Any], keys: list[str]) -> None:
-        """Mark every partition of `keys` as being taken out by this pass, in one commit and
-        one round trip (pipelined: the BEGIN, every mark and the COMMIT up to one Sync)."""
+        """Mark every partition of `keys` as being taken out by this pass, in one commit, under
+        OPEN_TIMEOUT_MS's lock and statement timeouts (pipelined: the BEGIN, the timeouts,
+        every mark and the COMMIT, which psycopg syncs after the BEGIN, the body and the
+        COMMIT)."""
         async with settled_pipeline(conn), conn.transaction():
+            await conn.execute(local_timeouts(), (OPEN_TIMEOUT_MS, OPEN_TIMEOUT_MS), prepare=True)
             for key in keys:
                 await conn.execute(partition_mark(), {**self.params, "mark": key})
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine.batch_sql import flush_statistics, flushes_statistics, local_timeouts
+from activities.engine.pipelines import settled_pipeline
 from activities.engine.rules import Predicate, ident
 
 #: A sweep that removed more than this share of a table calls for fresh statistics (and, when
@@ -86,7 +87,10 @@ async def leftover(
             age = max(0, now_ms - int(instant)) if instant is not None else 0
         except GAVE_UP:
             age = None
-    return await judged(conn, pred, age, removed, await _tuples(conn, pred, flushed))
+    tuples = await _tuples(conn, pred, flushed)
+    if tuples is None:
+        return Leftover(age, 0, 0, "unknown")  # the views could not be read in time
+    return await judged(conn, pred, age, removed, tuples)
 
 
 async def judged(
@@ -116,13 +120,21 @@ async def judged(
 
 async def _tuples(
     conn: AsyncConnection[Any], pred: Predicate, flushed: bool
-) -> tuple[int, int, int | None]:
-    """Live and dead tuples per the views, and the planner's row estimate (None: never made).
-    `flushed`: the sweep's last batch flushed the session's statistics already."""
+) -> tuple[int, int, int | None] | None:
+    """Live and dead tuples per the views, and the planner's row estimate (None: never made);
+    None when the read gave up (`read_limits`: a partitioned table's tree waits for a lock on
+    every partition, one of which DDL may hold). `flushed`: the sweep's last batch flushed the
+    session's statistics already."""
     rel = {"rel": ident(pred.table).as_string(conn)}
     await flush_views(conn, flushed)
-    cur = await conn.execute(table_tuples(), rel)
-    row = await cur.fetchone()
+    try:
+        # One implicit transaction up to one Sync: the timeouts cost no round trip.
+        async with settled_pipeline(conn):
+            await conn.execute(local_timeouts(), read_limits())
+            cur = await conn.execute(table_tuples(), rel)
+        row = await cur.fetchone()
+    except GAVE_UP:
+        return None
     if not row:
         return 0, 0, None
     return int(row[0]), int(row[1]), None if row[2] is None else int(row[2])
@@ -200,7 +212,8 @@ async def analyze_after(
 ) -> tuple[bool, str]:
     """ANALYZE the table when the sweep removed more than a tenth of it: (analyzed, a warning
     when the role may not, or when it could not within its time: a lock held on the table for
-    READ_TIMEOUT_MS, or `budget_ms` of ANALYZE). The sweep's result stands either way."""
+    READ_TIMEOUT_MS (or half of `budget_ms`, if less), or `budget_ms` of ANALYZE). The sweep's
+    result stands either way."""
     share = left.share(removed)
     if share is None or share <= LARGE_SHARE:
         return False, ""
@@ -213,16 +226,18 @@ async def analyze_after(
             f"MAINTAIN privilege, PostgreSQL 17+: GRANT MAINTAIN ON {pred.table} TO <role>; or "
             "ownership); statistics left as they were"
         )
+    # The lock wait ends first (at most half of `budget_ms`), so a held table is said as one.
+    lock_ms = min(READ_TIMEOUT_MS, budget_ms // 2)
     try:
         async with conn.transaction():
-            await conn.execute(local_timeouts(), (READ_TIMEOUT_MS, budget_ms))
+            await conn.execute(local_timeouts(), (lock_ms, budget_ms))
             await conn.execute(analyze(pred))
     except errors.LockNotAvailable:
         # The sweep it is about has succeeded: the statistics wait for the next pass, or for
         # whatever holds the table (a VACUUM, an ANALYZE, DDL), which may refresh them itself.
         return False, (
             f"{pred.table}: not analyzed after the sweep: another session held a lock ANALYZE "
-            f"waits for (a VACUUM, an ANALYZE or DDL) for {READ_TIMEOUT_MS} ms; statistics "
+            f"waits for (a VACUUM, an ANALYZE or DDL) for {lock_ms} ms; statistics "
             "left as they were"
         )
     except errors.QueryCanceled:
