@@ -65,9 +65,10 @@ class TableAccess:
         `check`, a dry run), also what each table's own sweep would refuse only once reached
         (`refuse_table`). The advice: where the setting can do nothing (a plain table,
         another key, a rule that is not one column's comparison), and a write time taken for
-        an expiry (`written_column_advice`). Each statement ends by `deadline` too (a step's,
-        `SweepContext.deadline_in`; a dry run's), where that is sooner than `statement_timeout`: a
-        table another session locked otherwise held a dry run that long past its deadline."""
+        an expiry (`written_column_advice`). With `deadline` (a dry run's), each table's statements
+        run under what is left before it as that table's check begins, where that is sooner than
+        `statement_timeout`: a table another session locked otherwise held a dry run that long
+        past its deadline."""
         advice = []
         for rule in rules:
             written = written_column_advice(rule)

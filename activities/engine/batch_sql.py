@@ -1,6 +1,6 @@
 """The SQL of a batch, and the transaction settings it runs under.
 
-- `local_timeouts`: the statement every transaction of a sweep starts with (its lock and
+- `local_timeouts`: the statement a sweep's transactions start with (its lock and
   statement timeouts; for a batch, the planner settings its strategy wants, and the mark the
   ledger counts a plain DELETE's rows from);
 - each strategy's batch: `index_batch` (index order, counted in SQL), `key_boundary` and
@@ -51,7 +51,8 @@ def local_timeouts(
     """The statement that sets the current transaction's lock and statement timeouts: its
     parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
     starts with it; `walk` and `generic` add the planner settings those batches want, `lazy`
-    a commit that does not wait for its WAL (for a write only a report needs), `flush` the
+    a commit that does not wait for its WAL (a batch before a durable point: `LazyCommits`),
+    `flush` the
     session's statistics made visible to the views once it commits (PostgreSQL 15+), and
     `by_index` what `tie_walk` sets (one statement fewer where it is known from the start)."""
     # set_config(..., true) is SET LOCAL as a function: it can take parameters and share one

@@ -193,7 +193,8 @@ class PartitionRemover:
         detach_from: TableName | None = None,
     ) -> None:
         """Count, drop or move, and record in the ledger every one of `tables` (detached, with
-        their marks): one transaction, one round trip, so each count is added exactly once.
+        their marks): one transaction (pipelined: psycopg syncs after its BEGIN, its body and
+        its COMMIT), so each count is added exactly once.
         With `detach_from`, a plain detach comes first in the same transaction."""
         counted = []
         total = None

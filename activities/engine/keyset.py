@@ -5,7 +5,8 @@ A sweep's first batch reads its boundary: where the next n expired rows end in t
 least key, the n-th and the one half-way), then deletes that key range; where the planner
 expects no more expired rows than about one batch at the target (three first batches,
 `batching.fits_first_batch`), it takes them all with no read (`run_key_whole`), in one round
-trip, under a statement_timeout of ten batch targets, and the boundary read takes over if it
+trip (two where the ledger cannot take the DELETE's rows from its command tag: `BatchTally`),
+under a statement_timeout of ten batch targets, and the boundary read takes over if it
 runs past that or finds a run of one key at the top. Every other batch
 deletes a key span sized from the rows the last one found in its span (`KeySpans`), with no
 read before it: the bound a user feels is how long a batch holds its locks, not how many rows

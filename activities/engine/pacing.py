@@ -1,6 +1,7 @@
 """Pacing between batches: wait for streaming replicas to catch up, and keep the WAL a sweep
-writes under a rate. Both wait only between batches (no lock is held then), count against the
-sweep's time budget, and leave heartbeats running (the activity heartbeats in the background).
+writes under a rate. Both wait only between batches (no row lock is held then; the table's
+advisory lock is, so another sweep of the table finds it busy), count against the sweep's
+time budget, and leave heartbeats running (the activity heartbeats in the background).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class Pacer:
             self._wal_start = (await self._wal(), time.monotonic())
 
     async def before_batch(self) -> bool:
-        """Wait as pacing asks; False when the budget ran out while waiting, or the sweep must
-        end now (`stopping`)."""
+        """Wait as pacing asks; False when the budget ran out while waiting for replicas, when
+        the WAL rate would hold the sweep past its budget (then at once, with no wait), or the
+        sweep must end now (`stopping`)."""
         return await self._replicas() and await self._wal_rate() and not self.stopping()
 
     async def _replicas(self) -> bool:
