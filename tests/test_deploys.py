@@ -561,6 +561,67 @@ async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fai
     await Replayer(workflows=[PurgeWorkflow, PurgeChunkWorkflow]).replay_workflow(recorded)
 
 
+@pytest.mark.waits
+async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_since(
+    harness: Harness,
+) -> None:
+    """The queue's one worker sweeps t1 and t2; t2 comes back, then the worker stops (for good:
+    none replaces it) and t1's retry is not taken. t2's sweep came back before the retry was
+    even sent, so it says nothing of the workers since: t1 fails as `NoPurgeWorker`, saying
+    that its worker stopped, not `WorkersBusy` with advice on slots no worker fills."""
+    own = f"{harness.task_queue}:0123456789ab"
+    started: list[str] = []
+
+    @activity.defn(name="purge_target")
+    async def stand_in(step: Any) -> dict[str, Any]:
+        started.append(step["name"])
+        if step["name"] == "t1":
+            activity.heartbeat({"removed": 700, "batches": 2})
+            await activity.wait_for_worker_shutdown()
+            raise ApplicationError("its worker is stopping")  # retried
+        return {"name": step["name"], "removed": 1}
+
+    request = {
+        "targets": ["t1", "t2"],
+        "databases": dict.fromkeys(["t1", "t2"], "_default"),
+        "queues": {"_default": own},
+        "max_concurrent": 2,
+        "max_per_database": 2,
+        "worker_wait_ms": 3000,
+        "budget_ms": 600_000,
+    }
+    workflow_id = f"purge-deploy-{uuid.uuid4()}"
+    only = Worker(harness.client, task_queue=own, activities=[stand_in])
+    async with harness.run_worker([]):
+        running = asyncio.create_task(only.run())
+        try:
+            await until_polled(harness.client, own, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+            failing = asyncio.create_task(
+                failed_pass(harness.client, harness.task_queue, request, workflow_id)
+            )
+            # The moment: t2's sweep came back, t1's still runs.
+            async with asyncio.timeout(60):
+                while not started or "ACTIVITY_TASK_COMPLETED" not in event_kinds(
+                    await events(harness.client, workflow_id)
+                ):
+                    assert not failing.done(), failing.result()
+                    await asyncio.sleep(0.05)
+            assert "t1" in started
+        finally:
+            await only.shutdown()
+            await running
+        error = await failing
+
+    report = error.details[0]
+    assert [s["name"] for s in report["swept"]] == ["t2"]
+    [failed] = report["failed"]
+    assert (failed["name"], failed["type"]) == ("t1", "NoPurgeWorker")
+    assert failed["message"].startswith(
+        "an attempt began on a worker that then stopped or died, having removed at least 700 "
+        "rows (its last heartbeat); no worker whose config names this target took its retry"
+    )
+
+
 async def beside_a_dead_queue(
     harness: Harness, routing: dict[str, Any]
 ) -> tuple[dict[str, list[str]], list[str], str]:

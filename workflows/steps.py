@@ -297,12 +297,27 @@ async def sweep_limited(
     # per target, that count when it was last sent.
     taken: Counter[str] = Counter()
     taken_when_sent: dict[str, int] = {}
+    # Per task queue, when the last activity of this run a worker took came back: a begun
+    # target's retry waited worker_wait up to now, and only what came back meanwhile shows a
+    # worker of its queue alive then (its first attempt's worker may have stopped since).
+    taken_at: dict[str, datetime] = {}
     held: defaultdict[str, list[Untaken]] = defaultdict(list)
 
     def failed_untaken(queue: str, untaken: list[Untaken]) -> None:
         unpolled_queues.add(queue)
         for each in [*held.pop(queue, []), *untaken]:
             outcomes[each.failed.name] = counted(each.failed)
+
+    def released(route: Route) -> list[str]:
+        """Its queue's workers took a sweep: the targets held for it are judged busy, those
+        never begun to be sent again (returned), the begun ones failed alone."""
+        again = []
+        for each in held.pop(route.queue, []):
+            if each.began:
+                outcomes[each.failed.name] = counted(each.behind_busy(route))
+            else:
+                again.append(each.failed.name)
+        return again
 
     while waiting or running:
         left_ms = ms_until(deadline)
@@ -345,11 +360,14 @@ async def sweep_limited(
             if isinstance(outcome, Untaken) and outcome.began:
                 assert route is not None  # only a routed activity has a schedule-to-start bound
                 queue = route.queue
+                waited_since = workflow.now() - timedelta(milliseconds=route.worker_wait_ms)
                 if not workflow.patched(BEGUN_HELD):
                     outcomes[name] = counted(outcome.failed)
                     failed_untaken(queue, [])  # its worker gone, and (so it took) all of them
-                elif taken[queue] > taken_when_sent[name]:
+                elif taken_at.get(queue, waited_since) > waited_since:
+                    # A sweep of its queue came back while its retry waited: busy, not gone.
                     outcomes[name] = counted(outcome.behind_busy(route))
+                    resend += released(route)
                 elif any(_queue_of(route_of(other)) == queue for other in running.values()):
                     held[queue].append(outcome)  # its queue's others may yet be taken
                 else:
@@ -371,14 +389,11 @@ async def sweep_limited(
             if route is None:
                 continue
             taken[route.queue] += 1
-            for each in held.pop(route.queue, []):
-                if each.began:
-                    outcomes[each.failed.name] = counted(each.behind_busy(route))
-                else:
-                    resend.append(each.failed.name)
+            taken_at[route.queue] = workflow.now()
+            resend += released(route)
         waiting[:0] = sorted(resend, key=position.__getitem__)
-    # Held targets whose queue's last activity out was sent again and then not started by the
-    # deadline: nothing of their queue was taken after they were sent.
+    # Held targets left at the end: nothing of their queue came back after they were held (its
+    # last activity out failed otherwise, or was sent again and not started by the deadline).
     for queue in list(held):
         failed_untaken(queue, [])
     return [outcomes[name] for name in names]
@@ -396,12 +411,14 @@ BUSY_RESENT = "busy-queue-resent"
 
 
 #: The patch under which a target whose attempt began and whose retry no worker took within
-#: worker_wait is judged as an untaken one is (`BUSY_RESENT`): held while its queue's other
-#: sweeps are out, failed alone as `WorkersBusy` once a worker took one of them, and as
-#: `NoPurgeWorker` with its queue (the rest of the run's targets there not tried) only when
-#: none was. A run before it failed it and its queue at once, though the queue's workers were
-#: only busy (a deploy's stopped worker, its retry behind the others' full slots). Asked only
-#: when such a timeout comes, so every other history is unchanged.
+#: worker_wait is judged much as an untaken one is (`BUSY_RESENT`): failed alone as
+#: `WorkersBusy` where a sweep of its queue came back while its retry waited (what came back
+#: before, while its own first attempt ran, says nothing of the workers since its worker
+#: stopped), held while its queue's other sweeps are out and failed alone once one comes back,
+#: and failed as `NoPurgeWorker` with its queue (the rest of the run's targets there not tried)
+#: only when none does. A run before it failed it and its queue at once, though the queue's
+#: workers were only busy (a deploy's stopped worker, its retry behind the others' full
+#: slots). Asked only when such a timeout comes, so every other history is unchanged.
 BEGUN_HELD = "begun-retry-held"
 
 
