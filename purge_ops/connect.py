@@ -376,6 +376,9 @@ async def open_pool(
         raise ConnectionError(
             f"cannot connect to {redact(url)} within {wait_seconds:g} s{why}"
         ) from err
+    except BaseException:  # cancelled while it waits (a worker stopped as it starts)
+        await pool.close()
+        raise
     finally:
         _POOL_LOG.removeFilter(held)
     return pool

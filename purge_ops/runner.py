@@ -178,6 +178,7 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    starting = _StopTheStart(stop)
     health = Health({**({DEFAULT_DATABASE: url} if url else {}), **config.databases})
     # The runtime's own metrics endpoint stays on loopback; the probe server passes it on.
     runtime_metrics = loopback_port() if metrics else None
@@ -207,12 +208,56 @@ async def run_worker(
                 log.warning("%s", line)
             if metrics:
                 log.info("Prometheus metrics at http://%s/metrics, probes /livez /readyz", metrics)
+            starting.done()
             await _poll(client, config, registry, health, stop, url, max_sweeps)
+    except asyncio.CancelledError:
+        if not starting.cut_short():
+            raise
+        log.info("stopped while starting (SIGINT or SIGTERM): it polled no queue")
     finally:
+        starting.done()
         if probes is not None:
             await probes.close()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+class _StopTheStart:
+    """A stop (SIGINT, SIGTERM) while a worker starts ends the start where it stands: waiting
+    up to `database_wait` for its database, connecting to Temporal, writing its schedules.
+    Until `done`, `stop` cancels the task that made this; after, it is `_poll`'s to stop on.
+    A pod stopped mid-start (a rollback's) then neither writes its config's schedule back nor
+    takes a sweep, and exits 0 at once rather than when its database answers or the wait ends.
+    A stop set before the start (no signal can be: its handler is not yet there; a caller's,
+    as `tests/support/passes.started_and_stopped` sets one) lets it start, then stop at once.
+    """
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self._task = asyncio.current_task()
+        self._cancelled = False
+        self._watch: asyncio.Task[None] | None = (
+            None if stop.is_set() else asyncio.ensure_future(self._cancel_on(stop))
+        )
+
+    async def _cancel_on(self, stop: asyncio.Event) -> None:
+        await stop.wait()
+        if self._watch is not None and self._task is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    def done(self) -> None:
+        """The worker polls now (or is leaving): a stop is no longer the start's."""
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    def cut_short(self) -> bool:
+        """Whether a CancelledError just caught is this stop's (then taken back: the worker
+        returns as stopped), not a cancellation from outside, which goes on."""
+        if not self._cancelled or self._task is None:
+            return False
+        self._task.uncancel()
+        return True
 
 
 def _unwritten(

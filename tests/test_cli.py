@@ -114,6 +114,39 @@ def test_worker_shuts_down_gracefully_on_signal(
     assert "Traceback" not in text
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_worker_stopped_while_it_waits_for_its_database_exits_at_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """A signal while `run` still waits for its database (up to `database_wait`, two minutes
+    here) ends the start there: exit 0 at once, no queue polled and no schedule written, not
+    a start that goes on until the database answers or the wait ends (status 1). The moment:
+    the database's address accepted the worker's connection and answers nothing."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        port = silent.getsockname()[1]
+        path = tmp_path / "purge.toml"
+        path.write_text(
+            f'database_url = "postgresql://app@127.0.0.1:{port}/app"\n'
+            'database_wait = "120s"\n[[targets]]\nkind = "idempotency"\n',
+            encoding="utf-8",
+        )
+        log = tmp_path / "worker.log"
+        worker = start_worker(path, clean_env(TEMPORAL_ADDRESS="127.0.0.1:1"), log, "--schedule")
+        try:
+            silent.settimeout(60)
+            held, _ = silent.accept()  # the worker is waiting for its database
+            with held:
+                worker.send_signal(sig)
+                assert worker.wait(30) == 0, log.read_text()
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    text = log.read_text()
+    assert "stopped while starting (SIGINT or SIGTERM): it polled no queue" in text
+    assert "Traceback" not in text
+
+
 # In the slow suite: a second whole `dev` (servers, schedule, UI) beside the `--once` above.
 @pytest.mark.slow
 @DEV_PORT
