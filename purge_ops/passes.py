@@ -131,16 +131,41 @@ async def _sweep(
     begun: _Begun,
     pass_ends_by: timedelta | None = None,
 ) -> int:
+    # From the start: a pass it waits out first (a dry run, another config's) waits on the same
+    # workers, and with none up the wait would be as silent as its own pass's.
+    noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
+    try:
+        return await _swept(client, task_queue, request, say, schedule_id, begun, pass_ends_by)
+    finally:
+        noticing.cancel()
+        # Its end read (gather, not a bare await: a Ctrl-C of this sweep still propagates), so
+        # asyncio logs no error of it after the report.
+        await asyncio.gather(noticing, return_exceptions=True)
+
+
+async def _swept(
+    client: Client,
+    task_queue: str,
+    request: dict[str, Any],
+    say: Say,
+    schedule_id: str | None,
+    begun: _Begun,
+    pass_ends_by: timedelta | None,
+) -> int:
+    """`_sweep`'s pass: waited for, started or joined, and its report said."""
     handle = await _this_pass_running(client, task_queue, request, say)
     if handle is None and schedule_id is not None:
         handle = await scheduled_pass(client, schedule_id, request, say, task_queue, begun)
     while handle is None:
         # One fixed id for passes by hand: two `sweep`s racing each other share one pass
         # (the visibility query above may not see a pass started a moment ago).
+        pass_id = f"purge-sweep-{task_queue}"
+        # Said before the call: one the server took as the call was cancelled starts the pass.
+        begun.what = f"the pass {pass_id} this sweep asked Temporal to start"
         handle = await client.start_workflow(
             "Purge",
             request,
-            id=f"purge-sweep-{task_queue}",
+            id=pass_id,
             task_queue=task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             search_attributes=await start_attributes(client),
@@ -151,6 +176,7 @@ async def _sweep(
         # its dry run as this sweep's), else waited out and started again.
         differs = not_this_pass(await _input_of(client, handle), request)
         if differs:
+            begun.what = ""  # another's pass: none of this sweep's runs yet
             say(
                 f"a pass is already running under {handle.id}, not this pass ({differs}); "
                 "waiting for it to end, then starting this one"
@@ -160,7 +186,6 @@ async def _sweep(
         else:
             say(f"started pass {handle.id} on task queue {task_queue!r}")
     begun.what = f"pass {handle.id}"
-    noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
     try:
         result = await handle.result()
     except WorkflowFailureError as err:
@@ -172,8 +197,6 @@ async def _sweep(
         else:
             say(f"pass {handle.id} failed: {failure.type}: {failure.message}")
         return 1
-    finally:
-        noticing.cancel()
     report = PurgeReport.from_json(result)
     say(report_table(report))
     # A table named by hand that is not there is `gone` to the pass, which cannot tell it from
@@ -235,7 +258,12 @@ async def _say_if_unpolled(
     await asyncio.sleep(UNPOLLED_NOTICE_S)
     said: set[tuple[str, int]] = set()
     while True:
-        idle = [q for q in await _unpolled(client, task_queue, request) if q not in said]
+        try:
+            unpolled = await _unpolled(client, task_queue, request)
+        except RPCError:
+            # Temporal out of reach a moment (the pass's own wait retries): looked again later.
+            unpolled = []
+        idle = [q for q in unpolled if q not in said]
         if idle:
             say(unpolled_line(idle, task_queue, request))
             said.update(idle)

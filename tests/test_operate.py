@@ -37,7 +37,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowHandle,
 )
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities import builtin_kinds as kinds
@@ -845,6 +845,81 @@ async def test_ctrl_c_while_sweep_waits_out_another_pass_says_it_started_none(
     assert latest.run_id == theirs.result_run_id
     assert latest.status == WorkflowExecutionStatus.RUNNING
     await theirs.terminate()
+
+
+async def test_ctrl_c_as_sweep_s_start_returns_says_the_pass_goes_on(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C that lands while `sweep` asks Temporal to start its pass (the server took the
+    start; the reply never reached the command) says the pass goes on, not that none runs."""
+    start = harness.client.start_workflow
+
+    async def started_then_interrupted(*args: Any, **kwargs: Any) -> Any:
+        await start(*args, **kwargs)
+        raise asyncio.CancelledError  # Ctrl-C as the reply comes back
+
+    monkeypatch.setattr(harness.client, "start_workflow", started_then_interrupted)
+    pass_id = f"purge-sweep-{harness.task_queue}"
+    try:
+        with pytest.raises(passes.SweepInterrupted) as said:
+            await passes.sweep(
+                harness.client, harness.task_queue, {"targets": ["x_idempotency"]}, lambda _: None
+            )
+        running = await harness.client.get_workflow_handle(pass_id).describe()
+    finally:
+        await harness.client.get_workflow_handle(pass_id).terminate()
+
+    assert running.status == WorkflowExecutionStatus.RUNNING
+    assert str(said.value) == (
+        f"the pass {pass_id} this sweep asked Temporal to start goes on in Temporal "
+        "(`report` shows it)"
+    )
+
+
+async def test_the_unpolled_notice_outlives_a_look_temporal_does_not_answer(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look at the pass's queues that Temporal does not answer (a moment's outage while
+    `sweep` waits) is skipped, and the next look still says what no worker polls: before, the
+    notice ended there for good, its error logged as never retrieved after the report."""
+    looks: list[str] = []
+    unpolled = passes._unpolled
+
+    async def once_unanswered(*args: Any) -> list[tuple[str, int]]:
+        looks.append("look")
+        if len(looks) == 1:
+            raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
+        return await unpolled(*args)
+
+    monkeypatch.setattr(passes, "_unpolled", once_unanswered)
+    monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.0)
+    monkeypatch.setattr(passes, "UNPOLLED_AGAIN_S", 0.05)
+    notices = await unpolled_notices(harness, {"targets": ["x_idempotency"]})
+
+    assert len(looks) >= 2
+    assert notices
+    assert notices[0].startswith("no worker polls task queue")
+
+
+async def test_sweep_waiting_out_another_pass_with_no_worker_says_no_worker_polls(
+    tmp_path: Path, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No worker is up and a dry run holds the pass id: `sweep` waits for it to end, and says
+    that no worker polls the queues, as it does of its own pass, rather than wait in silence
+    until the dry run times out."""
+    monkeypatch.setattr(passes, "UNPOLLED_NOTICE_S", 0.0)
+    config = config_file(tmp_path, harness.url, harness.task_queue)
+    request = load_config(config).pass_input()
+    await harness.client.start_workflow(
+        "Purge",
+        {**request, "dry_run": True},
+        id=f"purge-sweep-{harness.task_queue}",
+        task_queue=harness.task_queue,
+    )
+    notices = await unpolled_notices(harness, request)
+
+    assert notices
+    assert notices[0].startswith(f"no worker polls task queue {harness.task_queue!r} (passes)")
 
 
 async def unpolled_notices(harness: Harness, request: dict[str, Any]) -> list[str]:
