@@ -1,4 +1,5 @@
-"""The command line: `python worker.py [run|schedule|sweep|report|replay|dev|schema|discover]`.
+"""The command line: `python worker.py COMMAND` (run, schedule, sweep, report, replay, check,
+dev, schema, discover: `--help`).
 
 Installed as `pg-purge`. Also the entry point for teams that build their worker in code: see
 `new_worker`.
