@@ -303,11 +303,12 @@ def path_shown(path: Path) -> str:
     string's secret (a URL pasted where the config's file goes: `masked`, and the URL's `//`
     that `Path` folds into one `/`)."""
     text = shown(str(path))
-    return hidden(text) if _FOLDED_URL.match(text) else masked(text)
+    return hidden(text) if _FOLDED_URL.match(str(path)) else masked(text)
 
 
-#: A URL after `Path()` has folded its `//`: `postgresql:/user:secret@host/db`.
-_FOLDED_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/")
+#: A URL with user info after `Path()` has folded its `//`: `postgresql:/user:secret@host/db`
+#: (a path that only begins like a scheme, `C:/cfg/purge.toml`, has no `@`).
+_FOLDED_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/[^@]*@")
 
 
 def parse_config(

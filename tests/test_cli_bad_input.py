@@ -468,10 +468,11 @@ def test_a_server_s_refusal_a_command_meets_is_one_line_with_status_1(
     "args",
     [
         ["check", "--config", URL],
+        ["check", "--config", URL + "\n"],  # read from a secret's file: its newline kept
         ["check", "--config", f"host=db password={SECRET}"],
         ["replay", URL],
     ],
-    ids=["config-url", "config-keywords", "replay-file"],
+    ids=["config-url", "config-url-newline", "config-keywords", "replay-file"],
 )
 def test_a_connection_string_typed_where_a_file_goes_is_said_by_its_length(
     args: list[str],
@@ -481,6 +482,16 @@ def test_a_connection_string_typed_where_a_file_goes_is_said_by_its_length(
     line = one_line(run_main(*args, env=clean_env(TEMPORAL_ADDRESS=CLOSED)))
 
     assert "characters not shown: may hold a password>" in line
+
+
+def test_a_file_path_that_only_begins_like_a_scheme_is_shown_as_given(tmp_path: Path) -> None:
+    """`C:/cfg/purge.toml` (no user info, so no password) is named as typed, not hidden."""
+    line = one_line(run_main("check", "--config", "C:/cfg/purge.toml", env=clean_env()))
+
+    assert line == (
+        "pg-purge: config error: C:/cfg/purge.toml: no such file; pass --config, set "
+        "PURGE_CONFIG, or create ./purge.toml"
+    )
 
 
 @pytest.mark.parametrize(
