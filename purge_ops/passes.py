@@ -138,9 +138,11 @@ async def _sweep(
         return await _swept(client, task_queue, request, say, schedule_id, begun, pass_ends_by)
     finally:
         noticing.cancel()
-        # Its end read (gather, not a bare await: a Ctrl-C of this sweep still propagates), so
-        # asyncio logs no error of it after the report.
-        await asyncio.gather(noticing, return_exceptions=True)
+        # Its end read here, not by asyncio after the report (gather, so that the notice's
+        # own cancellation is not taken for this sweep's): an error of its own is said.
+        [ended] = await asyncio.gather(noticing, return_exceptions=True)
+        if isinstance(ended, Exception):
+            say(f"(the look for queues no worker polls failed: {type(ended).__name__}: {ended})")
 
 
 async def _swept(
