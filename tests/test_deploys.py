@@ -554,7 +554,8 @@ async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fai
     assert failed["message"].startswith(
         "an attempt began on a worker that then stopped or died, having removed at least 700 "
         f"rows (its last heartbeat); then its retry waited in task queue {own!r} longer than "
-        "worker_wait (3 s) while that queue's workers took this pass's other sweeps"
+        "worker_wait (3 s) while that queue's workers took this pass's other sweeps: not sent "
+        "again, the queue's other targets still sent"
     )
     assert started.count("t1") == 1  # its retry was never taken
     recorded = await harness.client.get_workflow_handle(workflow_id).fetch_history()

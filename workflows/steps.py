@@ -154,16 +154,18 @@ class Untaken:
 
     def behind_busy(self, route: Route) -> FailedTarget:
         """The failure of a begun target whose retry waited past worker_wait while its queue's
-        workers took the pass's other sweeps: busy, not gone. Not sent again: a new activity
-        would count from nothing where the target's database has no ledger."""
+        workers took the pass's other sweeps: busy, most likely, not gone. Not sent again: a
+        new activity would count from nothing where the target's database has no ledger."""
         return FailedTarget(
             name=self.failed.name,
             type="WorkersBusy",
             message=f"{self.began}; then its retry waited in task queue {route.queue!r} longer "
             f"than worker_wait ({route.worker_wait_ms // 1000} s) while that queue's workers "
-            "took this pass's other sweeps: busy, not gone, so its other targets were still "
-            "sent; the next pass sweeps the rest (keep the queue's slots, `--max-sweeps` times "
-            "its workers, at or above `[pass] max_concurrent` through a deploy)",
+            "took this pass's other sweeps: not sent again, the queue's other targets still "
+            "sent, the next pass sweeps the rest. Where its workers are busy, keep the queue's "
+            "slots (`--max-sweeps` times its workers) at or above `[pass] max_concurrent` "
+            "through a deploy; where none is left (a stopping worker's last sweeps came back), "
+            "start one",
         )
 
 
@@ -365,7 +367,7 @@ async def sweep_limited(
                     outcomes[name] = counted(outcome.failed)
                     failed_untaken(queue, [])  # its worker gone, and (so it took) all of them
                 elif taken_at.get(queue, waited_since) > waited_since:
-                    # A sweep of its queue came back while its retry waited: busy, not gone.
+                    # A sweep of its queue came back while its retry waited: most likely busy.
                     outcomes[name] = counted(outcome.behind_busy(route))
                     resend += released(route)
                 elif any(_queue_of(route_of(other)) == queue for other in running.values()):
@@ -414,7 +416,9 @@ BUSY_RESENT = "busy-queue-resent"
 #: worker_wait is judged much as an untaken one is (`BUSY_RESENT`): failed alone as
 #: `WorkersBusy` where a sweep of its queue came back while its retry waited (what came back
 #: before, while its own first attempt ran, says nothing of the workers since its worker
-#: stopped), held while its queue's other sweeps are out and failed alone once one comes back,
+#: stopped; one a stopping worker finishes still counts, the workflow cannot tell it from a
+#: busy one's, and then the queue's next target waits worker_wait once more, as before this
+#: patch), held while its queue's other sweeps are out and failed alone once one comes back,
 #: and failed as `NoPurgeWorker` with its queue (the rest of the run's targets there not tried)
 #: only when none does. A run before it failed it and its queue at once, though the queue's
 #: workers were only busy (a deploy's stopped worker, its retry behind the others' full

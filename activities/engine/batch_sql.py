@@ -49,8 +49,8 @@ def local_timeouts(
     by_index: bool = False,
 ) -> sql.Composed:
     """The statement that sets the current transaction's lock and statement timeouts: its
-    parameters are those in ms (and, with `mark`, the table). Every transaction of a sweep
-    starts with it; `walk` and `generic` add the planner settings those batches want, `lazy`
+    parameters are those in ms (and, with `mark`, the table). A sweep's transactions start
+    with it; `walk` and `generic` add the planner settings those batches want, `lazy`
     a commit that does not wait for its WAL (a batch before a durable point: `LazyCommits`),
     `flush` the
     session's statistics made visible to the views once it commits (PostgreSQL 15+), and

@@ -218,7 +218,11 @@ class Ledger:
                 await conn.execute(partition_mark(), {**self.params, "mark": key})
 
     async def unmark(self, conn: AsyncConnection[Any], key: str) -> None:
-        await conn.execute(partition_unmark(), {**self.params, "mark": key})
+        """Remove one partition's mark, under the same timeouts as `mark` (one implicit
+        transaction up to one Sync)."""
+        async with settled_pipeline(conn):
+            await conn.execute(local_timeouts(), (OPEN_TIMEOUT_MS, OPEN_TIMEOUT_MS), prepare=True)
+            await conn.execute(partition_unmark(), {**self.params, "mark": key})
 
     async def marks(self, conn: AsyncConnection[Any]) -> list[tuple[str, int, int]]:
         """This pass's partition marks for the target: (key, rows, 1 done or 0 under way)."""

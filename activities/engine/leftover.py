@@ -227,7 +227,7 @@ async def analyze_after(
             "ownership); statistics left as they were"
         )
     # The lock wait ends first (at most half of `budget_ms`), so a held table is said as one.
-    lock_ms = min(READ_TIMEOUT_MS, budget_ms // 2)
+    lock_ms = min(READ_TIMEOUT_MS, report_limits(budget_ms)[0])
     try:
         async with conn.transaction():
             await conn.execute(local_timeouts(), (lock_ms, budget_ms))
