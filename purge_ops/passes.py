@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -133,85 +133,81 @@ async def _sweep(
 ) -> int:
     # From the start: a pass it waits out first (a dry run, another config's) waits on the same
     # workers, and with none up the wait would be as silent as its own pass's.
-    noticing = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
+    async with _noticing(client, task_queue, request, say):
+        handle = await _this_pass_running(client, task_queue, request, say)
+        if handle is None and schedule_id is not None:
+            handle = await scheduled_pass(client, schedule_id, request, say, task_queue, begun)
+        while handle is None:
+            # One fixed id for passes by hand: two `sweep`s racing each other share one pass
+            # (the visibility query above may not see a pass started a moment ago).
+            pass_id = f"purge-sweep-{task_queue}"
+            # Said before the call: one the server took as the call was cancelled starts the pass.
+            begun.what = f"the pass {pass_id} this sweep asked Temporal to start"
+            handle = await client.start_workflow(
+                "Purge",
+                request,
+                id=pass_id,
+                task_queue=task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                search_attributes=await start_attributes(client),
+                execution_timeout=pass_ends_by,
+            )
+            # A pass by hand that visibility did not list yet holds that id: joined only where it
+            # is this pass (a `sweep --dry-run` started a moment before would otherwise report
+            # its dry run as this sweep's), else waited out and started again.
+            differs = not_this_pass(await _input_of(client, handle), request)
+            if differs:
+                begun.what = ""  # another's pass: none of this sweep's runs yet
+                say(
+                    f"a pass is already running under {handle.id}, not this pass ({differs}); "
+                    "waiting for it to end, then starting this one"
+                )
+                await _ended(handle)
+                handle = None
+            else:
+                say(f"started pass {handle.id} on task queue {task_queue!r}")
+        begun.what = f"pass {handle.id}"
+        try:
+            result = await handle.result()
+        except WorkflowFailureError as err:
+            failure = failure_of(err)
+            if failure.type == "PurgeTargetsFailed" and failure.details:
+                report = PurgeReport.from_json(failure.details[0])
+                say(report_table(report))
+                say("failed targets: " + ", ".join(f.name for f in report.failed))
+            else:
+                say(f"pass {handle.id} failed: {failure.type}: {failure.message}")
+            return 1
+        report = PurgeReport.from_json(result)
+        say(report_table(report))
+        # A table named by hand that is not there is `gone` to the pass, which cannot tell it from
+        # a tenant dropped mid-pass: here it is most likely a misspelt name.
+        named = set(request.get("targets", []))
+        missing = [s.name for s in report.swept if s.status == "gone" and s.name in named]
+        if missing:
+            say(
+                f"no table for {', '.join(missing)}: named by hand and not there (a misspelt "
+                "name?); nothing was swept for it"
+            )
+            return 1
+        return 0
+
+
+@contextlib.asynccontextmanager
+async def _noticing(
+    client: Client, task_queue: str, request: dict[str, Any], say: Say
+) -> AsyncIterator[None]:
+    """`_say_if_unpolled` while the block runs; its end read on the way out (not by asyncio
+    after the report), an error of its own said."""
+    task = asyncio.create_task(_say_if_unpolled(client, task_queue, request, say))
     try:
-        return await _swept(client, task_queue, request, say, schedule_id, begun, pass_ends_by)
+        yield
     finally:
-        noticing.cancel()
-        # Its end read here, not by asyncio after the report (gather, so that the notice's
-        # own cancellation is not taken for this sweep's): an error of its own is said.
-        [ended] = await asyncio.gather(noticing, return_exceptions=True)
+        task.cancel()
+        # gather, so that the notice's own cancellation is not taken for this sweep's.
+        [ended] = await asyncio.gather(task, return_exceptions=True)
         if isinstance(ended, Exception):
             say(f"(the look for queues no worker polls failed: {type(ended).__name__}: {ended})")
-
-
-async def _swept(
-    client: Client,
-    task_queue: str,
-    request: dict[str, Any],
-    say: Say,
-    schedule_id: str | None,
-    begun: _Begun,
-    pass_ends_by: timedelta | None,
-) -> int:
-    """`_sweep`'s pass: waited for, started or joined, and its report said."""
-    handle = await _this_pass_running(client, task_queue, request, say)
-    if handle is None and schedule_id is not None:
-        handle = await scheduled_pass(client, schedule_id, request, say, task_queue, begun)
-    while handle is None:
-        # One fixed id for passes by hand: two `sweep`s racing each other share one pass
-        # (the visibility query above may not see a pass started a moment ago).
-        pass_id = f"purge-sweep-{task_queue}"
-        # Said before the call: one the server took as the call was cancelled starts the pass.
-        begun.what = f"the pass {pass_id} this sweep asked Temporal to start"
-        handle = await client.start_workflow(
-            "Purge",
-            request,
-            id=pass_id,
-            task_queue=task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            search_attributes=await start_attributes(client),
-            execution_timeout=pass_ends_by,
-        )
-        # A pass by hand that visibility did not list yet holds that id: joined only where it
-        # is this pass (a `sweep --dry-run` started a moment before would otherwise report
-        # its dry run as this sweep's), else waited out and started again.
-        differs = not_this_pass(await _input_of(client, handle), request)
-        if differs:
-            begun.what = ""  # another's pass: none of this sweep's runs yet
-            say(
-                f"a pass is already running under {handle.id}, not this pass ({differs}); "
-                "waiting for it to end, then starting this one"
-            )
-            await _ended(handle)
-            handle = None
-        else:
-            say(f"started pass {handle.id} on task queue {task_queue!r}")
-    begun.what = f"pass {handle.id}"
-    try:
-        result = await handle.result()
-    except WorkflowFailureError as err:
-        failure = failure_of(err)
-        if failure.type == "PurgeTargetsFailed" and failure.details:
-            report = PurgeReport.from_json(failure.details[0])
-            say(report_table(report))
-            say("failed targets: " + ", ".join(f.name for f in report.failed))
-        else:
-            say(f"pass {handle.id} failed: {failure.type}: {failure.message}")
-        return 1
-    report = PurgeReport.from_json(result)
-    say(report_table(report))
-    # A table named by hand that is not there is `gone` to the pass, which cannot tell it from
-    # a tenant dropped mid-pass: here it is most likely a misspelt name.
-    named = set(request.get("targets", []))
-    missing = [s.name for s in report.swept if s.status == "gone" and s.name in named]
-    if missing:
-        say(
-            f"no table for {', '.join(missing)}: named by hand and not there (a misspelt "
-            "name?); nothing was swept for it"
-        )
-        return 1
-    return 0
 
 
 async def _this_pass_running(

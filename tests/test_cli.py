@@ -23,6 +23,7 @@ from tests.support.procs import (
     run_main,
     start,
     start_worker,
+    stop,
     wait_for,
     worker_config,
 )
@@ -105,9 +106,7 @@ def test_worker_shuts_down_gracefully_on_signal(
         worker.send_signal(sig)
         assert worker.wait(30) == 0
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
+        stop(worker)
     text = log.read_text()
     assert "stopping: no new work on any queue" in text
     assert "targets: x_auth" in text
@@ -139,9 +138,7 @@ def test_a_worker_stopped_while_it_waits_for_its_database_exits_at_once(
                 worker.send_signal(sig)
                 assert worker.wait(30) == 0, log.read_text()
         finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+            stop(worker)
     text = log.read_text()
     assert "stopped while starting: it polled no queue" in text
     assert "Traceback" not in text

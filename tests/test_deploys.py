@@ -477,6 +477,20 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
     )
 
 
+def two_at_once_on(own: str, targets: list[str]) -> dict[str, Any]:
+    """A pass of `targets`, two at once, every one's activity on the config's own queue `own`,
+    with a `worker_wait` of 3 s."""
+    return {
+        "targets": targets,
+        "databases": dict.fromkeys(targets, "_default"),
+        "queues": {"_default": own},
+        "max_concurrent": 2,
+        "max_per_database": 2,
+        "worker_wait_ms": 3000,
+        "budget_ms": 600_000,
+    }
+
+
 @pytest.mark.waits
 async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fails_alone(
     harness: Harness,
@@ -502,15 +516,7 @@ async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fai
             await t2_may_end.wait()
         return {"name": step["name"], "removed": 1}
 
-    request = {
-        "targets": ["t1", "t2", "t3"],
-        "databases": dict.fromkeys(["t1", "t2", "t3"], "_default"),
-        "queues": {"_default": own},
-        "max_concurrent": 2,
-        "max_per_database": 2,
-        "worker_wait_ms": 3000,
-        "budget_ms": 600_000,
-    }
+    request = two_at_once_on(own, ["t1", "t2", "t3"])
     workflow_id = f"purge-deploy-{uuid.uuid4()}"
     old = Worker(
         harness.client,
@@ -582,15 +588,7 @@ async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_s
             raise ApplicationError("its worker is stopping")  # retried
         return {"name": step["name"], "removed": 1}
 
-    request = {
-        "targets": ["t1", "t2"],
-        "databases": dict.fromkeys(["t1", "t2"], "_default"),
-        "queues": {"_default": own},
-        "max_concurrent": 2,
-        "max_per_database": 2,
-        "worker_wait_ms": 3000,
-        "budget_ms": 600_000,
-    }
+    request = two_at_once_on(own, ["t1", "t2"])
     workflow_id = f"purge-deploy-{uuid.uuid4()}"
     only = Worker(harness.client, task_queue=own, activities=[stand_in])
     async with harness.run_worker([]):
