@@ -578,13 +578,14 @@ async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_s
     that its worker stopped, not `WorkersBusy` with advice on slots no worker fills."""
     own = f"{harness.task_queue}:0123456789ab"
     started: list[str] = []
+    t1_may_end = asyncio.Event()
 
     @activity.defn(name="purge_target")
     async def stand_in(step: Any) -> dict[str, Any]:
         started.append(step["name"])
         if step["name"] == "t1":
             activity.heartbeat({"removed": 700, "batches": 2})
-            await activity.wait_for_worker_shutdown()
+            await t1_may_end.wait()  # let go once its worker stops polling
             raise ApplicationError("its worker is stopping")  # retried
         return {"name": step["name"], "removed": 1}
 
@@ -598,17 +599,21 @@ async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_s
             failing = asyncio.create_task(
                 failed_pass(harness.client, harness.task_queue, request, workflow_id)
             )
-            # The moment: t2's sweep came back, t1's still runs.
+            # The moment: t2's sweep came back while t1's runs.
             async with asyncio.timeout(60):
-                while not started or "ACTIVITY_TASK_COMPLETED" not in event_kinds(
+                while "t1" not in started or "ACTIVITY_TASK_COMPLETED" not in event_kinds(
                     await events(harness.client, workflow_id)
                 ):
                     assert not failing.done(), failing.result()
                     await asyncio.sleep(0.05)
-            assert "t1" in started
+            stopping = asyncio.create_task(only.shutdown())
+            await asyncio.sleep(0)  # the shutdown begun: the worker polls no more
         finally:
-            await only.shutdown()
-            await running
+            t1_may_end.set()  # t1 fails, retried once 2 s have passed, with no worker polling
+            async with asyncio.timeout(60):
+                await only.shutdown()
+                await running
+        await stopping
         error = await failing
 
     report = error.details[0]
