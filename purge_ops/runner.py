@@ -178,11 +178,11 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    starting = _StopTheStart(stop)
     health = Health({**({DEFAULT_DATABASE: url} if url else {}), **config.databases})
     # The runtime's own metrics endpoint stays on loopback; the probe server passes it on.
     runtime_metrics = loopback_port() if metrics else None
     probes = ProbeServer(health, runtime_metrics) if runtime_metrics else None
+    starting = _StopTheStart(stop)  # last before the try, whose finally ends its watch
     try:
         if metrics and probes:
             await probes.start(metrics)  # first: a taken port stops the start before any connect
