@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Interceptor, Worker
 
 from activities.registry import PurgeTarget, TargetRegistry
 from activities.schema import reference_ddl
@@ -298,20 +298,24 @@ def run_worker(client: Client, task_queue: str) -> RunWorker:
         factories: list[Callable[[], Any]] | None = None,
         on: Client | None = None,
         config: PurgeConfig | None = None,
+        interceptors: Sequence[Interceptor] = (),
     ) -> AsyncIterator[Worker]:
         """With `config` (on this test's queue: `Harness.adopt`), it also polls the queue of
-        that config's own targets, where `config.pass_input()` sends their activities."""
+        that config's own targets, where `config.pass_input()` sends their activities.
+        `interceptors` go to each worker, beside the package's own."""
         registry = (
             targets
             if isinstance(targets, TargetRegistry)
             else TargetRegistry(targets, factories or [])
         )
-        worker = new_worker(on or client, registry, task_queue)
+        worker = new_worker(on or client, registry, task_queue, interceptors=list(interceptors))
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(worker)
             if config is not None and config.own_queue is not None:
                 assert config.task_queue == task_queue, "adopt the config: Harness.adopt"
-                own = activity_worker(on or client, registry, config.own_queue)
+                own = activity_worker(
+                    on or client, registry, config.own_queue, interceptors=list(interceptors)
+                )
                 await stack.enter_async_context(own)
             yield worker
 

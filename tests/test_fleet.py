@@ -45,6 +45,15 @@ from purge_ops.connect import lazy_pools
 from purge_ops.runner import activity_worker, new_worker
 from tests.conftest import Harness, RunWorker
 from tests.support.activity import activity_env
+from tests.support.delete_log import (
+    MEETING_S,
+    a_second_sweep_s_chance,
+    drop_log,
+    log_each_delete,
+    meet_first,
+    one_at_a_time,
+    took_to_meet,
+)
 from tests.support.history import events, scheduled_targets
 from tests.support.history import kinds as event_kinds
 from tests.support.pace import (
@@ -58,7 +67,6 @@ from tests.support.passes import failed_pass, run_pass, run_pass_beside, until_p
 from tests.support.procs import clean_env, use_env
 from tests.support.rows import HOUR, PAST_NOW, idempotency_rows, keys
 from tests.support.servers import RunningTemporal
-from tests.test_batching import slow_deletes
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
 
@@ -132,17 +140,46 @@ async def test_a_pass_runs_targets_concurrently_within_its_limits_and_reports_in
     workflow_id = f"purge-test-{uuid.uuid4()}"
     async with run_worker(targets):
         result = await run_pass(client, task_queue, request, workflow_id)
-    scheduled = scheduled_targets(client, await events(client, workflow_id))
+    history = await events(client, workflow_id)
+    scheduled = scheduled_targets(client, history)
 
     assert [s["name"] for s in result["swept"]] == list(layout)
     assert all(s["status"] == "ok" for s in result["swept"])
     assert result["removed"] == sum(len(name) for name in layout)
-    assert sleepers.most["*"] == 2  # two at once, never more
-    assert all(sleepers.most[db] == 1 for db in ("db1", "db2", ""))
+    assert sleepers.most["*"] == 2  # two at once (made to meet)
+    # Never more, by the pass's own ledger: how many sweeps it had scheduled and not yet seen
+    # complete at once, overall and per database. (The sleepers' own count would miss a third
+    # that a slow machine started after the first two ended.)
+    assert sweeps_under_way(history, scheduled, layout) == {"*": 2, "db1": 1, "db2": 1, "": 1}
     # Scheduled in input order, a target whose database was busy letting the next one start.
     # (The history's order: the worker may start two activity tasks of one workflow task in
     # either order.)
     assert scheduled[:2] == ["a1", "b1"]
+
+
+def sweeps_under_way(
+    history: list[Any], scheduled: list[str], database_of: dict[str, str]
+) -> Counter[str]:
+    """The most activities a pass had scheduled and not yet seen end at one point of its
+    `history`, overall ("*") and per database: `scheduled` names each scheduled activity's
+    target, in the history's order."""
+    names = iter(scheduled)
+    target: dict[int, str] = {}
+    running: Counter[str] = Counter()
+    most: Counter[str] = Counter()
+    for e in history:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            target[e.event_id] = next(names)
+            for key in ("*", database_of[target[e.event_id]]):
+                running[key] += 1
+                most[key] = max(most[key], running[key])
+        for ended in ("completed", "failed", "timed_out", "canceled"):
+            field = f"activity_task_{ended}_event_attributes"
+            if e.HasField(field):
+                name = target[getattr(e, field).scheduled_event_id]
+                for key in ("*", database_of[name]):
+                    running[key] -= 1
+    return most
 
 
 @pytest.mark.waits
@@ -800,35 +837,66 @@ async def test_max_sweeps_caps_how_many_sweeps_one_worker_runs_at_once(
     harness: Harness, temporal_server: RunningTemporal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`run --max-sweeps 1`: a pass that would run three tables at once runs them one after
-    another on this worker (each sweep's start comes after the one before it completed)."""
+    another on this worker: each sweep's start comes after the one before it completed, and
+    each DELETE, as the database logged it, ends before the next begins.
+
+    The control first: the same pass beside a worker without the bound, its first two DELETEs
+    made to meet, overlaps, and says how long this machine took to start a second sweep. The
+    bounded run's first DELETE then waits ten times that for a second to meet it: a bound that
+    broke would let one, on a machine of any speed."""
     tables = [f"slow_{n}" for n in range(3)]
     for table in tables:
         harness.db.execute(f"CREATE TABLE {table} (key text PRIMARY KEY, at bigint NOT NULL)")
-        harness.db.execute(
-            f"INSERT INTO {table} SELECT 'k' || i, %s FROM generate_series(1, 150) i",
-            (harness.now_ms - HOUR,),
-        )
-        slow_deletes(harness.db, table)  # 150 ms a sweep: three at once would overlap
+    prefix = f"ms{uuid.uuid4().hex[:8]}"
+    log_table = log_each_delete(harness.db, prefix, [f"{harness.schema}.{t}" for t in tables])
     config = parse_config(
         {"database_url": harness.url, "task_queue": harness.task_queue,
          "pass": {"max_concurrent": 3, "max_per_database": 3},
-         "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at"}
-                     for t in tables]},
+         # Past the wait to meet (MEETING_S at most), which ends no sweep itself.
+         "targets": [{"kind": "expiring", "name": t, "table": t, "column": "at",
+                      "statement_timeout": f"{2 * MEETING_S}s"} for t in tables]},
         env={},
     )  # fmt: skip
     use_env(monkeypatch, clean_env())
-    workflow_id = f"purge-one-at-a-time-{uuid.uuid4()}"
-    result = await run_pass_beside(
-        lambda stop: runner.run_worker(
-            config, stop=stop, temporal_address=temporal_server.address, max_sweeps=1
-        ),
-        harness.client,
-        harness.task_queue,
-        config.pass_input(),
-        workflow_id,
-    )
 
+    async def one_pass(
+        workflow_id: str, max_sweeps: int | None, meet_within_s: float
+    ) -> dict[str, Any]:
+        for table in tables:
+            harness.db.execute(
+                f"INSERT INTO {table} SELECT 'k' || i, %s FROM generate_series(1, 150) i",
+                (harness.now_ms - HOUR,),
+            )
+        harness.db.execute(f"TRUNCATE {log_table}")
+        meet_first(harness.db, prefix, 2, within_s=meet_within_s)
+        return await run_pass_beside(
+            lambda stop: runner.run_worker(
+                config, stop=stop, temporal_address=temporal_server.address, max_sweeps=max_sweeps
+            ),
+            harness.client,
+            harness.task_queue,
+            config.pass_input(),
+            workflow_id,
+        )
+
+    def logged() -> list[tuple[int, str]]:
+        return harness.db.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
+
+    try:
+        control = await one_pass(f"purge-all-at-once-{uuid.uuid4()}", None, MEETING_S)
+        unbounded = logged()
+        chance = a_second_sweep_s_chance(took_to_meet(harness.db, log_table))
+        workflow_id = f"purge-one-at-a-time-{uuid.uuid4()}"
+        result = await one_pass(workflow_id, 1, chance)
+        log = logged()
+    finally:
+        drop_log(harness.db, prefix)
+
+    assert {s["name"]: s["removed"] for s in control["swept"]} == dict.fromkeys(tables, 150)
+    assert not one_at_a_time(unbounded), unbounded
     assert {s["name"]: s["removed"] for s in result["swept"]} == dict.fromkeys(tables, 150)
+    assert len(log) >= 2 * len(tables)
+    assert one_at_a_time(log), log
     history = await events(harness.client, workflow_id)
     started = {
         e.activity_task_started_event_attributes.scheduled_event_id: e.event_time.ToDatetime()

@@ -50,10 +50,12 @@ from tests.conftest import Harness
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.delete_log import (
     MEETING_S,
+    a_second_sweep_s_chance,
     drop_log,
     log_each_delete,
     meet_first,
     one_at_a_time,
+    took_to_meet,
 )
 from tests.support.history import (
     child_ids,
@@ -616,25 +618,41 @@ async def test_max_sweeps_bounds_local_sweeps(
     once (`max_per_database = 4`) runs its local sweeps one after another on that worker;
     every DELETE, as the database logged it, ends before the next begins.
 
-    The control: the same pass again, by a worker without `--max-sweeps`, overlaps in the same
-    log; there the first two DELETEs wait to meet, so that it overlaps on any machine. A pass
-    whose sweeps ran one after another anyway (its child's limit, not the worker's) would fail
-    it, not leave the first run's order proving nothing."""
+    The control first: the same pass by a worker without `--max-sweeps`, its first two
+    DELETEs made to meet, overlaps in the same log, and says how long this machine took to
+    start the second sweep. The bounded run's first DELETE then waits ten times that for a
+    second (`a_second_sweep_s_chance`): a bound that broke would let one start and meet it,
+    however fast or slow the machine, where hoping 150 ms DELETEs overlap would not."""
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(TENANTS), harness.now_ms)
-        log_table = log_each_delete(conn, prefix, [f"{prefix}_{i:04d}" for i in range(TENANTS)])
+        tables = [f"{prefix}_{i:04d}.sessions" for i in range(TENANTS)]
+        log_table = log_each_delete(conn, prefix, tables)
         try:
             cfg = parse_config(
                 {"database_url": harness.url, "task_queue": harness.task_queue,
                  "pass": {"max_concurrent": 4, "max_per_database": 4},
-                 # Past the control's wait to meet (MEETING_S), which ends no sweep itself.
+                 # Past the wait to meet (MEETING_S at most), which ends no sweep itself.
                  "targets": [{"kind": "expiring", "name": "sessions",
                               "table": f"{prefix}_*.sessions", "column": "expires_at",
                               "statement_timeout": f"{2 * MEETING_S}s"}]},
                 env={},
             )  # fmt: skip
             use_env(monkeypatch, clean_env())
+            meet_first(conn, prefix, 2)
+            control = await run_pass_beside(
+                lambda stop: run_worker(cfg, stop=stop, temporal_address=temporal_server.address),
+                harness.client,
+                harness.task_queue,
+                cfg.pass_input(),
+            )
+            unbounded = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
+            chance = a_second_sweep_s_chance(took_to_meet(conn, log_table))
+
+            # The expired rows again, a fresh log, the worker with the bound.
+            create_tenants_expired_again(conn, prefix, harness.now_ms)
+            conn.execute(f"TRUNCATE {log_table}")
+            meet_first(conn, prefix, 2, within_s=chance)
             workflow_id = f"purge-local-one-at-a-time-{uuid.uuid4()}"
             result = await run_pass_beside(
                 lambda stop: run_worker(
@@ -647,22 +665,16 @@ async def test_max_sweeps_bounds_local_sweeps(
             )
             log = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
             left = counts(conn, prefix, harness.now_ms)
-
-            # The control: the expired rows again, a fresh log, a worker without the bound.
-            create_tenants_expired_again(conn, prefix, harness.now_ms)
-            conn.execute(f"TRUNCATE {log_table}")
-            meet_first(conn, prefix, 2)
-            control = await run_pass_beside(
-                lambda stop: run_worker(cfg, stop=stop, temporal_address=temporal_server.address),
-                harness.client,
-                harness.task_queue,
-                cfg.pass_input(),
-            )
-            unbounded = conn.execute(f"SELECT pid, edge FROM {log_table} ORDER BY at").fetchall()
         finally:
             drop_log(conn, prefix)
 
+    # Without the bound, the pass's DELETEs overlap.
+    assert control["statuses"] == {"ok": TENANTS}
+    assert control["removed"] == sum(expired_of(i) for i in range(TENANTS))
+    assert len(unbounded) >= 2 * TENANTS
+    assert not one_at_a_time(unbounded), unbounded
     assert result["statuses"] == {"ok": TENANTS}
+    assert result["removed"] == control["removed"]
     assert set(left.values()) == {(0, 2)}
     runs = await child_runs(harness.client, await events(harness.client, workflow_id))
     [child] = [h for r in runs.values() for h in r]
@@ -670,11 +682,6 @@ async def test_max_sweeps_bounds_local_sweeps(
     assert len(log) >= 2 * TENANTS
     # One at a time: each statement's BEFORE is followed by its own AFTER, never another's.
     assert one_at_a_time(log), log
-    # Without the bound, the same pass's DELETEs overlap in the same log.
-    assert control["statuses"] == {"ok": TENANTS}
-    assert control["removed"] == sum(expired_of(i) for i in range(TENANTS))
-    assert len(unbounded) >= 2 * TENANTS
-    assert not one_at_a_time(unbounded), unbounded
 
 
 def create_tenants_expired_again(conn: psycopg.Connection[Any], prefix: str, now_ms: int) -> None:

@@ -6,13 +6,23 @@ alone. Real Temporal, real PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections import Counter
 from typing import Any
 
 import psycopg
 import pytest
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    StartLocalActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
 
 from activities.builtin_kinds import build_registry
 from activities.engine.small_tables import SMALL_PAGES
@@ -32,6 +42,7 @@ from tests.support.tenants import (
     tenant_prefix,
     tenant_schemas,
 )
+from workflows.chunk import CHUNK_WORKFLOW
 
 SMALL = 6
 #: Live rows that fill a table past SMALL_PAGES (about 200 bytes a row, 40 rows a page).
@@ -52,6 +63,53 @@ def config(prefix: str, **limits: int) -> PurgeConfig:
             ],
         }
     )
+
+
+class SweepsAtOnce(Interceptor):
+    """The most sweeps (local activities or activity tasks) each child (`PurgeChunk`) had under
+    way at one moment, counted in its own workflow code: from when it starts one to when its
+    result reaches the child. A child cannot run more at once than it started, on a machine of
+    any speed, so this bounds what the database's log shows from above."""
+
+    def __init__(self) -> None:
+        self.most: Counter[str] = Counter()
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor] | None:
+        most = self.most
+
+        class Outbound(WorkflowOutboundInterceptor):
+            running = 0
+
+            def _counted(self, handle: asyncio.Task[Any]) -> None:
+                info = workflow.info()
+                if info.workflow_type != CHUNK_WORKFLOW:
+                    return
+                self.running += 1
+                most[info.workflow_id] = max(most[info.workflow_id], self.running)
+                handle.add_done_callback(lambda _: self._ended())
+
+            def _ended(self) -> None:
+                self.running -= 1
+
+            def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
+                handle = super().start_activity(input)
+                self._counted(handle)
+                return handle
+
+            def start_local_activity(
+                self, input: StartLocalActivityInput
+            ) -> workflow.ActivityHandle[Any]:
+                handle = super().start_local_activity(input)
+                self._counted(handle)
+                return handle
+
+        class Inbound(WorkflowInboundInterceptor):
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(Outbound(outbound))
+
+        return Inbound
 
 
 def make_large(conn: psycopg.Connection[Any], schema: str, now_ms: int) -> None:
@@ -164,7 +222,10 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
     these); the small matches' child sweeps several at once, each a local activity. Every
     expired row gone, every live one kept, the count exact. How many at once is read from the
     database's own log of the small tables' DELETEs: the first that many wait there to meet (so
-    they overlap however slowly each starts), and no more than that many ever overlap."""
+    they overlap however slowly each starts), and no more than that many ever overlap. That
+    no child ran more than its share at once is counted in its own workflow code
+    (`SweepsAtOnce`): the log alone would miss a third DELETE that a slow machine started after
+    the first two ended."""
     prefix = tenant_prefix()
     most, per_database = limits
     # The small tables with expired rows: a sweep of one with none may delete by no statement.
@@ -173,12 +234,15 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
     with tenant_schemas(pg_url, prefix) as conn:
         create_tenants(conn, prefix, range(SMALL + 1), harness.now_ms)
         make_large(conn, f"{prefix}_0003", harness.now_ms)
-        log_table = log_each_delete(conn, prefix, logged)
+        log_table = log_each_delete(conn, prefix, [f"{s}.sessions" for s in logged])
         meet_first(conn, prefix, together)
         cfg = harness.adopt(config(prefix, max_concurrent=most, max_per_database=per_database))
         workflow_id = f"purge-small-{uuid.uuid4()}"
+        sweeps_at_once = SweepsAtOnce()
         try:
-            async with harness.run_worker(build_registry(cfg, harness.pool), config=cfg):
+            async with harness.run_worker(
+                build_registry(cfg, harness.pool), config=cfg, interceptors=[sweeps_at_once]
+            ):
                 result = await run_pass(
                     harness.client, harness.task_queue, cfg.pass_input(), workflow_id
                 )
@@ -192,6 +256,9 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
         left = counts(conn, prefix, harness.now_ms)
     assert scheduled == children
     assert await child_concurrency(harness, workflow_id) == at_once
+    # Each child ran as many at once as it was started to, or all its targets (at most
+    # SMALL + 1), never more.
+    assert sorted(sweeps_at_once.most.values()) == sorted(min(c, SMALL + 1) for c in at_once)
     assert {pid for pid, _ in log}, "no DELETE of a small table was logged"
     assert most_at_once(log) == together, log
     assert {expired for expired, _ in left.values()} == {0}
