@@ -283,6 +283,36 @@ async def test_an_event_for_a_job_the_batch_deleted_waits_then_fails_its_key(
     assert ids(db) == {j[0] for j in JOBS} - GONE
 
 
+async def test_an_event_for_a_job_the_batch_deleted_is_inserted_once_the_batch_rolls_back(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """The same section: as above, but the batch rolls back (its session ended while the
+    insert waits for it): the insert succeeds, job 1 is back with its new event, and the next
+    sweep judges job 1 by that event and keeps it."""
+    make(db)
+    insert(db)
+    pid: list[int] = []
+    with row_locked(schema_url, "jobs", 5, column="id") as holder:
+        running = asyncio.ensure_future(sweep(target(pool, PATIENT)))
+        await until_a_sweep_waits(db, running, holder=holder)
+        late = asyncio.ensure_future(asyncio.to_thread(late_event, schema_url, 1, pid))
+        blocking = "SELECT pg_blocking_pids(%s)"
+        while not (pid and (sweeper := db.execute(blocking, (pid[0],)).fetchone()) and sweeper[0]):
+            assert not late.done(), f"the event did not wait for the batch: {late.result()}"
+            await asyncio.sleep(0.01)
+        [batch] = sweeper[0]  # the session of the batch that deleted job 1
+        db.execute("SELECT pg_terminate_backend(%s)", (batch,))
+        assert await late == "inserted"
+    with pytest.raises(psycopg.OperationalError):
+        await running  # the attempt fails (Temporal retries it)
+
+    assert ids(db) == {j[0] for j in JOBS}
+    assert 1 in ids(db, "events", "job_id")
+    result, _ = await sweep(target(pool, PATIENT))
+    assert result.removed == len(GONE - {1})
+    assert ids(db) == {j[0] for j in JOBS} - {5}
+
+
 async def test_many_batches_count_exactly_what_one_would(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
