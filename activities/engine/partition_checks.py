@@ -63,8 +63,9 @@ async def check_rights(conn: AsyncConnection[Any], layout: Layout, policy: Parti
         owners = sorted({owner for _, owner in missing})
         tables = ", ".join(f"{table} (owner {owner})" for table, owner in missing)
         grant = "; ".join(f"GRANT {owner} TO {layout.role}" for owner in owners)
+        does = "detaches" if verb == "detach" else f"detaches and {verb}s"
         raise MissingRights(
-            f"table {layout.table}: partitions = {verb!r} detaches and {verb}s whole partitions, "
+            f"table {layout.table}: partitions = {verb!r} {does} whole partitions, "
             f"which needs their owner, and role {layout.role} is not a member of the owner of "
             f"{tables}; {grant} (or set partitions = 'delete'); nothing was detached"
         )
