@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer, Worker
 
 from activities import builtin_kinds as kinds
+from activities.errors import WorkerStopping
 from activities.inputs import PurgeStep
 from activities.progress import Progress
 from activities.registry import TargetRegistry
@@ -423,10 +424,11 @@ def test_sweep_joins_a_running_pass_only_where_it_sweeps_the_same_targets_the_sa
 async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_removed(
     harness: Harness, removed: int
 ) -> None:
-    """The only worker of a config's queue begins a target, reports its batches, and leaves:
-    after `worker_wait` the target fails as `NoPurgeWorker`, saying that an attempt had begun
-    and what its heartbeats had reported removing, not that no worker ever took it. (A test of
-    the workflow's report: the activity is a stand-in that heartbeats as a sweep does.)"""
+    """The only worker of a config's queue begins a target, reports its batches, fails it (a
+    lost connection), and leaves: after `worker_wait` the target fails as `NoPurgeWorker`,
+    saying how its attempt ended and what its heartbeats had reported removing, not that no
+    worker ever took it. (A test of the workflow's report: the activity is a stand-in that
+    heartbeats as a sweep does.)"""
     own = f"{harness.task_queue}:0123456789ab"
     began = asyncio.Event()
 
@@ -465,7 +467,9 @@ async def test_a_target_whose_worker_left_mid_sweep_fails_saying_what_it_had_rem
         if removed
         else "before its heartbeats had reported removing any rows"
     )
-    assert failed["message"].startswith("an attempt began on a worker that then stopped or died")
+    assert failed["message"].startswith(
+        "an attempt failed (ApplicationError: the connection was lost), "
+    )
     assert said in failed["message"]
     assert (
         f"no worker whose config names this target took its retry from task queue {own!r}"
@@ -511,7 +515,7 @@ async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fai
         if step["name"] == "t1" and activity.info().attempt == 1:
             activity.heartbeat({"removed": 700, "batches": 2})
             await activity.wait_for_worker_shutdown()
-            raise ApplicationError("its worker is stopping")  # retried
+            raise WorkerStopping("its worker is stopping")  # retried, as a sweep's is
         if step["name"] == "t2":
             await t2_may_end.wait()
         return {"name": step["name"], "removed": 1}
@@ -558,7 +562,7 @@ async def test_a_stopping_worker_s_target_whose_retry_waits_behind_busy_ones_fai
     [failed] = report["failed"]
     assert (failed["name"], failed["type"]) == ("t1", "WorkersBusy")
     assert failed["message"].startswith(
-        "an attempt began on a worker that then stopped or died, having removed at least 700 "
+        "an attempt began on a worker that then stopped, having removed at least 700 "
         f"rows (its last heartbeat); then its retry waited in task queue {own!r} longer than "
         "worker_wait (3 s) while that queue's workers took this pass's other sweeps: not sent "
         "again, the queue's other targets still sent"
@@ -586,7 +590,7 @@ async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_s
         if step["name"] == "t1":
             activity.heartbeat({"removed": 700, "batches": 2})
             await t1_may_end.wait()  # let go once its worker stops polling
-            raise ApplicationError("its worker is stopping")  # retried
+            raise WorkerStopping("its worker is stopping")  # retried, as a sweep's is
         return {"name": step["name"], "removed": 1}
 
     request = two_at_once_on(own, ["t1", "t2"])
@@ -621,7 +625,7 @@ async def test_a_stopped_worker_s_target_is_no_worker_s_when_nothing_came_back_s
     [failed] = report["failed"]
     assert (failed["name"], failed["type"]) == ("t1", "NoPurgeWorker")
     assert failed["message"].startswith(
-        "an attempt began on a worker that then stopped or died, having removed at least 700 "
+        "an attempt began on a worker that then stopped, having removed at least 700 "
         "rows (its last heartbeat); no worker whose config names this target took its retry"
     )
 

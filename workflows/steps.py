@@ -14,6 +14,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import (
     ActivityError,
+    ApplicationError,
+    CancelledError,
     FailureError,
     TimeoutError,
     TimeoutType,
@@ -99,8 +101,9 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
         return None
     waited = f"within {route.worker_wait_ms // 1000} s"
     # The server keeps an attempt's last heartbeat for the attempts after it: a retry that no
-    # worker took still carries what the attempt before it had done.
-    began = began_before(cause.last_heartbeat_details)
+    # worker took still carries what the attempt before it had done, and how it ended (its
+    # failure, the timeout's cause).
+    began = began_before(cause.last_heartbeat_details, cause.cause)
     if route.queue.startswith(f"{workflow.info().task_queue}:"):
         # A config's own targets' queue (purge_config.file.PurgeConfig.own_queue).
         if began:
@@ -125,22 +128,37 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     )
 
 
-def began_before(details: Sequence[Any]) -> str:
-    """What an earlier attempt had done, from its last heartbeat (activities.progress): empty
-    where no attempt had begun."""
+def began_before(details: Sequence[Any], ended: BaseException | None = None) -> str:
+    """What an earlier attempt had done, from its last heartbeat (activities.progress), and
+    how it ended (`ended`, its failure where the server gave it): empty where no attempt had
+    begun."""
     if not details:
         return ""
     last = details[0]
     removed = last.get("removed") if isinstance(last, dict) else None
     if isinstance(removed, int) and not isinstance(removed, bool) and removed > 0:
         return (
-            f"an attempt began on a worker that then stopped or died, having removed at least "
-            f"{removed} rows (its last heartbeat)"
+            f"{_attempt_ended(ended)}, having removed at least {removed} rows (its last heartbeat)"
         )
-    return (
-        "an attempt began on a worker that then stopped or died, before its heartbeats had "
-        "reported removing any rows"
-    )
+    return f"{_attempt_ended(ended)}, before its heartbeats had reported removing any rows"
+
+
+def _attempt_ended(ended: BaseException | None) -> str:
+    """How a begun attempt ended, from its failure: its worker stopping (`WorkerStopping`, a
+    shutdown's cancellation), stopped or died (its heartbeats or its time ran out, or not
+    known), or a failure of its own on a worker that went on (a lock timeout, a lost
+    connection), named as the report names any failure."""
+    if ended is None or isinstance(ended, TimeoutError):
+        return "an attempt began on a worker that then stopped or died"
+    if isinstance(ended, CancelledError) or (
+        isinstance(ended, ApplicationError) and ended.type == "WorkerStopping"
+    ):
+        return "an attempt began on a worker that then stopped"
+    if not isinstance(ended, FailureError):
+        return "an attempt began on a worker that then stopped or died"
+    failure = failure_of(ended)
+    said = failure.message if len(failure.message) <= 200 else failure.message[:199] + "…"
+    return f"an attempt failed ({failure.type}: {said})"
 
 
 @dataclass(frozen=True)
@@ -244,7 +262,7 @@ def _untaken(err: ActivityError, failed: FailedTarget) -> Untaken | None:
     cause = err.cause
     if not isinstance(cause, TimeoutError) or cause.type != TimeoutType.SCHEDULE_TO_START:
         return None
-    return Untaken(failed, began=began_before(cause.last_heartbeat_details))
+    return Untaken(failed, began=began_before(cause.last_heartbeat_details, cause.cause))
 
 
 def skipped(name: str, dry_run: bool, budget_ms: int | None) -> PurgeSweep:
