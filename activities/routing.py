@@ -24,6 +24,19 @@ class Route:
     """How long an activity may wait there for a worker before its target fails alone."""
 
 
+def is_own_queue(queue: str, task_queue: str) -> bool:
+    """Whether `queue` is the queue of a config's own targets (`PurgeConfig.own_queue`: its
+    `task_queue` and 12 hex digits), as opposed to a database's own queue (its `task_queue`
+    and the digits: a region's named `purge:eu` makes `purge:eu:` and the digits)."""
+    prefix, colon, digest = queue.rpartition(":")
+    return (
+        colon == ":"
+        and prefix == task_queue
+        and len(digest) == 12
+        and all(c in "0123456789abcdef" for c in digest)
+    )
+
+
 def route_for(queues: Mapping[str, str], database: str, worker_wait_ms: int | None) -> Route | None:
     """Where activities on `database` go, when not to the pass's own queue."""
     queue = queues.get(database)

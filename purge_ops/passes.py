@@ -34,6 +34,7 @@ from temporalio.worker import Replayer
 from activities.errors import failure_of
 from activities.pass_records import current, pass_record, purge_query
 from activities.results import FailedTarget, PurgeReport, PurgeSweep, known_fields
+from activities.routing import is_own_queue
 from purge_config.file import path_shown
 from purge_config.fleet import DEFAULT_DATABASE_KEY
 from purge_config.patterns import split_match_name
@@ -299,12 +300,14 @@ def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[st
         f"{queue!r} ({'passes' if kind == workflow else 'activities'})" for queue, kind in idle
     )
     routes = request.get("queues")
-    routed = {
-        queue: db
-        for db, queue in (routes.items() if isinstance(routes, dict) else [])
-        if db != DEFAULT_DATABASE_KEY and queue != task_queue
-    }
-    elsewhere = sorted({routed[q] for q, kind in idle if kind != workflow and q in routed})
+    # A database without a queue of its own has the config's own queue, as the default one has;
+    # databases that share a queue of their own are each named.
+    routed: dict[str, list[str]] = {}
+    for db, queue in routes.items() if isinstance(routes, dict) else []:
+        own = db == DEFAULT_DATABASE_KEY or is_own_queue(queue, task_queue)
+        if not own and queue != task_queue:
+            routed.setdefault(queue, []).append(db)
+    elsewhere = sorted({db for q, kind in idle if kind != workflow for db in routed.get(q, [])})
     waits = passes_idle or "worker_wait_ms" not in request
     fixes = []
     if any(kind == workflow or q not in routed for q, kind in idle):

@@ -696,6 +696,23 @@ async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_
 
 
 @pytest.mark.waits
+async def test_a_region_s_queue_named_under_the_pass_s_is_said_to_be_the_region_s(
+    harness: Harness,
+) -> None:
+    """A database's own queue may be named under the pass's (`task_queue = "purge:eu"` beside
+    `purge`: its activities go to `purge:eu:` and a digest). No worker polls it: its target
+    fails naming the database whose worker is missing, not as a config's own queue mid-deploy
+    (which only `purge:` and a digest is)."""
+    eu = f"{harness.task_queue}:eu:0123456789ab"
+    failed, swept, _ = await beside_a_dead_queue(
+        harness, {"targets": ["t1"], "databases": {"t1": "eu"}, "queues": {"eu": eu}}
+    )
+
+    assert failed["t1"].startswith(f"no worker polled task queue {eu!r} (database 'eu')")
+    assert swept == ["x_idempotency"]
+
+
+@pytest.mark.waits
 async def test_a_queue_no_worker_polls_costs_a_spread_pass_one_worker_wait(
     harness: Harness,
 ) -> None:

@@ -1033,6 +1033,29 @@ def test_a_routed_databases_idle_queue_names_the_worker_that_would_poll_it() -> 
     )
 
 
+def test_a_named_database_on_the_config_s_own_queue_is_not_taken_for_a_region() -> None:
+    """A database named in `[databases]` with no queue of its own has the config's own queue
+    (as the shipped Kubernetes config's `app` has): with that queue idle after a config edit,
+    the fix is the restart with this config, not a URL set somewhere. Databases that share a
+    queue of their own are each named."""
+    own = "purge:8a0f2d493aa3"
+    request = {
+        "queues": {"app": own, "eu": "purge-x:0123456789ab", "fr": "purge-x:0123456789ab"},
+        "worker_wait_ms": 30_000,
+    }
+    activity = int(TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY)
+
+    app_only = passes.unpolled_line([(own, activity)], "purge", request)
+    shared = passes.unpolled_line([("purge-x:0123456789ab", activity)], "purge", request)
+
+    assert app_only == (
+        f"no worker polls task queue {own!r} (activities): those targets fail as not taken "
+        "unless one does within 30 s ([pass] worker_wait); a worker polls only the queue of its "
+        "own config's targets: start (or restart) `pg-purge run` with this config"
+    )
+    assert "start `pg-purge run` where database 'eu', 'fr''s URL is set" in shared
+
+
 @pytest.mark.parametrize("command", ["schedule", "sweep", "report", "run"])
 async def test_a_namespace_the_server_does_not_have_is_one_line(
     tmp_path: Path, temporal_server: RunningTemporal, harness: Harness, command: str

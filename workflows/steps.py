@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.inputs import PurgeStep
     from activities.metrics import TARGET_FAILURES
     from activities.results import FailedTarget, PurgeSweep
-    from activities.routing import Route
+    from activities.routing import Route, is_own_queue
     from activities.wire import read
 
 #: One target's sweep, retries excluded. Targets end their own sweep at their time budget well
@@ -104,7 +104,7 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     # worker took still carries what the attempt before it had done, and how it ended (its
     # failure, the timeout's cause).
     began = began_before(cause.last_heartbeat_details, cause.cause)
-    if route.queue.startswith(f"{workflow.info().task_queue}:"):
+    if is_own_queue(route.queue, workflow.info().task_queue):
         # A config's own targets' queue (purge_config.file.PurgeConfig.own_queue).
         if began:
             return Failure(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from activities.routing import is_own_queue
 from purge_config import PurgeConfig, parse_config
 from purge_config.filters import RowFilter
 from purge_config.settings import Guards, PartitionPolicy
@@ -121,3 +122,29 @@ def test_a_field_a_later_release_adds_with_a_dataclass_default_moves_no_queue() 
     targets = tuple(grown if t is spec else t for t in made.targets)
 
     assert dataclasses.replace(made, targets=targets).own_queue == made.own_queue
+
+
+@pytest.mark.parametrize(
+    ("queue", "own"),
+    [
+        ("purge:8a0f2d493aa3", True),  # PurgeConfig.own_queue's form
+        ("purge:eu:8a0f2d493aa3", False),  # a database's own queue named `purge:eu`
+        ("purge-eu:8a0f2d493aa3", False),
+        ("purge", False),
+        ("purge:8A0F2D493AA3", False),  # a digest is lower-case hex
+        ("purge:8a0f2d493aa", False),
+        ("other:8a0f2d493aa3", False),
+    ],
+)
+def test_a_config_s_own_queue_is_told_from_a_database_s(queue: str, own: bool) -> None:
+    assert is_own_queue(queue, "purge") is own
+
+
+def test_the_queues_a_config_makes_are_told_apart() -> None:
+    config = parse_config(
+        {**RAW, "databases": {"eu": {"url_env": "EU_URL", "task_queue": "purge:eu"}}},
+        env={"EU_URL": "postgresql://app@eu.internal/app"},
+    )
+    assert config.own_queue is not None
+    assert is_own_queue(config.own_queue, config.task_queue)
+    assert not is_own_queue(config.routed_queues["eu"], config.task_queue)
