@@ -5,6 +5,7 @@ standby made with pg_basebackup from the same binaries."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import shutil
 import threading
 import time
@@ -224,23 +225,86 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
     assert stats.reason == "held to max_wal_rate 0.25 MB/s until the budget ran out"
 
 
+def two_tables(
+    server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[int]]:
+    """x_idempotency in two schemas of `server`, alike, each swept in four batches: the URLs
+    that sweep each, and each one's expired rows."""
+    urls = []
+    with psycopg.connect(server.url(), autocommit=True) as admin:
+        for schema in ("a", "b"):
+            admin.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}; {reference_ddl()}")
+            urls.append(make_conninfo(server.url(), options=f"-c search_path={schema}"))
+    expired = []
+    for url in urls:
+        with psycopg.connect(url, autocommit=True) as db:
+            expired.append(fill(db, 10_000))
+            in_four_batches(db, monkeypatch)  # the two tables alike: the same batch size
+    return urls, expired
+
+
+async def test_each_of_two_sweeps_at_once_counts_the_other_s_wal_against_the_cap(
+    quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cap's sharing on any machine: each sweep's pacer reads a clock of its own, moved on
+    only by its own pauses (and not slept in real time), so on it every batch takes no time and
+    each pacer pauses until the WAL it has seen, both sweeps', has had its time at 256kB/s.
+    Both pacers start before either sweep's first batch (they wait for each other there), so
+    the last check of the two sees all their WAL but their last batches (a quarter of each
+    one's): at least 3/4 of it. A pacer that counted only its own sweep's WAL would pause for
+    at most 3/8 of it; one that counted half the server's, 7/16."""
+    urls, expired = two_tables(quiet_server, monkeypatch)
+    own_clock: contextvars.ContextVar[HandClock] = contextvars.ContextVar("own_clock")
+    monkeypatch.setattr(
+        pacing, "time", types.SimpleNamespace(monotonic=lambda: own_clock.get().monotonic())
+    )
+
+    async def paused(pacer: Pacer, seconds: float) -> None:
+        own_clock.get().spend(seconds)
+        pacer.paused_s += seconds
+
+    monkeypatch.setattr(Pacer, "_sleep", paused)
+    start, both_started = Pacer.start, asyncio.Barrier(2)
+
+    async def together(pacer: Pacer) -> None:
+        await start(pacer)
+        async with asyncio.timeout(60):  # only the end of a run where one never starts
+            await both_started.wait()
+
+    monkeypatch.setattr(Pacer, "start", together)
+
+    async def on_its_own_clock(pool: AsyncConnectionPool[Any]) -> Any:
+        own_clock.set(HandClock())  # this sweep's task's own
+        target = kinds.idempotency(pool, settings=settings(max_wal_rate="256kB/s"))
+        return await target.sweep(NOW)
+
+    pools = [await open_pool(url) for url in urls]
+    try:
+        with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+            before = wal(db)
+            both = await asyncio.gather(*(on_its_own_clock(pool) for pool in pools))
+            written = wal(db) - before
+    finally:
+        for pool in pools:
+            await pool.close()
+
+    assert [stats.removed for stats in both] == expired
+    assert [stats.batches for stats in both] == [4, 4]
+    assert max(stats.paused_s for stats in both) >= 0.6 * written / (256 * 1024), (
+        [stats.paused_s for stats in both],
+        written,
+    )
+
+
 @pytest.mark.slow
 async def test_sweeps_at_once_on_one_server_share_the_wal_rate_cap(
     quiet_server: EmbeddedPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cap counts all the WAL the server makes since a sweep started, the other sweeps'
     too: two sweeps at once under 256kB/s make their WAL together no faster than that (but for
-    their last batches), where each paced alone would make it twice as fast."""
-    urls = []
-    with psycopg.connect(quiet_server.url(), autocommit=True) as admin:
-        for schema in ("a", "b"):
-            admin.execute(f"CREATE SCHEMA {schema}; SET search_path = {schema}; {reference_ddl()}")
-            urls.append(make_conninfo(quiet_server.url(), options=f"-c search_path={schema}"))
-    expired = []
-    for url in urls:
-        with psycopg.connect(url, autocommit=True) as db:
-            expired.append(fill(db, 10_000))
-            in_four_batches(db, monkeypatch)  # the two tables alike: the same batch size
+    their last batches), where each paced alone would make it twice as fast. (On the real
+    clock, as a user meets it; the test above checks the sharing on any machine.)"""
+    urls, expired = two_tables(quiet_server, monkeypatch)
     pools = [await open_pool(url) for url in urls]
     try:
         with psycopg.connect(quiet_server.url(), autocommit=True) as db:
