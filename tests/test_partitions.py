@@ -335,12 +335,15 @@ async def test_with_no_second_connection_the_table_s_own_counts_and_drops(
 ) -> None:
     """A pool of one connection (all in use, as on a busy worker) gives no second one: the
     table's own connection counts and drops the partitions, at once and exactly; the sweep
-    never waits for the pool."""
+    never waits for the pool. The pool would keep a request waiting an hour: a sweep that
+    waited for it would not end within the minute it is given (only a bound on a hang; it
+    ends in well under a second)."""
     total = make_events(db)
     log_sessions(db, schema)
-    small = await open_pool(schema_url, max_size=1, wait_seconds=5)
+    small = await open_pool(schema_url, max_size=1, wait_seconds=3600)
     try:
-        result = await sweep(events(small))
+        async with asyncio.timeout(60):
+            result = await sweep(events(small))
     finally:
         unlog_sessions(db, schema)
         await small.close()

@@ -36,6 +36,7 @@ from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
 from tests.support.activity import activity_env
 from tests.support.pace import until_a_sweep_waits
+from tests.support.rows import FROZEN_CLOCKS
 from tests.support.tenants import HOUR_MS, counts, create_tenants, tenant_prefix, tenant_schemas
 
 #: What the server receives for one small table (issue 37's goal: at most 8): the lock tried
@@ -226,25 +227,28 @@ async def test_a_retry_whose_attempt_was_lost_counts_from_the_ledger(
         assert counts(conn, prefix, real_now, range(3, 4)) == {f"{prefix}_0003": (0, 2)}
 
 
+@pytest.mark.parametrize("now_ms", FROZEN_CLOCKS, ids=["past", "future"])
 async def test_old_passes_rows_go_from_the_ledger_and_the_shares(
-    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, real_now: int
+    pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any], pg_url: str, now_ms: int
 ) -> None:
-    """As the batched sweep's ledger does, once a pass: judged by the pass's clock."""
+    """As the batched sweep's ledger does, once a pass: judged by the pass's clock, years from
+    the server's (a cutoff by the server's clock would take every row of the past pass's, and
+    none of the future's)."""
     week, day = 7 * 24 * HOUR_MS, 24 * HOUR_MS
     db.execute(
         "INSERT INTO purge_progress VALUES ('w', 'old', 't', %s, 5, 1),"
         " ('w', 'kept', 't', %s, 5, 1)",
-        (real_now - week - HOUR_MS, real_now - week + HOUR_MS),
+        (now_ms - week - HOUR_MS, now_ms - week + HOUR_MS),
     )
     db.execute(
         "INSERT INTO purge_shares VALUES ('t', 'old', %s, 1, 1), ('t', 'kept', %s, 1, 1)",
-        (real_now - day, real_now - day + HOUR_MS),
+        (now_ms - day, now_ms - day + HOUR_MS),
     )
     prefix = tenant_prefix()
     with tenant_schemas(pg_url, prefix) as conn:
-        create_tenants(conn, prefix, range(1, 2), real_now)
+        create_tenants(conn, prefix, range(1, 2), now_ms)
 
-        swept, _ = await sweep(registry(pool, prefix), match(prefix, 1), real_now)
+        swept, _ = await sweep(registry(pool, prefix), match(prefix, 1), now_ms)
 
     assert swept.strategy == "single"
     assert [r[0] for r in db.execute("SELECT run_id FROM purge_progress WHERE target = 't'")] == [
