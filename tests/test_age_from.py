@@ -454,6 +454,11 @@ async def test_tables_that_cannot_hold_the_rule_are_refused_in_one_line_deleting
     ddl, message = REFUSALS[case]
     db.execute(ddl)
     db.execute("INSERT INTO jobs VALUES (1, 'succeeded', 'q')")
+    # Job 1's one event 30 days old, where its table can hold one: the rule would take job 1.
+    column = {"no column": "happened_at", "no table": ""}.get(case, "at")
+    if column:
+        at = at_value("timestamptz", 30) + ("::text" if case == "text column" else "")
+        db.execute(f"INSERT INTO events (job_id, {column}) VALUES (1, {at})")
     jobs = target(pool)
 
     with pytest.raises(BadPurgeTarget) as dry, contract_errors():

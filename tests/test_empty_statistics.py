@@ -14,6 +14,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from activities import builtin_kinds as kinds
+from activities.engine import partition_advice
 from activities.inputs import PurgeStep
 from activities.registry import TargetRegistry
 from activities.results import PurgeReport, PurgeSweep
@@ -109,10 +110,12 @@ async def test_a_copy_made_from_a_template_takes_the_share_from_the_planners_est
 
 
 async def test_after_pg_stat_reset_with_no_estimate_no_share_is_given(
-    databases: Databases, url_of: Callable[[str], str]
+    databases: Databases, url_of: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Filled, never analyzed, its statistics reset: neither the views nor the planner know
-    the rows left, so no share, no vacuum or partition advice, and the report shows `?`."""
+    the rows left, so no share, no vacuum or partition advice (its bar lowered under the rows
+    removed, so that only the unknown share keeps it out), and the report shows `?`."""
+    monkeypatch.setattr(partition_advice, "PARTITION_ADVICE_ROWS", 100)
     name = databases(None)
     expired = _prepare(url_of(name), 10_000, 2, analyze=False)
 
@@ -122,6 +125,8 @@ async def test_after_pg_stat_reset_with_no_estimate_no_share_is_given(
     assert result.live_rows_from == "unknown"
     assert result.dead_tuple_share is None
     assert "% of the table" not in result.advice
+    assert "VACUUM" not in result.advice
+    assert "partition it by RANGE" not in result.advice
     table = report_table(PurgeReport(now_ms=NOW, swept=[result]))
     assert NO_STATISTICS_NOTE in table
     assert "?" in table.split("x_idempotency", 1)[1].splitlines()[0]

@@ -23,6 +23,19 @@ from purge_ops.connect import (
 )
 
 
+def test_both_ends_give_up_on_a_silent_peer_within_about_a_minute() -> None:
+    """The module's promise, from its numbers (the tests below check that the session gets
+    them): idle, then each unanswered probe, within 60 s; the server's writes time out at 60 s
+    too, and it looks for a client gone every 5 s of a running statement."""
+    for idle, interval, count in (
+        (int(SERVER_KEEPALIVES[f"tcp_keepalives_{k}"]) for k in ("idle", "interval", "count")),
+        (CLIENT_KEEPALIVES[f"keepalives_{k}"] for k in ("idle", "interval", "count")),
+    ):
+        assert idle + interval * count <= 60
+    assert int(SERVER_KEEPALIVES["tcp_user_timeout"]) <= 60_000
+    assert int(CLIENT_CHECK["client_connection_check_interval"]) <= 5_000
+
+
 async def server_settings(conn: psycopg.AsyncConnection[Any]) -> dict[str, tuple[str, str]]:
     """Each of SERVER_KEEPALIVES and CLIENT_CHECK in this session: (its value, where it came
     from)."""

@@ -114,7 +114,9 @@ async def test_a_share_the_defaults_would_not_keep_up_with_gets_the_factor_that_
 async def test_a_small_share_gets_no_advice(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any]
 ) -> None:
-    fill(db, "x_idempotency", 10_000, 20, NOW)  # 5%
+    """5% of the table, 2,000 rows: past ADVICE_MIN_ROWS, so only the share keeps the advice
+    out."""
+    assert fill(db, "x_idempotency", 40_000, 20, NOW) == 2_000  # 5%
 
     result: PurgeSweep = await sweep_of(pool, analyze_after=True)
 

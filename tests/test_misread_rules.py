@@ -78,6 +78,17 @@ async def dry_run(pool: AsyncConnectionPool[Any], max_age_ms: int = 0) -> str:
 
 
 EVERY_ROW = "page_views: every one of its 10 rows would go; no row is kept at this instant"
+#: The advice on `created_at` with no `max_age`, as a user reads it (the tests below compare
+#: with `written_column_advice`, so this pins that).
+WRITTEN = (
+    "page_views: `created_at` reads as when a row was written, but with no `max_age` it is "
+    "taken as when the row expires, so every row written before the pass goes; give the entry "
+    'a `max_age` (`"30d"`), or leave it if the column holds the expiry'
+)
+
+
+def test_the_write_time_advice_says_what_goes_and_the_remedy() -> None:
+    assert written_column_advice(ExpiryRule(T, "created_at")) == WRITTEN
 
 
 async def test_a_dry_run_that_would_empty_the_table_says_so_and_deletes_nothing(
@@ -178,8 +189,8 @@ async def test_rows_that_go_by_cascade_are_said_by_a_dry_run(
     pool: AsyncConnectionPool[Any], db: psycopg.Connection[Any]
 ) -> None:
     """Another table's rows that reference the target's ON DELETE CASCADE go with its rows, in
-    no count: a dry run says which tables (indexed or not); a NO ACTION key is no such table,
-    and an `age_from` rule's related table is its own."""
+    no count: a dry run says which tables (indexed or not); a NO ACTION or SET NULL key is no
+    such table, and an `age_from` rule's related table is its own."""
     db.execute("CREATE TABLE sess (id bigint PRIMARY KEY, expires_ms bigint NOT NULL)")
     db.execute(
         "CREATE TABLE orders (id bigint, sess bigint REFERENCES sess ON DELETE CASCADE,"
@@ -187,6 +198,7 @@ async def test_rows_that_go_by_cascade_are_said_by_a_dry_run(
     )
     db.execute("CREATE INDEX ON orders (sess)")
     db.execute("CREATE TABLE audits (id bigint, sess bigint REFERENCES sess ON DELETE SET NULL)")
+    db.execute("CREATE TABLE notes (id bigint, sess bigint REFERENCES sess)")  # NO ACTION
     db.execute(
         "INSERT INTO sess SELECT g, %s + (g - 5) * %s FROM generate_series(1, 10) g", (NOW, HOUR)
     )

@@ -144,14 +144,21 @@ async def test_a_factory_that_raises_fails_its_names_alone_and_is_named(
 
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR})
     registry = TargetRegistry([kinds.idempotency(harness.pool)], [factory_of_an_unset_setting])
+    workflow_id = f"purge-{uuid.uuid4()}"
     async with harness.run_worker(registry):
         error = await failed_pass(
             harness.client,
             harness.task_queue,
             {"targets": ["x_idempotency", "tmp_uploads"]},
-            f"purge-{uuid.uuid4()}",
+            workflow_id,
         )
     report = PurgeReport.from_json(error.details[0])
+    history = await harness.client.get_workflow_handle(workflow_id).fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
 
     assert [(s.name, s.removed) for s in report.swept] == [("x_idempotency", 1)]
     [failure] = report.failed
@@ -161,6 +168,7 @@ async def test_a_factory_that_raises_fails_its_names_alone_and_is_named(
         "KeyError: 'PURGE_TEST_UNSET_SETTING'"
     )
     assert keys(harness.db, "x_idempotency") == set()
+    assert attempts == [1, 1]  # each activity's last attempt its first: failed once, not retried
 
 
 async def test_the_docs_factory_builds_its_own_pool_under_a_worker_of_its_config(
