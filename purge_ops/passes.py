@@ -156,7 +156,8 @@ async def _sweep(
             # A pass by hand that visibility did not list yet holds that id: joined only where it
             # is this pass (a `sweep --dry-run` started a moment before would otherwise report
             # its dry run as this sweep's), else waited out and started again.
-            differs = not_this_pass(await _input_of(client, handle), request)
+            theirs, starter = await _start_of(client, handle)
+            differs = not_this_pass(theirs, request)
             if differs:
                 begun.what = ""  # another's pass: none of this sweep's runs yet
                 say(
@@ -165,8 +166,15 @@ async def _sweep(
                 )
                 await _ended(handle)
                 handle = None
-            else:
+            elif starter == client.identity:
                 say(f"started pass {handle.id} on task queue {task_queue!r}")
+            else:
+                # Another client started this very pass a moment before (a second `sweep`):
+                # one pass, its report printed by both.
+                say(
+                    f"joined pass {handle.id} on task queue {task_queue!r}, started a moment "
+                    f"before by {starter or 'another client'} with this same input"
+                )
         begun.what = f"pass {handle.id}"
         try:
             result = await handle.result()
@@ -343,12 +351,19 @@ def unpolled_line(idle: list[tuple[str, int]], task_queue: str, request: dict[st
 
 async def _input_of(client: Client, handle: WorkflowHandle[Any, Any]) -> object:
     """The one argument a running pass was started with (None where it had not one)."""
+    return (await _start_of(client, handle))[0]
+
+
+async def _start_of(client: Client, handle: WorkflowHandle[Any, Any]) -> tuple[object, str]:
+    """The one argument a running pass was started with (None where it had not one), and the
+    identity of the client that started it (pid@host, the SDK's default; empty if unknown)."""
     async for event in handle.fetch_history_events(page_size=1):
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        if len(payloads) == 1:
-            return client.data_converter.payload_converter.from_payload(payloads[0])
-        return None
-    return None
+        started = event.workflow_execution_started_event_attributes
+        payloads = started.input.payloads
+        converter = client.data_converter.payload_converter
+        given = converter.from_payload(payloads[0]) if len(payloads) == 1 else None
+        return given, started.identity
+    return None, ""
 
 
 def not_this_pass(theirs: object, ours: dict[str, Any]) -> str:

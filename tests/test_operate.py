@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.client import (
+    Client,
     Schedule,
     ScheduleActionExecutionStartWorkflow,
     ScheduleActionStartWorkflow,
@@ -573,6 +574,47 @@ async def test_sweep_waits_for_the_pass_already_running_instead_of_starting_anot
     assert len(held.runs) == 1
     passes = await listed(harness.client, f'TaskQueue = "{harness.task_queue}"')
     assert [w.id for w in passes] == [first.id]
+
+
+async def test_a_sweep_that_meets_this_very_pass_just_started_by_another_says_it_joined(
+    temporal_server: RunningTemporal, harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `sweep`s of one pass at once, the second before Temporal's visibility lists the
+    first's (made so: its look at the running passes finds none): it meets the pass under the
+    fixed id, joins it, and says who started it, not that it started one; one pass, its report
+    printed. (`tests/test_live_pass.py` has a pass this client started: `started pass`.)"""
+    release = asyncio.Event()
+    held = Held("x_idempotency", release)
+    request = {"targets": ["x_idempotency"]}
+    other = await Client.connect(
+        temporal_server.address, namespace=harness.client.namespace, identity="4242@other-host"
+    )
+
+    async def not_listed_yet(*_: Any) -> None:
+        return None
+
+    monkeypatch.setattr(passes, "_this_pass_running", not_listed_yet)
+    pass_id = f"purge-sweep-{harness.task_queue}"
+    said: list[str] = []
+    async with harness.run_worker([held]):
+        await other.start_workflow("Purge", request, id=pass_id, task_queue=harness.task_queue)
+        sweeping = asyncio.create_task(
+            passes.sweep(harness.client, harness.task_queue, request, said.append)
+        )
+        async with asyncio.timeout(60):
+            while not said:
+                assert not sweeping.done(), sweeping.result()
+                await asyncio.sleep(0.05)
+        release.set()
+        status = await sweeping
+
+    assert status == 0, said
+    assert said[0] == (
+        f"joined pass {pass_id} on task queue {harness.task_queue!r}, started a moment before "
+        "by 4242@other-host with this same input"
+    )
+    assert re.search(r"^x_idempotency\s+3\s", said[1], re.MULTILINE)
+    assert len(held.runs) == 1
 
 
 async def test_a_temporal_cli_schedule_of_the_printed_input_routes_as_the_config_does(
