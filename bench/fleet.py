@@ -236,11 +236,23 @@ async def _measure(
                 for s in shards
             ]
             await asyncio.gather(*(w.go() for w in writers))
+            # A DBA's DELETEs run in sessions already open, as a pass's sweeps do (the worker's
+            # pools): their connections are made before the clock starts.
+            sessions = (
+                [
+                    await stack.enter_async_context(
+                        await AsyncConnection.connect(s.bench.url, autocommit=True)
+                    )
+                    for s in shards
+                ]
+                if form == DELETES
+                else []
+            )
             cpu = meter.snapshot()
             started = time.perf_counter()
             try:
                 if form == DELETES:
-                    report = await _deletes(shards, data)
+                    report = await _deletes(shards, sessions, data)
                 elif form == PASSES:
                     reports = await asyncio.gather(
                         *(_pass(client, config, [s.name], 0) for s in shards)
@@ -282,21 +294,23 @@ async def _measure(
             await tables.drop_table(shard.bench.conn, "public", TABLE)
 
 
-async def _deletes(shards: list[_Shard], data: Dataset) -> dict[str, Any]:
-    """One DELETE of the expired rows on each database at once, each on a connection of its
-    own, reported as a pass reports its targets."""
+async def _deletes(
+    shards: list[_Shard], sessions: list[AsyncConnection[Any]], data: Dataset
+) -> dict[str, Any]:
+    """One DELETE of the expired rows on each database at once, each in its own open session
+    (`sessions`, one a shard), reported as a pass reports its targets."""
 
-    async def one(shard: _Shard) -> dict[str, Any]:
-        async with await AsyncConnection.connect(shard.bench.url, autocommit=True) as conn:
-            started = time.perf_counter()
-            cur = await conn.execute(
-                sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(TABLE), data.predicate()),
-                {"now_ms": shard.bench.now_ms},
-            )
-            seconds = time.perf_counter() - started
+    async def one(shard: _Shard, conn: AsyncConnection[Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        cur = await conn.execute(
+            sql.SQL("DELETE FROM {} WHERE {}").format(sql.Identifier(TABLE), data.predicate()),
+            {"now_ms": shard.bench.now_ms},
+        )
+        seconds = time.perf_counter() - started
         return {"name": shard.name, "removed": cur.rowcount, "seconds": seconds}
 
-    return {"swept": list(await asyncio.gather(*(one(s) for s in shards)))}
+    together = (one(s, c) for s, c in zip(shards, sessions, strict=True))
+    return {"swept": list(await asyncio.gather(*together))}
 
 
 def _writer_config(shard: _Shard, data: Dataset) -> WriterConfig:
