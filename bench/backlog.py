@@ -27,7 +27,7 @@ from psycopg import AsyncConnection, sql
 
 from bench import server
 from bench.cases import Bench, Case, run_case, warm_sessions
-from bench.data import Dataset
+from bench.data import DAY_MS, Dataset
 from bench.forms import TemporalPass
 from bench.services import (
     TargetEntry,
@@ -41,9 +41,6 @@ from bench.stats import FormResult
 from purge_ops.connect import open_pool
 
 log = logging.getLogger("bench")
-
-#: Live rows expire a day after the bench's instant or later (see Dataset.live_after_ms).
-DAY_MS = 86_400_000
 
 #: PostgreSQL's own default: the table is larger than the buffers.
 DEFAULT_SHARED_BUFFERS = "128MB"

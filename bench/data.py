@@ -27,6 +27,12 @@ _SPREAD_MS = 3_600_000
 _ORDERED_STEP_MS = 10
 
 
+#: A day in milliseconds: a partition's width, and how long after the bench's instant live rows
+#: expire where a pass through Temporal is timed beside forms that judge by that instant
+#: (`Dataset.live_after_ms`).
+DAY_MS = 86_400_000
+
+
 @dataclass(frozen=True)
 class Dataset:
     """A table of `rows` rows of which `expired` are expired at now_ms, laid out by `layout`.
@@ -43,8 +49,8 @@ class Dataset:
     layout: Layout
     live_after_ms: int = 1
     """Interleaved idempotency rows that live expire this long after now_ms or later. A pass
-    through Temporal judges by the workflow's clock, minutes after now_ms: a day's gap keeps
-    its expired rows exactly those the other forms delete."""
+    through Temporal judges by the workflow's clock, minutes after now_ms: a day's gap
+    (`DAY_MS`) keeps its expired rows exactly those the other forms delete."""
 
     @property
     def stride(self) -> int:

@@ -38,7 +38,7 @@ from bench import data as tables
 from bench.backlog import small_buffers_server
 from bench.cases import Bench
 from bench.cpu import CpuMeter, postmaster_pid
-from bench.data import Dataset
+from bench.data import DAY_MS, Dataset
 from bench.services import (
     TargetEntry,
     config_worker,
@@ -51,9 +51,6 @@ from bench.writer import WriterConfig, running_writer
 from purge_config import PurgeConfig
 
 log = logging.getLogger("bench")
-
-#: Live rows expire a day after the bench's instant or later (see Dataset.live_after_ms).
-DAY_MS = 86_400_000
 
 DATABASES = 4
 FLEET, PASSES, DELETES = "fleet", "4 passes", "DELETE x4"

@@ -45,6 +45,7 @@ from psycopg import AsyncConnection, sql
 from activities import builtin_kinds as kinds
 from bench import noise
 from bench.cases import Bench, _lsn, _wal_since
+from bench.data import DAY_MS
 from bench.forms import LABELS, TemporalPass, run_target
 from bench.services import (
     TargetEntry,
@@ -61,7 +62,6 @@ from purge_ops.connect import open_pool
 
 log = logging.getLogger("bench")
 
-DAY_MS = 86_400_000
 PARTITIONS = 30
 MAX_AGE_MS = 19 * DAY_MS
 #: The cutoff lies this many days after the first partition begins: 10 whole days expired, and
