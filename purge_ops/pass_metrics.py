@@ -52,6 +52,7 @@ from activities.metrics import (
     PASSES_SKIPPING,
     PASSES_WHOLE,
     PAUSED_SECONDS,
+    ROWS_REMOVED,
     TARGET_FAILURES,
     Counter,
 )
@@ -154,10 +155,26 @@ def _target_name(step: object) -> str | None:
 
 class _Sweep(ActivityInboundInterceptor):
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if activity.info().activity_type == SWEEP_ACTIVITY and input.args:
+            _sweeping(input.args[0])
         result = await super().execute_activity(input)
         if activity.info().activity_type == SWEEP_ACTIVITY:
             _swept(result)
         return result
+
+
+def _sweeping(step: object) -> None:
+    """A sweep's start (not a dry run's): the counters it adds to as it goes shown at 0 first,
+    so that a scrape while it runs (its pauses, a batch waiting on a lock) gives `increase()`
+    the 0 its first rows, pause or partition count from; where it adds within one scrape of
+    its start the series is first scraped at that value (the dashboard counts it)."""
+    name = _target_name(step)
+    dry_run = step.get("dry_run") if isinstance(step, dict) else getattr(step, "dry_run", False)
+    if name is None or dry_run:
+        return
+    meter, labels = activity.metric_meter(), {"target": name}
+    for counter in (ROWS_REMOVED, PAUSED_SECONDS, PARTITIONS_REMOVED):
+        counter.on(meter).add(0, labels)
 
 
 def _swept(sweep: object) -> None:

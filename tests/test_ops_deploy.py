@@ -238,6 +238,61 @@ class TestDashboard:
         ]
         assert "$period" in [t["expr"].strip() for t in durations["targets"]]
 
+    @pytest.mark.parametrize(
+        "metric",
+        [
+            "purge_rows_removed",
+            "purge_target_failures",
+            "purge_paused_seconds",
+            "purge_partitions_removed",
+        ],
+    )
+    def test_a_counter_s_panel_counts_a_new_series_first_value(
+        self, tmp_path: Path, metric: str
+    ) -> None:
+        """A worker's series first scraped at its first value (its sweep added within one
+        scrape of the 0 it shows at the sweep's start, or a worker started a moment before):
+        the panel's hour counts that value, where `increase()` alone would say 0; a series
+        older than the hour counts only what it gained in it. Evaluated by promtool."""
+        [expr] = [e for e in dashboard_expressions() if f"({metric}{{" in e]
+        series = f'{metric}{{job="pg-purge",instance="w",task_queue="q"'
+        tests = {
+            "rule_files": [],
+            "evaluation_interval": "1m",
+            "tests": [
+                {
+                    "interval": "1m",
+                    "input_series": [
+                        # New: first scraped at 5 after 70 minutes, then unchanged.
+                        {"series": series + ',target="new"}', "values": "_x70 5x50"},
+                        # Old: 7 for over an hour, then unchanged.
+                        {"series": series + ',target="old"}', "values": "7x120"},
+                    ],
+                    "promql_expr_test": [
+                        {
+                            "expr": expr.replace("$target", ".*"),
+                            "eval_time": "90m",
+                            "exp_samples": [
+                                {"labels": '{target="new"}', "value": 5},
+                                {"labels": '{target="old"}', "value": 0},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+        path = tmp_path / "panel-test.yml"
+        path.write_text(yaml.safe_dump(tests))
+        done = subprocess.run(
+            [promtool(), "test", "rules", path.name],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
     def test_every_panel_expression_is_valid_promql(self, tmp_path: Path) -> None:
         """Each panel's query, Grafana's variables filled in, as promtool parses a rule's."""
         exprs = [

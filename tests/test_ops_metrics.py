@@ -5,6 +5,7 @@ that ran moves a target's gauges and its last-sweep timestamp."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import re
 import uuid
@@ -25,7 +26,13 @@ from purge_ops.pass_metrics import PassMetrics
 from purge_ops.ports import free_ports
 from purge_ops.runner import activity_worker, new_worker
 from purge_ops.schedule import MEMO_KEY
-from tests.support.pace import HandClock, budget_clock, cut_short_at
+from tests.support.pace import (
+    HandClock,
+    budget_clock,
+    cut_short_at,
+    row_locked,
+    until_a_sweep_waits,
+)
 from tests.support.passes import run_pass
 from tests.support.probes import http, samples, scrape, worker
 from tests.support.procs import REPO, worker_config
@@ -223,6 +230,36 @@ async def test_pass_counters_and_target_series_start_at_zero_and_count_passes(
     assert value(after_two, "purge_target_failures", target="nope") == 1
     assert value(after_two, "purge_target_failures", target="x_auth") == 0
     assert value(after_two, "purge_pass_seconds_count", **queue) == 2
+
+
+async def test_a_target_s_counters_are_at_0_while_its_first_sweep_runs(
+    tmp_path: Path,
+    temporal_server: RunningTemporal,
+    client: Client,
+    schema_url: str,
+    task_queue: str,
+    db: psycopg.Connection[Any],
+    real_now: int,
+) -> None:
+    """A new worker's first sweep of a target, its batch held at a locked row: a scrape then
+    finds the target's rows, pauses and partitions at 0, so that `increase()` counts the rows
+    it removes once the row is let go (a series first scraped at its first rows would not)."""
+    idempotency_rows(db, {"a": real_now - HOUR, "b": real_now + HOUR})
+    [port] = free_ports(1)
+    config = worker_config(tmp_path / "purge.toml", schema_url, task_queue, TARGETS)
+    async with worker(config, temporal_server, port):
+        with row_locked(schema_url, "x_idempotency", "a") as holder:
+            sweeping = asyncio.ensure_future(
+                run_pass(client, task_queue, {"targets": ["x_idempotency"]})
+            )
+            await until_a_sweep_waits(db, sweeping, holder=holder)
+            during = samples(await metrics_text(port))
+        await sweeping
+        after = samples(await metrics_text(port))
+
+    for counter in ("purge_rows_removed", "purge_paused_seconds", "purge_partitions_removed"):
+        assert value(during, counter, target="x_idempotency") == 0
+    assert value(after, "purge_rows_removed", target="x_idempotency") == 1
 
 
 async def test_scheduled_passes_are_counted_skipping_or_whole_and_no_other_pass(
