@@ -34,6 +34,7 @@ from tests.support.servers import RunningTemporal
 DEPLOY = REPO / "deploy"
 RULES = DEPLOY / "prometheus" / "purge-rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "purge-rules.test.yml"
+SCRAPE = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "purge-dashboard.json"
 KUBERNETES = DEPLOY / "kubernetes"
 OPERATING = REPO / "docs" / "operating.md"
@@ -384,6 +385,57 @@ def docs_excerpts() -> dict[str, Any]:
     section = OPERATING.read_text().split("\n## Kubernetes\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^```yaml\n(.*?)^```", section, re.M | re.S)
     return {block.split("\n", 1)[0]: yaml.safe_load(block) for block in blocks}
+
+
+class TestScrapeConfig:
+    """deploy/prometheus/prometheus.yml: the job the rules and the dashboard read, scraping the
+    Deployment's pods on their metrics port, the workers' labels kept as served."""
+
+    def job(self) -> dict[str, Any]:
+        [job] = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
+        return dict(job)
+
+    def test_it_scrapes_the_deployment_s_pods_as_the_job_the_rules_read(self) -> None:
+        job = self.job()
+        assert job["job_name"] == "pg-purge"
+        assert job["honor_labels"] is True  # Temporal's `namespace` kept, not renamed
+        pod = manifest("deployment.yaml")["spec"]["template"]
+        [container] = pod["spec"]["containers"]
+        kept = {
+            r["source_labels"][0]: r["regex"]
+            for r in job["relabel_configs"]
+            if r.get("action") == "keep"
+        }
+        name = pod["metadata"]["labels"]["app.kubernetes.io/name"]
+        assert re.fullmatch(kept["__meta_kubernetes_pod_label_app_kubernetes_io_name"], name)
+        ports = [port["name"] for port in container["ports"]]
+        assert [
+            p for p in ports if re.fullmatch(kept["__meta_kubernetes_pod_container_port_name"], p)
+        ]
+        assert {r.get("target_label") for r in job["relabel_configs"]}.isdisjoint(
+            {"namespace", "task_queue", "target", "worker", "job", "instance"}
+        )
+
+    def test_promtool_checks_it_with_its_rules(self, tmp_path: Path) -> None:
+        """On a copy whose pods are listed by hand: Debian's promtool is built without
+        Kubernetes discovery (it refuses `kubernetes_sd_configs`); the rest, the relabelling
+        and the rule file it loads, as Prometheus reads them."""
+        config = yaml.safe_load(SCRAPE.read_text())
+        [job] = config["scrape_configs"]
+        del job["kubernetes_sd_configs"]
+        job["static_configs"] = [{"targets": ["10.0.0.1:9464"]}]
+        config["rule_files"] = [str(RULES)]
+        path = tmp_path / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config))
+        done = subprocess.run(
+            [promtool(), "check", "config", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert yaml.safe_load(SCRAPE.read_text())["rule_files"] == [RULES.name]
 
 
 class TestKubernetes:
