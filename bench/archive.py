@@ -27,7 +27,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,16 +37,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.engine.sql_target import SqlTarget
+from bench.case_worker import case_worker
 from bench.cases import Bench, Case, measure_form, run_case
 from bench.data import _SPREAD_MS, DAY_MS, Dataset
-from bench.forms import FORMS, LABELS, FormContext, FormFn, Table, TemporalPass, ours_temporal
-from bench.services import (
-    TargetEntry,
-    config_worker,
-    fleet_config,
-    temporal_dev_server,
-    with_search_path,
-)
+from bench.forms import FORMS, LABELS, FormContext, FormFn, Table
 from bench.stats import FormResult, FormRun
 from purge_config.filters import RowFilter
 from purge_config.names import TableName
@@ -222,10 +216,9 @@ async def run_archive_case(bench: Bench, name: str, rows: int, scratch: Path) ->
         await make_jobs_reference(bench.conn, bench.schema)
     async with contextlib.AsyncExitStack() as stack:
         if "ours_temporal" in case.forms:
+            copy = f"{case.name}_{case.datasets[0].rows}_ours_temporal"
             bench.temporal = await stack.enter_async_context(
-                _archive_worker(
-                    bench, scratch, f"{case.name}_{case.datasets[0].rows}_ours_temporal"
-                )
+                case_worker(bench, scratch, copy, "x_idempotency", copy + ARCHIVE_SUFFIX)
             )
         try:
             return await _run_datasets(bench, case)
@@ -248,44 +241,6 @@ async def _run_datasets(bench: Bench, case: Case) -> list[FormResult]:
         if isinstance(activity, float):
             result.notes["activity_x_hand"] = activity / hand.seconds
     return results
-
-
-@contextlib.asynccontextmanager
-async def _archive_worker(bench: Bench, scratch: Path, copy: str) -> AsyncIterator[TemporalPass]:
-    """A Temporal dev server and a worker built from a config naming the copy `ours_temporal`
-    runs on and its archive (the bench schema on its URL's path, so it keeps its ledger there),
-    after one unmeasured pass over them made empty: a worker that has just started pays its
-    first polls, the sandbox's imports and its pool's first connections once."""
-    url = with_search_path(bench.url, bench.schema)
-    table = f"{bench.schema}.{copy}"
-    entry = TargetEntry("archive", table, "", kind="idempotency", archive=table + ARCHIVE_SUFFIX)
-    config = fleet_config(url, {}, [entry])
-    async with temporal_dev_server(scratch) as (client, _), config_worker(client, config):
-        temporal = TemporalPass(client, config.task_queue, config.pass_input())
-        # The copy with its keys and indexes, the archive a plain heap: as the forms make them.
-        made = [
-            (sql.Identifier(bench.schema, copy), "ALL"),
-            (sql.Identifier(bench.schema, copy + ARCHIVE_SUFFIX), "DEFAULTS"),
-        ]
-        for ident, including in made:
-            await bench.conn.execute(
-                sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING {})").format(
-                    ident, sql.Identifier(bench.schema, "x_idempotency"), sql.SQL(including)
-                )
-            )
-        try:
-            started = time.perf_counter()
-            await ours_temporal(
-                FormContext(bench.conn, bench.pool, temporal=temporal),
-                Table(
-                    bench.schema, copy, Dataset("idempotency", 0, 0, "interleaved"), bench.now_ms
-                ),
-            )
-            log.info("archive: warm-up pass in %.3f s", time.perf_counter() - started)
-        finally:
-            for ident, _ in made:
-                await bench.conn.execute(sql.SQL("DROP TABLE {}").format(ident))
-        yield temporal
 
 
 async def _measure(bench: Bench, case: Case, data: Dataset, template: str, form: str) -> FormResult:

@@ -110,9 +110,15 @@ class Dataset:
         """
         if self.kind == "idempotency":
             if self.layout == "ordered":
-                # Monotonic in i: the heap is in expiry order, so is the expiry index.
-                expires = sql.SQL("%(now_ms)s + (i - {last}) * {step}").format(
-                    last=sql.Literal(self.expired - 1), step=sql.Literal(_ORDERED_STEP_MS)
+                # Monotonic in i: the heap is in expiry order, so is the expiry index. The live
+                # rows start `live_after_ms` out (the first at least `_ORDERED_STEP_MS`).
+                expires = sql.SQL(
+                    "%(now_ms)s + (i - {last}) * {step}"
+                    " + CASE WHEN i > {last} THEN {live_after} - 1 ELSE 0 END"
+                ).format(
+                    last=sql.Literal(self.expired - 1),
+                    step=sql.Literal(_ORDERED_STEP_MS),
+                    live_after=sql.Literal(self.live_after_ms),
                 )
             else:
                 expires = sql.SQL(

@@ -279,6 +279,12 @@ def issue_targets(results: Sequence[FormResult]) -> list[str]:
         if ours is not None:
             check(f"{case}: ours vs single DELETE", ours.ratio, ratio_limit, "x")
             check(f"{case}: ours p99 statement", ours.p99_ms, 25, " ms")
+        through = _find(results, case, "ours_temporal")
+        if through is not None:
+            lines.append(
+                f"info    {case}: ours through Temporal vs single DELETE, end to end:"
+                f" {through.ratio:.2f}x"
+            )
         maker = _find(results, case, "delete_maker")
         if ours is not None and maker is not None and maker.seconds > 0:
             lines.append(
