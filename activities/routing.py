@@ -22,6 +22,10 @@ class Route:
     database: str
     worker_wait_ms: int = DEFAULT_WORKER_WAIT_MS
     """How long an activity may wait there for a worker before its target fails alone."""
+    own_config: bool = False
+    """Set by a pass for its children: `queue` is the config's own targets' queue
+    (`is_own_queue` of the pass's queue), which a child placed on that queue cannot tell from
+    its own task queue. A release before it sends none (False: told from the child's queue)."""
 
 
 def is_own_queue(queue: str, task_queue: str) -> bool:

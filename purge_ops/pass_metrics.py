@@ -13,6 +13,9 @@ instrument is declared in `activities.metrics`, as the activity and the workflow
   for no scheduled one. The four counters start at 0 with the worker.
 - `purge_target_failures` starts at 0 for a target when a pass first schedules its sweep, so an
   alert's `increase()` sees the first failure too (the workflow adds 1 per failed target).
+- At each sweep's start (not a dry run's): `purge_rows_removed`, `purge_paused_seconds` and
+  `purge_partitions_removed` at 0, so that a scrape while the sweep runs gives `increase()` the
+  0 its first rows, pause or partition count from.
 - After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
   a sweep that ran (status `ok`), `purge_target_last_sweep_timestamp_seconds` (which worker's
   gauges are fresh) and `purge_batch_p95_seconds`, beside the gauges the activity sets. A

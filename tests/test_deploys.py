@@ -29,6 +29,8 @@ from activities.errors import WorkerStopping
 from activities.inputs import PurgeStep
 from activities.progress import Progress
 from activities.registry import TargetRegistry
+from activities.routing import Route
+from activities.spread_steps import ChunkInput
 from activities.sweep import PurgeActivities
 from purge_config.file import load_config, parse_config
 from purge_config.names import TableName
@@ -693,6 +695,40 @@ async def test_a_queue_no_worker_polls_costs_a_pass_one_worker_wait_not_one_per_
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
     ]  # fmt: skip
     assert len(scheduled) == 2
+
+
+@pytest.mark.waits
+@pytest.mark.parametrize("told", [True, False], ids=["told", "before"])
+async def test_a_child_on_the_config_s_own_queue_says_so_of_a_target_no_worker_took(
+    harness: Harness, told: bool
+) -> None:
+    """A child of a spread pass placed on the config's own queue (`PurgeChunk`, started here by
+    itself) cannot tell that queue from a region's by its own task queue: the pass tells it
+    (`Route.own_config`), and a target whose activity no worker took there fails with the
+    advice for a config's own queue (mid-deploy), not a region's. A child from a release
+    before that (`before`: not told) says it as a region's, as it did. The queue's worker runs
+    the child and takes no activity. (A test of the workflow's report: no table.)"""
+    own = f"{harness.task_queue}:0123456789ab"
+    route = Route(own, "_default", 1000, own_config=True) if told else Route(own, "_default", 1000)
+    chunk = ChunkInput(
+        targets=["t1"],
+        now_ms=harness.now_ms,
+        deadline_ms=harness.now_ms + 600_000,
+        budget_ms=600_000,
+        route=route,
+    )
+    async with Worker(harness.client, task_queue=own, workflows=[PurgeChunkWorkflow]):
+        raw = await harness.client.execute_workflow(
+            "PurgeChunk", chunk, id=f"purge-chunk-{uuid.uuid4()}", task_queue=own, result_type=dict
+        )
+
+    [failed] = raw["failures"]
+    assert failed["failure"]["type"] == "NoPurgeWorker"
+    said = failed["failure"]["message"]
+    if told:
+        assert said.startswith(waited_for(own)), said
+    else:
+        assert said.startswith(f"no worker polled task queue {own!r} (database '_default')"), said
 
 
 @pytest.mark.waits

@@ -184,16 +184,21 @@ async def first_task_schedules(harness: Harness, workflow_id: str) -> list[tuple
     return found
 
 
-async def child_concurrency(harness: Harness, workflow_id: str) -> list[int]:
-    """The targets at once each child of the pass was started to sweep, in order."""
+async def child_inputs(harness: Harness, workflow_id: str) -> list[dict[str, Any]]:
+    """The input each child of the pass was started with, in order."""
     converter = harness.client.data_converter.payload_converter
     return [
         converter.from_payloads(
             e.start_child_workflow_execution_initiated_event_attributes.input.payloads
-        )[0]["concurrency"]
+        )[0]
         for e in await events(harness.client, workflow_id)
         if e.HasField("start_child_workflow_execution_initiated_event_attributes")
     ]
+
+
+async def child_concurrency(harness: Harness, workflow_id: str) -> list[int]:
+    """The targets at once each child of the pass was started to sweep, in order."""
+    return [given["concurrency"] for given in await child_inputs(harness, workflow_id)]
 
 
 @pytest.mark.parametrize(
@@ -256,6 +261,9 @@ async def test_small_matches_sweep_several_at_once_and_a_large_one_at_max_per_da
         left = counts(conn, prefix, harness.now_ms)
     assert scheduled == children
     assert await child_concurrency(harness, workflow_id) == at_once
+    # Each child told that its targets' queue is the config's own (a child on it cannot tell).
+    routes = [given["route"] for given in await child_inputs(harness, workflow_id)]
+    assert routes == [{**routes[0], "queue": cfg.own_queue, "own_config": True}] * len(routes)
     # Each child ran as many at once as it was started to, or all its targets (at most
     # SMALL + 1), never more.
     assert sorted(sweeps_at_once.most.values()) == sorted(min(c, SMALL + 1) for c in at_once)

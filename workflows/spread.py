@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.input_checks import duplicate_names
     from activities.inputs import PurgeInput
     from activities.results import FailedTarget, PatternLine, PurgeReport
-    from activities.routing import Route
+    from activities.routing import Route, is_own_queue
     from activities.spread_steps import ChunkInput, ChunkReport, PatternStep
     from activities.sweep import PurgeActivities
     from activities.wire import read
@@ -241,7 +241,7 @@ def _chunks(
                         patterns=list(order.patterns),
                         run_size=order.run_size or DEFAULT_RUN_SIZE,
                         first=first,
-                        route=order.route_for(database),
+                        route=_told(order.route_for(database)),
                         local=all(name in small for name in share),
                     )
                 )
@@ -331,6 +331,14 @@ async def _run_children(
                 for ranked in task.result().failures:
                     _note_unpolled(ranked.failure, chunk.route, unpolled_queues)
     return started
+
+
+def _told(route: Route | None) -> Route | None:
+    """`route` saying whether its queue is the config's own (`Route.own_config`), which only
+    the pass, on the config's queue, can tell."""
+    if route is None or not is_own_queue(route.queue, workflow.info().task_queue):
+        return route
+    return replace(route, own_config=True)
 
 
 async def _child(chunk: ChunkInput, child_id: str, placed: dict[str, Any]) -> ChunkReport:

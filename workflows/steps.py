@@ -104,7 +104,7 @@ def unpolled(err: ActivityError, route: Route | None) -> Failure | None:
     # worker took still carries what the attempt before it had done, and how it ended (its
     # failure, the timeout's cause).
     began = began_before(cause.last_heartbeat_details, cause.cause)
-    if is_own_queue(route.queue, workflow.info().task_queue):
+    if route.own_config or is_own_queue(route.queue, workflow.info().task_queue):
         # A config's own targets' queue (purge_config.file.PurgeConfig.own_queue).
         if began:
             return Failure(
@@ -145,8 +145,9 @@ def began_before(details: Sequence[Any], ended: BaseException | None = None) -> 
 
 def _attempt_ended(ended: BaseException | None) -> str:
     """How a begun attempt ended, from its failure: its worker stopping (`WorkerStopping`, a
-    shutdown's cancellation), stopped or died (its heartbeats or its time ran out, or not
-    known), or a failure of its own on a worker that went on (a lock timeout, a lost
+    shutdown's cancellation), stopped or died (its heartbeats or its time ran out, the SDK's
+    own "Worker shutting down", which comes as no application's failure, or not known), or a
+    failure of its own on a worker that went on (an application's: a lock timeout, a lost
     connection), named as the report names any failure."""
     if ended is None or isinstance(ended, TimeoutError):
         return "an attempt began on a worker that then stopped or died"
@@ -154,7 +155,7 @@ def _attempt_ended(ended: BaseException | None) -> str:
         isinstance(ended, ApplicationError) and ended.type == "WorkerStopping"
     ):
         return "an attempt began on a worker that then stopped"
-    if not isinstance(ended, FailureError):
+    if not isinstance(ended, ApplicationError):
         return "an attempt began on a worker that then stopped or died"
     failure = failure_of(ended)
     said = failure.message if len(failure.message) <= 200 else failure.message[:199] + "…"

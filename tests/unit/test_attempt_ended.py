@@ -6,7 +6,13 @@ worker."""
 from __future__ import annotations
 
 import pytest
-from temporalio.exceptions import ApplicationError, CancelledError, TimeoutError, TimeoutType
+from temporalio.exceptions import (
+    ApplicationError,
+    CancelledError,
+    FailureError,
+    TimeoutError,
+    TimeoutType,
+)
 
 from activities.errors import WorkerStopping
 from workflows.steps import began_before
@@ -27,6 +33,12 @@ HEARTBEAT = [{"removed": 700, "batches": 2}]
             "an attempt began on a worker that then stopped or died",
         ),
         (None, "an attempt began on a worker that then stopped or died"),
+        # The SDK's own failure of a task its stopping worker polled and could not run (no
+        # application's failure: the converter makes it a plain FailureError).
+        (
+            FailureError("Worker shutting down"),
+            "an attempt began on a worker that then stopped or died",
+        ),
         (
             ApplicationError("canceling statement due to lock timeout", type="LockNotAvailable"),
             "an attempt failed (LockNotAvailable: canceling statement due to lock timeout)",
@@ -36,7 +48,15 @@ HEARTBEAT = [{"removed": 700, "batches": 2}]
             "an attempt failed (ApplicationError: the connection was lost)",
         ),
     ],
-    ids=["stopping", "shutdown-cancel", "heartbeat-lost", "unknown", "lock-timeout", "untyped"],
+    ids=[
+        "stopping",
+        "shutdown-cancel",
+        "heartbeat-lost",
+        "unknown",
+        "sdk-shutdown",
+        "lock-timeout",
+        "untyped",
+    ],
 )
 def test_a_begun_attempt_is_said_to_have_ended_as_it_did(
     ended: BaseException | None, said: str
