@@ -9,7 +9,9 @@ or the config asks for what it cannot do (an archive)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tomllib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -259,12 +261,13 @@ async def test_an_event_committed_while_the_batch_waits_for_it_goes_with_its_job
     assert 1 not in ids(db, "events", "job_id")  # the new event too
 
 
-async def test_an_event_for_a_job_the_batch_deleted_waits_then_fails_its_key(
+@contextlib.asynccontextmanager
+async def a_late_event_behind_the_batch(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
-) -> None:
-    """The same section: the batch has deleted job 1 and waits at job 5 (another session
-    holds it); an insert of an event for job 1 then waits for the batch, and once the batch
-    commits fails with a foreign-key violation."""
+) -> AsyncIterator[tuple[asyncio.Future[Any], asyncio.Future[str], int]]:
+    """The batch has deleted job 1 and waits at job 5 (another session holds it), and an insert
+    of an event for job 1 waits for the batch: (the sweep, the insert's outcome as `late_event`
+    says it, the batch's backend pid), while job 5 is held; let go on the way out."""
     make(db)
     insert(db)
     pid: list[int] = []
@@ -272,10 +275,22 @@ async def test_an_event_for_a_job_the_batch_deleted_waits_then_fails_its_key(
         running = asyncio.ensure_future(sweep(target(pool, PATIENT)))
         await until_a_sweep_waits(db, running, holder=holder)
         late = asyncio.ensure_future(asyncio.to_thread(late_event, schema_url, 1, pid))
-        blocked = "SELECT cardinality(pg_blocking_pids(%s)) > 0"
-        while not (pid and db.execute(blocked, (pid[0],)).fetchone() == (True,)):
+        blocking = "SELECT pg_blocking_pids(%s)"
+        while not (pid and (sweeper := db.execute(blocking, (pid[0],)).fetchone()) and sweeper[0]):
             assert not late.done(), f"the event did not wait for the batch: {late.result()}"
             await asyncio.sleep(0.01)
+        [batch] = sweeper[0]  # the session of the batch that deleted job 1
+        yield running, late, batch
+
+
+async def test_an_event_for_a_job_the_batch_deleted_waits_then_fails_its_key(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema_url: str
+) -> None:
+    """The same section: the batch has deleted job 1 and waits at job 5 (another session
+    holds it); an insert of an event for job 1 then waits for the batch, and once the batch
+    commits fails with a foreign-key violation."""
+    async with a_late_event_behind_the_batch(db, pool, schema_url) as (running, late, _):
+        pass  # job 5 let go: the batch commits
     result, _ = await running
 
     assert (await late).startswith('Key (job_id)=(1) is not present in table "jobs"')
@@ -289,18 +304,7 @@ async def test_an_event_for_a_job_the_batch_deleted_is_inserted_once_the_batch_r
     """The same section: as above, but the batch rolls back (its session ended while the
     insert waits for it): the insert succeeds, job 1 is back with its new event, and the next
     sweep judges job 1 by that event and keeps it."""
-    make(db)
-    insert(db)
-    pid: list[int] = []
-    with row_locked(schema_url, "jobs", 5, column="id") as holder:
-        running = asyncio.ensure_future(sweep(target(pool, PATIENT)))
-        await until_a_sweep_waits(db, running, holder=holder)
-        late = asyncio.ensure_future(asyncio.to_thread(late_event, schema_url, 1, pid))
-        blocking = "SELECT pg_blocking_pids(%s)"
-        while not (pid and (sweeper := db.execute(blocking, (pid[0],)).fetchone()) and sweeper[0]):
-            assert not late.done(), f"the event did not wait for the batch: {late.result()}"
-            await asyncio.sleep(0.01)
-        [batch] = sweeper[0]  # the session of the batch that deleted job 1
+    async with a_late_event_behind_the_batch(db, pool, schema_url) as (running, late, batch):
         db.execute("SELECT pg_terminate_backend(%s)", (batch,))
         assert await late == "inserted"
     with pytest.raises(psycopg.OperationalError):

@@ -58,16 +58,17 @@ def promtool() -> str:
     pytest.skip(message)
 
 
-def check_rules(path: Path) -> None:
-    """`promtool check rules PATH` passes."""
+def passes_promtool(*args: str, cwd: Path | None = None) -> None:
+    """`promtool ARGS` (in `cwd`) passes; its output is the assertion's message."""
     done = subprocess.run(
-        [promtool(), "check", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def check_rules(path: Path) -> None:
+    """`promtool check rules PATH` passes."""
+    passes_promtool("check", "rules", str(path))
 
 
 class TestAlertRules:
@@ -75,15 +76,7 @@ class TestAlertRules:
         check_rules(RULES)
 
     def test_each_alert_fires_on_its_series_and_stays_quiet_on_near_misses(self) -> None:
-        done = subprocess.run(
-            [promtool(), "test", "rules", RULE_TESTS.name],
-            cwd=RULE_TESTS.parent,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        passes_promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
 
     def test_every_alert_is_unit_tested_and_carries_a_summary_and_a_runbook(self) -> None:
         """Each alert has a promtool case where it fires (its annotations checked) and one
@@ -284,15 +277,7 @@ class TestDashboard:
         }
         path = tmp_path / "panel-test.yml"
         path.write_text(yaml.safe_dump(tests))
-        done = subprocess.run(
-            [promtool(), "test", "rules", path.name],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        passes_promtool("test", "rules", path.name, cwd=tmp_path)
 
     def test_every_panel_expression_is_valid_promql(self, tmp_path: Path) -> None:
         """Each panel's query, Grafana's variables filled in, as promtool parses a rule's."""
@@ -427,14 +412,7 @@ class TestScrapeConfig:
         config["rule_files"] = [str(RULES)]
         path = tmp_path / "prometheus.yml"
         path.write_text(yaml.safe_dump(config))
-        done = subprocess.run(
-            [promtool(), "check", "config", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+        passes_promtool("check", "config", str(path))
         assert yaml.safe_load(SCRAPE.read_text())["rule_files"] == [RULES.name]
 
 
