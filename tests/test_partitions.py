@@ -582,6 +582,79 @@ async def _waiting_detach(
     raise AssertionError("the detach never waited")
 
 
+async def test_a_detach_left_pending_on_a_target_s_second_table_is_finished_there(
+    db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], pg_url: str, schema: str
+) -> None:
+    """x_auth sweeps failures, then lockouts, both partitioned. What attempt 1 did before it
+    died, done by hand: the ledger's mark of a lockouts partition, then its DETACH ...
+    CONCURRENTLY cut between its two phases. Attempt 2 begins at the first table (no heartbeat
+    said the second): the marks it reads are the target's, and this one's partition is still
+    attached to lockouts, so it is left to lockouts' own turn, which finishes, counts and drops
+    it once; it is not finalized against failures, which PostgreSQL refuses (the target then
+    failed, and the next pass left the partition detached for good, as another tool's)."""
+    db.execute("DROP TABLE x_auth_failures, x_auth_lockouts")
+    db.execute(
+        "CREATE TABLE x_auth_failures (key text NOT NULL, at_ms bigint NOT NULL,"
+        " expires_at_ms bigint NOT NULL) PARTITION BY RANGE (expires_at_ms)"
+    )
+    db.execute(  # one partition across the instant: its expired row goes by DELETE
+        f"CREATE TABLE failures_all PARTITION OF x_auth_failures FOR VALUES FROM (0) TO ({NOW * 2})"
+    )
+    db.execute(
+        "CREATE TABLE x_auth_lockouts (key text NOT NULL, until_ms bigint NOT NULL)"
+        " PARTITION BY RANGE (until_ms)"
+    )
+    db.execute(
+        f"CREATE TABLE lockouts_old PARTITION OF x_auth_lockouts FOR VALUES FROM (0) TO ({NOW})"
+    )
+    db.execute(
+        "CREATE TABLE lockouts_new PARTITION OF x_auth_lockouts"
+        f" FOR VALUES FROM ({NOW}) TO ({NOW * 2})"
+    )
+    auth_rows(db, {"f-old": NOW - HOUR, "f-new": NOW + HOUR}, {"l-old": 1, "l-new": NOW + HOUR})
+    run_id = "run-second-table"
+    oid = db.execute("SELECT 'lockouts_old'::regclass::oid::bigint").fetchone()
+    assert oid is not None
+    mark = mark_key("x_auth", int(oid[0]), TableName("lockouts_old", schema))
+    db.execute(
+        "INSERT INTO purge_progress VALUES ('test-workflow-id', %s, %s, %s, 0, 0)",
+        (run_id, mark, NOW),
+    )
+    with (
+        psycopg.connect(pg_url, autocommit=True) as reader,
+        psycopg.connect(pg_url, autocommit=True) as detacher,
+    ):
+        for conn in (reader, detacher):
+            conn.execute(f'SET search_path = "{schema}"')
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM x_auth_lockouts")  # a snapshot to wait out
+        # Named with its schema, as the sweep's own are (`_waiting_detach` finds it by that).
+        detach = (
+            f'ALTER TABLE "{schema}".x_auth_lockouts DETACH PARTITION "{schema}".lockouts_old'
+            " CONCURRENTLY"
+        )
+        detaching = asyncio.ensure_future(asyncio.to_thread(detacher.execute, detach))
+        try:
+            backend = await _waiting_detach(db, reader, detaching)
+            db.execute("SELECT pg_terminate_backend(%s)", (backend,))
+            with pytest.raises(psycopg.OperationalError):
+                await detaching
+        finally:
+            reader.execute("ROLLBACK")  # a detach still waiting (the test failing) ends
+            await asyncio.wait([detaching])
+    assert pending(db) == 1
+
+    target = kinds.auth(pool, partitions=PartitionPolicy("drop"))
+    result = await sweep(target, workflow_id="test-workflow-id", workflow_run_id=run_id, attempt=2)
+
+    assert pending(db) == 0
+    assert (result.partitions_dropped, result.partition_rows) == (1, 1)
+    assert result.removed == 2  # f-old by DELETE, l-old with its partition
+    assert children(db, "x_auth_lockouts") == ["lockouts_new"]
+    assert db.execute("SELECT to_regclass('lockouts_old')").fetchone() == (None,)
+    assert count(db, "x_auth_failures") == count(db, "x_auth_lockouts") == 1
+
+
 async def test_a_death_between_the_detach_and_the_drop_is_finished_by_the_retry(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], schema: str
 ) -> None:

@@ -69,13 +69,20 @@ class PartitionRemover:
         detach left half-done on the table, whoever started it: none stays pending."""
         done = SweepStats()
         ours: list[tuple[TableName, str]] = []
+        children = {child.oid for child in layout.children}
         async with self._session():
             for key, _, finished in await self._marks():
                 if finished:
                     continue
-                cur = await self.conn.execute(relation_state(), {"oid": marked(key)[0]})
+                oid = marked(key)[0]
+                cur = await self.conn.execute(relation_state(), {"oid": oid})
                 row = await cur.fetchone()
                 parent, pending = (row[2], bool(row[3])) if row else (None, False)
+                if parent is not None and oid not in children:
+                    # The marks are the target's: one of its other tables' partitions, still
+                    # under that table, is finished in that table's own turn (PostgreSQL
+                    # refuses to finalize it against this one).
+                    continue
                 if row is None or (parent is not None and not pending):
                     # Gone (never ours to finish), or its detach never started: the mark goes,
                     # and the partition, if still expired, is judged again with the others.
