@@ -24,6 +24,8 @@ from purge_config.names import TableName
 
 _RANGE = re.compile(r"FOR VALUES FROM \((?P<lo>.*)\) TO \((?P<hi>.*)\)", re.DOTALL)
 _LITERAL = re.compile(r"'((?:[^']|'')*)'", re.DOTALL)
+#: A bound PostgreSQL prints unquoted: an `integer` column's (a bigint's comes quoted).
+_INTEGER = re.compile(r"-?[0-9]+")
 #: Fewer partitions than this beginning after the pass's instant, and inserts are near the end
 #: of the table's ranges: warn, naming the bound to create.
 AHEAD_WANTED = 2
@@ -160,8 +162,9 @@ async def read_layout(conn: AsyncConnection[Any], pred: Predicate) -> Layout | N
 
 
 def range_bounds(bound: str) -> tuple[str | None, str | None] | None:
-    """(lower, upper) literal texts of a one-column range bound, None for MINVALUE/MAXVALUE;
-    None for anything else (DEFAULT, LIST, HASH, several columns)."""
+    """(lower, upper) literal texts of a one-column range bound (quoted, or an `integer`
+    column's plain number), None for MINVALUE/MAXVALUE; None for anything else (DEFAULT,
+    LIST, HASH, several columns)."""
     match = _RANGE.fullmatch(bound)
     if match is None:
         return None
@@ -171,9 +174,12 @@ def range_bounds(bound: str) -> tuple[str | None, str | None] | None:
             out.append(None)
             continue
         literal = _LITERAL.fullmatch(side)
-        if literal is None:
+        if literal is not None:
+            out.append(literal.group(1).replace("''", "'"))
+        elif _INTEGER.fullmatch(side):
+            out.append(side)
+        else:
             return None
-        out.append(literal.group(1).replace("''", "'"))
     return out[0], out[1]
 
 
