@@ -582,6 +582,19 @@ async def _waiting_detach(
     raise AssertionError("the detach never waited")
 
 
+def marked_by_attempt_1(
+    db: psycopg.Connection[Any], run_id: str, target: str, partition: TableName
+) -> None:
+    """The ledger's mark of `partition` that `target`'s attempt 1 in pass `run_id` wrote before
+    its detach (workflow id `test-workflow-id`, which the retry's step must give)."""
+    oid = db.execute("SELECT %s::regclass::oid::bigint", (str(partition),)).fetchone()
+    assert oid is not None
+    db.execute(
+        "INSERT INTO purge_progress VALUES ('test-workflow-id', %s, %s, %s, 0, 0)",
+        (run_id, mark_key(target, int(oid[0]), partition), NOW),
+    )
+
+
 @pytest.mark.parametrize("signed", [False, True], ids=["positive", "negative"])
 async def test_an_integer_column_s_expired_partitions_go_whole(
     db: psycopg.Connection[Any], pool: AsyncConnectionPool[Any], signed: bool
@@ -645,13 +658,7 @@ async def test_a_detach_left_pending_on_a_target_s_second_table_is_finished_ther
     )
     auth_rows(db, {"f-old": NOW - HOUR, "f-new": NOW + HOUR}, {"l-old": 1, "l-new": NOW + HOUR})
     run_id = "run-second-table"
-    oid = db.execute("SELECT 'lockouts_old'::regclass::oid::bigint").fetchone()
-    assert oid is not None
-    mark = mark_key("x_auth", int(oid[0]), TableName("lockouts_old", schema))
-    db.execute(
-        "INSERT INTO purge_progress VALUES ('test-workflow-id', %s, %s, %s, 0, 0)",
-        (run_id, mark, NOW),
-    )
+    marked_by_attempt_1(db, run_id, "x_auth", TableName("lockouts_old", schema))
     with (
         psycopg.connect(pg_url, autocommit=True) as reader,
         psycopg.connect(pg_url, autocommit=True) as detacher,
@@ -695,13 +702,7 @@ async def test_a_death_between_the_detach_and_the_drop_is_finished_by_the_retry(
     and drops it."""
     total = make_events(db)
     run_id = "run-died-after-detach"
-    oid = db.execute("SELECT 'p_m6'::regclass::oid::bigint").fetchone()
-    assert oid is not None
-    mark = mark_key("events", int(oid[0]), TableName("p_m6", schema))
-    db.execute(
-        "INSERT INTO purge_progress VALUES ('test-workflow-id', %s, %s, %s, 0, 0)",
-        (run_id, mark, NOW),
-    )
+    marked_by_attempt_1(db, run_id, "events", TableName("p_m6", schema))
     db.execute("ALTER TABLE events DETACH PARTITION p_m6 CONCURRENTLY")
 
     result = await sweep(events(pool), workflow_id="test-workflow-id", workflow_run_id=run_id)
