@@ -16,11 +16,10 @@ instrument is declared in `activities.metrics`, as the activity and the workflow
 - At each sweep's start (not a dry run's): `purge_rows_removed`, `purge_paused_seconds` and
   `purge_partitions_removed` at 0, so that a scrape while the sweep runs gives `increase()` the
   0 its first rows, pause or partition count from.
-- After each sweep: `purge_paused_seconds` / `purge_partitions_removed` from 0, and, only after
-  a sweep that ran (status `ok`), `purge_target_last_sweep_timestamp_seconds` (which worker's
-  gauges are fresh) and `purge_batch_p95_seconds`, beside the gauges the activity sets. A
-  `busy` or `gone` sweep measured nothing, so it leaves them as the last sweep that ran set
-  them; a `skipped` target never reaches a worker.
+- After each sweep that ran (status `ok`): `purge_target_last_sweep_timestamp_seconds` (which
+  worker's gauges are fresh) and `purge_batch_p95_seconds`, beside the gauges the activity
+  sets. A `busy` or `gone` sweep measured nothing, so it leaves them as the last sweep that ran
+  set them; a `skipped` target never reaches a worker.
 """
 
 from __future__ import annotations
@@ -181,15 +180,12 @@ def _sweeping(step: object) -> None:
 
 
 def _swept(sweep: object) -> None:
-    """A sweep's end: the counters the activity adds to only when something happened, from 0;
-    and, for a sweep that ran, when (so rules can tell a fresh gauge from a stale one) and its
-    batches' p95."""
+    """A sweep's end, for a sweep that ran: when (so rules can tell a fresh gauge from a stale
+    one) and its batches' p95. (Its counters were shown at 0 as it started: `_sweeping`.)"""
     name = getattr(sweep, "name", None)
     if not isinstance(name, str) or getattr(sweep, "dry_run", True):
         return
     meter, labels = activity.metric_meter(), {"target": name}
-    PAUSED_SECONDS.on(meter).add(0, labels)
-    PARTITIONS_REMOVED.on(meter).add(0, labels)
     if getattr(sweep, "status", RAN) != RAN:
         # Busy (another sweep held the table) or gone (its table was dropped): nothing was
         # measured. A p95 of 0 would read as a fast sweep, and a fresh timestamp would keep the

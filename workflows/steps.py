@@ -149,13 +149,11 @@ def _attempt_ended(ended: BaseException | None) -> str:
     own "Worker shutting down", which comes as no application's failure, or not known), or a
     failure of its own on a worker that went on (an application's: a lock timeout, a lost
     connection), named as the report names any failure."""
-    if ended is None or isinstance(ended, TimeoutError):
-        return "an attempt began on a worker that then stopped or died"
     if isinstance(ended, CancelledError) or (
         isinstance(ended, ApplicationError) and ended.type == "WorkerStopping"
     ):
         return "an attempt began on a worker that then stopped"
-    if not isinstance(ended, ApplicationError):
+    if not isinstance(ended, ApplicationError):  # a timeout, none given, the SDK's own
         return "an attempt began on a worker that then stopped or died"
     failure = failure_of(ended)
     said = failure.message if len(failure.message) <= 200 else failure.message[:199] + "…"
