@@ -33,6 +33,7 @@ from purge_dev.dev import epoch_ms_now
 from purge_dev.servers import EmbeddedPostgres, venv_executable
 from purge_ops.connect import open_pool
 from purge_ops.runner import activity_worker, new_worker
+from tests.support.arranging import arranging
 from tests.support.faults import WorkersTally
 from tests.support.pace import machine_pace
 from tests.support.procs import logging_kept, only_in_python
@@ -161,8 +162,9 @@ def schema_url(pg_url: str, schema: str) -> str:
 
 @pytest.fixture
 def db(schema_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A plain autocommit connection into the test's schema, for arranging and checking rows."""
-    with psycopg.connect(schema_url, autocommit=True) as conn:
+    """An autocommit connection into the test's schema, for arranging and checking rows: its
+    VACUUM and ANALYZE count the rows it wrote once, on any machine (`ArrangingConnection`)."""
+    with arranging(schema_url) as conn:
         yield conn
 
 

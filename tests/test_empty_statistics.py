@@ -23,6 +23,7 @@ from activities.sweep import PurgeActivities
 from purge_ops.connect import open_pool
 from purge_ops.render import NO_STATISTICS_NOTE, report_table
 from tests.support.activity import activity_env
+from tests.support.arranging import arranging
 from tests.support.rows import HOUR
 from tests.test_leftovers import NOW
 
@@ -67,7 +68,7 @@ def _prepare(url: str, rows: int, expired_every: int, analyze: bool, shares: boo
     """The idempotency table and its ledger (and, with `shares`, the day's share record),
     `rows` rows of which every `expired_every`th is expired; analyzed, or with its statistics
     reset and never analyzed."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with arranging(url) as conn:
         parts = table_ddl()
         tables = ("x_idempotency", "purge_progress") + (("purge_shares",) if shares else ())
         conn.execute("".join(parts[t] for t in tables))

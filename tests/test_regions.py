@@ -31,6 +31,7 @@ from purge_config.file import PurgeConfig, parse_config
 from purge_ops.runner import run_worker
 from purge_ops.schedule import ensure_schedules
 from tests.conftest import Harness
+from tests.support.arranging import arranging
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.history import events
 from tests.support.passes import LISTING_WAIT_S, failed_pass, held_input, run_pass, until_polled
@@ -399,7 +400,7 @@ async def test_sigkill_of_a_regional_worker_mid_target_loses_nothing(
     # Past the first batch's rows (FIRST_ROWS: no order, so no more), each row's delete waits
     # for a gate (an advisory lock) the test holds until its kill: the kill lands with a batch
     # committed and the next one held, however slow this machine.
-    with psycopg.connect(regions["eu"], autocommit=True) as conn:
+    with arranging(regions["eu"]) as conn:
         conn.execute(
             "INSERT INTO x_idempotency (key, expires_at_ms)"
             " SELECT 'k' || i, CASE WHEN i <= 3000 THEN %s ELSE %s END"

@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from activities.builtin_kinds import build_registry
 from activities.registry import TargetRegistry
 from purge_config.file import parse_config
+from tests.support.arranging import arranging
 from tests.support.gate import HeldGate
 
 HOUR_MS = 3_600_000
@@ -94,7 +95,7 @@ def drop_tenants(conn: psycopg.Connection[Any], prefix: str) -> None:
 @contextmanager
 def tenant_schemas(url: str, prefix: str) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection for arranging tenants; every `PREFIX_*` schema dropped after."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with arranging(url) as conn:
         try:
             yield conn
         finally:
