@@ -231,10 +231,10 @@ async def test_analyze_after_leaves_the_views_counting_the_rows_left(
     db: psycopg.Connection[Any], schema_url: str, pg_url: str, real_now: int
 ) -> None:
     """`analyze_after` on a small table whose statement removed 3 of its 23 rows: the views
-    count the 20 rows left and the 3 dead, once the sweep's session has flushed its counts (it
-    flushes at most once a second, so the counts of its DELETE, committed within that second
-    of the session's earlier reads, wait until after its ANALYZE unless it asks first). Taken
-    off ANALYZE's count again, they left the views saying 17 rows live."""
+    count the 20 rows left and the 3 dead. A session flushes its counts at most once a second:
+    unless its statement asks for the flush as it commits, the counts of its DELETE, made
+    within that second of the session's earlier reads, wait until after the ANALYZE, and are
+    taken off ANALYZE's count again (the views then said 17 rows live)."""
     prefix = tenant_prefix()
     one_session = await open_pool(schema_url, max_size=1)
     try:

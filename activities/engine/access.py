@@ -361,17 +361,19 @@ def try_lock() -> sql.Composed:
     ).format(table_lock_keys(sql.SQL("c.oid")))
 
 
-def try_lock_in_transaction() -> sql.Composed:
+def try_lock_in_transaction(flush: bool = False) -> sql.Composed:
     """Take this table's advisory lock (`%(rel)s`) for the current transaction only, if no one
     holds it (true when taken; it never waits), and set the transaction's lock and statement
     timeouts for the statements after it (`%(lock_ms)s`, `%(statement_ms)s`). The same lock
-    as `lock_table`'s: a sweep holding either keeps the other out."""
+    as `lock_table`'s: a sweep holding either keeps the other out. `flush` (PostgreSQL 15+):
+    the session's statistics flushed as the transaction ends, as a batched sweep's last batch
+    does (`batch_sql.flush_statistics`)."""
     return sql.SQL(
         "SELECT pg_try_advisory_xact_lock({}),"
         " set_config('lock_timeout', %(lock_ms)s::text, true),"
         " set_config('statement_timeout', %(statement_ms)s::text, true),"
-        " set_config('plan_cache_mode', 'force_generic_plan', true)"
-    ).format(table_lock_keys())
+        " set_config('plan_cache_mode', 'force_generic_plan', true){}"
+    ).format(table_lock_keys(), sql.SQL(", pg_stat_force_next_flush()" if flush else ""))
 
 
 def unlock_tables() -> sql.SQL:

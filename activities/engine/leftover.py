@@ -218,14 +218,7 @@ async def analyze_after(
     if share is None or share <= LARGE_SHARE:
         return False, ""
     rel = {"rel": ident(pred.table).as_string(conn)}
-    async with settled_pipeline(conn):
-        # The session's counts of the sweep's deletes reach the views as it goes idle after
-        # this round trip, before the ANALYZE: flushed after it (a session flushes at most
-        # once a second), they would be taken off the live rows ANALYZE counts, leaving the
-        # views short of them, to zero, until the next VACUUM or ANALYZE.
-        if flushes_statistics(conn):
-            await conn.execute(flush_statistics())
-        cur = await conn.execute(may_analyze(conn.info.server_version), rel)
+    cur = await conn.execute(may_analyze(conn.info.server_version), rel)
     row = await cur.fetchone()
     if not row or not row[0]:
         return False, (

@@ -8,7 +8,9 @@ a DELETE of a few rows. A table whose heap one walk batch covers (`FIRST_PAGES`)
 whatever its plan, its expired rows are one batch (`FIRST_ROWS`). So, in one transaction:
 
 1. the table's advisory lock, tried, never waited for (a table another sweep holds is left to
-   the batched sweep, which waits up to `busy_wait`), and the sweep's timeouts;
+   the batched sweep, which waits up to `busy_wait`), the sweep's timeouts, and the session's
+   statistics asked to be flushed as the transaction ends, as a batched sweep's last batch
+   asks (so the views count its deletes at once: never after an `ANALYZE` that follows);
 2. in the same round trip, what can differ from table to table, in one statement
    (`catalog.small_table`): its kind, its size, its dead tuples, whether a foreign key
    references it, the unit check's sample of its column, whether the ledger may be used; and
@@ -43,6 +45,7 @@ from psycopg import AsyncConnection, sql
 
 from activities.engine import catalog
 from activities.engine.access import TableAccess, try_lock_in_transaction
+from activities.engine.batch_sql import flushes_statistics
 from activities.engine.batching import FIRST_PAGES, FIRST_ROWS
 from activities.engine.context import SweepContext
 from activities.engine.ledger import BatchTally, Ledger, ledger_writable, usable
@@ -189,7 +192,7 @@ async def _transaction(
         # One implicit transaction, up to the pipeline's Sync: its reads flushed in one round
         # trip by the rule's own read of its columns, its statement and the commit in another.
         async with settled_pipeline(conn):
-            locked = await conn.execute(try_lock_in_transaction(), params)
+            locked = await conn.execute(try_lock_in_transaction(flushes_statistics(conn)), params)
             reading = await conn.execute(facts_read, params, prepare=True)
             sampling = await conn.execute(sample_read)
             pred = await rule.bind(conn, ctx.now_ms)
