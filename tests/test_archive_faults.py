@@ -30,6 +30,7 @@ from temporalio.client import Client
 from activities.schema import reference_ddl
 from purge_dev.servers import EmbeddedPostgres
 from tests.conftest import Harness
+from tests.support.arranging import arranging
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.faults import Fleet
 from tests.support.procs import clean_env, worker_config
@@ -338,7 +339,7 @@ async def test_postgres_crashed_mid_archive_leaves_every_row_once(
     of the sweep, started again 0.1-1.5 s later; one worker rides through them all."""
     url = own_postgres.url()
     archive = "archive"
-    with psycopg.connect(url, autocommit=True) as db:
+    with arranging(url) as db:
         db.execute(reference_ddl())  # purge_progress: the count stays exact through crashes
         create(db, archive)
         Gate.create(db, archive)
@@ -362,7 +363,7 @@ async def test_postgres_crashed_mid_archive_leaves_every_row_once(
         await gate.close()
     [swept] = result["swept"]
     assert (swept["removed"], swept["archived"]) == (expired, expired), swept
-    with psycopg.connect(url, autocommit=True) as db:
+    with arranging(url) as db:
         check(db, archive, expired)
     assert crashes == CRASHES_PER_PASS
     assert worker.poll() is None, "the worker did not ride through the crashes"

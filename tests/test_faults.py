@@ -28,6 +28,7 @@ from temporalio.client import Client
 from activities.engine.access import table_lock_keys
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from tests.conftest import Harness
+from tests.support.arranging import arranging
 from tests.support.dead_worker import notice_the_dead_worker_sooner
 from tests.support.faults import Fleet, Tally, TallyReport
 from tests.support.oracle import (
@@ -147,7 +148,7 @@ async def _checked(watch: PassWatch, tally: Tally) -> tuple[dict[str, Any], dict
     result = await watch.result()
     await watch.close()
     runs = await assert_ledger(watch, result)
-    with psycopg.connect(watch.db_url, autocommit=True) as db:
+    with arranging(watch.db_url) as db:
         tally.rows += check(db, watch.oracle)
     tally.passes += 1
     return result, runs
@@ -269,7 +270,7 @@ async def test_postgres_restarted_in_the_middle_of_targets(
     failed a running attempt: Temporal retries the target, the worker's pool reconnects, the
     sweep resumes. One worker rides through them all."""
     url = own_postgres.url()
-    with psycopg.connect(url, autocommit=True) as db:
+    with arranging(url) as db:
         create_tables(db)
     config = worker_config(tmp_path / "purge.toml", url, task_queue, targets_toml(**SWEEP))
     fleet = fleets(config, clean_env(TEMPORAL_ADDRESS=temporal_server.address), metrics=True)
@@ -283,7 +284,7 @@ async def test_postgres_restarted_in_the_middle_of_targets(
         # the passes too, so that such a run fails instead of looping.
         assert passes < 3 * PG_RESTARTS, f"{stops} stops in {passes} passes"
         passes += 1
-        with psycopg.connect(url, autocommit=True) as db:
+        with arranging(url) as db:
             oracle = fill(db, ROWS, rng)
         async with watching(client, task_queue, "purge-pg", url, oracle) as watch:
             for target in TARGET_NAMES:

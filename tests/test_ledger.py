@@ -35,6 +35,7 @@ from purge_config.settings import SweepSettings
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE, Harness, Pools
 from tests.support.activity import activity_env
+from tests.support.arranging import arranging
 from tests.support.pace import (
     budget_clock,
     durable_every,
@@ -579,7 +580,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
     # longest, the last lazy commits are still in the WAL buffers when the server crashes.
     slow_writer = {"wal_writer_delay": "10s"}
     with running_postgres("purge-crash-pg-", template, slow_writer) as server:
-        with psycopg.connect(server.url(), autocommit=True) as db:
+        with arranging(server.url()) as db:
             db.execute(reference_ddl())
             db.execute("DROP TABLE purge_shares")
             # Every tenth row expired: through the index, 40 batches of 100; every other
@@ -606,7 +607,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
             )
             if end != "a crash at its first report":
                 with (
-                    psycopg.connect(server.url(), autocommit=True) as db,
+                    arranging(server.url()) as db,
                     row_locked(server.url(), "x_idempotency", "k20000"),
                 ):
                     await until_a_sweep_waits(db, running)
@@ -626,7 +627,7 @@ async def test_a_server_crash_undoes_none_of_what_a_sweep_reported(
             server.stop(immediate=True)
             await pool.close()
         server.start()
-        with psycopg.connect(server.url(), autocommit=True) as db:
+        with arranging(server.url()) as db:
             assert beats
             assert {b["strategy"] for b in beats} == {"range" if shape == "walk" else "index"}
             assert 0 < reported < expired

@@ -27,6 +27,7 @@ from purge_config.settings import SweepSettings
 from purge_dev.servers import EmbeddedPostgres
 from purge_ops.connect import open_pool
 from tests.conftest import TEMPLATE_CACHE
+from tests.support.arranging import arranging
 from tests.support.pace import HandClock, budget_clock, fixed_batches
 from tests.support.rows import HOUR, PAST_NOW
 from tests.support.servers import cluster_template, running_postgres, scratch_dir
@@ -160,7 +161,7 @@ async def test_a_wal_rate_cap_slows_the_sweep_to_it(
     the last is a quarter of the WAL; and on the pacer's clock every batch takes no time
     (`batches_take_no_time`), so however slow the machine the cap pauses the sweep before each
     batch after the first, about 1.7 s in all."""
-    with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+    with arranging(quiet_server.url()) as db:
         expired = fill(db, 20_000)
         in_four_batches(db, monkeypatch)
         batches_take_no_time(monkeypatch)
@@ -188,7 +189,7 @@ async def test_wal_made_by_others_counts_and_past_the_budget_leaves_a_backlog_wi
     clock that only the test moves (`budget_clock`), which it never does, so however long a
     slow machine's first batch takes, none of the budget is spent before that check (on the
     real clock, a first batch past 10 s would have given the budget's own reason)."""
-    with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+    with arranging(quiet_server.url()) as db:
         expired = fill(db, 10_000)
         in_four_batches(db, monkeypatch)
         db.execute("CREATE TABLE elsewhere (x text)")
@@ -237,7 +238,7 @@ def two_tables(
             urls.append(make_conninfo(server.url(), options=f"-c search_path={schema}"))
     expired = []
     for url in urls:
-        with psycopg.connect(url, autocommit=True) as db:
+        with arranging(url) as db:
             expired.append(fill(db, 10_000))
             in_four_batches(db, monkeypatch)  # the two tables alike: the same batch size
     return urls, expired
@@ -280,7 +281,7 @@ async def test_each_of_two_sweeps_at_once_counts_the_other_s_wal_against_the_cap
 
     pools = [await open_pool(url) for url in urls]
     try:
-        with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+        with arranging(quiet_server.url()) as db:
             before = wal(db)
             both = await asyncio.gather(*(on_its_own_clock(pool) for pool in pools))
             written = wal(db) - before
@@ -307,7 +308,7 @@ async def test_sweeps_at_once_on_one_server_share_the_wal_rate_cap(
     urls, expired = two_tables(quiet_server, monkeypatch)
     pools = [await open_pool(url) for url in urls]
     try:
-        with psycopg.connect(quiet_server.url(), autocommit=True) as db:
+        with arranging(quiet_server.url()) as db:
             targets = [
                 kinds.idempotency(pool, settings=settings(max_wal_rate="256kB/s")) for pool in pools
             ]
@@ -432,7 +433,7 @@ async def test_a_sweep_waits_while_the_replica_lags_and_finishes_when_it_catches
     paused = pauses_counted(monkeypatch, REPLICA_PAUSES)
     with psycopg.connect(standby.url(), autocommit=True) as replica:
         replica.execute("SELECT pg_wal_replay_pause()")
-        with psycopg.connect(primary.url(), autocommit=True) as db:
+        with arranging(primary.url()) as db:
             db.execute("TRUNCATE x_idempotency")
             expired = fill(db, 100_000)
             deadline = time.monotonic() + 60
@@ -474,7 +475,7 @@ async def test_a_replica_lagging_past_the_budget_leaves_a_backlog_with_the_reaso
     with psycopg.connect(standby.url(), autocommit=True) as replica:
         replica.execute("SELECT pg_wal_replay_pause()")
         try:
-            with psycopg.connect(primary.url(), autocommit=True) as db:
+            with arranging(primary.url()) as db:
                 db.execute("TRUNCATE x_idempotency")
                 expired = fill(db, 20_000)
                 while replay_lag_ms(primary) <= 1_500:
@@ -547,7 +548,7 @@ async def test_a_wal_rate_cap_is_held_within_a_fifth_over_200_mb(
     too."""
     cap = 20 * 1024**2
     taken = batches_take_time(monkeypatch, BATCH_SHARE, cap)
-    with psycopg.connect(primary.url(), autocommit=True) as db:
+    with arranging(primary.url()) as db:
         db.execute("TRUNCATE x_idempotency")
         db.execute("ALTER TABLE x_idempotency SET (autovacuum_enabled = off)")
         # Wide, uncompressed responses: few rows a page, each page's first delete after the
