@@ -27,6 +27,12 @@ _SPREAD_MS = 3_600_000
 _ORDERED_STEP_MS = 10
 
 
+#: Sent before a VACUUM or ANALYZE on a session that has just written the table: the counts of
+#: those writes reach the statistics views first. A session flushes them at most once a second;
+#: flushed after the VACUUM set the table's live rows, they would be counted twice (the advice,
+#: and which reads a sweep makes, follow the views' figures).
+FLUSH_COUNTS = "SELECT pg_stat_force_next_flush()"
+
 #: A day in milliseconds: a partition's width, and how long after the bench's instant live rows
 #: expire where a pass through Temporal is timed beside forms that judge by that instant
 #: (`Dataset.live_after_ms`).
@@ -210,6 +216,7 @@ async def make_copy(
     )
     await conn.execute("RESET synchronize_seqscans")
     # Hint bits and the visibility map set now, not by the first form to read the table.
+    await conn.execute(FLUSH_COUNTS)
     await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
     if prewarm:
         # Bulk writes and vacuum go through small ring buffers, so most of a fresh copy is only
