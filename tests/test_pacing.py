@@ -145,7 +145,7 @@ async def quiet_server(pytestconfig: pytest.Config) -> AsyncIterator[EmbeddedPos
     read as the sweep's own."""
     cache = pytestconfig.cache
     template = cluster_template(cache.mkdir(TEMPLATE_CACHE)) if cache else None
-    with running_postgres("purge-pacing-quiet-", template, {"autovacuum": "off"}) as server:
+    with running_postgres("purge-pacing-quiet-", template) as server:
         with psycopg.connect(server.url(), autocommit=True) as conn:
             conn.execute(reference_ddl())
         yield server
