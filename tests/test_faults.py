@@ -71,13 +71,20 @@ PG_RESTARTS = 5
 TEMPORAL_RESTARTS = 3
 #: A target has 5 attempts: kill none that is already on its third, so two stay spare.
 KILLABLE_ATTEMPTS = 2
+#: The name the run's `TallyReport` is registered under.
+TALLY_PLUGIN = "purge-fault-tally"
 
 
 @pytest.fixture(scope="module")
 def tally(request: pytest.FixtureRequest) -> Tally:
-    """The run's figures, printed in the terminal summary."""
+    """The run's figures, printed in the terminal summary: one tally a process, whatever ran
+    between this module's tests (a pytest-xdist worker that ran another module's meanwhile made
+    this fixture again, and a second plugin under the name failed the next test's setup)."""
+    registered = request.config.pluginmanager.get_plugin(TALLY_PLUGIN)
+    if isinstance(registered, TallyReport):
+        return registered.tally
     figures = Tally()
-    request.config.pluginmanager.register(TallyReport(figures), "purge-fault-tally")
+    request.config.pluginmanager.register(TallyReport(figures), TALLY_PLUGIN)
     return figures
 
 
