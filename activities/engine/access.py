@@ -14,7 +14,7 @@ import psycopg
 from psycopg import AsyncConnection, errors, sql
 
 from activities.engine import catalog
-from activities.engine.batch_sql import local_timeouts
+from activities.engine.batch_sql import FLUSH_CALL, local_timeouts
 from activities.engine.column_memory import TypesAhead, TypesChanged, assumed_types
 from activities.engine.context import ms_left
 from activities.engine.errors import BadTable, MissingRights, SweepRefused, first_line
@@ -367,13 +367,13 @@ def try_lock_in_transaction(flush: bool = False) -> sql.Composed:
     timeouts for the statements after it (`%(lock_ms)s`, `%(statement_ms)s`). The same lock
     as `lock_table`'s: a sweep holding either keeps the other out. `flush` (PostgreSQL 15+):
     the session's statistics flushed as the transaction ends, as a batched sweep's last batch
-    does (`batch_sql.flush_statistics`)."""
+    does (`batch_sql.local_timeouts(flush=True)`)."""
     return sql.SQL(
         "SELECT pg_try_advisory_xact_lock({}),"
         " set_config('lock_timeout', %(lock_ms)s::text, true),"
         " set_config('statement_timeout', %(statement_ms)s::text, true),"
         " set_config('plan_cache_mode', 'force_generic_plan', true){}"
-    ).format(table_lock_keys(), sql.SQL(", pg_stat_force_next_flush()" if flush else ""))
+    ).format(table_lock_keys(), sql.SQL(", " + FLUSH_CALL if flush else ""))
 
 
 def unlock_tables() -> sql.SQL:

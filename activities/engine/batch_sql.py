@@ -27,6 +27,10 @@ from psycopg import AsyncConnection, sql
 
 from activities.engine.rules import Predicate, ident
 
+#: The call that asks for the session's statistics to be flushed as it goes idle (PostgreSQL
+#: 15+), in a statement of its own (`flush_statistics`) or beside a transaction's settings.
+FLUSH_CALL = "pg_stat_force_next_flush()"
+
 
 def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
     """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
@@ -37,7 +41,7 @@ def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
 def flush_statistics() -> sql.SQL:
     """Make this session's table statistics (the dead tuples its batches left) visible to the
     views once it goes idle (PostgreSQL 15+)."""
-    return sql.SQL("SELECT pg_stat_force_next_flush()")
+    return sql.SQL("SELECT " + FLUSH_CALL)
 
 
 def local_timeouts(
@@ -97,7 +101,7 @@ def local_timeouts(
         # For the table's last batch: the session's statistics are flushed as it goes idle,
         # before the batch's result reaches us, so the read of what the sweep left needs no
         # round trip of its own to flush them (`leftover.leftover`).
-        parts.append(sql.SQL(", pg_stat_force_next_flush()"))
+        parts.append(sql.SQL(", " + FLUSH_CALL))
     if by_index:
         parts.append(sql.SQL(", " + _BY_INDEX))
     return sql.Composed(parts)
