@@ -15,6 +15,7 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
+from activities.engine.batch_sql import flush_statistics
 from activities.engine.sql_target import SqlTarget
 from purge_config.names import TableName
 
@@ -27,11 +28,14 @@ _SPREAD_MS = 3_600_000
 _ORDERED_STEP_MS = 10
 
 
-#: Sent before a VACUUM or ANALYZE on a session that has just written the table: the counts of
-#: those writes reach the statistics views first. A session flushes them at most once a second;
-#: flushed after the VACUUM set the table's live rows, they would be counted twice (the advice,
-#: and which reads a sweep makes, follow the views' figures).
-FLUSH_COUNTS = "SELECT pg_stat_force_next_flush()"
+def flush_counts(conn: Any) -> sql.SQL:
+    """Sent before a VACUUM or ANALYZE on a session (sync or async) that has just written the
+    table: the counts of those writes reach the statistics views first. A session flushes them
+    at most once a second; flushed after the VACUUM set the table's live rows, they would be
+    counted twice (the advice, and which reads a sweep makes, follow the views' figures). Before
+    PostgreSQL 15 the server cannot be asked: an empty SELECT."""
+    return flush_statistics() if conn.info.server_version >= 150000 else sql.SQL("SELECT")
+
 
 #: A day in milliseconds: a partition's width, and how long after the bench's instant live rows
 #: expire where a pass through Temporal is timed beside forms that judge by that instant
@@ -216,7 +220,7 @@ async def make_copy(
     )
     await conn.execute("RESET synchronize_seqscans")
     # Hint bits and the visibility map set now, not by the first form to read the table.
-    await conn.execute(FLUSH_COUNTS)
+    await conn.execute(flush_counts(conn))
     await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
     if prewarm:
         # Bulk writes and vacuum go through small ring buffers, so most of a fresh copy is only

@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
 from activities.schema import reference_ddl
-from bench.data import FLUSH_COUNTS
+from bench.data import flush_counts
 from bench.services import scratch_dir
 from purge_config.names import TableName
 from purge_config.settings import SweepSettings
@@ -60,7 +60,7 @@ def fill_idempotency(conn: psycopg.Connection[Any], rows: int) -> None:
         " CASE WHEN i %% 2 = 0 THEN %s ELSE %s END FROM generate_series(1, %s) i",
         (NOW - HOUR, NOW + HOUR, rows),
     )
-    conn.execute(FLUSH_COUNTS)
+    conn.execute(flush_counts(conn))
     conn.execute("VACUUM ANALYZE x_idempotency")
     conn.execute("CHECKPOINT")
 
@@ -128,7 +128,7 @@ def fill_parent(conn: psycopg.Connection[Any], parents: int, indexed: bool) -> N
     )
     if indexed:
         conn.execute("CREATE INDEX ON child (parent_id)")
-    conn.execute(FLUSH_COUNTS)
+    conn.execute(flush_counts(conn))
     conn.execute("VACUUM ANALYZE parent")
     conn.execute("VACUUM ANALYZE child")
 

@@ -45,7 +45,7 @@ from psycopg import AsyncConnection, sql
 from activities import builtin_kinds as kinds
 from bench import noise
 from bench.cases import Bench, _lsn, _wal_since
-from bench.data import DAY_MS, FLUSH_COUNTS
+from bench.data import DAY_MS, flush_counts
 from bench.forms import LABELS, TemporalPass, run_target
 from bench.services import (
     TargetEntry,
@@ -161,7 +161,7 @@ async def build(conn: AsyncConnection[Any], schema: str, name: str, data: Events
     await conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id, created_ms)").format(table))
     await conn.execute(sql.SQL("CREATE INDEX ON {} (created_ms)").format(table))
     await conn.execute(sql.SQL("CREATE INDEX ON {} (user_id, created_ms)").format(table))
-    await conn.execute(FLUSH_COUNTS)
+    await conn.execute(flush_counts(conn))
     await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
     await conn.execute(
         sql.SQL(

@@ -273,7 +273,7 @@ async def _build(conn: AsyncConnection[Any], data: Hours) -> None:
         await conn.execute(sql.SQL("ALTER TABLE {} ADD PRIMARY KEY (id)").format(table))
         await conn.execute(sql.SQL("CREATE INDEX ON {} (created_ms)").format(table))
         await conn.execute("RESET maintenance_work_mem")
-        await conn.execute(tables.FLUSH_COUNTS)
+        await conn.execute(tables.flush_counts(conn))
         await conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(table))
     cur = await conn.execute(
         sql.SQL("SELECT count(*), min(created_ms), max(created_ms) FROM {}").format(
@@ -369,7 +369,7 @@ async def _round(
 
     conn.add_notice_handler(hear)
     try:
-        await conn.execute(tables.FLUSH_COUNTS)
+        await conn.execute(tables.flush_counts(conn))
         await conn.execute(sql.SQL("VACUUM (VERBOSE, ANALYZE) {}").format(sql.Identifier(TABLE)))
     finally:
         conn.remove_notice_handler(hear)

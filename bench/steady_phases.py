@@ -177,7 +177,7 @@ async def measure(
     pool = await open_pool(url)
     max_age = steady.HOURS * steady.HOUR_MS
     await steady._delete(conn, data.cutoff(0))
-    await conn.execute(tables.FLUSH_COUNTS)
+    await conn.execute(tables.flush_counts(conn))
     await conn.execute("VACUUM (ANALYZE) steady")
     per_row: dict[str, list[float]] = {"DELETE": [], "activity": []}
     hour = 1
@@ -218,7 +218,7 @@ async def measure(
                 await conn.execute("SELECT pg_stat_statements_reset()")
             seconds, removed = await forms[form](data.cutoff(hour))
             per_row[form].append(seconds * 1e6 / removed)
-            await conn.execute(tables.FLUSH_COUNTS)
+            await conn.execute(tables.flush_counts(conn))
             await conn.execute("VACUUM (ANALYZE) steady")
             hour += 1
     for form, figures in per_row.items():

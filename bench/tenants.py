@@ -58,7 +58,7 @@ from activities.inputs import PurgeStep
 from activities.sweep import PurgeActivities
 from bench.cases import Bench
 from bench.cpu import CpuMeter, postmaster_pid
-from bench.data import FLUSH_COUNTS
+from bench.data import flush_counts
 from bench.report import render_table
 from bench.services import config_worker, scratch_databases, temporal_dev_server
 from purge_config import PurgeConfig, parse_config
@@ -594,7 +594,7 @@ async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult)
                 (now_ms, have, size),
             )
             have = size
-            await conn.execute(FLUSH_COUNTS)
+            await conn.execute(flush_counts(conn))
             await conn.execute("VACUUM ANALYZE bench_ledger")
             times = []
             for _ in range(5):

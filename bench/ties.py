@@ -70,7 +70,7 @@ async def load(conn: AsyncConnection[Any], rows: int, state: str) -> None:
             " SELECT 'old' || i, %s + (i %% 2) * 7200000 FROM generate_series(1, 10000) i",
             (NOW_MS - 3_600_000,),
         )
-        await conn.execute(tables.FLUSH_COUNTS)
+        await conn.execute(tables.flush_counts(conn))
         await conn.execute(f"ANALYZE {TABLE}")
         await conn.execute(f"TRUNCATE {TABLE}")
     await conn.execute(
@@ -81,7 +81,7 @@ async def load(conn: AsyncConnection[Any], rows: int, state: str) -> None:
         {"rows": rows, "now": NOW_MS},
     )
     if state == "analyzed":
-        await conn.execute(tables.FLUSH_COUNTS)
+        await conn.execute(tables.flush_counts(conn))
         await conn.execute(f"VACUUM ANALYZE {TABLE}")
 
 
