@@ -15,7 +15,7 @@ from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
 
 from activities import builtin_kinds as kinds
-from activities.engine.batch_sql import flush_statistics
+from activities.engine.batch_sql import flush_statistics, flushes_statistics
 from activities.engine.sql_target import SqlTarget
 from purge_config.names import TableName
 
@@ -34,7 +34,7 @@ def flush_counts(conn: Any) -> sql.SQL:
     at most once a second; flushed after the VACUUM set the table's live rows, they would be
     counted twice (the advice, and which reads a sweep makes, follow the views' figures). Before
     PostgreSQL 15 the server cannot be asked: an empty SELECT."""
-    return flush_statistics() if conn.info.server_version >= 150000 else sql.SQL("SELECT")
+    return flush_statistics() if flushes_statistics(conn) else sql.SQL("SELECT")
 
 
 #: A day in milliseconds: a partition's width, and how long after the bench's instant live rows

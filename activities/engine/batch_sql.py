@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from psycopg import AsyncConnection, sql
+from psycopg import BaseConnection, sql
 
 from activities.engine.rules import Predicate, ident
 
@@ -32,7 +32,7 @@ from activities.engine.rules import Predicate, ident
 FLUSH_CALL = "pg_stat_force_next_flush()"
 
 
-def flushes_statistics(conn: AsyncConnection[Any]) -> bool:
+def flushes_statistics(conn: BaseConnection[Any]) -> bool:
     """Whether a transaction on `conn` can ask for the session's statistics to be flushed when
     it ends (`local_timeouts(flush=True)`, or a statement of its own): PostgreSQL 15 on."""
     return conn.info.server_version >= 150000

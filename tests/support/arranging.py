@@ -7,6 +7,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from activities.engine.batch_sql import flush_statistics, flushes_statistics
+
 #: The statements that set a table's live and dead tuples in the statistics views from the
 #: table itself.
 SETS_COUNTS = ("VACUUM", "ANALYZE", "ANALYSE")
@@ -26,8 +28,8 @@ class ArrangingConnection(psycopg.Connection[Any]):
     """
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if self.info.server_version >= 150000 and _sets_counts(self, query):
-            super().execute("SELECT pg_stat_force_next_flush()")
+        if flushes_statistics(self) and _sets_counts(self, query):
+            super().execute(flush_statistics())
         return super().execute(query, params, **kwargs)
 
 

@@ -12,6 +12,7 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from activities.builtin_kinds import build_registry
+from activities.engine.batch_sql import flush_statistics, flushes_statistics
 from activities.registry import TargetRegistry
 from purge_config.file import parse_config
 from tests.support.arranging import arranging
@@ -61,8 +62,8 @@ def create_tenants(
     ]
     # The inserts' counts reach the statistics views as the session goes idle, not up to ten
     # seconds later, after a sweep's ANALYZE has counted the rows itself.
-    if conn.info.server_version >= 150000:
-        statements.append(sql.SQL("SELECT pg_stat_force_next_flush();"))
+    if flushes_statistics(conn):
+        statements.append(flush_statistics() + sql.SQL(";"))
     conn.execute(sql.SQL("\n").join(statements))
 
 
