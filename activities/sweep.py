@@ -24,10 +24,11 @@ from activities.inputs import PurgeStep
 from activities.progress import LedgerKey, Progress, SweepStats
 from activities.registry import (
     BatchedTarget,
-    CountingTarget,
-    ListedTarget,
     TargetRegistry,
-    TimedTarget,
+    is_batched,
+    is_counting,
+    is_listed,
+    is_timed,
 )
 from activities.results import PurgeSweep
 from activities.spread_steps import PatternPage, PatternStep
@@ -100,25 +101,25 @@ class PurgeActivities:
         """The step's target resolved, then swept (or, in a dry run, counted)."""
         # Resolved now, not at worker start: a factory's target built since is found.
         target = self.registry.resolve(step.name)
-        if step.dry_run and not isinstance(target, CountingTarget):
+        if step.dry_run and not is_counting(target):
             raise DryRunUnsupported(
                 f"target {step.name!r} has no count_expired, so a dry run cannot ask it"
             )
         started = time.monotonic()
         sweep = PurgeSweep(name=step.name, removed=0, dry_run=step.dry_run, strategy="custom")
         removed: object
-        if isinstance(target, BatchedTarget) and not step.dry_run:
+        if is_batched(target) and not step.dry_run:
             removed = await self._sweep_tables(target, step, sweep)
-        elif isinstance(target, BatchedTarget):
+        elif is_batched(target):
             removed = await self._count_tables(target, step, sweep)
         else:
             async with _heartbeating(_Beat(step.name)):
                 if step.dry_run:
-                    assert isinstance(target, CountingTarget)
+                    assert is_counting(target)
                     removed = await target.count_expired(step.now_ms)
                 else:
                     removed = await target.purge_expired(step.now_ms)
-        batched = isinstance(target, BatchedTarget) and not step.dry_run
+        batched = is_batched(target) and not step.dry_run
         return _finished(step, sweep, removed, time.monotonic() - started, batched)
 
     async def _count_tables(self, target: BatchedTarget, step: PurgeStep, sweep: PurgeSweep) -> int:
@@ -133,7 +134,7 @@ class PurgeActivities:
         async with _heartbeating(_Beat(step.name)):
             try:
                 sweep.unchecked_guards = await _guard(target, step, info, deadline)
-                if deadline is not None and isinstance(target, TimedTarget):
+                if deadline is not None and is_timed(target):
                     stats = await target.preview(step.now_ms, deadline=deadline)
                 else:
                     stats = await target.preview(step.now_ms)
@@ -177,9 +178,7 @@ class PurgeActivities:
         counted_out = False
         # An earlier attempt's position among tables listed otherwise (a worker of another
         # config, mid-deploy): the sweep starts again from the first, so the guards count too.
-        elsewhere = isinstance(target, ListedTarget) and resumed.start_over_unless_on(
-            target.tables_listed()
-        )
+        elsewhere = is_listed(target) and resumed.start_over_unless_on(target.tables_listed())
         async with _heartbeating(beat, at_once=info.attempt > 1):
             if not resumed.batches or elsewhere:
                 # Before the first delete on these tables only: a resumed attempt on the same
@@ -203,11 +202,11 @@ class PurgeActivities:
             # and hands the rest to another worker, by the target's retries, rather than at the
             # end of its grace. Not a local activity's: its workflow task is this worker's until
             # the worker stops.
-            listens = isinstance(target, ListedTarget) and not info.is_local
+            listens = is_listed(target) and not info.is_local
             stop = activity.is_worker_shutdown if listens else None
             try:
                 # By keyword, as a `BatchedTarget` written before has always been called.
-                if isinstance(target, ListedTarget):
+                if is_listed(target):
                     stats = await target.sweep(
                         step.now_ms,
                         resume=resumed,
@@ -446,7 +445,7 @@ def _deadline(target: BatchedTarget, step: PurgeStep, info: activity.Info) -> fl
     """The step's one deadline, which its guards' counts, its dry run and its sweep end by:
     its own time budget or what is left of the pass's, whichever is sooner. None for a
     `BatchedTarget` that is no `TimedTarget`: each of those then has a budget of its own."""
-    if isinstance(target, TimedTarget):
+    if is_timed(target):
         return target.deadline(pass_budget_left(step.budget_ms, info))
     return None
 
@@ -463,7 +462,7 @@ async def _guard(
         if why is not None:
             unchecked["max_clock_jump"] = why
     if guards.counts:
-        if deadline is not None and isinstance(target, TimedTarget):
+        if deadline is not None and is_timed(target):
             expired, total = await target.measure(step.now_ms, deadline=deadline)
         else:
             expired, total = await target.measure(step.now_ms)
