@@ -98,7 +98,7 @@ def _value(hint: Any, value: object) -> object:
 def _dataclass(kind: type[Any], value: object) -> object:
     if not isinstance(value, dict):
         raise TypeError(f"{kind.__name__}: expected an object, got {type(value).__name__}")
-    hints = get_type_hints(kind)
+    hints = _hints(kind)
     given: dict[str, Any] = {}
     for f in dataclasses.fields(kind):
         if not f.init or f.name not in value:
@@ -114,6 +114,21 @@ def _dataclass(kind: type[Any], value: object) -> object:
         return kind(**given)
     except TypeError as err:
         raise TypeError(f"{kind.__name__}: {err}") from None
+
+
+#: Each dataclass's field types, by `_hints`.
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _hints(kind: type[Any]) -> dict[str, Any]:
+    """A dataclass's field types, resolved once a process: `get_type_hints` evaluates every
+    annotation's text again at each call, and a pass of small tables reads a result for each
+    (7% of a worker's CPU in bench case 11's profile, bench/README.md). Its dict is shared:
+    read, never changed. (Two threads may both resolve it first: the same answer.)"""
+    hints = _HINTS.get(kind)
+    if hints is None:
+        hints = _HINTS[kind] = get_type_hints(kind)
+    return hints
 
 
 def _has_default(f: dataclasses.Field[Any]) -> bool:
