@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -130,6 +131,11 @@ class ListedTarget(TimedTarget, Protocol):
         ...
 
 
+def is_target(target: object) -> TypeGuard[PurgeTarget]:
+    """`isinstance(target, PurgeTarget)`, quicker (`_conforms`)."""
+    return _conforms(target, PurgeTarget)
+
+
 def is_counting(target: object) -> TypeGuard[CountingTarget]:
     """`isinstance(target, CountingTarget)`, quicker (`_conforms`)."""
     return _conforms(target, CountingTarget)
@@ -153,32 +159,38 @@ def is_listed(target: object) -> TypeGuard[ListedTarget]:
 def _conforms(target: object, protocol: type) -> bool:
     """`isinstance(target, protocol)` for a runtime-checkable protocol of this module. Python
     3.11 walks the protocol's classes for its members twice at every such check; a sweep makes
-    about ten, and in a pass of small tables they were 3% of the worker's CPU (a py-spy profile
-    of bench case 11, bench/README.md). Its members are read once here and each looked for as
-    3.11 does (present, and a method not set to None); an object that lacks one is asked of
-    `isinstance` itself, which alone says False (or True for a registered or a subclass).
-    3.12 keeps a protocol's members, and reads them otherwise (statically): asked there."""
+    up to ten, and in a pass of small tables they were 3.4% of the busy samples of a py-spy
+    profile of bench case 11 (bench/README.md). Its members are read once here and each looked
+    for as 3.11 does (present, and a method not set to None); an object that lacks one, or whose
+    attribute raised as it was read (3.11 reads them in a set's order, so which one it reads
+    first is not ours to copy), is asked of `isinstance` itself, which alone says False (or True
+    for a registered class or a subclass). 3.12 keeps a protocol's members, and reads them
+    otherwise (statically): asked there."""
     if sys.version_info >= (3, 12):
         return isinstance(target, protocol)
-    found = all(
-        hasattr(target, name) and (not method or getattr(target, name) is not None)
-        for name, method in _members(protocol)
-    )
+    try:
+        found = all(
+            hasattr(target, name) and (not method or getattr(target, name) is not None)
+            for name, method in _members(protocol)
+        )
+    except Exception:
+        found = False
     return found or isinstance(target, protocol)
 
 
 @functools.cache
 def _members(protocol: type) -> tuple[tuple[str, bool], ...]:
-    """The protocol's members (every public name its protocol classes define) and whether each
-    is a method: what 3.11's `isinstance` reads again at every check."""
+    """The protocol's members (every public name its protocol classes define or annotate) and
+    whether each is a method: what 3.11's `isinstance` reads again at every check.
+    `tests/test_target_protocols.py` checks them against `typing`'s own reading."""
     names = {
         name
         for cls in protocol.__mro__
         if cls.__dict__.get("_is_protocol") and cls is not Protocol
-        for name in cls.__dict__
+        for name in (*cls.__dict__, *inspect.get_annotations(cls))
         if not name.startswith("_")
     }
-    return tuple((name, callable(getattr(protocol, name))) for name in sorted(names))
+    return tuple((name, callable(getattr(protocol, name, None))) for name in sorted(names))
 
 
 #: A callable an application hands the worker instead of targets, called each time a step needs
@@ -275,7 +287,7 @@ class TargetRegistry:
                 said = f"target factory {described} raised {type(err).__name__}: {err}"
                 asked.failed.append((said, err))
                 continue
-            strays = [target for target in made if not isinstance(target, PurgeTarget)]
+            strays = [target for target in made if not is_target(target)]
             if strays:
                 said = (
                     f"target factory {described} returned {strays[0]!r}, which has no name and "

@@ -5,6 +5,8 @@ guarded and resumed, one deadline, a retry that resumes by table)."""
 
 from __future__ import annotations
 
+import sys
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +19,11 @@ from activities.registry import (
     ListedTarget,
     PurgeTarget,
     TimedTarget,
+    _members,
     is_batched,
     is_counting,
     is_listed,
+    is_target,
     is_timed,
 )
 
@@ -68,6 +72,15 @@ class NoName:
     count_expired = Counting.count_expired
 
 
+class RaisingGuards(Timed):
+    """A timed target with no `tables_listed` whose `guards` raises as it is read: `isinstance`
+    raises or says False by the order it reads the members in (a set's)."""
+
+    @property
+    def guards(self) -> Any:  # type: ignore[override]
+        raise RuntimeError("no guards yet")
+
+
 def _blocked(cls: type, member: str) -> Any:
     """An instance of `cls` with `member` set to None on it alone: a method so blocked is
     absent to `isinstance` (a class's other instances keep it)."""
@@ -86,11 +99,13 @@ TARGETS: dict[str, Callable[[], object]] = {
     "listed, tables_listed blocked": lambda: _blocked(Listed, "tables_listed"),
     "listed, deadline blocked": lambda: _blocked(Listed, "deadline"),
     "listed, guards None (a property's value, not a method)": Listed,
+    "guards raises": RaisingGuards,
     "built-in kind": lambda: kinds.idempotency(object()),  # type: ignore[arg-type]
     "not a target": object,
 }
 
 CHECKS: list[tuple[Callable[[object], bool], type]] = [
+    (is_target, PurgeTarget),
     (is_counting, CountingTarget),
     (is_batched, BatchedTarget),
     (is_timed, TimedTarget),
@@ -98,18 +113,38 @@ CHECKS: list[tuple[Callable[[object], bool], type]] = [
 ]
 
 
+def _answer(ask: Callable[..., bool], *args: object) -> object:
+    """What a check says: True, False, or the type of what it raised."""
+    try:
+        return ask(*args)
+    except Exception as err:
+        return type(err)
+
+
 @pytest.mark.parametrize("shape", TARGETS)
 def test_the_quick_checks_answer_as_isinstance(shape: str) -> None:
     target = TARGETS[shape]()
     for check, protocol in CHECKS:
-        assert check(target) is isinstance(target, protocol), (shape, protocol.__name__)
+        said = _answer(check, target)
+        assert said == _answer(isinstance, target, protocol), (shape, protocol.__name__)
+
+
+@pytest.mark.skipif(
+    not hasattr(typing, "_get_protocol_attrs"), reason="typing reads members so before 3.12"
+)
+@pytest.mark.parametrize("protocol", [protocol for _, protocol in CHECKS], ids=lambda p: p.__name__)
+def test_the_members_are_those_typing_reads(protocol: type) -> None:
+    """A member a protocol gains (a method, a property, an annotation) is looked for."""
+    assert sys.version_info < (3, 12)
+    read = typing._get_protocol_attrs(protocol)  # type: ignore[attr-defined]
+    assert [name for name, _ in _members(protocol)] == sorted(read)
 
 
 def test_the_shapes_cover_each_answer() -> None:
     """The table above reaches every path: each protocol both held and missed."""
     made = [make() for make in TARGETS.values()]
     for check, protocol in CHECKS:
-        answers = {check(target) for target in made}
-        assert answers == {True, False}, protocol.__name__
+        answers = {_answer(check, target) for target in made}
+        assert {True, False} <= answers, protocol.__name__
     assert isinstance(kinds.idempotency(object()), ListedTarget)  # type: ignore[arg-type]
     assert not isinstance(NoName(), PurgeTarget)
