@@ -32,6 +32,7 @@ from temporalio.converter import value_to_type
 
 from activities.errors import NewerPurgeFormat
 from activities.input_checks import FORMAT
+from activities.results import PurgeSweep
 from activities.spread_steps import ChunkInput, ChunkReport
 
 T = TypeVar("T")
@@ -123,13 +124,30 @@ _HINTS: dict[type[Any], dict[str, Any]] = {}
 def _hints(kind: type[Any]) -> dict[str, Any]:
     """A dataclass's field types, resolved once a process: `get_type_hints` evaluates every
     annotation's text again at each call, and a pass of small tables reads a result for each
-    (7% of a worker's CPU in bench case 11's profile, bench/README.md). Its dict is shared:
-    read, never changed. (Two threads may both resolve it first: the same answer.)"""
+    (8% of the busy samples of a py-spy profile of bench case 11, bench/README.md). Its dict is
+    shared: read, never changed. (Two threads may both resolve it first: the same answer.)"""
     hints = _HINTS.get(kind)
     if hints is None:
         hints = _HINTS[kind] = get_type_hints(kind)
+        for hint in hints.values():
+            for inner in _dataclasses_in(hint):
+                _hints(inner)
     return hints
+
+
+def _dataclasses_in(hint: Any) -> list[type[Any]]:
+    """The dataclasses a field's type names, itself or inside a list, a dict or a union."""
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return [hint]
+    return [kind for arg in get_args(hint) for kind in _dataclasses_in(arg)]
 
 
 def _has_default(f: dataclasses.Field[Any]) -> bool:
     return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+
+
+# The results the workflows read, and every dataclass inside them, resolved as this module is
+# imported: the workflows pass it through, so that is among the worker's own modules, not in a
+# sandbox, and a read never depends on which modules a workflow's sandbox has imported.
+_hints(PurgeSweep)
+_hints(ChunkReport)

@@ -23,7 +23,8 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     # activities.results is imported here, not only through workflows.steps, so the sandbox
-    # knows the module: decoding a sweep's result resolves its type hints (SweepStatus) there.
+    # knows the module should anything resolve its type hints (SweepStatus) there; a sweep's
+    # result is read by activities.wire, which resolved them as it was imported.
     import activities.results  # noqa: F401
     from activities.spread_steps import ChunkReport
     from activities.wire import read_chunk

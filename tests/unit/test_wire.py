@@ -3,10 +3,15 @@ leniently, an input strictly and by its format."""
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+import typing
 from dataclasses import asdict
 
 import pytest
 
+from activities import wire
 from activities.errors import NewerPurgeFormat
 from activities.results import PurgeSweep
 from activities.spread_steps import ChunkInput, ChunkReport, RankedSweep
@@ -67,3 +72,40 @@ def test_a_childs_input_is_read_strictly_its_carried_report_leniently_and_by_its
         read_chunk({**sent, "concurrency": "two"})  # never its default instead
     with pytest.raises(NewerPurgeFormat, match="ChunkInput of format 2"):
         read_chunk({**sent, "format": 2, "concurrency": "two"})
+
+
+#: A process's first import of activities.wire, and the classes it resolved as it did.
+PRINT_RESOLVED = "import activities.wire as w; print(*(k.__name__ for k in w._HINTS))"
+
+
+def test_the_results_types_are_resolved_as_the_module_is_imported() -> None:
+    """Every dataclass a workflow reads through `read` (the two results and each inside them)
+    has its type hints resolved at import, outside any sandbox: a read in a workflow never
+    resolves them against the modules its sandbox happens to have imported."""
+    reachable: set[type] = set()
+    todo: list[type] = [PurgeSweep, ChunkReport]
+    while todo:
+        kind = todo.pop()
+        if kind in reachable:
+            continue
+        reachable.add(kind)
+        for hint in typing.get_type_hints(kind).values():
+            todo.extend(_inner_dataclasses(hint))
+
+    assert {RankedSweep, PurgeSweep, ChunkReport} < reachable
+    # In a process of its own: this one's reads (the tests above) fill the cache as well.
+    imported = subprocess.run(
+        [sys.executable, "-c", PRINT_RESOLVED],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert {kind.__name__ for kind in reachable} <= set(imported)
+    for kind in reachable:
+        assert wire._hints(kind) == typing.get_type_hints(kind)
+
+
+def _inner_dataclasses(hint: object) -> list[type]:
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        return [hint]
+    return [kind for arg in typing.get_args(hint) for kind in _inner_dataclasses(arg)]
