@@ -1,7 +1,8 @@
-"""`activities.registry`'s quick protocol checks (`is_counting`, `is_batched`, `is_timed`,
-`is_listed`) answer as `isinstance` does, for every shape of target an application may hand a
-worker: the activity decides by them which path a target takes (a dry run refused, batches
-guarded and resumed, one deadline, a retry that resumes by table)."""
+"""`activities.registry`'s quick protocol checks (`is_target`, `is_counting`, `is_batched`,
+`is_timed`, `is_listed`) answer as `isinstance` does, for every shape of target an application
+may hand a worker: the activity decides by them which path a target takes (a dry run refused,
+batches guarded and resumed, one deadline, a retry that resumes by table), and a factory's
+answer by the first (`TargetRegistry.ask_factories`)."""
 
 from __future__ import annotations
 
@@ -94,11 +95,10 @@ TARGETS: dict[str, Callable[[], object]] = {
     "counting": Counting,
     "batched, no deadline": Batched,
     "timed": Timed,
-    "listed": Listed,
+    "listed (guards None: a property's value, not a method)": Listed,
     "no name": NoName,
     "listed, tables_listed blocked": lambda: _blocked(Listed, "tables_listed"),
     "listed, deadline blocked": lambda: _blocked(Listed, "deadline"),
-    "listed, guards None (a property's value, not a method)": Listed,
     "guards raises": RaisingGuards,
     "built-in kind": lambda: kinds.idempotency(object()),  # type: ignore[arg-type]
     "not a target": object,
@@ -129,13 +129,10 @@ def test_the_quick_checks_answer_as_isinstance(shape: str) -> None:
         assert said == _answer(isinstance, target, protocol), (shape, protocol.__name__)
 
 
-@pytest.mark.skipif(
-    not hasattr(typing, "_get_protocol_attrs"), reason="typing reads members so before 3.12"
-)
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="from 3.12 the checks are isinstance")
 @pytest.mark.parametrize("protocol", [protocol for _, protocol in CHECKS], ids=lambda p: p.__name__)
 def test_the_members_are_those_typing_reads(protocol: type) -> None:
     """A member a protocol gains (a method, a property, an annotation) is looked for."""
-    assert sys.version_info < (3, 12)
     read = typing._get_protocol_attrs(protocol)  # type: ignore[attr-defined]
     assert [name for name, _ in _members(protocol)] == sorted(read)
 
