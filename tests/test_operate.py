@@ -965,19 +965,25 @@ async def test_sweep_waiting_out_another_pass_with_no_worker_says_no_worker_poll
 
 
 async def unpolled_notices(harness: Harness, request: dict[str, Any]) -> list[str]:
-    """`sweep` of `request` until it says a queue has no worker (within a minute), then
-    stopped and its pass terminated: the lines it said so in."""
+    """`sweep` of `request` until it says a queue has no worker and that it started its pass
+    or waits on one (each within a minute), then stopped and its pass terminated: the lines
+    it said a queue has no worker in. The notice may come before the pass is started (`sweep`
+    looks from its start), so stopping at the notice alone could leave no pass to terminate,
+    or one started as the sweep was cancelled."""
     said: list[str] = []
-    noticed = asyncio.Event()
+    noticed, begun = asyncio.Event(), asyncio.Event()
 
     def say(line: str) -> None:
         said.append(line)
         if "no worker polls" in line:
             noticed.set()
+        if line.startswith("started pass") or "waiting for it to end" in line:
+            begun.set()
 
     sweeping = asyncio.create_task(passes.sweep(harness.client, harness.task_queue, request, say))
     try:
         await asyncio.wait_for(noticed.wait(), 60)
+        await asyncio.wait_for(begun.wait(), 60)
     finally:
         sweeping.cancel()
         await asyncio.wait([sweeping])
