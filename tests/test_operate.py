@@ -813,16 +813,18 @@ def test_a_pattern_overlaps_each_of_its_tables_named_by_hand(
 
 
 async def ctrl_c_once_said(
-    config: Path, temporal_server: RunningTemporal, tmp_path: Path, said: str
+    config: Path, temporal_server: RunningTemporal, tmp_path: Path, *said: str
 ) -> tuple[int, str]:
-    """`sweep` of `config` as a process, Ctrl-C (SIGINT) once it has said `said` while still
-    running: its exit status and all it printed."""
+    """`sweep` of `config` as a process, Ctrl-C (SIGINT) once it has said each of `said`
+    while still running: its exit status and all it printed."""
     log = tmp_path / "sweep.log"
     sweeping = start(
         ["sweep", "--config", str(config)], clean_env(TEMPORAL_ADDRESS=temporal_server.address), log
     )
     try:
-        await asyncio.to_thread(wait_for, lambda: said in log.read_text(), 60, f"sweep: {said}")
+        await asyncio.to_thread(
+            wait_for, lambda: all(s in log.read_text() for s in said), 60, f"sweep: {said}"
+        )
         assert sweeping.poll() is None
         sweeping.send_signal(signal.SIGINT)
         status = await asyncio.to_thread(sweeping.wait, 30)
@@ -840,15 +842,19 @@ async def test_sweep_with_no_worker_says_so_and_ctrl_c_leaves_the_pass_running(
     the pass it started is still there for a worker to run."""
     config = config_file(tmp_path, harness.url, harness.task_queue)
     own = load_config(config).own_queue
+    pass_id = f"purge-sweep-{harness.task_queue}"
 
-    status, out = await ctrl_c_once_said(config, temporal_server, tmp_path, "no worker polls")
+    # The notice may come before the pass is started (`sweep` looks from its start): Ctrl-C
+    # once both are said, else the pass would not yet be one that goes on.
+    status, out = await ctrl_c_once_said(
+        config, temporal_server, tmp_path, "no worker polls", f"started pass {pass_id}"
+    )
 
     assert status == 130, out
     assert (
         f"no worker polls task queue {harness.task_queue!r} (passes), {own!r} (activities): "
         "the pass waits until one does"
     ) in out
-    pass_id = f"purge-sweep-{harness.task_queue}"
     assert out.rstrip().endswith(
         f"interrupted; pass {pass_id} goes on in Temporal (`report` shows it)"
     )
