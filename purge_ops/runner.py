@@ -32,6 +32,7 @@ from purge_ops.connect import (
     trimming_failures,
 )
 from purge_ops.pass_metrics import PassMetrics, count_passes_from_zero
+from purge_ops.plain_payloads import plain_runner
 from purge_ops.probes import DEFAULT_DATABASE, Health, ProbeServer, loopback_port
 from workflows.chunk import PurgeChunkWorkflow
 from workflows.purge import PurgeWorkflow
@@ -65,7 +66,7 @@ def new_worker(
     `temporalio.worker.Worker` (identity, max_concurrent_activities, ...); `interceptors`
     given there run beside the package's own, never instead of them.
     """
-    settings = _worker_settings(options)
+    settings = _worker_settings(client, options)
     activities = PurgeActivities(registry, runs_chunks=True)
     count_passes_from_zero(client, task_queue)
     return Worker(
@@ -79,16 +80,21 @@ def new_worker(
     )
 
 
-def _worker_settings(options: dict[str, object]) -> dict[str, object]:
+def _worker_settings(client: Client, options: dict[str, object]) -> dict[str, object]:
     """Every worker's settings: a 20 s graceful shutdown, heartbeats at most a second apart,
-    and the interceptor that records the metrics the alert rules need (pass_metrics.py),
-    before any given in `options` (never replaced by them); the rest of `options` as given."""
+    the sandbox asked no payload's context where no codec or external store would read it
+    (plain_payloads.py), and the interceptor that records the metrics the alert rules need
+    (pass_metrics.py), before any given in `options` (never replaced by them); the rest of
+    `options` as given."""
     given = options.get("interceptors") or ()
     if not isinstance(given, list | tuple):
         raise TypeError(f"interceptors must be a list, got {type(given).__name__}")
+    # Under the SDK's debug mode, its own runner: it relaxes that one's sandbox for pdb.
+    plain = None if options.get("debug_mode") else plain_runner(client.data_converter)
     return {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
+        **({"workflow_runner": plain} if plain is not None else {}),
         **options,
         "interceptors": [PassMetrics(), *given],
     }
@@ -101,7 +107,7 @@ def activity_worker(
     children of a spread pass whose pattern it expanded there (`workflows.spread`), so that
     their activities are dispatched eagerly, with the workflow task that schedules them."""
     activities = PurgeActivities(registry, runs_chunks=True)
-    settings = _worker_settings(options)
+    settings = _worker_settings(client, options)
     return Worker(
         trimming_failures(client),  # as new_worker's
         task_queue=task_queue,

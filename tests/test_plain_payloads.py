@@ -1,0 +1,156 @@
+"""The worker's workflow runner (purge_ops/plain_payloads.py): with plain payloads the sandbox
+is asked no payload's serialization context, and the workflow still runs in the sandbox; with
+a payload codec the SDK's own runner, so the codec sees each payload's context."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.converter import (
+    ActivitySerializationContext,
+    DataConverter,
+    PayloadCodec,
+    SerializationContext,
+    WithSerializationContext,
+)
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, _runner
+
+from activities import builtin_kinds as kinds
+from activities.registry import TargetRegistry
+from purge_ops.plain_payloads import PlainPayloadsRunner, plain_runner
+from purge_ops.runner import activity_worker, new_worker
+from tests.conftest import Harness
+from tests.support.passes import run_pass
+from tests.support.reads_the_clock import ReadsTheClock
+from tests.support.rows import HOUR, idempotency_rows, keys
+
+
+def sandbox_asked(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Each payload context the SDK's sandbox is asked for, from now on."""
+    asked: list[object] = []
+    ask = _runner._Instance.get_serialization_context
+
+    def counted(self: Any, command_info: Any) -> Any:
+        asked.append(command_info)
+        return ask(self, command_info)
+
+    monkeypatch.setattr(_runner._Instance, "get_serialization_context", counted)
+    return asked
+
+
+@pytest.mark.parametrize("runner", ["the package's", "the SDK's, given"])
+async def test_a_pass_asks_the_sandbox_no_payload_context_unless_given_the_sdk_s_runner(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, runner: str
+) -> None:
+    """A pass through the package's worker sweeps as ever, and the sandbox was asked no
+    payload's context (it executes a line of source inside the sandbox each time); a
+    `workflow_runner` given to `new_worker` replaces the package's, and is asked."""
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    asked = sandbox_asked(monkeypatch)
+    options = {} if runner == "the package's" else {"workflow_runner": SandboxedWorkflowRunner()}
+    registry = TargetRegistry([kinds.idempotency(harness.pool)])
+    async with new_worker(harness.client, registry, harness.task_queue, **options):
+        result = await run_pass(harness.client, harness.task_queue, {"targets": ["x_idempotency"]})
+
+    assert [(s["name"], s["removed"]) for s in result["swept"]] == [("x_idempotency", 1)]
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    if runner == "the package's":
+        assert asked == []
+    else:
+        assert len(asked) > 0
+
+
+async def test_a_workflow_under_the_package_s_runner_is_still_sandboxed(
+    client: Client, task_queue: str
+) -> None:
+    """The runner answers only the payload contexts: a workflow that reads the machine's
+    clock still fails as the SDK's sandbox fails it."""
+    runner = plain_runner(client.data_converter)
+    assert isinstance(runner, PlainPayloadsRunner)
+    async with Worker(
+        client,
+        task_queue=task_queue,
+        workflows=[ReadsTheClock],
+        workflow_runner=runner,
+        workflow_failure_exception_types=[Exception],
+    ):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await client.execute_workflow(
+                ReadsTheClock.run, id=f"clock-{uuid.uuid4()}", task_queue=task_queue
+            )
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError)
+    assert cause.type == "RestrictedWorkflowAccessError"
+    assert "datetime.date.today" in cause.message
+
+
+class Marking(PayloadCodec, WithSerializationContext):
+    """A codec that marks what it encodes and records each context it is given."""
+
+    def __init__(self, seen: list[SerializationContext], context: Any = None) -> None:
+        self.seen, self.context = seen, context
+
+    def with_context(self, context: SerializationContext) -> Marking:
+        self.seen.append(context)
+        return Marking(self.seen, context)
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return [Payload(metadata={"encoding": b"binary/marked"}, data=p.SerializeToString())
+                for p in payloads]  # fmt: skip
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        decoded = []
+        for p in payloads:
+            assert p.metadata["encoding"] == b"binary/marked", p.metadata
+            original = Payload()
+            original.ParseFromString(p.data)
+            decoded.append(original)
+        return decoded
+
+
+async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
+    harness: Harness,
+) -> None:
+    """A team's codec (encryption, say) may read each payload's context: a worker on its
+    client keeps the SDK's runner, and its pass's activity payloads reach the codec with the
+    activity's context."""
+    seen: list[SerializationContext] = []
+    config = harness.client.config()
+    config["data_converter"] = dataclasses.replace(
+        DataConverter.default, payload_codec=Marking(seen)
+    )
+    client = Client(**config)
+    idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
+    registry = TargetRegistry([kinds.idempotency(harness.pool)])
+    built = [
+        new_worker(client, registry, harness.task_queue),
+        activity_worker(client, registry, f"{harness.task_queue}:own"),
+    ]
+    assert [type(w.config()["workflow_runner"]) for w in built] == [SandboxedWorkflowRunner] * 2
+    async with built[0]:
+        result = await run_pass(client, harness.task_queue, {"targets": ["x_idempotency"]})
+
+    assert [(s["name"], s["removed"]) for s in result["swept"]] == [("x_idempotency", 1)]
+    assert keys(harness.db, "x_idempotency") == {"new"}
+    assert any(isinstance(c, ActivitySerializationContext) for c in seen), seen
+
+
+async def test_a_worker_in_the_sdk_s_debug_mode_keeps_the_sdk_s_runner(
+    client: Client, task_queue: str
+) -> None:
+    """`debug_mode=True` relaxes the SDK's own sandboxed runner for pdb (only that class): a
+    worker built so keeps it."""
+    built = new_worker(client, TargetRegistry([]), task_queue, debug_mode=True)
+    assert type(built.config()["workflow_runner"]) is SandboxedWorkflowRunner
+    assert isinstance(
+        new_worker(client, TargetRegistry([]), f"{task_queue}:2").config()["workflow_runner"],
+        PlainPayloadsRunner,
+    )
