@@ -17,7 +17,7 @@ team's encryption, say) keeps the SDK's runner: `plain_runner` returns None for 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import temporalio.workflow
@@ -28,7 +28,7 @@ from temporalio.converter import (
     SerializationContext,
     StorageDriverStoreContext,
 )
-from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 
@@ -37,29 +37,22 @@ def plain_runner(converter: DataConverter) -> PlainPayloadsRunner | None:
     where a payload codec or an external store would read each payload's context."""
     if converter.payload_codec is not None or converter.external_storage is not None:
         return None
-    return PlainPayloadsRunner(SandboxedWorkflowRunner())
+    return PlainPayloadsRunner()
 
 
-class PlainPayloadsRunner(WorkflowRunner):
-    """`inner` (the SDK's sandbox), its instances answering no serialization context."""
-
-    def __init__(self, inner: WorkflowRunner) -> None:
-        self.inner = inner
-
-    def prepare_workflow(self, defn: temporalio.workflow._Definition) -> None:
-        self.inner.prepare_workflow(defn)
+@dataclass(frozen=True)
+class PlainPayloadsRunner(SandboxedWorkflowRunner):
+    """The SDK's sandboxed runner, its instances answering no serialization context. A
+    subclass, not a wrapper: what adjusts a sandboxed runner by `isinstance` and
+    `dataclasses.replace` (the SDK's debug mode relaxing `breakpoint`, its OpenTelemetry plugin
+    passing its modules through) adjusts this one too, and it stays this class."""
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _PlainPayloadsInstance(self.inner.create_instance(det))
-
-    def set_worker_level_failure_exception_types(
-        self, types: Sequence[type[BaseException]]
-    ) -> None:
-        self.inner.set_worker_level_failure_exception_types(types)
+        return _PlainPayloadsInstance(super().create_instance(det))
 
 
 class _PlainPayloadsInstance(WorkflowInstance):
-    """A workflow instance of `inner`'s, but for the two contexts, answered outside it."""
+    """A workflow instance of the sandbox's, but for the two contexts, answered outside it."""
 
     def __init__(self, inner: WorkflowInstance) -> None:
         self.inner = inner

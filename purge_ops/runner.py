@@ -89,8 +89,7 @@ def _worker_settings(client: Client, options: dict[str, object]) -> dict[str, ob
     given = options.get("interceptors") or ()
     if not isinstance(given, list | tuple):
         raise TypeError(f"interceptors must be a list, got {type(given).__name__}")
-    # Under the SDK's debug mode, its own runner: it relaxes that one's sandbox for pdb.
-    plain = None if options.get("debug_mode") else plain_runner(client.data_converter)
+    plain = plain_runner(client.data_converter)
     return {
         "graceful_shutdown_timeout": GRACEFUL_SHUTDOWN,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,

@@ -13,7 +13,6 @@ import pytest
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.converter import (
-    ActivitySerializationContext,
     DataConverter,
     PayloadCodec,
     SerializationContext,
@@ -33,16 +32,18 @@ from tests.support.reads_the_clock import ReadsTheClock
 from tests.support.rows import HOUR, idempotency_rows, keys
 
 
-def sandbox_asked(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Each payload context the SDK's sandbox is asked for, from now on."""
-    asked: list[object] = []
-    ask = _runner._Instance.get_serialization_context
+def sandbox_asked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each payload context (serialization, external store) the SDK's sandbox is asked for,
+    from now on."""
+    asked: list[str] = []
+    for name in ("get_serialization_context", "get_external_store_context"):
+        ask = getattr(_runner._Instance, name)
 
-    def counted(self: Any, command_info: Any) -> Any:
-        asked.append(command_info)
-        return ask(self, command_info)
+        def counted(self: Any, command_info: Any, ask: Any = ask, name: str = name) -> Any:
+            asked.append(name)
+            return ask(self, command_info)
 
-    monkeypatch.setattr(_runner._Instance, "get_serialization_context", counted)
+        monkeypatch.setattr(_runner._Instance, name, counted)
     return asked
 
 
@@ -65,7 +66,7 @@ async def test_a_pass_asks_the_sandbox_no_payload_context_unless_given_the_sdk_s
     if runner == "the package's":
         assert asked == []
     else:
-        assert len(asked) > 0
+        assert set(asked) == {"get_serialization_context", "get_external_store_context"}
 
 
 async def test_a_workflow_under_the_package_s_runner_is_still_sandboxed(
@@ -120,8 +121,8 @@ async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
     harness: Harness,
 ) -> None:
     """A team's codec (encryption, say) may read each payload's context: a worker on its
-    client keeps the SDK's runner, and its pass's activity payloads reach the codec with the
-    activity's context."""
+    client keeps the SDK's runner, which asks the sandbox for it, and a pass through it
+    completes with its payloads encoded by the codec."""
     seen: list[SerializationContext] = []
     config = harness.client.config()
     config["data_converter"] = dataclasses.replace(
@@ -135,22 +136,32 @@ async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
         activity_worker(client, registry, f"{harness.task_queue}:own"),
     ]
     assert [type(w.config()["workflow_runner"]) for w in built] == [SandboxedWorkflowRunner] * 2
+    result_id = f"purge-codec-{uuid.uuid4()}"
     async with built[0]:
-        result = await run_pass(client, harness.task_queue, {"targets": ["x_idempotency"]})
+        result = await run_pass(
+            client, harness.task_queue, {"targets": ["x_idempotency"]}, result_id
+        )
 
     assert [(s["name"], s["removed"]) for s in result["swept"]] == [("x_idempotency", 1)]
     assert keys(harness.db, "x_idempotency") == {"new"}
-    assert any(isinstance(c, ActivitySerializationContext) for c in seen), seen
+    history = await client.get_workflow_handle(result_id).fetch_history()
+    completed = [
+        e.workflow_execution_completed_event_attributes
+        for e in history.events
+        if e.HasField("workflow_execution_completed_event_attributes")
+    ]
+    [payload] = completed[0].result.payloads
+    assert payload.metadata["encoding"] == b"binary/marked"
 
 
-async def test_a_worker_in_the_sdk_s_debug_mode_keeps_the_sdk_s_runner(
-    client: Client, task_queue: str
-) -> None:
-    """`debug_mode=True` relaxes the SDK's own sandboxed runner for pdb (only that class): a
-    worker built so keeps it."""
-    built = new_worker(client, TargetRegistry([]), task_queue, debug_mode=True)
-    assert type(built.config()["workflow_runner"]) is SandboxedWorkflowRunner
-    assert isinstance(
-        new_worker(client, TargetRegistry([]), f"{task_queue}:2").config()["workflow_runner"],
-        PlainPayloadsRunner,
+def test_what_adjusts_a_sandboxed_runner_adjusts_the_package_s() -> None:
+    """The SDK's debug mode and its OpenTelemetry plugin adjust a runner that is a
+    SandboxedWorkflowRunner with `dataclasses.replace` (more pass-through modules, `breakpoint`
+    allowed); any other runner they leave as it is. The package's is one, and stays its class."""
+    runner = plain_runner(DataConverter.default)
+    assert isinstance(runner, SandboxedWorkflowRunner)
+    adjusted = dataclasses.replace(
+        runner, restrictions=runner.restrictions.with_passthrough_modules("opentelemetry")
     )
+    assert type(adjusted) is PlainPayloadsRunner
+    assert "opentelemetry" in adjusted.restrictions.passthrough_modules
