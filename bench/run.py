@@ -101,6 +101,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{QUICK_TENANTS})",
     )
     parser.add_argument(
+        "--worker-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the tenants case's workers in all: the bench's own and N-1 `python worker.py run`"
+        " processes of its config (default 1)",
+    )
+    parser.add_argument(
         "--steady-rows",
         type=int,
         metavar="N",
@@ -139,6 +147,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--steady-rows must be at least 10000, got {args.steady_rows}")
     if args.tenants < 1:
         parser.error(f"--tenants must be at least 1, got {args.tenants}")
+    if args.worker_processes < 1:
+        parser.error(f"--worker-processes must be at least 1, got {args.worker_processes}")
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     args.cases = _select(parser, args.cases)
@@ -258,7 +268,9 @@ async def run_bench(
                 elif name == "fleet":
                     outcome.fleet = await run_fleet(bench, scratch, args.rows, args.fsync == "on")
                 elif name == "tenants":
-                    outcome.tenants = await run_tenants(bench, scratch, args.tenants)
+                    outcome.tenants = await run_tenants(
+                        bench, scratch, args.tenants, args.worker_processes
+                    )
                 elif name == "steady":
                     outcome.steady = await run_steady(
                         bench, scratch, args.steady_rows, args.fsync == "on"
@@ -383,7 +395,13 @@ def print_report(outcome: Outcome, elapsed: float) -> None:
         out += [
             f"tenants: one pattern target over {tenants.tenants:,} tenant schemas (one expired"
             " and one live row each), passes through a Temporal dev server, against the DELETEs"
-            " a DBA would type",
+            " a DBA would type"
+            + (
+                f"; {tenants.worker_processes} worker processes (the bench's own and"
+                f" {tenants.worker_processes - 1} `worker.py run`)"
+                if tenants.worker_processes > 1
+                else ""
+            ),
             "",
             tenants_table(tenants),
             "",

@@ -10,8 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -21,12 +26,16 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from psycopg import AsyncConnection, sql
 from psycopg_pool import AsyncConnectionPool
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.builtin_kinds import build_registry
 from activities.schema import reference_ddl
 from purge_config import PurgeConfig, parse_config
+from purge_config.file import load_config
 from purge_dev.servers import EmbeddedPostgres, TemporalDevServer
 from purge_ops.connect import LazyPool, lazy_pools, open_pool
 from purge_ops.runner import config_workers
@@ -204,3 +213,71 @@ async def config_worker(client: Client, config: PurgeConfig) -> AsyncIterator[li
         await pool.close()
         for opened in named.values():
             await opened.close()
+
+
+#: The repository's root, where `worker.py` is.
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def worker_processes(
+    client: Client, config: PurgeConfig, toml: str, scratch: Path, count: int
+) -> AsyncIterator[list[int]]:
+    """`count` more workers of `config` (written as `toml`), each `python worker.py run` in a
+    process of its own, as a user adds workers on one machine: their pids, once every one of
+    them polls the config's queues (this process's worker counted among the pollers). Each is
+    stopped with SIGTERM on the way out (SIGKILL after 30 s); their logs are in `scratch`."""
+    if count == 0:
+        yield []
+        return
+    procs: list[asyncio.subprocess.Process] = []
+    path = scratch / f"workers-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(toml)
+    if load_config(path, env={}).own_queue != config.own_queue:
+        raise RuntimeError(f"{path} is not the config of the bench's own worker")
+    address = client.service_client.config.target_host
+    env = {**os.environ, "TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": client.namespace}
+    try:
+        for i in range(count):
+            with (scratch / f"worker-{i + 2}.log").open("wb") as out:
+                procs.append(
+                    await asyncio.create_subprocess_exec(
+                        *(sys.executable, str(ROOT / "worker.py"), "run", "--config", str(path)),
+                        cwd=ROOT,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
+        queues = [(config.task_queue, TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW)]
+        if config.own_queue is not None:
+            queues.append((config.own_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+        deadline = time.monotonic() + 120
+        while not all([await _pollers(client, q, kind) > count for q, kind in queues]):
+            for proc in procs:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"a worker process exited ({proc.returncode}): {scratch}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker processes did not poll within 120 s: {scratch}")
+            await asyncio.sleep(0.2)
+        yield [proc.pid for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def _pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) -> int:
+    """How many workers (by identity) poll `queue` for `kind` tasks."""
+    described = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind
+        )
+    )
+    return len({p.identity for p in described.pollers})

@@ -60,7 +60,14 @@ from bench.cases import Bench
 from bench.cpu import CpuMeter, postmaster_pid
 from bench.data import flush_counts
 from bench.report import render_table
-from bench.services import config_worker, scratch_databases, temporal_dev_server
+from bench.services import (
+    config_worker,
+    scratch_databases,
+    temporal_dev_server,
+)
+from bench.services import (
+    worker_processes as started_workers,
+)
 from purge_config import PurgeConfig, parse_config
 from purge_ops.connect import check_unless_quiet
 from workflows.chunk import LOCAL_ACTIVITY_MARKER
@@ -179,6 +186,8 @@ class StatementCost:
 @dataclass
 class TenantsResult:
     tenants: int
+    worker_processes: int = 1
+    """Worker processes in all: the bench's own and `python worker.py run` ones."""
     forms: dict[str, TenantsForm] = field(default_factory=dict)
     direct_cold_ms: float = 0.0
     direct_ms: list[float] = field(default_factory=list)
@@ -285,6 +294,15 @@ def _config(url: str, queue: str, limits: dict[str, int]) -> PurgeConfig:
     if limits:
         raw["pass"] = limits
     return parse_config(raw, env={})
+
+
+def _toml(url: str, queue: str) -> str:
+    """`_config(url, queue, {})` as a file a worker process is started with."""
+    return (
+        f"database_url = {json.dumps(url)}\ntask_queue = {json.dumps(queue)}\n\n"
+        '[[targets]]\nkind = "expiring"\nname = "sessions"\ntable = "tenant_*.sessions"\n'
+        'column = "expires_at"\n'
+    )
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -611,8 +629,12 @@ async def _ledger_expire_cost(conn: AsyncConnection[Any], result: TenantsResult)
 # -- the case --------------------------------------------------------------------------------
 
 
-async def run_tenants(bench: Bench, scratch: Path, tenants: int) -> TenantsResult:
-    result = TenantsResult(tenants=tenants)
+async def run_tenants(
+    bench: Bench, scratch: Path, tenants: int, worker_processes: int = 1
+) -> TenantsResult:
+    """Case 11; with `worker_processes` above 1, that many workers in all: this process's
+    and the rest as `python worker.py run` processes of the same config."""
+    result = TenantsResult(tenants=tenants, worker_processes=worker_processes)
     async with scratch_databases(bench.conn, bench.url, 1, "t") as urls:
         url = urls[0]
         conn = await AsyncConnection.connect(url, autocommit=True, application_name="purge-bench")
@@ -628,11 +650,15 @@ async def run_tenants(bench: Bench, scratch: Path, tenants: int) -> TenantsResul
             async with (
                 temporal_dev_server(scratch) as (client, temporal_pid),
                 config_worker(client, configs["defaults"]),
+                started_workers(
+                    client, configs["defaults"], _toml(url, queue), scratch, worker_processes - 1
+                ) as extra,
             ):
                 meter = CpuMeter()
                 for who, pid in (
                     ("temporal", temporal_pid),
                     ("postgres", postmaster_pid(bench.data_dir)),
+                    *((f"worker {i + 2}", pid) for i, pid in enumerate(extra)),
                 ):
                     if pid is not None:
                         meter.pids[who] = pid
@@ -847,6 +873,10 @@ def tenants_lines(result: TenantsResult) -> list[str]:
                 f" ({100 * total_cpu / seconds / (os.cpu_count() or 1):.0f}% of the cores),"
                 f" Temporal server {100 * cpu.get('temporal', 0.0) / total_cpu:.0f}% of it"
             )
+            others = [f"{who} {s:.1f} s" for who, s in cpu.items() if who.startswith("worker ")]
+            if others:
+                line += f"; the bench process (its worker) {cpu.get('bench', 0.0):.1f} s, "
+                line += ", ".join(others)
         lines.append(line)
         if measured.ledger_rows is not None:
             lines.append(f"  purge_progress held {measured.ledger_rows:,} rows when it started")
