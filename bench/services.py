@@ -226,20 +226,34 @@ async def worker_processes(
     """`count` more workers of `config` (written as `toml`), each `python worker.py run` in a
     process of its own, as a user adds workers on one machine: their pids, once every one of
     them polls the config's queues (this process's worker counted among the pollers). Each is
-    stopped with SIGTERM on the way out (SIGKILL after 30 s); their logs are in `scratch`."""
+    stopped with SIGTERM on the way out (SIGKILL after 30 s). Their environment has none of
+    this one's purge or Temporal settings (a PURGE_DATABASE_URL would send their sweeps to
+    another database; a TEMPORAL_API_KEY or a temporal.toml profile would turn TLS on against
+    the dev server): only the dev server's address and namespace, and an empty temporal.toml.
+    A process that exits early, or none polling in 120 s, raises with the end of its log."""
     if count == 0:
         yield []
         return
     procs: list[asyncio.subprocess.Process] = []
-    path = scratch / f"workers-{uuid.uuid4().hex[:6]}.toml"
+    name = f"workers-{uuid.uuid4().hex[:6]}"
+    path = scratch / f"{name}.toml"
+    # The database's URL may hold a password: the file is the bench user's alone.
+    path.touch(mode=0o600)
     path.write_text(toml)
-    if load_config(path, env={}).own_queue != config.own_queue:
+    no_profiles = scratch / f"{name}-temporal.toml"
+    no_profiles.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PURGE_", "TEMPORAL_"))}
+    env |= {
+        "TEMPORAL_ADDRESS": client.service_client.config.target_host,
+        "TEMPORAL_NAMESPACE": client.namespace,
+        "TEMPORAL_CONFIG_FILE": str(no_profiles),
+    }
+    if load_config(path, env=env).own_queue != config.own_queue:
         raise RuntimeError(f"{path} is not the config of the bench's own worker")
-    address = client.service_client.config.target_host
-    env = {**os.environ, "TEMPORAL_ADDRESS": address, "TEMPORAL_NAMESPACE": client.namespace}
+    logs = [scratch / f"{name}-{i + 2}.log" for i in range(count)]
     try:
-        for i in range(count):
-            with (scratch / f"worker-{i + 2}.log").open("wb") as out:
+        for log_path in logs:
+            with log_path.open("wb") as out:
                 procs.append(
                     await asyncio.create_subprocess_exec(
                         *(sys.executable, str(ROOT / "worker.py"), "run", "--config", str(path)),
@@ -254,11 +268,14 @@ async def worker_processes(
             queues.append((config.own_queue, TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
         deadline = time.monotonic() + 120
         while not all([await _pollers(client, q, kind) > count for q, kind in queues]):
-            for proc in procs:
+            for proc, log_path in zip(procs, logs, strict=True):
                 if proc.returncode is not None:
-                    raise RuntimeError(f"a worker process exited ({proc.returncode}): {scratch}")
+                    raise RuntimeError(
+                        f"a worker process exited ({proc.returncode}): {_tail(log_path)}"
+                    )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the worker processes did not poll within 120 s: {scratch}")
+                tails = "; ".join(_tail(log_path) for log_path in logs)
+                raise RuntimeError(f"the worker processes did not poll within 120 s: {tails}")
             await asyncio.sleep(0.2)
         yield [proc.pid for proc in procs]
     finally:
@@ -281,3 +298,8 @@ async def _pollers(client: Client, queue: str, kind: TaskQueueType.ValueType) ->
         )
     )
     return len({p.identity for p in described.pollers})
+
+
+def _tail(log: Path) -> str:
+    """The last lines of a worker process's log, for an error that outlives its directory."""
+    return " | ".join(log.read_text(errors="replace").splitlines()[-5:]) or "(nothing logged)"
