@@ -81,11 +81,11 @@ def new_worker(
 
 
 def _worker_settings(client: Client, options: dict[str, object]) -> dict[str, object]:
-    """Every worker's settings: a 20 s graceful shutdown, heartbeats at most a second apart,
-    the sandbox asked no payload's context where no codec or external store would read it
-    (plain_payloads.py), and the interceptor that records the metrics the alert rules need
-    (pass_metrics.py), before any given in `options` (never replaced by them); the rest of
-    `options` as given."""
+    """Every worker's settings: a 20 s graceful shutdown, heartbeats at most a second apart and,
+    where no codec or external store would read a payload's context, a runner that does not ask
+    the sandbox for it (plain_payloads.py), each unless `options` says otherwise; the interceptor
+    that records the metrics the alert rules need (pass_metrics.py) before any given in
+    `options`, never replaced by them; the rest of `options` as given."""
     given = options.get("interceptors") or ()
     if not isinstance(given, list | tuple):
         raise TypeError(f"interceptors must be a list, got {type(given).__name__}")
