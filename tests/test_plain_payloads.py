@@ -15,8 +15,6 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.converter import (
     DataConverter,
     PayloadCodec,
-    SerializationContext,
-    WithSerializationContext,
 )
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -93,15 +91,8 @@ async def test_a_workflow_under_the_package_s_runner_is_still_sandboxed(
     assert "datetime.date.today" in cause.message
 
 
-class Marking(PayloadCodec, WithSerializationContext):
-    """A codec that marks what it encodes and records each context it is given."""
-
-    def __init__(self, seen: list[SerializationContext], context: Any = None) -> None:
-        self.seen, self.context = seen, context
-
-    def with_context(self, context: SerializationContext) -> Marking:
-        self.seen.append(context)
-        return Marking(self.seen, context)
+class Marking(PayloadCodec):
+    """A codec that marks what it encodes, and refuses to decode what it did not."""
 
     async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
         return [Payload(metadata={"encoding": b"binary/marked"}, data=p.SerializeToString())
@@ -118,16 +109,13 @@ class Marking(PayloadCodec, WithSerializationContext):
 
 
 async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
-    harness: Harness,
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A team's codec (encryption, say) may read each payload's context: a worker on its
     client keeps the SDK's runner, which asks the sandbox for it, and a pass through it
     completes with its payloads encoded by the codec."""
-    seen: list[SerializationContext] = []
     config = harness.client.config()
-    config["data_converter"] = dataclasses.replace(
-        DataConverter.default, payload_codec=Marking(seen)
-    )
+    config["data_converter"] = dataclasses.replace(DataConverter.default, payload_codec=Marking())
     client = Client(**config)
     idempotency_rows(harness.db, {"old": harness.now_ms - HOUR, "new": harness.now_ms + HOUR})
     registry = TargetRegistry([kinds.idempotency(harness.pool)])
@@ -137,6 +125,7 @@ async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
     ]
     assert [type(w.config()["workflow_runner"]) for w in built] == [SandboxedWorkflowRunner] * 2
     result_id = f"purge-codec-{uuid.uuid4()}"
+    asked = sandbox_asked(monkeypatch)
     async with built[0]:
         result = await run_pass(
             client, harness.task_queue, {"targets": ["x_idempotency"]}, result_id
@@ -152,6 +141,7 @@ async def test_a_worker_whose_client_has_a_codec_keeps_the_sdk_s_runner(
     ]
     [payload] = completed[0].result.payloads
     assert payload.metadata["encoding"] == b"binary/marked"
+    assert set(asked) == {"get_serialization_context", "get_external_store_context"}
 
 
 def test_what_adjusts_a_sandboxed_runner_adjusts_the_package_s() -> None:
