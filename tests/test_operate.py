@@ -972,10 +972,12 @@ async def test_sweep_waiting_out_another_pass_with_no_worker_says_no_worker_poll
 
 async def unpolled_notices(harness: Harness, request: dict[str, Any]) -> list[str]:
     """`sweep` of `request` until it says a queue has no worker and that it started its pass
-    or waits on one (each within a minute), then stopped and its pass terminated: the lines
-    it said a queue has no worker in. The notice may come before the pass is started (`sweep`
-    looks from its start), so stopping at the notice alone could leave no pass to terminate,
-    or one started as the sweep was cancelled."""
+    or waits out another under its id (each within a minute), then stopped and the pass under
+    `purge-sweep-{task_queue}` terminated: the lines it said a queue has no worker in. (A sweep
+    that joins a running pass or starts one through a schedule says other lines: not for this
+    helper.) The notice may come before the pass is started (`sweep` looks from its start), so
+    stopping at the notice alone could leave no pass to terminate, or one started as the sweep
+    was cancelled."""
     said: list[str] = []
     noticed, begun = asyncio.Event(), asyncio.Event()
 
