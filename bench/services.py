@@ -220,7 +220,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.asynccontextmanager
-async def worker_processes(
+async def extra_workers(
     client: Client, config: PurgeConfig, toml: str, scratch: Path, count: int
 ) -> AsyncIterator[list[int]]:
     """`count` more workers of `config` (written as `toml`), each `python worker.py run` in a

@@ -60,16 +60,10 @@ from bench.cases import Bench
 from bench.cpu import CpuMeter, postmaster_pid
 from bench.data import flush_counts
 from bench.report import render_table
-from bench.services import (
-    config_worker,
-    scratch_databases,
-    temporal_dev_server,
-)
-from bench.services import (
-    worker_processes as started_workers,
-)
+from bench.services import config_worker, extra_workers, scratch_databases, temporal_dev_server
 from purge_config import PurgeConfig, parse_config
 from purge_ops.connect import check_unless_quiet
+from purge_ops.discover_render import toml_value
 from workflows.chunk import LOCAL_ACTIVITY_MARKER
 
 log = logging.getLogger("bench")
@@ -278,7 +272,8 @@ async def _check_left(conn: AsyncConnection[Any], tenants: int, form: str) -> No
         )
 
 
-def _config(url: str, queue: str, limits: dict[str, int]) -> PurgeConfig:
+def _raw(url: str, queue: str, limits: dict[str, int]) -> dict[str, Any]:
+    """The config the case's passes and workers run, as a user's TOML file would hold it."""
     raw: dict[str, Any] = {
         "database_url": url,
         "task_queue": queue,
@@ -293,16 +288,17 @@ def _config(url: str, queue: str, limits: dict[str, int]) -> PurgeConfig:
     }
     if limits:
         raw["pass"] = limits
-    return parse_config(raw, env={})
+    return raw
 
 
-def _toml(url: str, queue: str) -> str:
-    """`_config(url, queue, {})` as a file a worker process is started with."""
-    return (
-        f"database_url = {json.dumps(url)}\ntask_queue = {json.dumps(queue)}\n\n"
-        '[[targets]]\nkind = "expiring"\nname = "sessions"\ntable = "tenant_*.sessions"\n'
-        'column = "expires_at"\n'
-    )
+def _config(url: str, queue: str, limits: dict[str, int]) -> PurgeConfig:
+    return parse_config(_raw(url, queue, limits), env={})
+
+
+def _toml(url: str, queue: str, limits: dict[str, int]) -> str:
+    """`_config(url, queue, limits)` as the file a worker process is started with."""
+    raw = _raw(url, queue, limits)
+    return "".join(f"{key} = {toml_value(value)}\n" for key, value in raw.items())
 
 
 # -- the floor -------------------------------------------------------------------------------
@@ -650,8 +646,12 @@ async def run_tenants(
             async with (
                 temporal_dev_server(scratch) as (client, temporal_pid),
                 config_worker(client, configs["defaults"]),
-                started_workers(
-                    client, configs["defaults"], _toml(url, queue), scratch, worker_processes - 1
+                extra_workers(
+                    client,
+                    configs["defaults"],
+                    _toml(url, queue, LIMITS["defaults"]),
+                    scratch,
+                    worker_processes - 1,
                 ) as extra,
             ):
                 meter = CpuMeter()

@@ -141,7 +141,7 @@ def _header(found: Discovery, url: str) -> list[str]:
         lines.append(f'# database_url = "{shown}"   # the password is not printed: set it here')
         lines.append("#                                 or in PURGE_DATABASE_URL")
     else:
-        lines.append(f"database_url = {_toml(url)}   # PURGE_DATABASE_URL overrides it")
+        lines.append(f"database_url = {toml_value(url)}   # PURGE_DATABASE_URL overrides it")
     return lines
 
 
@@ -310,15 +310,15 @@ def _other(finding: Finding) -> list[str]:
 
 
 def _toml_entry(keys: dict[str, Any]) -> list[str]:
-    return ["[[targets]]", *(f"{key} = {_toml(value)}" for key, value in keys.items())]
+    return ["[[targets]]", *(f"{key} = {toml_value(value)}" for key, value in keys.items())]
 
 
-def _toml(value: object) -> str:
+def toml_value(value: object) -> str:
     """A TOML value: strings as JSON writes them (a TOML basic string), lists, inline tables."""
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return json.dumps(value)
 
 
