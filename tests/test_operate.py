@@ -823,7 +823,7 @@ async def ctrl_c_once_said(
     )
     try:
         await asyncio.to_thread(
-            wait_for, lambda: all(s in log.read_text() for s in said), 60, f"sweep: {said}"
+            wait_for, lambda: all(map(log.read_text().__contains__, said)), 60, f"sweep: {said}"
         )
         assert sweeping.poll() is None
         sweeping.send_signal(signal.SIGINT)
